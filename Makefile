@@ -1,0 +1,34 @@
+# Two commands for a newcomer: `make demo` (a private federated run) and `make test` (the suite).
+# Both create the virtual environment and install what they need on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: demo test test-all bench data install clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+data: install
+	bash scripts/get_fashion_mnist.sh $(PY)
+
+demo: install
+	$(PY) examples/demo.py
+
+test: install data
+	$(PY) -m pytest
+
+test-all: install data
+	$(PY) -m pytest -m ''
+
+bench: install
+	$(PY) benchmarks/engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

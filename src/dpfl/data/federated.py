@@ -1,0 +1,164 @@
+"""A dataset split among clients: per-client train/test tensors plus a global test set.
+
+Built from an ArrayDataset by partitioning its TRAIN split only; the dataset's own test split stays
+whole as the global test set, so accuracy numbers remain comparable with centralised results.
+Random streams (dpfl.seeding, keyed by the seed): the optional subsample uses (DATA, round 1), the partition
+(PARTITION, round 0, client 0), client i's train/test split (PARTITION, round 1, client i).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dpfl.data.arrays import ArrayDataset
+from dpfl.data.partition import dirichlet, iid, label_shards
+from dpfl.data.splits import stratified_split
+from dpfl.seeding import Purpose, numpy_generator
+
+PARTITIONS = ("iid", "shards", "dirichlet")
+
+
+@dataclass
+class ClientData:
+    """One client's local train and test tensors."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def n_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+    @property
+    def n_test(self) -> int:
+        return int(self.x_test.shape[0])
+
+
+@dataclass
+class FederatedDataset:
+    """Clients' data, the global test set and what a model needs to know (classes, sample shape).
+
+    ``n_classes == 0`` marks real-valued targets (least squares). ``info`` records how the split
+    was made (dataset name, partition, seed, ...) for the run's config and reports.
+    """
+
+    clients: list[ClientData]
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    n_classes: int
+    input_shape: tuple[int, ...]
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.clients)
+
+    @property
+    def train_sizes(self) -> np.ndarray:
+        return np.array([c.n_train for c in self.clients], dtype=np.int64)
+
+    @property
+    def test_sizes(self) -> np.ndarray:
+        return np.array([c.n_test for c in self.clients], dtype=np.int64)
+
+    def label_counts(self) -> np.ndarray:
+        """(n_clients, n_classes) counts of each class in each client's train split."""
+        if self.n_classes < 1:
+            raise ValueError("label_counts needs class labels; this dataset has real-valued targets (n_classes=0)")
+        return np.stack(
+            [np.bincount(c.y_train.numpy(), minlength=self.n_classes) for c in self.clients]
+        ).astype(np.int64)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        ds: ArrayDataset,
+        n_clients: int,
+        partition: str = "iid",
+        alpha: float = 0.5,
+        shards_per_client: int = 2,
+        sizes: Sequence[int] | None = None,
+        client_test_fraction: float = 0.0,
+        seed: int = 0,
+        max_train_samples: int | None = None,
+    ) -> FederatedDataset:
+        """Partition ``ds``'s train split among ``n_clients`` (``partition`` = iid | shards | dirichlet).
+
+        ``max_train_samples`` first keeps a seeded random subset of the train split;
+        ``client_test_fraction`` then holds out a stratified share of each client's data as its
+        local test set. ``sizes`` applies to iid only, ``alpha`` to dirichlet, ``shards_per_client``
+        to shards.
+        """
+        if partition not in PARTITIONS:
+            raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
+        if sizes is not None and partition != "iid":
+            raise ValueError(f"sizes applies to partition='iid' only, got partition={partition!r}")
+        if not 0.0 <= client_test_fraction < 1.0:
+            raise ValueError(f"client_test_fraction must be in [0, 1), got {client_test_fraction!r}")
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        pool = np.arange(ds.n_train, dtype=np.int64)
+        if max_train_samples is not None:
+            if not isinstance(max_train_samples, (int, np.integer)) or max_train_samples < 1:
+                raise ValueError(f"max_train_samples must be an int >= 1 or None, got {max_train_samples!r}")
+            if max_train_samples < ds.n_train:
+                chosen = numpy_generator(seed, Purpose.DATA, 1).choice(ds.n_train, max_train_samples, replace=False)
+                pool = np.sort(chosen)
+        labels = ds.y_train.numpy()[pool]
+        rng = numpy_generator(seed, Purpose.PARTITION)
+        if partition == "iid":
+            parts = iid(len(pool), n_clients, rng, sizes=sizes)
+        elif partition == "shards":
+            parts = label_shards(labels, n_clients, shards_per_client, rng)
+        else:
+            parts = dirichlet(labels, n_clients, alpha, rng)
+        clients = []
+        for i, part in enumerate(parts):
+            train_pos, test_pos = stratified_split(
+                labels[part], client_test_fraction, numpy_generator(seed, Purpose.PARTITION, 1, i)
+            )
+            train_idx = torch.from_numpy(pool[part[train_pos]])
+            test_idx = torch.from_numpy(pool[part[test_pos]])
+            clients.append(
+                ClientData(ds.x_train[train_idx], ds.y_train[train_idx], ds.x_train[test_idx], ds.y_train[test_idx])
+            )
+        info = dict(
+            dataset=ds.name, n_clients=n_clients, partition=partition, seed=int(seed),
+            client_test_fraction=client_test_fraction, max_train_samples=max_train_samples,
+        )
+        if partition == "dirichlet":
+            info["alpha"] = alpha
+        elif partition == "shards":
+            info["shards_per_client"] = shards_per_client
+        elif sizes is not None:
+            info["sizes"] = [int(s) for s in sizes]
+        return cls(clients, ds.x_test, ds.y_test, ds.n_classes, ds.input_shape, info)
+
+    @classmethod
+    def from_convex(cls, problem) -> FederatedDataset:  # noqa: ANN001 (ConvexProblem; avoids an import cycle)
+        """Clients with ``x = A_i`` and ``y = b_i`` (float32) and no test data, for the convex problems.
+
+        Least squares has real targets (``n_classes = 0``); logistic labels stay in {-1, +1} as the
+        loss expects, with ``n_classes = 2``.
+        """
+        d = problem.dim
+        empty_x = torch.empty((0, d), dtype=torch.float32)
+        empty_y = torch.empty(0, dtype=torch.float32)
+        clients = [
+            ClientData(
+                torch.from_numpy(np.asarray(a, dtype=np.float32)),
+                torch.from_numpy(np.asarray(b, dtype=np.float32)),
+                empty_x.clone(),
+                empty_y.clone(),
+            )
+            for a, b in zip(problem.A, problem.b)
+        ]
+        n_classes = 2 if problem.kind == "logistic" else 0
+        info = dict(dataset=problem.kind, **problem.params)
+        return cls(clients, empty_x, empty_y, n_classes, (d,), info)

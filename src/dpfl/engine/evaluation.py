@@ -1,0 +1,30 @@
+"""Evaluation of one model (a parameter dict) on a test set, in batches."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from dpfl.engine.losses import per_sample_loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+             loss: str = "cross_entropy", batch_size: int = 2048) -> tuple[float | None, float | None]:
+    """(accuracy, mean loss) of `model` with `params`; accuracy is None for regression losses."""
+    if len(x) == 0:
+        return None, None
+    loss_fn = per_sample_loss(loss)
+    correct, total_loss = 0, 0.0
+    classify = loss != "mse"
+    for lo in range(0, len(x), batch_size):
+        xb, yb = x[lo : lo + batch_size], y[lo : lo + batch_size]
+        out = functional_call(model, dict(params), (xb,))
+        total_loss += float(loss_fn(out, yb).sum())
+        if classify:
+            correct += int((out.argmax(-1) == yb).sum())
+    n = len(x)
+    return (correct / n if classify else None), total_loss / n

@@ -1,0 +1,229 @@
+"""Vectorised local training: every client of a cohort takes its local steps together.
+
+Clients share one architecture, so their parameters are stacked `[K, ...]` and one
+`torch.func.vmap` runs them all; for DP-SGD a second `vmap` over samples gives per-sample gradients.
+Different batch sizes are padded and masked; different step counts are handled by ordering clients by
+step count, so the clients still training at step t are always a prefix of the stack.
+
+The result is a pure function of (start parameters, client data, plans, seed, round): each client's
+batches and noise come from its own generators keyed by (seed, round, client), so K clients run
+together give the same parameters as the same clients run one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from dpfl.engine import params as P
+from dpfl.engine.losses import per_sample_loss
+from dpfl.engine.pooled import PooledData
+from dpfl.engine.sampling import SAMPLINGS, BatchStream, NoiseStream
+from dpfl.seeding import Purpose, derive_seed, torch_generator
+
+# Bound on per-sample-gradient elements held at once (floats); larger cohorts are run in chunks.
+DEFAULT_MAX_ELEMENTS = 1 << 26
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """Hyperparameters of a local program shared by the cohort.
+
+    clip is the per-sample clipping norm C (None: no clipping, the cheap batched-gradient path).
+    With clipping, the step is DP-SGD: (sum of clipped per-sample gradients + N(0, z^2 C^2)) divided by
+    the *nominal* batch size; without it, the mean loss gradient over the actual batch.
+    prox_mu adds the FedProx term mu/2 ||w - w_start||^2; its gradient is added after clipping and
+    noise, since it does not touch data.
+    """
+
+    lr: float
+    loss: str = "cross_entropy"
+    clip: float | None = None
+    sampling: str = "shuffle"
+    momentum: float = 0.0
+    prox_mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip must be > 0 or None, got {self.clip}")
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.prox_mu < 0:
+            raise ValueError(f"prox_mu must be >= 0, got {self.prox_mu}")
+        per_sample_loss(self.loss)
+
+    @property
+    def divides_by_nominal_batch(self) -> bool:
+        """DP-SGD divides by the nominal batch size, so the denominator reveals nothing."""
+        return self.clip is not None
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    """What one client does this round: its id, record count, batch size, steps and noise."""
+
+    client: int
+    batch_size: int
+    steps: int
+    noise_multiplier: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"client {self.client}: steps must be >= 0, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"client {self.client}: batch size must be >= 1, got {self.batch_size}")
+        if self.noise_multiplier < 0:
+            raise ValueError(f"client {self.client}: noise multiplier must be >= 0, got {self.noise_multiplier}")
+
+
+@dataclass
+class LocalResult:
+    """Stacked end parameters `[K, ...]` in the order of the plans, plus what each client did."""
+
+    params: P.Params
+    steps: list[int]
+    records_used: list[int]  # total records across the client's batches
+    empty_batches: list[int]
+    noise_sq_norm: list[float] = field(default_factory=list)  # ||sum_t xi_t||^2 * (zC)^2, diagnostics only
+
+
+def run_local(
+    model: nn.Module,
+    spec: LocalSpec,
+    plans: Sequence[ClientPlan],
+    data: PooledData,
+    start: Mapping[str, torch.Tensor],
+    *,
+    seed: int,
+    round_: int,
+    stacked_start: bool = False,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+) -> LocalResult:
+    """Run every plan's local program from `start` (one model, or `[K, ...]` if stacked_start)."""
+    for plan in plans:
+        if plan.noise_multiplier > 0 and spec.clip is None:
+            raise ValueError(f"client {plan.client}: noise without clipping has no sensitivity bound; set clip")
+        if not 0 <= plan.client < data.n_clients:
+            raise ValueError(f"client id {plan.client} is outside 0..{data.n_clients - 1}")
+    k = len(plans)
+    if k == 0:
+        raise ValueError("no clients to train")
+    start_stack = {n: t.clone() for n, t in start.items()} if stacked_start else P.broadcast(start, k)
+    dim = P.num_parameters(start_stack, leading=1)
+    # Longest-running clients first, so the active clients at any step are a prefix.
+    order = sorted(range(k), key=lambda i: -plans[i].steps)
+    width = max(p.batch_size for p in plans)
+    per_client = dim * max(1, width) * (2 if spec.clip is not None else 0) + dim
+    chunk = max(1, min(k, max_elements // max(1, per_client)))
+    out = {n: torch.empty_like(t) for n, t in start_stack.items()}
+    steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, int(Purpose.DROPOUT), round_))
+        for lo in range(0, k, chunk):
+            rows = order[lo : lo + chunk]
+            res = _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, torch.tensor(rows)), seed, round_)
+            for j, i in enumerate(rows):
+                for n in out:
+                    out[n][i] = res.params[n][j]
+                steps[i], used[i], empties[i] = res.steps[j], res.records_used[j], res.empty_batches[j]
+                noise_sq[i] = res.noise_sq_norm[j]
+    return LocalResult(out, steps, used, empties, noise_sq)
+
+
+def _run_chunk(
+    model: nn.Module,
+    spec: LocalSpec,
+    plans: Sequence[ClientPlan],
+    data: PooledData,
+    w0: P.Params,
+    seed: int,
+    round_: int,
+) -> LocalResult:
+    """Plans sorted by decreasing steps; w0 stacked in the same order."""
+    k = len(plans)
+    loss_fn = per_sample_loss(spec.loss)
+    w = {n: t.clone() for n, t in w0.items()}
+    buf = {n: torch.zeros_like(t) for n, t in w.items()} if spec.momentum else None
+    clients = torch.tensor([p.client for p in plans])
+    batches = [
+        BatchStream(spec.sampling, data.size(p.client), p.batch_size, torch_generator(seed, Purpose.BATCH, round_, p.client))
+        for p in plans
+    ]
+    dim = P.num_parameters(w, leading=1)
+    noisy = [p.noise_multiplier > 0 for p in plans]
+    noises = [
+        NoiseStream(dim, p.steps, torch_generator(seed, Purpose.NOISE, round_, p.client)) if noisy[i] else None
+        for i, p in enumerate(plans)
+    ]
+    noise_sums = torch.zeros(k, dim) if any(noisy) else None
+    nominal = torch.tensor([float(p.batch_size) for p in plans])
+    noise_scale = torch.tensor([p.noise_multiplier * (spec.clip or 0.0) for p in plans])
+    used, empties = [0] * k, [0] * k
+    grads_of = _per_sample_grad_fn(model, loss_fn) if spec.clip is not None else _batch_grad_fn(model, loss_fn)
+    max_steps = plans[0].steps if plans else 0
+    active = k
+    for t in range(max_steps):
+        while active and plans[active - 1].steps <= t:
+            active -= 1
+        idx = [batches[i].next() for i in range(active)]
+        for i, ix in enumerate(idx):
+            used[i] += len(ix)
+            empties[i] += int(len(ix) == 0)
+        x, y, mask = data.gather(clients[:active], idx)
+        wa = {n: v[:active] for n, v in w.items()}
+        g = _step_gradient(spec, grads_of, wa, x, y, mask)
+        if noise_sums is not None:
+            xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
+            noise_sums[:active] += xi
+            g = P.axpy(1.0, P.unflatten(xi * noise_scale[:active, None], wa), g)
+        denom = nominal[:active] if spec.divides_by_nominal_batch else mask.sum(1).clamp(min=1).to(nominal.dtype)
+        g = {n: v / denom.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
+        if spec.prox_mu:
+            g = P.axpy(spec.prox_mu, P.sub(wa, {n: v[:active] for n, v in w0.items()}), g)
+        if buf is not None:
+            for n in g:
+                buf[n][:active].mul_(spec.momentum).add_(g[n])
+            g = {n: buf[n][:active] for n in g}
+        for n in w:
+            w[n][:active].sub_(spec.lr * g[n])
+    noise_sq: list[float] = [0.0] * k
+    if noise_sums is not None:
+        noise_sq = (noise_sums.pow(2).sum(1) * noise_scale.pow(2)).tolist()
+    return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq)
+
+
+def _step_gradient(spec, grads_of, w, x, y, mask) -> P.Params:
+    """Sum over each client's batch of (clipped, if DP) per-sample gradients: `[K, ...]` per tensor."""
+    if x.shape[1] == 0:  # every active client drew an empty Poisson batch: a noise-only step
+        return {n: torch.zeros_like(v) for n, v in w.items()}
+    if spec.clip is None:
+        return grads_of(w, x, y, mask.to(x.dtype if x.is_floating_point() else torch.float32))
+    per_sample = grads_of(w, x, y)
+    norms = P.global_norms(per_sample, leading=2)
+    factor = torch.clamp(spec.clip / (norms + 1e-12), max=1.0) * mask
+    return {n: torch.einsum("kb,kb...->k...", factor, g) for n, g in per_sample.items()}
+
+
+def _per_sample_grad_fn(model: nn.Module, loss_fn):
+    def loss_one(p, xi, yi):
+        out = functional_call(model, p, (xi.unsqueeze(0),))
+        return loss_fn(out, yi.unsqueeze(0)).sum()
+
+    per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0), randomness="different")
+    return vmap(per_sample, in_dims=(0, 0, 0), randomness="different")
+
+
+def _batch_grad_fn(model: nn.Module, loss_fn):
+    def masked_sum(p, x, y, m):
+        out = functional_call(model, p, (x,))
+        return (loss_fn(out, y) * m).sum()
+
+    return vmap(grad(masked_sum), in_dims=(0, 0, 0, 0), randomness="different")

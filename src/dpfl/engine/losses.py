@@ -1,0 +1,44 @@
+"""Per-sample losses by name, so models declare which loss they are trained with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def _nll(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.nll_loss(out, y, reduction="none")
+
+
+def _mse_onehot(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """0.5 * ||out - onehot(y)||^2 (the bidirectional spec's loss); one-hot by comparison, which vmap supports."""
+    onehot = (y.unsqueeze(-1) == torch.arange(out.shape[-1], device=y.device)).to(out.dtype)
+    return 0.5 * (out - onehot).pow(2).sum(-1)
+
+
+def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (out.reshape(y.shape) - y).pow(2)
+
+
+LOSSES: dict[str, LossFn] = {
+    "cross_entropy": _cross_entropy,
+    "nll": _nll,
+    "mse_onehot": _mse_onehot,
+    "mse": _mse,
+}
+
+
+def per_sample_loss(name: str) -> LossFn:
+    """The loss `name` returning one value per sample (no reduction)."""
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r}; allowed: {sorted(LOSSES)}") from None

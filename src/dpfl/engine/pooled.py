@@ -1,0 +1,58 @@
+"""All clients' training records in one tensor, so a cohort's minibatches are one gather."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PooledData:
+    """Concatenated client records; client `i` owns rows `offsets[i] : offsets[i] + sizes[i]`."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    offsets: torch.Tensor  # int64 [n_clients]
+    sizes: torch.Tensor  # int64 [n_clients]
+
+    @classmethod
+    def from_clients(cls, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> PooledData:
+        if len(xs) != len(ys) or not xs:
+            raise ValueError("need the same non-zero number of feature and label tensors")
+        sizes = torch.tensor([len(x) for x in xs], dtype=torch.int64)
+        if (sizes < 1).any():
+            empty = torch.nonzero(sizes < 1).flatten().tolist()
+            raise ValueError(f"clients {empty} have no training records")
+        offsets = torch.cumsum(sizes, 0) - sizes
+        return cls(torch.cat(list(xs)), torch.cat(list(ys)), offsets, sizes)
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.sizes)
+
+    def size(self, client: int) -> int:
+        return int(self.sizes[client])
+
+    def client(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client `client`'s records (views)."""
+        lo, n = int(self.offsets[client]), int(self.sizes[client])
+        return self.x[lo : lo + n], self.y[lo : lo + n]
+
+    def gather(self, clients: torch.Tensor, local_idx: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Padded batches `[K, B, ...]` for per-client local indices, with a validity mask `[K, B]`.
+
+        Padding rows repeat a valid record of the same client and are masked out, so they never
+        contribute to any gradient.
+        """
+        k = len(local_idx)
+        width = max((len(i) for i in local_idx), default=0)
+        rows = torch.zeros(k, width, dtype=torch.int64)
+        mask = torch.zeros(k, width, dtype=torch.bool)
+        for j, idx in enumerate(local_idx):
+            m = len(idx)
+            rows[j, :m] = idx
+            mask[j, :m] = True
+        rows = rows + self.offsets[clients].unsqueeze(1)
+        return self.x[rows], self.y[rows], mask

@@ -1,0 +1,290 @@
+"""The round loop: select -> broadcast -> local -> upload -> aggregate -> account, evaluate, log.
+
+One loop for every algorithm. Privacy is accounted per client, in a ledger of DP events: before a
+round, each client's next-round event is checked against its budget and a client whose budget would
+be exceeded is retired (it never trains again); after the round the events that actually happened are
+recorded. Noise multipliers are calibrated per client from (epsilon_i, delta_i) with the same
+accountant, unless given explicitly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from dp_accounting import ComposedDpEvent, DpEvent
+from torch import nn
+
+from dpfl.algorithms.algorithm import Algorithm
+from dpfl.engine import params as P
+from dpfl.engine.evaluation import evaluate
+from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, run_local
+from dpfl.engine.pooled import PooledData
+from dpfl.privacy.calibration import calibrate_noise_multiplier
+from dpfl.privacy.ledger import PrivacyLedger
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A client's (epsilon, delta) budget."""
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        if not self.epsilon > 0:
+            raise ValueError(f"budget epsilon must be > 0, got {self.epsilon}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"budget delta must be in (0, 1), got {self.delta}")
+
+
+@dataclass
+class RunResult:
+    """What a run produced: the final global model, one metrics row per round, and the ledger."""
+
+    params: P.Params
+    history: list[dict[str, Any]]
+    ledger: PrivacyLedger | None
+    noise_multipliers: np.ndarray
+    stop_reason: str
+    privacy: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final_accuracy(self) -> float | None:
+        for row in reversed(self.history):
+            if row.get("test_accuracy") is not None:
+                return row["test_accuracy"]
+        return None
+
+    def spent(self) -> dict[int, float]:
+        return self.ledger.spent_all() if self.ledger is not None else {}
+
+
+class FederatedRun:
+    """A federated training run over `data` (a FederatedDataset) with `algorithm`.
+
+    budgets: one Budget per client (or one for all); required for any private algorithm.
+    noise_multipliers: per client (or one); None calibrates each client's multiplier so that its
+    expected participation over `rounds` spends exactly its budget.
+    batch_sizes: per client (or one).
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        model: nn.Module,
+        algorithm: Algorithm,
+        *,
+        rounds: int,
+        batch_sizes: int | Sequence[int],
+        budgets: Budget | Sequence[Budget] | None = None,
+        noise_multipliers: float | Sequence[float] | None = None,
+        accountant: str = "rdp",
+        seed: int = 0,
+        eval_every: int = 1,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+    ) -> None:
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+        declared = getattr(model, "loss_kind", None)
+        if declared is not None and declared != algorithm.local.spec.loss:
+            raise ValueError(f"the model is trained with loss {declared!r} but the local program uses "
+                             f"{algorithm.local.spec.loss!r}; pass loss={declared!r} to the local program")
+        self.data, self.model, self.algorithm = data, model, algorithm
+        self.rounds, self.seed, self.eval_every, self.max_elements = rounds, seed, eval_every, max_elements
+        self.accountant = accountant
+        self.pooled = PooledData.from_clients([c.x_train for c in data.clients], [c.y_train for c in data.clients])
+        n = self.pooled.n_clients
+        self.n_clients = n
+        self.n_records = self.pooled.sizes.numpy()
+        self.batch_sizes = _per_client(batch_sizes, n, "batch_sizes", int)
+        if (self.batch_sizes < 1).any():
+            raise ValueError("every batch size must be >= 1")
+        self.budgets = _per_client(budgets, n, "budgets", None) if budgets is not None else None
+        private = algorithm.unit is not None and algorithm.accounted
+        if algorithm.unit is not None and self.budgets is None:
+            raise ValueError(f"algorithm {algorithm.name!r} is private ({algorithm.unit}-level): give budgets")
+        self.ledger: PrivacyLedger | None = None
+        if private and self.budgets is not None:
+            self.ledger = PrivacyLedger(
+                list(range(n)),
+                deltas={i: b.delta for i, b in enumerate(self.budgets)},
+                budgets={i: b.epsilon for i, b in enumerate(self.budgets)},
+                accountant=accountant,
+                unit=algorithm.unit,
+            )
+        self.noise = self._noise_multipliers(noise_multipliers)
+
+    # ---- calibration -----------------------------------------------------------------------------
+    def _expected_participations(self) -> float:
+        return self.rounds * self.algorithm.selection.participation_rate(self.n_clients)
+
+    def _noise_multipliers(self, given: float | Sequence[float] | None) -> np.ndarray:
+        n = self.n_clients
+        if not self.algorithm.local.private:
+            return np.zeros(n)
+        if given is not None:
+            z = _per_client(given, n, "noise_multipliers", float)
+            if (z < 0).any():
+                raise ValueError("noise multipliers must be >= 0")
+            return z
+        assert self.budgets is not None
+        local = self.algorithm.local
+        participations = self._expected_participations()
+        out = np.empty(n)
+        cache: dict[tuple, float] = {}
+        for i in range(n):
+            b, m = int(self.batch_sizes[i]), int(self.n_records[i])
+            steps = max(1, int(round(participations * local.steps_for(m, b))))
+            key = (self.budgets[i].epsilon, self.budgets[i].delta, b, m, steps)
+            if key not in cache:
+                if local.sampling == "poisson":
+                    cache[key] = calibrate_noise_multiplier(
+                        key[0], key[1], steps=steps, sampling="poisson", sample_rate=min(1.0, b / m), accountant=self.accountant)
+                else:
+                    cache[key] = calibrate_noise_multiplier(
+                        key[0], key[1], steps=steps, sampling="fixed", population=m, sample_size=b, accountant=self.accountant)
+            out[i] = cache[key]
+        return out
+
+    # ---- events ----------------------------------------------------------------------------------
+    def _client_event(self, i: int) -> DpEvent | None:
+        """The event one round of participation costs client i (local program and upload)."""
+        local = self.algorithm.local.event(int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
+        up = self.algorithm.upload.event(i) if self.algorithm.upload.accounted else None
+        events = [e for e in (local, up) if e is not None]
+        if not events:
+            return None
+        return events[0] if len(events) == 1 else ComposedDpEvent(events)
+
+    def _server_event(self, population: int) -> DpEvent | None:
+        """The event one round costs every client still in the population (central DP only)."""
+        if not self.algorithm.central:
+            return None
+        agg = self.algorithm.aggregator
+        return self.algorithm.selection.client_level_event(agg.noise_multiplier, population)
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+        alg = self.algorithm
+        w = P.model_params(self.model)
+        dim = P.num_parameters(w)
+        retired: set[int] = set()
+        history: list[dict[str, Any]] = []
+        stop_reason = "rounds"
+        for r in range(self.rounds):
+            t0 = time.perf_counter()
+            active = np.array([i for i in range(self.n_clients) if i not in retired], dtype=np.int64)
+            server_event = self._server_event(len(active))
+            eligible = self._eligible(active, server_event)
+            retired.update(int(i) for i in set(active.tolist()) - set(eligible.tolist()))
+            if len(eligible) < alg.selection.min_candidates():
+                stop_reason = "budget"
+                break
+            if server_event is not None and len(eligible) != len(active):
+                server_event = self._server_event(len(eligible))
+            selected = alg.selection.select(eligible, self.seed, r)
+            new_w, up_bytes = w, 0
+            if len(selected):
+                plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
+                         for i in selected]
+                res = run_local(self.model, alg.local.spec, plans, self.pooled, w, seed=self.seed, round_=r,
+                                max_elements=self.max_elements)
+                deltas = P.sub(res.params, P.broadcast(w, len(selected)))
+                uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
+                n_rec = torch.as_tensor(self.n_records[selected])
+                expected = alg.selection.expected_count(len(eligible))
+                new_w = alg.aggregator.aggregate(w, uploads, n_rec, expected, self.seed, r)
+                up_bytes = len(selected) * alg.upload.bytes_per_upload(dim)
+            elif alg.central:
+                new_w = alg.aggregator.aggregate(w, {n: t.unsqueeze(0)[:0] for n, t in w.items()},
+                                                 torch.zeros(0, dtype=torch.int64),
+                                                 alg.selection.expected_count(len(eligible)), self.seed, r)
+            w = new_w
+            self._record(r, selected, eligible, server_event)
+            row = self._row(r, w, selected, up_bytes, len(selected) * 4 * dim, time.perf_counter() - t0)
+            history.append(row)
+            if on_round is not None:
+                on_round(row)
+        privacy = self.privacy_summary(stop_reason)
+        return RunResult(w, history, self.ledger, self.noise, stop_reason, privacy)
+
+    def _eligible(self, active: np.ndarray, server_event: DpEvent | None) -> np.ndarray:
+        """Clients whose next round (if they take part) keeps them within budget."""
+        if self.ledger is None:
+            return active
+        keep = []
+        for i in active:
+            event = server_event if server_event is not None else self._client_event(int(i))
+            if event is None or not self.ledger.would_exceed(int(i), event):
+                keep.append(int(i))
+        return np.array(keep, dtype=np.int64)
+
+    def _record(self, r: int, selected: np.ndarray, eligible: np.ndarray, server_event: DpEvent | None) -> None:
+        if self.ledger is None:
+            return
+        if server_event is not None:
+            self.ledger.record_many([int(i) for i in eligible], r, server_event)
+        for i in selected:
+            event = self._client_event(int(i))
+            if event is not None:
+                self.ledger.record(int(i), r, event)
+        self.ledger.close_round(r)
+
+    def _row(self, r: int, w: P.Params, selected: np.ndarray, up: int, down: int, seconds: float) -> dict[str, Any]:
+        row: dict[str, Any] = {"round": r + 1, "selected": [int(i) for i in selected], "uplink_bytes": up,
+                               "downlink_bytes": down}
+        if (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
+            self.model.eval()
+            acc, loss = evaluate(self.model, w, self.data.x_test, self.data.y_test, self.algorithm.local.spec.loss)
+            self.model.train()
+            row["test_accuracy"], row["test_loss"] = acc, loss
+        if self.ledger is not None:
+            spent = self.ledger.spent_all()
+            row["epsilon"] = [spent[i] for i in range(self.n_clients)]
+            row["epsilon_max"] = max(row["epsilon"])
+        row["seconds"] = seconds
+        return row
+
+    def privacy_summary(self, stop_reason: str) -> dict[str, Any]:
+        """The declared threat model and each client's budget, noise and spent epsilon."""
+        alg = self.algorithm
+        out: dict[str, Any] = {
+            "algorithm": alg.name,
+            "unit": alg.unit,
+            "observer": alg.observer,
+            "mechanism": alg.mechanism,
+            "accountant": self.accountant if self.ledger is not None else None,
+            "client_sampling": {"kind": alg.selection.kind, "k": alg.selection.k, "rate": alg.selection.rate},
+            "local_sampling": alg.local.sampling,
+            "stop_reason": stop_reason,
+            "accounted": self.ledger is not None,
+        }
+        if alg.unit is not None and self.ledger is None:
+            out["warning"] = "a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported"
+        if self.ledger is not None and self.budgets is not None:
+            spent = self.ledger.spent_all()
+            out["clients"] = [
+                {"client": i, "epsilon_budget": self.budgets[i].epsilon, "delta": self.budgets[i].delta,
+                 "noise_multiplier": float(self.noise[i]) if alg.local.private else None,
+                 "batch_size": int(self.batch_sizes[i]), "records": int(self.n_records[i]),
+                 "epsilon_spent": spent[i]}
+                for i in range(self.n_clients)
+            ]
+        return out
+
+
+def _per_client(value: Any, n: int, name: str, cast: Any) -> np.ndarray:
+    """Broadcast a scalar (or check a sequence) to one entry per client."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries for {n} clients")
+        return np.array(list(value), dtype=object if cast is None else cast)
+    return np.array([value] * n, dtype=object if cast is None else cast)
+

@@ -1,0 +1,142 @@
+import numpy as np
+import pytest
+import torch
+
+from dpfl.data import ArrayDataset, FederatedDataset, federated_dataset, make_least_squares, make_logistic
+
+
+def _indexed(n_train=300, n_test=40, n_classes=5):
+    """x holds each sample's own index, so a client's rows say exactly which samples it got."""
+    y = torch.arange(n_train) % n_classes
+    return ArrayDataset(
+        "indexed",
+        torch.arange(n_train, dtype=torch.float32)[:, None],
+        y,
+        -torch.ones(n_test, 1),
+        torch.arange(n_test) % n_classes,
+        n_classes=n_classes,
+    )
+
+
+def _owned(fd):
+    """Per client: indices of its train samples and of its local test samples."""
+    return [(c.x_train[:, 0].long().numpy(), c.x_test[:, 0].long().numpy()) for c in fd.clients]
+
+
+def test_iid_partition_of_the_train_split():
+    ds = _indexed()
+    fd = FederatedDataset.from_arrays(ds, n_clients=7)
+    assert fd.n_clients == 7 and fd.n_classes == 5 and fd.input_shape == (1,)
+    assert fd.train_sizes.tolist() == [43] * 6 + [42]
+    owned = np.concatenate([tr for tr, _ in _owned(fd)])
+    assert np.array_equal(np.sort(owned), np.arange(300))
+    for c in fd.clients:
+        assert torch.equal(c.y_train, ds.y_train[c.x_train[:, 0].long()])  # labels follow their samples
+        assert c.n_test == 0 and c.x_test.shape == (0, 1)
+    assert torch.equal(fd.x_test, ds.x_test) and torch.equal(fd.y_test, ds.y_test)
+    assert fd.info["partition"] == "iid" and fd.info["dataset"] == "indexed"
+
+
+def test_client_test_fraction_splits_each_share():
+    fd = FederatedDataset.from_arrays(_indexed(), 5, client_test_fraction=0.25, seed=3)
+    seen = []
+    for c, (tr, te) in zip(fd.clients, _owned(fd)):
+        assert len(te) == round(0.25 * (len(tr) + len(te)))
+        assert not set(tr) & set(te)
+        seen.extend(tr)
+        seen.extend(te)
+        assert torch.equal(c.y_test, torch.from_numpy(te) % 5)
+    assert sorted(seen) == list(range(300))
+    assert fd.test_sizes.tolist() == [15] * 5
+
+
+def test_max_train_samples_subsamples_first_and_is_seeded():
+    a = FederatedDataset.from_arrays(_indexed(), 4, max_train_samples=100, seed=1)
+    b = FederatedDataset.from_arrays(_indexed(), 4, max_train_samples=100, seed=1)
+    c = FederatedDataset.from_arrays(_indexed(), 4, max_train_samples=100, seed=2)
+    assert a.train_sizes.sum() == 100
+    owned_a = np.sort(np.concatenate([tr for tr, _ in _owned(a)]))
+    owned_c = np.sort(np.concatenate([tr for tr, _ in _owned(c)]))
+    assert len(np.unique(owned_a)) == 100 and owned_a.max() > 100  # a random subset, not the first 100
+    assert all(torch.equal(x.x_train, y.x_train) for x, y in zip(a.clients, b.clients))
+    assert not np.array_equal(owned_a, owned_c)
+
+
+def test_shards_and_dirichlet_partitions():
+    ds = _indexed(n_train=400, n_classes=4)
+    shards = FederatedDataset.from_arrays(ds, 8, partition="shards", shards_per_client=2)
+    counts = shards.label_counts()
+    assert counts.shape == (8, 4) and counts.sum() == 400
+    assert ((counts > 0).sum(axis=1) <= 2).all()
+    assert shards.info["shards_per_client"] == 2
+
+    skewed = FederatedDataset.from_arrays(ds, 8, partition="dirichlet", alpha=0.05, seed=0)
+    flat = FederatedDataset.from_arrays(ds, 8, partition="dirichlet", alpha=1000.0, seed=0)
+    assert skewed.train_sizes.sum() == flat.train_sizes.sum() == 400
+    share = lambda fd: np.mean(fd.label_counts().max(axis=1) / fd.train_sizes)  # noqa: E731
+    assert share(skewed) > 0.6 > 0.35 > share(flat)
+
+
+def test_iid_sizes_are_honoured():
+    fd = FederatedDataset.from_arrays(_indexed(), 3, sizes=[10, 20, 30])
+    assert fd.train_sizes.tolist() == [10, 20, 30]
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"partition": "label_shards"}, "partition must be one of iid, shards, dirichlet"),
+        ({"partition": "shards", "sizes": [1, 2]}, "sizes applies to partition='iid' only"),
+        ({"client_test_fraction": 1.0}, r"client_test_fraction must be in \[0, 1\)"),
+        ({"max_train_samples": 0}, "max_train_samples must be an int >= 1"),
+        ({"seed": -2}, "seed must be a non-negative int"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FederatedDataset.from_arrays(_indexed(), 2, **kwargs)
+
+
+def test_federated_dataset_on_digits_routes_options():
+    fd = federated_dataset("digits", 6, partition="dirichlet", alpha=0.3, seed=2, normalize=(0.5, 0.5))
+    assert fd.n_clients == 6 and fd.train_sizes.sum() == 1438 and fd.input_shape == (1, 8, 8)
+    assert float(fd.x_test.min()) == -1.0  # normalised: (0 - 0.5) / 0.5
+    assert fd.info["alpha"] == 0.3 and fd.info["dataset"] == "digits"
+    with pytest.raises(ValueError, match="unknown option.*alpah"):
+        federated_dataset("digits", 2, alpah=0.3)
+
+
+def test_federated_synthetic_uses_the_run_seed_for_data_and_split():
+    a = federated_dataset("synthetic", 4, seed=3, n_samples=200, n_features=5)
+    b = federated_dataset("synthetic", 4, seed=3, n_samples=200, n_features=5)
+    c = federated_dataset("synthetic", 4, seed=4, n_samples=200, n_features=5)
+    assert torch.equal(a.x_test, b.x_test) and not torch.equal(a.x_test, c.x_test)
+    assert a.input_shape == (5,) and a.train_sizes.sum() == 160
+
+
+@pytest.mark.parametrize("maker,n_classes", [(make_least_squares, 0), (make_logistic, 2)])
+def test_from_convex(maker, n_classes):
+    p = maker(preset="small", shift_scale=0.5)
+    fd = FederatedDataset.from_convex(p)
+    assert fd.n_clients == 5 and fd.input_shape == (20,) and fd.n_classes == n_classes
+    assert fd.train_sizes.tolist() == [200] * 5
+    for c, a, b in zip(fd.clients, p.A, p.b):
+        assert c.x_train.dtype == torch.float32 and c.y_train.dtype == torch.float32
+        torch.testing.assert_close(c.x_train, torch.from_numpy(a).float())
+        torch.testing.assert_close(c.y_train, torch.from_numpy(b).float())
+        assert c.n_test == 0
+    assert fd.x_test.shape == (0, 20) and fd.info["shift_scale"] == 0.5
+    if n_classes == 0:
+        with pytest.raises(ValueError, match="real-valued targets"):
+            fd.label_counts()
+
+
+@pytest.mark.needs_fmnist
+def test_fashion_mnist_shards(fmnist_dir, monkeypatch):
+    from dpfl.data import catalog
+
+    monkeypatch.setattr(catalog, "SYSTEM_LOCATIONS", {"fashion_mnist": (fmnist_dir,)})
+    fd = federated_dataset("fashion_mnist", 20, partition="shards", max_train_samples=6000, seed=0)
+    assert fd.train_sizes.sum() == 6000 and fd.x_test.shape == (10000, 1, 28, 28)
+    classes = (fd.label_counts() > 0).sum(axis=1)
+    assert classes.max() <= 4 and classes.mean() < 3  # 2 shards, each straddling at most 2 classes

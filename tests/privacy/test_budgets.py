@@ -1,0 +1,84 @@
+"""Per-client budgets: validation, named distributions, reproducibility, registry."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dpfl.privacy import BUDGET_DISTRIBUTIONS, ClientBudget, draw_budgets, register_budget_distribution
+
+
+def test_client_budget_validation():
+    b = ClientBudget(1, 1e-5)
+    assert (b.epsilon, b.delta) == (1.0, 1e-5) and isinstance(b.epsilon, float)
+    assert ClientBudget(math.inf, 1e-5).epsilon == math.inf
+    with pytest.raises(ValueError, match=r"epsilon must be a number > 0.*got 0"):
+        ClientBudget(0, 1e-5)
+    with pytest.raises(ValueError, match=r"delta must be a number in \(0, 1\), got 1.0"):
+        ClientBudget(1.0, 1.0)
+    with pytest.raises(ValueError, match="epsilon"):
+        ClientBudget("1", 1e-5)
+
+
+def test_fixed_and_list():
+    rng = np.random.default_rng(0)
+    np.testing.assert_array_equal(draw_budgets("fixed", 4, rng, value=2.5), [2.5] * 4)
+    vals = [2.81, 1.69, 1.74]
+    np.testing.assert_array_equal(draw_budgets("list", 3, rng, values=vals), vals)
+    with pytest.raises(ValueError, match="values has 3 entries, expected n_clients=4"):
+        draw_budgets("list", 4, rng, values=vals)
+    with pytest.raises(ValueError, match=r"values\[1\] must be a finite number > 0, got -1"):
+        draw_budgets("list", 2, rng, values=[1, -1])
+
+
+def test_uniform_is_in_range_and_reproducible():
+    a = draw_budgets("uniform", 1000, np.random.default_rng(7), low=0.2, high=5.0)
+    b = draw_budgets("uniform", 1000, np.random.default_rng(7), low=0.2, high=5.0)
+    np.testing.assert_array_equal(a, b)
+    assert a.min() >= 0.2 and a.max() <= 5.0 and a.std() > 1.0
+    with pytest.raises(ValueError, match="low must be <= high, got low=5.0, high=1.0"):
+        draw_budgets("uniform", 3, np.random.default_rng(0), low=5.0, high=1.0)
+
+
+def test_choice_respects_values_and_probabilities():
+    rng = np.random.default_rng(1)
+    eps = draw_budgets("choice", 2000, rng, values=[0.5, 10.0], probs=[0.9, 0.1])
+    assert set(np.unique(eps)) == {0.5, 10.0}
+    assert 0.05 < np.mean(eps == 10.0) < 0.15
+    np.testing.assert_array_equal(draw_budgets("choice", 5, rng, values=[1.0, 2.0], probs=[0.0, 1.0]), [2.0] * 5)
+    with pytest.raises(ValueError, match="probs must be 2 non-negative numbers summing to 1"):
+        draw_budgets("choice", 5, rng, values=[1.0, 2.0], probs=[0.5, 0.6])
+
+
+def test_unknown_kind_and_bad_parameters():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match=r"kind must be one of \['choice', 'fixed', 'list', 'uniform'.*got 'pareto'"):
+        draw_budgets("pareto", 3, rng)
+    with pytest.raises(ValueError, match="bad parameters for budget distribution 'uniform'"):
+        draw_budgets("uniform", 3, rng, low=1.0)
+    with pytest.raises(ValueError, match="n_clients must be an integer >= 1"):
+        draw_budgets("fixed", 0, rng, value=1.0)
+    with pytest.raises(ValueError, match="rng must be a numpy.random.Generator"):
+        draw_budgets("fixed", 2, 0, value=1.0)
+
+
+def test_registry_accepts_new_distributions():
+    @register_budget_distribution("test-doubling")
+    def _doubling(n_clients, rng, *, start):
+        return start * 2.0 ** np.arange(n_clients)
+
+    try:
+        np.testing.assert_array_equal(draw_budgets("test-doubling", 3, np.random.default_rng(0), start=0.5), [0.5, 1, 2])
+        with pytest.raises(ValueError, match="already registered"):
+            register_budget_distribution("test-doubling")(_doubling)
+    finally:
+        BUDGET_DISTRIBUTIONS.pop("test-doubling")
+
+
+def test_registered_distribution_must_return_positive_epsilons():
+    register_budget_distribution("test-bad")(lambda n, rng: -np.ones(n))
+    try:
+        with pytest.raises(ValueError, match="must give 2 finite epsilons > 0"):
+            draw_budgets("test-bad", 2, np.random.default_rng(0))
+    finally:
+        BUDGET_DISTRIBUTIONS.pop("test-bad")
