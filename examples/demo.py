@@ -19,7 +19,8 @@ from dpfl.algorithms.algorithm import fedavg
 from dpfl.algorithms.client.program import dpsgd
 from dpfl.algorithms.selection import Selection
 from dpfl.data import federated_dataset
-from dpfl.experiment.federated_run import Budget, FederatedRun
+from dpfl.experiment.federated_run import FederatedRun
+from dpfl.privacy.budgets import ClientBudget
 from dpfl.models import build_model
 
 
@@ -33,7 +34,7 @@ def main() -> None:
     data = federated_dataset("digits", n_clients=args.clients, seed=args.seed)
     model = build_model("logr", data.input_shape, data.n_classes, seed=args.seed)
     rng = np.random.default_rng(args.seed)
-    budgets = [Budget(float(e), 1e-5) for e in rng.choice([1.0, 2.0, 4.0, 8.0], size=data.n_clients)]
+    budgets = [ClientBudget(float(e), 1e-5) for e in rng.choice([1.0, 2.0, 4.0, 8.0], size=data.n_clients)]
     algorithm = fedavg(dpsgd(lr=2.0, clip=1.0, epochs=1, sampling="poisson"), Selection("all"))
     run = FederatedRun(data, model, algorithm, rounds=args.rounds, batch_sizes=32, budgets=budgets, seed=args.seed,
                        eval_every=5)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dpfl.engine import params as P
-from dpfl.engine.local_training import ClientPlan, LocalSpec, _per_sample_grad_fn, _step_gradient, run_local
+from dpfl.engine.local_training import ClientPlan, LocalSpec, _clipped_sum, _per_sample_grad_fn, run_local
 from dpfl.engine.losses import per_sample_loss
 from dpfl.engine.pooled import PooledData
 from dpfl.engine.sampling import BatchStream, NoiseStream
@@ -32,7 +32,8 @@ def plain_sgd_run(model, spec, plan, data, seed, round_):
     """Reference: one client, nn.Module + autograd, the same batches (same generator stream)."""
     model = _copy(model)
     x, y = data.client(plan.client)
-    stream = BatchStream(spec.sampling, len(x), plan.batch_size, torch_generator(seed, Purpose.BATCH, round_, plan.client))
+    stream = BatchStream(spec.sampling, len(x), plan.batch_size, torch_generator(seed, Purpose.BATCH, round_, plan.client),
+                         plan.steps)
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr)
     for _ in range(plan.steps):
         idx = stream.next()
@@ -78,28 +79,47 @@ def test_every_per_sample_contribution_is_clipped_to_C():
     w = P.broadcast(P.model_params(model), 4)
     grads_of = _per_sample_grad_fn(model, per_sample_loss("cross_entropy"))
     for clip in (1e-3, 0.05, 0.5):
-        spec = LocalSpec(lr=0.1, sampling="fixed", clip=clip)
         # batch of one record per client: the clipped sum is that record's clipped gradient
         for j in range(5):
-            x, y, mask = data.gather(torch.arange(4), [torch.tensor([j])] * 4)
-            raw = P.global_norms(grads_of(w, x, y), leading=2)[:, 0]
-            clipped = P.global_norms(_step_gradient(spec, grads_of, w, x, y, mask))
+            x, y, owner = data.gather_packed(torch.arange(4), [torch.tensor([j])] * 4)
+            raw = P.global_norms(grads_of(w, x, y))
+            clipped = P.global_norms(_clipped_sum(grads_of, w, x, y, owner, clip))
             assert (clipped <= clip * (1 + 1e-5)).all()
             expected = torch.minimum(raw, torch.full_like(raw, clip))
             torch.testing.assert_close(clipped, expected, rtol=1e-4, atol=1e-9)
+
+
+def test_clipped_sum_adds_each_clients_own_samples_only():
+    model, data = small_cnn(), make_data(sizes=(20, 20, 20))
+    w = P.broadcast(P.model_params(model), 3)
+    w = {n: v + 0.01 * torch.randn_like(v) for n, v in w.items()}  # clients at different parameters
+    grads_of = _per_sample_grad_fn(model, per_sample_loss("cross_entropy"))
+    idx = [torch.tensor([0, 3, 5]), torch.tensor([], dtype=torch.int64), torch.tensor([7])]
+    x, y, owner = data.gather_packed(torch.arange(3), idx)
+    assert owner.tolist() == [0, 0, 0, 2]
+    total = _clipped_sum(grads_of, w, x, y, owner, 0.1)
+    for k, rows in enumerate(idx):
+        expected = {n: torch.zeros_like(v[k]) for n, v in w.items()}
+        for r in rows.tolist():
+            xi, yi = data.client(k)[0][r : r + 1], data.client(k)[1][r : r + 1]
+            g = grads_of({n: v[k : k + 1] for n, v in w.items()}, xi, yi)
+            scale = min(1.0, 0.1 / float(P.global_norms(g)[0]))
+            expected = {n: expected[n] + scale * g[n][0] for n in expected}
+        for n in expected:
+            torch.testing.assert_close(total[n][k], expected[n], atol=1e-7, rtol=1e-5)
 
 
 def test_clipping_uses_one_global_norm_over_all_tensors():
     model, data = small_cnn(), make_data(sizes=(10,))
     w = P.broadcast(P.model_params(model), 1)
     grads_of = _per_sample_grad_fn(model, per_sample_loss("cross_entropy"))
-    x, y, mask = data.gather(torch.arange(1), [torch.tensor([0])])
+    x, y, owner = data.gather_packed(torch.arange(1), [torch.tensor([0])])
     raw = grads_of(w, x, y)
     clip = 1e-3
-    out = _step_gradient(LocalSpec(lr=0.1, sampling="fixed", clip=clip), grads_of, w, x, y, mask)
-    scale = clip / float(P.global_norms(raw, leading=2)[0, 0])
+    out = _clipped_sum(grads_of, w, x, y, owner, clip)
+    scale = clip / float(P.global_norms(raw)[0])
     for n in raw:  # every tensor scaled by the same factor
-        torch.testing.assert_close(out[n][0], raw[n][0, 0] * scale, rtol=1e-4, atol=1e-10)
+        torch.testing.assert_close(out[n][0], raw[n][0] * scale, rtol=1e-4, atol=1e-10)
 
 
 def test_injected_noise_has_configured_std():
@@ -168,7 +188,7 @@ def test_poisson_batches_are_never_truncated():
     res = run_local(model, spec, [ClientPlan(0, 40, 10, 1.0), ClientPlan(1, 2, 10, 1.0)], data,
                     P.model_params(model), seed=9, round_=0)
     for i, (client, b) in enumerate([(0, 40), (1, 2)]):
-        stream = BatchStream("poisson", 400, b, torch_generator(9, Purpose.BATCH, 0, client))
+        stream = BatchStream("poisson", 400, b, torch_generator(9, Purpose.BATCH, 0, client), 10)
         assert res.records_used[i] == sum(len(stream.next()) for _ in range(10))
 
 
@@ -186,3 +206,24 @@ def test_bad_specs_fail_clearly():
         LocalSpec(lr=0.0)
     with pytest.raises(ValueError, match="unknown loss"):
         LocalSpec(lr=0.1, loss="hinge")
+
+
+def test_momentum_and_proximal_term_equal_plain_pytorch():
+    """SGD with momentum (torch.optim.SGD semantics) on f(w) + mu/2 ||w - w_start||^2."""
+    model, data = small_cnn(), make_data()
+    spec = LocalSpec(lr=0.05, sampling="shuffle", momentum=0.9, prox_mu=0.3)
+    plan = ClientPlan(1, 6, 8)
+    res = run_local(model, spec, [plan, ClientPlan(0, 4, 3)], data, P.model_params(model), seed=2, round_=0)
+    ref = _copy(model)
+    start = [p.detach().clone() for p in ref.parameters()]
+    x, y = data.client(1)
+    stream = BatchStream("shuffle", len(x), 6, torch_generator(2, Purpose.BATCH, 0, 1), 8)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(8):
+        idx = stream.next()
+        opt.zero_grad()
+        prox = sum((p - s).pow(2).sum() for p, s in zip(ref.parameters(), start))
+        (nn.functional.cross_entropy(ref(x[idx]), y[idx]) + 0.3 / 2 * prox).backward()
+        opt.step()
+    for n, t in P.model_params(ref).items():
+        torch.testing.assert_close(res.params[n][0], t, atol=1e-6, rtol=1e-5)

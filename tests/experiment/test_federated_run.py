@@ -16,7 +16,8 @@ from dpfl.algorithms.client.program import dpsgd, sgd
 from dpfl.algorithms.selection import Selection
 from dpfl.data import federated_dataset, load_dataset
 from dpfl.data.errors import DatasetNotFoundError
-from dpfl.experiment.federated_run import Budget, FederatedRun
+from dpfl.experiment.federated_run import FederatedRun
+from dpfl.privacy.budgets import ClientBudget
 from dpfl.models import build_model
 from dpfl.privacy.accountant import epsilon
 from dpfl.privacy.events import dpsgd_event
@@ -47,7 +48,7 @@ def test_run_stops_exactly_when_the_next_round_would_exceed_each_budget():
     per_round = dpsgd_event(z, 5, sampling="poisson", sample_rate=8 / 60)
     eps_after = [epsilon(SelfComposedDpEvent(per_round, k), 1e-5) for k in range(1, 8)]
     fits = [1, 3, 3, 5]  # rounds each client can afford
-    budgets = [Budget((eps_after[k - 1] + eps_after[k]) / 2, 1e-5) for k in fits]
+    budgets = [ClientBudget((eps_after[k - 1] + eps_after[k]) / 2, 1e-5) for k in fits]
     run = FederatedRun(data, linear_model(), fedavg(program), rounds=10, batch_sizes=8, budgets=budgets,
                        noise_multipliers=z)
     result = run.run()
@@ -62,7 +63,7 @@ def test_run_stops_exactly_when_the_next_round_would_exceed_each_budget():
 
 def test_calibrated_full_participation_spends_each_budget_by_the_last_round():
     data = toy_federation()
-    budgets = [Budget(e, 1e-5) for e in (0.5, 1.0, 2.0, 8.0)]
+    budgets = [ClientBudget(e, 1e-5) for e in (0.5, 1.0, 2.0, 8.0)]
     run = FederatedRun(data, linear_model(), fedavg(dpsgd(0.1, 1.0, steps=4)), rounds=6, batch_sizes=[8, 8, 12, 4],
                        budgets=budgets, seed=3)
     result = run.run()
@@ -79,7 +80,7 @@ def test_central_dp_fedavg_charges_every_client_in_the_population_each_round():
     data = toy_federation(n_clients=6)
     sel = Selection("poisson", rate=0.5)
     alg = central_dp_fedavg(sgd(0.1, steps=3), clip=0.5, noise_multiplier=1.5, selection=sel)
-    run = FederatedRun(data, linear_model(), alg, rounds=4, batch_sizes=10, budgets=Budget(100.0, 1e-5))
+    run = FederatedRun(data, linear_model(), alg, rounds=4, batch_sizes=10, budgets=ClientBudget(100.0, 1e-5))
     result = run.run()
     expected = epsilon(SelfComposedDpEvent(sel.client_level_event(1.5, 6), 4), 1e-5)
     for c in range(6):
@@ -90,7 +91,7 @@ def test_central_dp_fedavg_charges_every_client_in_the_population_each_round():
 def test_unaccounted_mechanism_reports_no_epsilon():
     data = toy_federation()
     alg = Algorithm("noisy_fedavg", sgd(0.1, steps=2), upload=ParameterNoise(0.01))
-    result = FederatedRun(data, linear_model(), alg, rounds=2, batch_sizes=8, budgets=Budget(1.0, 1e-5)).run()
+    result = FederatedRun(data, linear_model(), alg, rounds=2, batch_sizes=8, budgets=ClientBudget(1.0, 1e-5)).run()
     assert result.ledger is None and "epsilon" not in result.history[-1]
     assert "no guarantee" in result.privacy["warning"]
 
@@ -103,7 +104,7 @@ def test_private_run_without_budgets_is_refused():
 def test_same_seed_same_run():
     def once():
         run = FederatedRun(toy_federation(), linear_model(), fedavg(dpsgd(0.1, 1.0, steps=3), Selection("fixed", k=2)),
-                           rounds=3, batch_sizes=8, budgets=Budget(4.0, 1e-5), seed=5)
+                           rounds=3, batch_sizes=8, budgets=ClientBudget(4.0, 1e-5), seed=5)
         return run.run()
 
     a, b = once(), once()
@@ -127,7 +128,7 @@ def test_end_to_end_heterogeneous_budgets_reach_sensible_accuracy():
     opts = {"max_train_samples": 12000} if name == "fashion_mnist" else {}
     data = federated_dataset(name, n_clients=20, seed=0, **opts)
     rng = np.random.default_rng(0)
-    budgets = [Budget(float(e), 1e-5) for e in rng.choice([1.0, 2.0, 5.0], size=20)]
+    budgets = [ClientBudget(float(e), 1e-5) for e in rng.choice([1.0, 2.0, 5.0], size=20)]
     model = build_model("logr", data.input_shape, data.n_classes, seed=0)
     run = FederatedRun(data, model, fedavg(dpsgd(lr=1.0, clip=1.0, steps=10)), rounds=6, batch_sizes=64,
                        budgets=budgets, seed=0, eval_every=3)
@@ -136,3 +137,19 @@ def test_end_to_end_heterogeneous_budgets_reach_sensible_accuracy():
     assert all(spent[c] <= budgets[c].epsilon for c in range(20))
     assert all(spent[c] > 0.9 * budgets[c].epsilon for c in range(20))  # calibrated to use the budget
     assert result.final_accuracy > 0.6, result.final_accuracy  # chance: 0.1; ~0.7 observed on both datasets
+
+
+def test_unlimited_budget_needs_explicit_noise():
+    budgets = [ClientBudget(float("inf"), 1e-5)] + [ClientBudget(1.0, 1e-5)] * 3
+    with pytest.raises(ValueError, match=r"clients \[0\] have unlimited budgets"):
+        FederatedRun(toy_federation(), linear_model(), fedavg(dpsgd(0.1, 1.0, steps=2)), rounds=2, batch_sizes=8,
+                     budgets=budgets)
+    run = FederatedRun(toy_federation(), linear_model(), fedavg(dpsgd(0.1, 1.0, steps=2)), rounds=2, batch_sizes=8,
+                       budgets=budgets, noise_multipliers=1.0)
+    assert run.run().spent()[0] > 0
+
+
+def test_model_and_program_losses_must_agree():
+    model = build_model("relu_mlp", (16,), 3, seed=0)
+    with pytest.raises(ValueError, match="loss 'mse_onehot'"):
+        FederatedRun(toy_federation(), model, fedavg(sgd(0.1, steps=2)), rounds=1, batch_sizes=8)

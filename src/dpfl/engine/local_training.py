@@ -2,8 +2,10 @@
 
 Clients share one architecture, so their parameters are stacked `[K, ...]` and one
 `torch.func.vmap` runs them all; for DP-SGD a second `vmap` over samples gives per-sample gradients.
-Different batch sizes are padded and masked; different step counts are handled by ordering clients by
-step count, so the clients still training at step t are always a prefix of the stack.
+For DP-SGD the sampled records of all clients are packed back to back, each sample carrying its
+client's parameters, so per-sample work is proportional to the records drawn (no padding); plain SGD
+pads batches and masks. Different step counts are handled by ordering clients by step count, so the
+clients still training at step t are always a prefix of the stack.
 
 The result is a pure function of (start parameters, client data, plans, seed, round): each client's
 batches and noise come from its own generators keyed by (seed, round, client), so K clients run
@@ -35,7 +37,8 @@ class LocalSpec:
 
     clip is the per-sample clipping norm C (None: no clipping, the cheap batched-gradient path).
     With clipping, the step is DP-SGD: (sum of clipped per-sample gradients + N(0, z^2 C^2)) divided by
-    the *nominal* batch size; without it, the mean loss gradient over the actual batch.
+    the *nominal* batch size, so the denominator reveals nothing; without it, the mean loss gradient
+    over the actual batch.
     prox_mu adds the FedProx term mu/2 ||w - w_start||^2; its gradient is added after clipping and
     noise, since it does not touch data.
     """
@@ -59,11 +62,6 @@ class LocalSpec:
         if self.prox_mu < 0:
             raise ValueError(f"prox_mu must be >= 0, got {self.prox_mu}")
         per_sample_loss(self.loss)
-
-    @property
-    def divides_by_nominal_batch(self) -> bool:
-        """DP-SGD divides by the nominal batch size, so the denominator reveals nothing."""
-        return self.clip is not None
 
 
 @dataclass(frozen=True)
@@ -154,7 +152,8 @@ def _run_chunk(
     buf = {n: torch.zeros_like(t) for n, t in w.items()} if spec.momentum else None
     clients = torch.tensor([p.client for p in plans])
     batches = [
-        BatchStream(spec.sampling, data.size(p.client), p.batch_size, torch_generator(seed, Purpose.BATCH, round_, p.client))
+        BatchStream(spec.sampling, data.size(p.client), p.batch_size, torch_generator(seed, Purpose.BATCH, round_, p.client),
+                    p.steps)
         for p in plans
     ]
     dim = P.num_parameters(w, leading=1)
@@ -177,14 +176,20 @@ def _run_chunk(
         for i, ix in enumerate(idx):
             used[i] += len(ix)
             empties[i] += int(len(ix) == 0)
-        x, y, mask = data.gather(clients[:active], idx)
         wa = {n: v[:active] for n, v in w.items()}
-        g = _step_gradient(spec, grads_of, wa, x, y, mask)
+        if spec.clip is None:
+            x, y, mask = data.gather(clients[:active], idx)
+            g = _batch_gradient(grads_of, wa, x, y, mask)
+            counts = mask.sum(1)
+        else:
+            x, y, owner = data.gather_packed(clients[:active], idx)
+            g = _clipped_sum(grads_of, wa, x, y, owner, spec.clip)
+            counts = None
         if noise_sums is not None:
             xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
             noise_sums[:active] += xi
             g = P.axpy(1.0, P.unflatten(xi * noise_scale[:active, None], wa), g)
-        denom = nominal[:active] if spec.divides_by_nominal_batch else mask.sum(1).clamp(min=1).to(nominal.dtype)
+        denom = nominal[:active] if counts is None else counts.clamp(min=1).to(nominal.dtype)
         g = {n: v / denom.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
         if spec.prox_mu:
             g = P.axpy(spec.prox_mu, P.sub(wa, {n: v[:active] for n, v in w0.items()}), g)
@@ -200,25 +205,37 @@ def _run_chunk(
     return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq)
 
 
-def _step_gradient(spec, grads_of, w, x, y, mask) -> P.Params:
-    """Sum over each client's batch of (clipped, if DP) per-sample gradients: `[K, ...]` per tensor."""
-    if x.shape[1] == 0:  # every active client drew an empty Poisson batch: a noise-only step
+def _batch_gradient(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> P.Params:
+    """Sum over each client's (padded, masked) batch of per-sample loss gradients: `[K, ...]`."""
+    if x.shape[1] == 0:
         return {n: torch.zeros_like(v) for n, v in w.items()}
-    if spec.clip is None:
-        return grads_of(w, x, y, mask.to(x.dtype if x.is_floating_point() else torch.float32))
-    per_sample = grads_of(w, x, y)
-    norms = P.global_norms(per_sample, leading=2)
-    factor = torch.clamp(spec.clip / (norms + 1e-12), max=1.0) * mask
-    return {n: torch.einsum("kb,kb...->k...", factor, g) for n, g in per_sample.items()}
+    return grads_of(w, x, y, mask.to(torch.float32))
+
+
+def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, clip: float) -> P.Params:
+    """Sum over each client's batch of per-sample gradients clipped to one global L2 norm `clip`.
+
+    Samples are packed back to back; each takes its client's parameters (`owner`), so the work is
+    proportional to the records drawn, with no padding. An empty batch sums to zero (noise-only step).
+    """
+    out = {n: torch.zeros_like(v) for n, v in w.items()}
+    if len(owner) == 0:
+        return out
+    per_sample = grads_of({n: v.index_select(0, owner) for n, v in w.items()}, x, y)
+    factor = torch.clamp(clip / (P.global_norms(per_sample) + 1e-12), max=1.0)
+    for n, g in per_sample.items():
+        out[n].index_add_(0, owner, g * factor.reshape(-1, *([1] * (g.dim() - 1))))
+    return out
 
 
 def _per_sample_grad_fn(model: nn.Module, loss_fn):
+    """Gradient of each sample's loss at its own parameters: vmap over (parameters, x, y) triples."""
+
     def loss_one(p, xi, yi):
         out = functional_call(model, p, (xi.unsqueeze(0),))
         return loss_fn(out, yi.unsqueeze(0)).sum()
 
-    per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0), randomness="different")
-    return vmap(per_sample, in_dims=(0, 0, 0), randomness="different")
+    return vmap(grad(loss_one), in_dims=(0, 0, 0), randomness="different")
 
 
 def _batch_grad_fn(model: nn.Module, loss_fn):

@@ -56,3 +56,15 @@ class PooledData:
             mask[j, :m] = True
         rows = rows + self.offsets[clients].unsqueeze(1)
         return self.x[rows], self.y[rows], mask
+
+    def gather_packed(self, clients: torch.Tensor, local_idx: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """All clients' batches back to back `[S, ...]`, with `owner[s]` = position of the sample's client.
+
+        No padding: per-sample work is proportional to the records actually drawn.
+        """
+        counts = torch.tensor([len(i) for i in local_idx], dtype=torch.int64)
+        owner = torch.repeat_interleave(torch.arange(len(local_idx)), counts)
+        if len(owner) == 0:
+            return self.x[:0], self.y[:0], owner
+        rows = torch.cat(list(local_idx)) + self.offsets[clients].repeat_interleave(counts)
+        return self.x[rows], self.y[rows], owner

@@ -19,9 +19,13 @@ _BLOCK_ELEMENTS = 1 << 20
 
 
 class BatchStream:
-    """Yields one index tensor per local step for a client with `n` records and batch size `b`."""
+    """Yields one index tensor per local step for a client with `n` records and batch size `b`.
 
-    def __init__(self, kind: str, n: int, batch_size: int, generator: torch.Generator) -> None:
+    Poisson masks are drawn in blocks whose size depends only on (n, steps), so the stream is the same
+    whether the client runs alone or in a cohort.
+    """
+
+    def __init__(self, kind: str, n: int, batch_size: int, generator: torch.Generator, steps: int) -> None:
         if kind not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {kind!r}")
         if n < 1:
@@ -32,6 +36,7 @@ class BatchStream:
             raise ValueError(f"fixed-size sampling needs batch size <= records ({batch_size} > {n})")
         self.kind, self.n, self.batch_size, self.g = kind, n, min(batch_size, n) if kind == "shuffle" else batch_size, generator
         self.rate = min(1.0, batch_size / n)
+        self.remaining = steps
         self._block: torch.Tensor | None = None
         self._block_pos = 0
         self._perm: torch.Tensor | None = None
@@ -39,6 +44,7 @@ class BatchStream:
 
     def next(self) -> torch.Tensor:
         """Indices (into this client's records) of the next batch."""
+        self.remaining -= 1
         if self.kind == "poisson":
             return self._next_poisson()
         if self.kind == "fixed":
@@ -47,7 +53,7 @@ class BatchStream:
 
     def _next_poisson(self) -> torch.Tensor:
         if self._block is None or self._block_pos == self._block.shape[0]:
-            rows = max(1, _BLOCK_ELEMENTS // self.n)
+            rows = max(1, min(self.remaining + 1, _BLOCK_ELEMENTS // self.n))
             self._block = torch.rand(rows, self.n, generator=self.g) < self.rate
             self._block_pos = 0
         row = self._block[self._block_pos]

@@ -24,22 +24,9 @@ from dpfl.engine import params as P
 from dpfl.engine.evaluation import evaluate
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, run_local
 from dpfl.engine.pooled import PooledData
+from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.calibration import calibrate_noise_multiplier
 from dpfl.privacy.ledger import PrivacyLedger
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A client's (epsilon, delta) budget."""
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self) -> None:
-        if not self.epsilon > 0:
-            raise ValueError(f"budget epsilon must be > 0, got {self.epsilon}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"budget delta must be in (0, 1), got {self.delta}")
 
 
 @dataclass
@@ -67,7 +54,7 @@ class RunResult:
 class FederatedRun:
     """A federated training run over `data` (a FederatedDataset) with `algorithm`.
 
-    budgets: one Budget per client (or one for all); required for any private algorithm.
+    budgets: one ClientBudget per client (or one for all); required for any private algorithm.
     noise_multipliers: per client (or one); None calibrates each client's multiplier so that its
     expected participation over `rounds` spends exactly its budget.
     batch_sizes: per client (or one).
@@ -81,7 +68,7 @@ class FederatedRun:
         *,
         rounds: int,
         batch_sizes: int | Sequence[int],
-        budgets: Budget | Sequence[Budget] | None = None,
+        budgets: ClientBudget | Sequence[ClientBudget] | None = None,
         noise_multipliers: float | Sequence[float] | None = None,
         accountant: str = "rdp",
         seed: int = 0,
@@ -135,6 +122,10 @@ class FederatedRun:
                 raise ValueError("noise multipliers must be >= 0")
             return z
         assert self.budgets is not None
+        unlimited = [i for i, b in enumerate(self.budgets) if b.epsilon == float("inf")]
+        if unlimited:
+            raise ValueError(f"clients {unlimited} have unlimited budgets, so no noise can be calibrated for them; "
+                             "pass noise_multipliers explicitly")
         local = self.algorithm.local
         participations = self._expected_participations()
         out = np.empty(n)
