@@ -42,7 +42,6 @@ def test_calibration_hits_target_spec_settings(q, steps, target, delta):
     _check_poisson(q, steps, target, delta)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("q, steps", OTHER_SETTINGS)
 @pytest.mark.parametrize("target", SPEC_EPS)
 @pytest.mark.parametrize("delta", SPEC_DELTAS)
@@ -68,7 +67,6 @@ def test_calibration_full_batch_matches_closed_form_gaussian_order():
     assert 0.999 <= eps <= 1.0
 
 
-@pytest.mark.slow
 def test_calibration_pld_meets_target_with_less_noise_than_rdp():
     q, steps, target, delta = 8 / 1200, 8000, 1.0, 1e-5
     z_pld = calibrate_noise_multiplier(target, delta, steps=steps, sample_rate=q, accountant="pld", rel_tol=1e-4)
