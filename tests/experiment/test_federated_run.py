@@ -153,3 +153,31 @@ def test_model_and_program_losses_must_agree():
     model = build_model("relu_mlp", (16,), 3, seed=0)
     with pytest.raises(ValueError, match="loss 'mse_onehot'"):
         FederatedRun(toy_federation(), model, fedavg(sgd(0.1, steps=2)), rounds=1, batch_sizes=8)
+
+
+def _without_time(history):
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+
+
+@pytest.mark.parametrize("central", [False, True])
+def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(central):
+    def make():
+        if central:
+            alg = central_dp_fedavg(sgd(0.1, steps=3), clip=0.5, noise_multiplier=1.0, selection=Selection("poisson", rate=0.5))
+        else:
+            alg = fedavg(dpsgd(0.1, 1.0, steps=3), Selection("fixed", k=2))
+        return FederatedRun(toy_federation(), linear_model(), alg, rounds=6, batch_sizes=8,
+                            budgets=[ClientBudget(e, 1e-5) for e in (2.0, 3.0, 4.0, 30.0)], seed=7)
+
+    states = []
+    full = make().run(on_checkpoint=states.append, checkpoint_every=2)
+    assert [s.round for s in states] == [2, 4, len(full.history)]
+
+
+    mid = states[0].to_dict()
+    resumed = make().run(state=type(states[0]).from_dict(mid))
+    assert _without_time(resumed.history) == _without_time(full.history)
+    assert resumed.stop_reason == full.stop_reason
+    assert resumed.spent() == full.spent()
+    for n in full.params:
+        assert torch.equal(resumed.params[n], full.params[n])

@@ -30,6 +30,26 @@ from dpfl.privacy.ledger import PrivacyLedger
 
 
 @dataclass
+class RunState:
+    """Everything needed to continue a run after `round` finished rounds (checkpoint content)."""
+
+    round: int
+    params: P.Params
+    retired: list[int]
+    ledger: dict[str, Any] | None
+    history: list[dict[str, Any]]
+    stop_reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "params": self.params, "retired": self.retired, "ledger": self.ledger,
+                "history": self.history, "stop_reason": self.stop_reason}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunState:
+        return cls(d["round"], d["params"], list(d["retired"]), d["ledger"], list(d["history"]), d["stop_reason"])
+
+
+@dataclass
 class RunResult:
     """What a run produced: the final global model, one metrics row per round, and the ledger."""
 
@@ -162,49 +182,85 @@ class FederatedRun:
         return self.algorithm.selection.client_level_event(agg.noise_multiplier, population)
 
     # ---- the loop --------------------------------------------------------------------------------
-    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-        alg = self.algorithm
-        w = P.model_params(self.model)
-        dim = P.num_parameters(w)
-        retired: set[int] = set()
-        history: list[dict[str, Any]] = []
-        stop_reason = "rounds"
-        for r in range(self.rounds):
-            t0 = time.perf_counter()
-            active = np.array([i for i in range(self.n_clients) if i not in retired], dtype=np.int64)
-            server_event = self._server_event(len(active))
-            eligible = self._eligible(active, server_event)
-            retired.update(int(i) for i in set(active.tolist()) - set(eligible.tolist()))
-            if len(eligible) < alg.selection.min_candidates():
+    def initial_state(self) -> RunState:
+        """The state before round 1: the model's initial parameters, nobody retired, empty ledger."""
+        return RunState(0, P.model_params(self.model), [], None, [], None)
+
+    def run(
+        self,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        state: RunState | None = None,
+        on_checkpoint: Callable[[RunState], None] | None = None,
+        checkpoint_every: int = 1,
+    ) -> RunResult:
+        """Run the remaining rounds from `state` (a fresh start by default).
+
+        All randomness is keyed by (seed, round, client), so resuming from a checkpointed state gives
+        exactly the rounds an uninterrupted run would have produced. `on_checkpoint` receives the state
+        every `checkpoint_every` rounds and once at the end.
+        """
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        state = state if state is not None else self.initial_state()
+        if state.ledger is not None:
+            if self.ledger is None:
+                raise ValueError("the checkpoint has a privacy ledger but this run is not accounted")
+            self.ledger = PrivacyLedger.from_dict(state.ledger)
+        w, retired, history = state.params, set(state.retired), list(state.history)
+        stop_reason = state.stop_reason
+        r = state.round
+        while stop_reason is None and r < self.rounds:
+            step = self._one_round(r, w, retired)
+            if step is None:
                 stop_reason = "budget"
                 break
-            if server_event is not None and len(eligible) != len(active):
-                server_event = self._server_event(len(eligible))
-            selected = alg.selection.select(eligible, self.seed, r)
-            new_w, up_bytes = w, 0
-            if len(selected):
-                plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
-                         for i in selected]
-                res = run_local(self.model, alg.local.spec, plans, self.pooled, w, seed=self.seed, round_=r,
-                                max_elements=self.max_elements)
-                deltas = P.sub(res.params, P.broadcast(w, len(selected)))
-                uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
-                n_rec = torch.as_tensor(self.n_records[selected])
-                expected = alg.selection.expected_count(len(eligible))
-                new_w = alg.aggregator.aggregate(w, uploads, n_rec, expected, self.seed, r)
-                up_bytes = len(selected) * alg.upload.bytes_per_upload(dim)
-            elif alg.central:
-                new_w = alg.aggregator.aggregate(w, {n: t.unsqueeze(0)[:0] for n, t in w.items()},
-                                                 torch.zeros(0, dtype=torch.int64),
-                                                 alg.selection.expected_count(len(eligible)), self.seed, r)
-            w = new_w
-            self._record(r, selected, eligible, server_event)
-            row = self._row(r, w, selected, up_bytes, len(selected) * 4 * dim, time.perf_counter() - t0)
+            w, row = step
             history.append(row)
+            r += 1
             if on_round is not None:
                 on_round(row)
-        privacy = self.privacy_summary(stop_reason)
-        return RunResult(w, history, self.ledger, self.noise, stop_reason, privacy)
+            if on_checkpoint is not None and r % checkpoint_every == 0 and r < self.rounds:
+                on_checkpoint(self._state(r, w, retired, history, None))
+        stop_reason = stop_reason or "rounds"
+        if on_checkpoint is not None:
+            on_checkpoint(self._state(r, w, retired, history, stop_reason))
+        return RunResult(w, history, self.ledger, self.noise, stop_reason, self.privacy_summary(stop_reason))
+
+    def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]], stop: str | None) -> RunState:
+        ledger = self.ledger.to_dict() if self.ledger is not None else None
+        return RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop)
+
+    def _one_round(self, r: int, w: P.Params, retired: set[int]) -> tuple[P.Params, dict[str, Any]] | None:
+        """Round r (0-based): new global parameters and its metrics row, or None if budgets end the run."""
+        alg = self.algorithm
+        t0 = time.perf_counter()
+        dim = P.num_parameters(w)
+        active = np.array([i for i in range(self.n_clients) if i not in retired], dtype=np.int64)
+        server_event = self._server_event(len(active))
+        eligible = self._eligible(active, server_event)
+        retired.update(int(i) for i in set(active.tolist()) - set(eligible.tolist()))
+        if len(eligible) < alg.selection.min_candidates():
+            return None
+        if server_event is not None and len(eligible) != len(active):
+            server_event = self._server_event(len(eligible))
+        selected = alg.selection.select(eligible, self.seed, r)
+        expected = alg.selection.expected_count(len(eligible))
+        new_w, up_bytes = w, 0
+        if len(selected):
+            plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
+                     for i in selected]
+            res = run_local(self.model, alg.local.spec, plans, self.pooled, w, seed=self.seed, round_=r,
+                            max_elements=self.max_elements)
+            deltas = P.sub(res.params, P.broadcast(w, len(selected)))
+            uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
+            new_w = alg.aggregator.aggregate(w, uploads, torch.as_tensor(self.n_records[selected]), expected, self.seed, r)
+            up_bytes = len(selected) * alg.upload.bytes_per_upload(dim)
+        elif alg.central:  # nobody drawn: the server still releases a noised (empty) sum
+            empty = {n: t.unsqueeze(0)[:0] for n, t in w.items()}
+            new_w = alg.aggregator.aggregate(w, empty, torch.zeros(0, dtype=torch.int64), expected, self.seed, r)
+        self._record(r, selected, eligible, server_event)
+        return new_w, self._row(r, new_w, selected, up_bytes, len(selected) * 4 * dim, time.perf_counter() - t0)
 
     def _eligible(self, active: np.ndarray, server_event: DpEvent | None) -> np.ndarray:
         """Clients whose next round (if they take part) keeps them within budget."""

@@ -1,0 +1,291 @@
+"""Read and write the files of a run directory (formats: ``FORMATS.md`` in this folder).
+
+Readers turn a directory that is not a dpfl run, or a missing or corrupt file, into one
+:class:`RunDirError` that names the directory and the file. Writers are crash-safe in the way the
+experiment layer needs:
+
+- :func:`write_json_atomic` / :func:`write_text_atomic`: a temporary file in the same directory,
+  fsync, ``os.replace``; a reader sees the old file or the new one, never half of one.
+- :func:`append_jsonl`: one line per call, flushed and fsynced before returning.
+- :func:`truncate_jsonl`: on resume, keep the rows the checkpoint knows about and drop any partial
+  line left by a killed writer.
+
+JSON numbers: Python's ``json`` writes ``Infinity``/``NaN`` for non-finite floats and reads them back;
+the privacy ledger writes them as the strings ``"inf"``/``"nan"``. :func:`as_float` accepts both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "PRIVACY_FILE",
+    "SUMMARY_FILE",
+    "REPORT_FILE",
+    "PLOTS_DIR",
+    "RunDirError",
+    "as_float",
+    "is_run_dir",
+    "read_metrics",
+    "read_privacy",
+    "read_summary",
+    "read_config_text",
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "write_text_atomic",
+    "append_jsonl",
+    "truncate_jsonl",
+]
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+PRIVACY_FILE = "privacy.json"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+PLOTS_DIR = "plots"
+
+# Any of these marks a directory as a dpfl run directory.
+_MARKERS = (CONFIG_FILE, METRICS_FILE, PRIVACY_FILE, SUMMARY_FILE)
+
+
+class RunDirError(ValueError):
+    """A directory is not a dpfl run directory, or one of its files is missing or corrupt."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], problem: str, file: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.file = file
+        self.problem = problem
+        where = f"{self.run_dir / file}" if file else f"{self.run_dir}"
+        super().__init__(f"{where}: {problem}")
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def as_float(x: Any) -> float | None:
+    """A number from a run file as a float: ``None`` stays ``None``; ``"inf"``/``"-inf"``/``"nan"``
+    (the ledger's encoding) become floats. Anything else is a ``ValueError``."""
+    if x is None:
+        return None
+    if isinstance(x, bool):
+        raise ValueError(f"expected a number, got {x!r}")
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str) and x in ("inf", "-inf", "nan", "Infinity", "-Infinity", "NaN"):
+        return float(x.replace("Infinity", "inf"))
+    raise ValueError(f"expected a number, got {x!r}")
+
+
+def is_run_dir(run_dir: str | os.PathLike[str]) -> bool:
+    """True when ``run_dir`` is a directory holding at least one of the run files."""
+    d = Path(run_dir)
+    return d.is_dir() and any((d / m).is_file() for m in _MARKERS)
+
+
+def _require_run_dir(run_dir: str | os.PathLike[str]) -> Path:
+    d = Path(run_dir)
+    if not d.exists():
+        raise RunDirError(d, "no such directory")
+    if not d.is_dir():
+        raise RunDirError(d, "not a directory")
+    if not is_run_dir(d):
+        raise RunDirError(d, f"not a dpfl run directory (none of {', '.join(_MARKERS)} is there)")
+    return d
+
+
+def _read_text(d: Path, name: str) -> str:
+    path = d / name
+    if not path.is_file():
+        raise RunDirError(d, "missing (is this a dpfl run directory?)", name)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunDirError(d, f"cannot be read: {e}", name) from e
+
+
+def _read_json_object(d: Path, name: str) -> dict[str, Any]:
+    text = _read_text(d, name)
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RunDirError(d, f"corrupt JSON ({e})", name) from e
+    if not isinstance(obj, dict):
+        raise RunDirError(d, f"expected a JSON object, found {type(obj).__name__}", name)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------- readers
+def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The per-round rows of ``metrics.jsonl``, in order.
+
+    An empty file gives ``[]`` (no round finished yet). A last line without its newline that is not
+    valid JSON is the trace of a writer killed mid-append: it is ignored (resuming truncates it).
+    Any other bad line, or rounds out of order, is a :class:`RunDirError` with the line number.
+    """
+    d = _require_run_dir(run_dir)
+    text = _read_text(d, METRICS_FILE)
+    lines = text.split("\n")
+    partial = lines.pop()  # "" when the file ends with a newline
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines + ([partial] if partial.strip() else []), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) + 1:  # trailing partial line
+                break
+            raise RunDirError(d, f"line {i} is not valid JSON ({e})", METRICS_FILE) from e
+        if not isinstance(row, dict) or not isinstance(row.get("round"), int) or isinstance(row["round"], bool):
+            raise RunDirError(d, f"line {i} is not a metrics row (a JSON object with an integer 'round')",
+                              METRICS_FILE)
+        if rows and row["round"] <= rows[-1]["round"]:
+            raise RunDirError(d, f"line {i}: round {row['round']} follows round {rows[-1]['round']}",
+                              METRICS_FILE)
+        rows.append(row)
+    return rows
+
+
+def read_privacy(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``privacy.json``: the declared threat model and, when accounted, each client's budget and spend."""
+    d = _require_run_dir(run_dir)
+    obj = _read_json_object(d, PRIVACY_FILE)
+    if not isinstance(obj.get("accounted"), bool):
+        raise RunDirError(d, "has no boolean 'accounted' field", PRIVACY_FILE)
+    clients = obj.get("clients")
+    if clients is not None and not (isinstance(clients, list) and all(isinstance(c, dict) for c in clients)):
+        raise RunDirError(d, "'clients' must be a list of objects", PRIVACY_FILE)
+    return obj
+
+
+def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``summary.json``, or ``None`` when it is absent (the run did not finish)."""
+    d = _require_run_dir(run_dir)
+    if not (d / SUMMARY_FILE).exists():
+        return None
+    return _read_json_object(d, SUMMARY_FILE)
+
+
+def read_config_text(run_dir: str | os.PathLike[str]) -> str:
+    """The resolved config saved with the run, as text."""
+    d = _require_run_dir(run_dir)
+    return _read_text(d, CONFIG_FILE)
+
+
+# ---------------------------------------------------------------------------------------- writers
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):  # numpy arrays and scalars, torch tensors
+        return o.tolist()
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
+    flags = getattr(os, "O_DIRECTORY", None)
+    if flags is None:
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same directory + fsync + os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write UTF-8 text atomically (see :func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically. Serialised before any file is touched, so an
+    unserialisable object leaves the old file in place. numpy/torch values are converted with
+    ``tolist()``; non-finite floats are written as ``Infinity``/``NaN`` (Python's json reads them)."""
+    text = json.dumps(obj, indent=2, default=_json_default) + "\n"
+    return write_text_atomic(path, text)
+
+
+def append_jsonl(path: str | os.PathLike[str], row: dict[str, Any]) -> None:
+    """Append ``row`` as one JSON line, then flush and fsync.
+
+    Refuses (``ValueError``) to append to a file whose last line is partial: the new row would be glued
+    to it. Call :func:`truncate_jsonl` first (the resume path does).
+    """
+    path = Path(path)
+    line = json.dumps(row, default=_json_default)  # no indent: never contains a raw newline
+    with open(path, "ab+") as f:
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                raise ValueError(f"{path} ends with a partial line; truncate it (truncate_jsonl) before appending")
+        f.write(line.encode("utf-8") + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def truncate_jsonl(path: str | os.PathLike[str], n_rows: int) -> None:
+    """Keep the first ``n_rows`` complete lines of ``path`` and drop everything after them, including
+    a trailing partial line. ``ValueError`` if fewer than ``n_rows`` complete lines exist (the file and
+    the checkpoint disagree). A missing file is accepted when ``n_rows`` is 0 (it is created empty).
+    """
+    if n_rows < 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    path = Path(path)
+    if not path.exists():
+        if n_rows == 0:
+            path.touch()
+            return
+        raise FileNotFoundError(f"{path} does not exist; cannot keep {n_rows} rows")
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = 0
+        for i in range(n_rows):
+            nl = data.find(b"\n", end)
+            if nl < 0:
+                raise ValueError(f"{path} has only {i} complete lines; cannot keep {n_rows}")
+            end = nl + 1
+        if end != len(data):
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _finite(x: Any) -> float | None:
+    """``as_float`` restricted to finite values (None otherwise); never raises."""
+    try:
+        v = as_float(x)
+    except ValueError:
+        return None
+    return v if v is not None and math.isfinite(v) else None
