@@ -19,7 +19,7 @@ data: install
 	bash scripts/get_fashion_mnist.sh $(PY)
 
 demo: install
-	$(PY) examples/demo.py
+	$(VENV)/bin/dpfl demo
 
 test: install data
 	$(PY) -m pytest

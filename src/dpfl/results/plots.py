@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from dpfl.results.run_files import as_float, write_bytes_atomic
 
@@ -39,6 +40,7 @@ FIGSIZE = (8, 5)
 DPI = 100
 MAX_CLIENT_LINES = 20  # above this, per-client plots show min / median / max instead of one line each
 _ANNOTATE_MAX = 20
+_LABEL_MAX = 21  # longer legend labels are shortened in the middle (the legend sits beside the axes)
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -46,6 +48,7 @@ def _new_figure() -> tuple[Figure, Any]:
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
     ax = fig.add_subplot(1, 1, 1)
     ax.grid(True, alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     return fig, ax
 
 
@@ -92,7 +95,7 @@ def _accuracy_series(metrics: Sequence[Mapping[str, Any]]) -> tuple[list[int], l
 
 
 def _legend_outside(fig: Figure, ax: Any, handles: list[Any] | None = None, labels: list[str] | None = None) -> None:
-    fig.subplots_adjust(left=0.09, right=0.78, top=0.9, bottom=0.11)
+    fig.subplots_adjust(left=0.08, right=0.74, top=0.9, bottom=0.11)
     kwargs: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "fontsize": "small",
                               "borderaxespad": 0.0}
     if handles is not None:
@@ -162,13 +165,13 @@ def plot_epsilon(metrics: Sequence[Mapping[str, Any]], privacy: Mapping[str, Any
         handles, labels = ax.get_legend_handles_labels()
         if budgets:
             handles.append(Line2D([], [], color="black", linestyle=":"))
-            labels.append("budget (same colour)")
+            labels.append("budget (dotted)")
         _legend_outside(fig, ax, handles, labels)
         default_title = f"Spent epsilon per client ({n} clients)"
     else:
         lo, hi = np.nanmin(eps, axis=1), np.nanmax(eps, axis=1)
         med = _lower_median(eps, axis=1)
-        ax.fill_between(rounds, lo, hi, alpha=0.25, color="tab:blue", label="min - max over clients")
+        ax.fill_between(rounds, lo, hi, alpha=0.25, color="tab:blue", label="min - max")
         ax.plot(rounds, hi, color="tab:blue", linewidth=0.8)
         ax.plot(rounds, lo, color="tab:blue", linewidth=0.8)
         ax.plot(rounds, med, color="tab:blue", linewidth=2.0, marker=marker, markersize=3, label="median client")
@@ -237,7 +240,8 @@ def plot_compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os
     colours = _colours(len(series))
     longest = max(len(s[0]) for s in series.values())
     for (name, (rounds, acc)), colour in zip(series.items(), colours):
-        ax.plot(rounds, acc, color=colour, marker="o" if longest <= 30 else None, markersize=3, label=name)
+        label = name if len(name) <= _LABEL_MAX else name[: _LABEL_MAX // 2 - 1] + "…" + name[-(_LABEL_MAX // 2):]
+        ax.plot(rounds, acc, color=colour, marker="o" if longest <= 30 else None, markersize=3, label=label)
     if all(0.0 <= a <= 1.0 for _, acc in series.values() for a in acc):
         ax.set_ylim(0.0, 1.02)
     ax.set_xlabel("round")

@@ -1,0 +1,319 @@
+"""The `dpfl` command: run private federated experiments, inspect privacy, data and results.
+
+User errors (bad config, bad arguments, missing data, an existing run directory) print one line to
+stderr and exit with code 2; only bugs show a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Differentially private federated learning with per-client privacy ledgers.")
+privacy_app = typer.Typer(no_args_is_help=True, help="Privacy accounting: epsilon of a mechanism, or noise for a target.")
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: what is available locally, and fetching.")
+app.add_typer(privacy_app, name="privacy")
+app.add_typer(data_app, name="data")
+
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)
+
+USAGE_ERROR = 2
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line, exit code 2."""
+
+
+def _fail(message: str) -> None:
+    errors.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(USAGE_ERROR)
+
+
+def _user_errors():
+    """The exception types that are the user's to fix (validated input, files, existing runs)."""
+    from dpfl.data.errors import DatasetNotFoundError
+
+    return (UserError, ValueError, FileNotFoundError, DatasetNotFoundError)
+
+
+def _json_safe(obj: Any) -> Any:
+    """Strict JSON: non-finite numbers become the strings "inf", "-inf", "nan" (as in privacy.json's ledger)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _emit_json(obj: Any) -> None:
+    """Exactly one JSON object on stdout, so scripts can read it."""
+    sys.stdout.write(json.dumps(_json_safe(obj), allow_nan=False, default=str) + "\n")
+
+
+# ---- run and demo -----------------------------------------------------------------------------------
+def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
+    from dpfl.experiment.run_directory import execute
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=errors,
+                  disable=not errors.is_terminal and "DPFL_PROGRESS" not in __import__("os").environ) as progress:
+        task = progress.add_task(cfg.name, total=cfg.training.rounds, status="preparing (data, calibration)")
+        accuracy: list[Optional[float]] = [None]
+
+        def on_start(run, done: int) -> None:
+            progress.update(task, completed=done, status="training")
+
+        def on_round(row: dict[str, Any]) -> None:
+            if row.get("test_accuracy") is not None:
+                accuracy[0] = row["test_accuracy"]
+            acc = "-" if accuracy[0] is None else f"{accuracy[0]:.3f}"
+            eps = f"  eps max {row['epsilon_max']:.3f}" if "epsilon_max" in row else ""
+            progress.update(task, completed=row["round"], status=f"acc {acc}{eps}")
+
+        return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start)
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _print_outcome(out: Path, summary: dict[str, Any]) -> None:
+    from dpfl.results.run_files import read_privacy
+
+    privacy = read_privacy(out)
+    console.print(f"\n[bold]{summary.get('name', out.name)}[/]: {summary['rounds_done']} rounds "
+                  f"(stop: {summary['stop_reason']}), final accuracy {_fmt(summary.get('final_accuracy'))}, "
+                  f"best {_fmt(summary.get('best_accuracy'))}")
+    if privacy.get("accounted"):
+        console.print(f"guarantee: {privacy['unit']}-level DP against {privacy['observer']}; "
+                      f"{privacy['mechanism']}; accountant {privacy['accountant']}", highlight=False)
+        table = Table("client", "records", "budget ε", "δ", "noise z", "spent ε")
+        for c in privacy["clients"][:50]:
+            z = c.get("noise_multiplier")
+            table.add_row(str(c["client"]), str(c["records"]), f"{c['epsilon_budget']:.3f}", f"{c['delta']:.0e}",
+                          "-" if z is None else f"{z:.3f}", f"{c['epsilon_spent']:.3f}")
+        console.print(table)
+        if len(privacy["clients"]) > 50:
+            console.print(f"... {len(privacy['clients']) - 50} more clients in privacy.json")
+    else:
+        console.print(f"privacy: {privacy.get('warning', 'not private: no epsilon is reported')}")
+    console.print(f"run directory: {out}  (report: {out / 'report.md'})")
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set training.rounds=5 (repeatable).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<name>).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a killed run from its last checkpoint.")] = False,
+) -> None:
+    """Run a federated experiment described by a YAML config."""
+    from dpfl.experiment.config import load_config
+
+    try:
+        cfg = load_config(config, list(set_ or []))
+        out = out or Path("runs") / cfg.name
+        summary = _run_with_progress(cfg, out, resume)
+        _print_outcome(out, summary)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+@app.command()
+def demo(out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/demo-<time>).")] = None) -> None:
+    """A short private run on scikit-learn's bundled digits with a different budget per client."""
+    from dpfl.experiment.build import build_demo_config
+
+    try:
+        cfg = build_demo_config()
+        out = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        summary = _run_with_progress(cfg, out, resume=False)
+        _print_outcome(out, summary)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+
+
+# ---- privacy ------------------------------------------------------------------------------------------
+def _positive(name: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise UserError(f"--{name} must be a finite number > 0, got {value}")
+
+
+def _check_rate_delta(sample_rate: float, delta: float, steps: int) -> None:
+    if not 0 < sample_rate <= 1:
+        raise UserError(f"--sample-rate must be in (0, 1], got {sample_rate}")
+    if not 0 < delta < 1:
+        raise UserError(f"--delta must be in (0, 1), got {delta}")
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+
+
+@privacy_app.command("epsilon")
+def privacy_epsilon(
+    noise_multiplier: Annotated[float, typer.Option(help="Noise std / clipping norm.")],
+    sample_rate: Annotated[float, typer.Option(help="Poisson sampling rate q.")],
+    steps: Annotated[int, typer.Option(help="Number of steps composed.")],
+    delta: Annotated[float, typer.Option(help="Target delta.")],
+    accountant: Annotated[str, typer.Option(help="rdp or pld.")] = "rdp",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Epsilon of the Poisson-sampled Gaussian mechanism composed over STEPS steps."""
+    from dpfl.privacy.accountant import epsilon
+    from dpfl.privacy.events import dpsgd_event
+
+    try:
+        if accountant not in ("rdp", "pld"):
+            raise UserError(f"--accountant must be 'rdp' or 'pld', got {accountant!r}")
+        if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+            raise UserError(f"--noise-multiplier must be a finite number >= 0, got {noise_multiplier}")
+        _check_rate_delta(sample_rate, delta, steps)
+        eps = epsilon(dpsgd_event(noise_multiplier, steps, sampling="poisson", sample_rate=sample_rate), delta, accountant)
+    except _user_errors() as e:
+        _fail(str(e))
+    out = {"epsilon": eps, "delta": delta, "noise_multiplier": noise_multiplier, "sample_rate": sample_rate,
+           "steps": steps, "accountant": accountant, "mechanism": "Poisson-sampled Gaussian", "relation": "add_remove"}
+    if as_json:
+        _emit_json(out)
+    else:
+        console.print(f"epsilon = {eps:.6g} at delta = {delta:g} ({accountant.upper()}, Poisson sampling q = {sample_rate:g}, "
+                      f"noise multiplier {noise_multiplier:g}, {steps} steps, add/remove neighbours)", highlight=False)
+
+
+@privacy_app.command("noise")
+def privacy_noise(
+    epsilon_: Annotated[float, typer.Option("--epsilon", help="Target epsilon.")],
+    delta: Annotated[float, typer.Option(help="Target delta.")],
+    sample_rate: Annotated[float, typer.Option(help="Poisson sampling rate q.")],
+    steps: Annotated[int, typer.Option(help="Number of steps composed.")],
+    accountant: Annotated[str, typer.Option(help="rdp or pld.")] = "rdp",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Smallest noise multiplier whose epsilon is at most EPSILON (bisection against the accountant)."""
+    from dpfl.privacy.accountant import epsilon as eps_of
+    from dpfl.privacy.calibration import calibrate_noise_multiplier
+    from dpfl.privacy.events import dpsgd_event
+
+    try:
+        if accountant not in ("rdp", "pld"):
+            raise UserError(f"--accountant must be 'rdp' or 'pld', got {accountant!r}")
+        _positive("epsilon", epsilon_)
+        _check_rate_delta(sample_rate, delta, steps)
+        z = calibrate_noise_multiplier(epsilon_, delta, steps=steps, sampling="poisson", sample_rate=sample_rate,
+                                       accountant=accountant)
+        achieved = eps_of(dpsgd_event(z, steps, sampling="poisson", sample_rate=sample_rate), delta, accountant)
+    except _user_errors() as e:
+        _fail(str(e))
+    out = {"noise_multiplier": z, "epsilon": achieved, "target_epsilon": epsilon_, "delta": delta,
+           "sample_rate": sample_rate, "steps": steps, "accountant": accountant}
+    if as_json:
+        _emit_json(out)
+    else:
+        console.print(f"noise multiplier = {z:.6g} (gives epsilon = {achieved:.6g} <= {epsilon_:g} at delta = {delta:g}, "
+                      f"{accountant.upper()}, q = {sample_rate:g}, {steps} steps)", highlight=False)
+
+
+# ---- data ---------------------------------------------------------------------------------------------
+@data_app.command("list")
+def data_list(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
+    """Datasets dpfl knows, whether each is available locally, and where."""
+    from dpfl.data import available
+
+    rows = available()
+    if as_json:
+        _emit_json({"datasets": [{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in rows]})
+        return
+    table = Table("dataset", "available", "where", "fetchable")
+    for r in rows:
+        table.add_row(r["name"], "no" if r.get("source") == "missing" else "yes",
+                      str(r.get("path") or r.get("source") or "-"), "yes" if r.get("fetchable") else "no")
+    console.print(table)
+
+
+@data_app.command("fetch")
+def data_fetch(name: Annotated[str, typer.Argument(help="Dataset name, e.g. fashion_mnist.")]) -> None:
+    """Download a dataset into the user cache (checksums verified)."""
+    from dpfl.data import fetch
+
+    try:
+        path = fetch(name)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    except OSError as e:  # network failures
+        _fail(f"could not fetch {name}: {e}")
+    console.print(f"{name}: {path}")
+
+
+# ---- results ------------------------------------------------------------------------------------------
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+    """Rewrite a run's plots and report.md from its files."""
+    from dpfl.results.report import write_report
+
+    try:
+        path = write_report(run_dir)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    console.print(f"report: {path}")
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories to compare.")],
+    out: Annotated[Optional[Path], typer.Option(help="Where to write compare_accuracy.png.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """A table of several runs and an accuracy-vs-round plot."""
+    from dpfl.results.compare import compare_runs, format_table
+
+    try:
+        rows, plot = compare_runs(list(run_dirs), out)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    if as_json:
+        _emit_json({"runs": rows, "plot": None if plot is None else str(plot)})
+        return
+    console.print(format_table(rows), highlight=False, markup=False)
+    if plot is not None:
+        console.print(f"plot: {plot}")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: click's usage errors become one line on stderr with exit code 2."""
+    try:  # typer >= 0.2x vendors click; older versions use click itself
+        from typer._click import exceptions as click_errors
+    except ImportError:  # pragma: no cover
+        from click import exceptions as click_errors
+
+    try:
+        code = app(args=argv, prog_name="dpfl", standalone_mode=False)
+    except click_errors.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `dpfl` or `dpfl privacy`: show the help
+            errors.print(e.format_message(), markup=False, highlight=False)
+            sys.exit(USAGE_ERROR)
+        hint = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        errors.print(f"error: {e.format_message()}{hint}", markup=False, highlight=False)
+        sys.exit(USAGE_ERROR)
+    except (click_errors.Abort if hasattr(click_errors, "Abort") else typer.Abort, typer.Abort):
+        errors.print("aborted", markup=False)
+        sys.exit(130)
+    except click_errors.ClickException as e:
+        errors.print(f"error: {e.format_message()}", markup=False, highlight=False)
+        sys.exit(e.exit_code)
+    sys.exit(code or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,891 @@
+"""One run's configuration: a YAML file, every field validated (pydantic v2), with `--set` overrides.
+
+    cfg = load_config(Path("configs/demo.yaml"), ["training.rounds=5", "privacy.budgets=[1,2,4,8,8,8,8,8,8,8]"])
+    print(config_to_yaml(cfg))        # the resolved config: every field, defaults and inferred values filled in
+
+Every model forbids unknown fields, so a typo fails instead of being ignored. Every problem is a
+`ConfigError` whose message is ONE line naming the field path, the problem, the value given and what
+is allowed, e.g. ``training.selection.k: required when kind is 'fixed' (got null; allowed: an integer
+in [1, data.clients])``.
+
+The privacy section states the threat model the run claims (unit, observer, mechanism, sampling). When
+left out these are filled in from the algorithm; when given they must agree with it. Budgets are a
+number (every client), a list (one epsilon per client) or a named distribution drawn with the run seed
+when the run is built (`dpfl.experiment.build`). Nothing here touches data, models or accountants.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from dpfl.data import DATASETS, dataset_options
+from dpfl.models import MODELS, model_info
+
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_MECHANISMS",
+    "ALGORITHM_PARAMS",
+    "BUDGET_DISTRIBUTION_MODELS",
+    "MECHANISMS",
+    "MECHANISM_OBSERVER",
+    "MECHANISM_UNIT",
+    "AlgorithmConfig",
+    "BatchSizeChoice",
+    "CheckpointConfig",
+    "ChoiceBudgets",
+    "ConfigError",
+    "DataConfig",
+    "EvaluationConfig",
+    "FixedBudgets",
+    "ModelConfig",
+    "OptimizerConfig",
+    "PrivacyConfig",
+    "RunConfig",
+    "SelectionConfig",
+    "TrainingConfig",
+    "UniformBudgets",
+    "apply_overrides",
+    "config_to_dict",
+    "config_to_yaml",
+    "load_config",
+    "parse_override",
+    "parse_yaml",
+    "validate_config",
+]
+
+# ---- vocabulary ---------------------------------------------------------------------------------------
+
+ALGORITHMS: tuple[str, ...] = (
+    "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "fedprox",
+)
+MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
+
+# Which privacy mechanisms each algorithm runs with; the first is the default when none is declared.
+ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
+    "fedavg": ("none",),
+    "dp_fedavg_local": ("dpsgd",),
+    "dp_fedavg_central": ("central",),
+    "udp_fedavg": ("udp",),
+    "noisy_fedavg": ("param_noise",),
+    "fedprox": ("none", "dpsgd"),
+}
+# What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
+MECHANISM_UNIT: dict[str, str] = {
+    "dpsgd": "sample", "udp": "client", "central": "client", "param_noise": "sample", "none": "none",
+}
+MECHANISM_OBSERVER: dict[str, str] = {
+    "dpsgd": "server", "udp": "server", "central": "aggregate", "param_noise": "server", "none": "none",
+}
+_OBSERVER_WHY = {
+    "server": "the server sees every individual upload",
+    "aggregate": "only the aggregate (global models) is protected; the server is trusted",
+    "none": "the run is not private",
+}
+_NEEDS_CLIP = ("dpsgd", "udp", "central")
+_NEEDS_BUDGETS = ("dpsgd", "udp", "central")
+_CALIBRATED = ("dpsgd", "central")  # mechanisms whose noise can be calibrated from the budgets
+
+DatasetName = Literal[DATASETS]  # type: ignore[valid-type]
+ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
+AlgorithmName = Literal[ALGORITHMS]  # type: ignore[valid-type]
+Mechanism = Literal[MECHANISMS]  # type: ignore[valid-type]
+
+
+# ---- errors -------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config problem, as ONE line: ``<field.path>: <problem> (got <value>; allowed: <...>)``.
+
+    ``path`` is the dotted field path ("config" for the document itself, the file name for I/O problems).
+    """
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        line = " ".join(str(message).splitlines())
+        super().__init__(line)
+        self.path = path
+
+
+_ERROR_TYPE = "dpfl_config"
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """A short, single-line rendering of a value, in YAML words for null/true/false."""
+    if value is None:
+        text = "null"
+    elif value is True or value is False:
+        text = "true" if value else "false"
+    elif isinstance(value, BaseModel):
+        text = repr(value.model_dump())
+    else:
+        try:
+            text = repr(value)
+        except Exception:  # noqa: BLE001 - an exotic object must never break the error message
+            text = f"<{type(value).__name__}>"
+    text = " ".join(text.splitlines())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fail(field: str, problem: str, got: Any = ..., allowed: str | None = None, more: int = 0) -> NoReturn:
+    """Raise a validation error for `field` (a dotted path relative to where the validator runs)."""
+    raise PydanticCustomError(
+        _ERROR_TYPE,
+        "{problem}",
+        {"problem": problem, "field": field, "got": None if got is ... else _show(got), "allowed": allowed,
+         "more": more},
+    )
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
+    "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
+    "model_attributes_type": "a mapping", "none_required": "null",
+}
+_BOUNDS = {"greater_than": ("gt", "> {}"), "greater_than_equal": ("ge", ">= {}"),
+           "less_than": ("lt", "< {}"), "less_than_equal": ("le", "<= {}")}
+
+
+def _model_at(root: type[BaseModel] | None, loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The model class reached by following field names `loc` from `root` (None if not a model)."""
+    cur: Any = root
+    for key in loc:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)) or key not in cur.model_fields:
+            return None
+        models = [m for m in _models_in(cur.model_fields[key].annotation)]
+        cur = models[0] if len(models) == 1 else None
+    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+
+
+def _models_in(annotation: Any) -> Iterable[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType, Annotated):
+        for arg in typing.get_args(annotation):
+            yield from _models_in(arg)
+
+
+def _interval(root: type[BaseModel] | None, loc: Sequence[Any]) -> str | None:
+    """A field's full numeric range, e.g. "(0, 1)" or ">= 1", from its declared bounds (None if unknown)."""
+    parent = _model_at(root, loc[:-1]) if loc else None
+    field = parent.model_fields.get(loc[-1]) if parent is not None else None
+    if field is None:
+        return None
+    b: dict[str, Any] = {}
+    for m in field.metadata:
+        for key in ("gt", "ge", "lt", "le"):
+            if getattr(m, key, None) is not None:
+                b[key] = getattr(m, key)
+    low = ("(", b["gt"]) if "gt" in b else ("[", b["ge"]) if "ge" in b else None
+    high = (b["lt"], ")") if "lt" in b else (b["le"], "]") if "le" in b else None
+    if low and high:
+        return f"{low[0]}{low[1]}, {high[0]}{high[1]}"
+    if low:
+        return f"{'>' if low[0] == '(' else '>='} {low[1]}"
+    if high:
+        return f"{'<' if high[1] == ')' else '<='} {high[0]}"
+    return None
+
+
+def _first(errors: list[Any]) -> Any:
+    """The error to report: an unknown field first (often the typo behind a 'missing' one), else the first."""
+    return next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+
+
+def _describe(err: Mapping[str, Any], root: type[BaseModel] | None) -> tuple[list[str], str, str | None, str | None, int]:
+    """(path, problem, got, allowed, more) for one pydantic error dict."""
+    loc = [str(p) for p in err.get("loc", ())]
+    typ = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    raw = err.get("input", None)
+    got: str | None = _show(raw)
+    allowed: str | None = None
+    if typ == _ERROR_TYPE:
+        field = ctx.get("field") or ""
+        return loc + [p for p in field.split(".") if p], str(ctx.get("problem")), ctx.get("got"), \
+            ctx.get("allowed"), int(ctx.get("more") or 0)
+    if typ == "missing":
+        return loc, "required field is missing", None, None, 0
+    if typ == "extra_forbidden":
+        parent = _model_at(root, err.get("loc", ())[:-1])
+        names = list(parent.model_fields) if parent is not None else []
+        close = difflib.get_close_matches(loc[-1] if loc else "", names, n=1)
+        problem = "unknown field" + (f", did you mean {close[0]!r}?" if close else "")
+        return loc, problem, got, ", ".join(names) or None, 0
+    if typ == "literal_error":
+        return loc, "not an allowed value", got, str(ctx.get("expected")), 0
+    if typ in _BOUNDS:
+        key, fmt = _BOUNDS[typ]
+        return loc, "out of range", got, _interval(root, err.get("loc", ())) or fmt.format(ctx.get(key)), 0
+    if typ in _TYPE_WORDS:
+        if typ == "float_type" and isinstance(raw, str) and _looks_like_float(raw):
+            return loc, "a number written as text (YAML 1.1 reads 1e-5 as text: load with dpfl's parse_yaml or " \
+                "write 1.0e-5)", got, "a number", 0
+        return loc, "wrong type", got, _TYPE_WORDS[typ], 0
+    if typ in ("too_short", "too_long"):
+        bound = f"at least {ctx.get('min_length')}" if typ == "too_short" else f"at most {ctx.get('max_length')}"
+        return loc, "wrong length", got, f"{bound} item(s)", 0
+    if typ == "string_pattern_mismatch":
+        return loc, "invalid format", got, f"text matching {ctx.get('pattern')}", 0
+    msg = str(err.get("msg", "invalid value"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    return loc, msg[:1].lower() + msg[1:], got, allowed, 0
+
+
+def _looks_like_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _segment(name: str) -> str:
+    """A path segment as written, or quoted when it holds spaces or control characters."""
+    return name if name and name.isprintable() and not any(c.isspace() for c in name) else repr(name)
+
+
+def _line(path: Sequence[str], problem: str, got: str | None, allowed: str | None, more: int = 0) -> str:
+    parts = [f"got {got}"] if got is not None else []
+    if allowed:
+        parts.append(f"allowed: {allowed}")
+    text = f"{'.'.join(map(_segment, path)) or 'config'}: {problem}"
+    if parts:
+        text += f" ({'; '.join(parts)})"
+    if more:
+        text += f" (+{more} more)"
+    return text
+
+
+def _config_error(exc: ValidationError, root: type[BaseModel]) -> ConfigError:
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return ConfigError(f"config: {exc}", "config")
+    path, problem, got, allowed, more = _describe(_first(errors), root)
+    return ConfigError(_line(path, problem, got, allowed, more + len(errors) - 1),
+                       ".".join(map(_segment, path)) or "config")
+
+
+def _sub_validate(model: type[BaseModel], value: Any, field: str = "") -> Any:
+    """Validate `value` as `model`; an error is re-raised with its path under `field` (for plain validators)."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        path, problem, got, allowed, more = _describe(_first(errors), model)
+        raise PydanticCustomError(
+            _ERROR_TYPE,
+            "{problem}",
+            {"problem": problem, "field": ".".join([field, *path]).strip("."), "got": got, "allowed": allowed,
+             "more": more + len(errors) - 1},
+        ) from None
+
+
+# ---- sections -----------------------------------------------------------------------------------------
+
+
+class _Section(BaseModel):
+    """Strict (no silent type coercion), no unknown fields, no NaN/inf unless a field says so."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, revalidate_instances="always")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_probs(probs: list[float] | None, values: list[Any]) -> None:
+    if probs is None:
+        return
+    if len(probs) != len(values):
+        _fail("probs", f"needs one probability per value ({len(values)})", probs, "non-negative numbers summing to 1")
+    if abs(math.fsum(probs) - 1.0) > 1e-9:
+        _fail("probs", "probabilities must sum to 1", probs, "non-negative numbers summing to 1")
+
+
+class DataConfig(_Section):
+    """Which dataset and how it is split among clients (`dpfl.data.federated_dataset`)."""
+
+    dataset: DatasetName
+    root: str | None = None
+    clients: int = Field(ge=1)
+    partition: Literal["iid", "shards", "dirichlet"] = "iid"
+    alpha: float = Field(0.5, gt=0)
+    shards_per_client: int = Field(2, ge=1)
+    max_train_samples: int | None = Field(None, ge=1)
+    client_test_fraction: float = Field(0.0, ge=0, lt=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _options_known(self) -> DataConfig:
+        allowed = dataset_options(self.dataset)
+        for key in self.options:
+            if key == "seed":
+                _fail("options.seed", "the dataset seed is the run's top-level seed; set `seed` instead",
+                      self.options[key], ", ".join(a for a in allowed if a != "seed") or "none")
+            if key not in allowed:
+                _fail(f"options.{key}", f"unknown option for dataset {self.dataset!r}", self.options[key],
+                      ", ".join(a for a in allowed if a != "seed") or "none")
+        return self
+
+
+class ModelConfig(_Section):
+    """A registered model (`dpfl.models.MODELS`) and its builder options (`model_info(name).options` + init)."""
+
+    name: ModelName
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _options_known(self) -> ModelConfig:
+        info = model_info(self.name)
+        allowed = [*info.options, "init"]
+        for key, value in self.options.items():
+            if key not in allowed:
+                _fail(f"options.{key}", f"unknown option for model {self.name!r}", value, ", ".join(allowed))
+        if "init" in self.options and self.options["init"] not in info.inits:
+            _fail("options.init", f"unknown init scheme for model {self.name!r}", self.options["init"],
+                  ", ".join(info.inits))
+        return self
+
+
+class OptimizerConfig(_Section):
+    """Local SGD: learning rate and heavy-ball momentum."""
+
+    lr: float = Field(gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+
+
+class SelectionConfig(_Section):
+    """Who takes part in a round: `all`, a `fixed` number `k` (without replacement) or `poisson` with `rate`."""
+
+    kind: Literal["all", "fixed", "poisson"] = "all"
+    k: int | None = Field(None, ge=1)
+    rate: float | None = Field(None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> SelectionConfig:
+        if self.kind == "fixed" and self.k is None:
+            _fail("k", "required when kind is 'fixed'", None, "an integer in [1, data.clients]")
+        if self.kind == "poisson" and self.rate is None:
+            _fail("rate", "required when kind is 'poisson'", None, "a number in (0, 1]")
+        if self.kind != "fixed" and self.k is not None:
+            _fail("k", f"only used when kind is 'fixed' (kind is {self.kind!r})", self.k, "null")
+        if self.kind != "poisson" and self.rate is not None:
+            _fail("rate", f"only used when kind is 'poisson' (kind is {self.kind!r})", self.rate, "null")
+        return self
+
+
+class BatchSizeChoice(_Section):
+    """Per-client batch sizes drawn (seeded) from `values`, with probabilities `probs` (uniform if null)."""
+
+    distribution: Literal["choice"]
+    values: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    probs: list[Annotated[float, Field(ge=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _probs(self) -> BatchSizeChoice:
+        _check_probs(self.probs, self.values)
+        return self
+
+
+_BATCH_ALLOWED = "an integer >= 1, a list of integers (one per client) or {distribution: choice, values: [...]}"
+
+
+class TrainingConfig(_Section):
+    """Rounds, the local program's length (local_steps XOR local_epochs), batch sizes, optimizer, selection."""
+
+    rounds: int = Field(ge=1)
+    local_steps: int | None = Field(None, ge=1)
+    local_epochs: float | None = Field(None, gt=0)
+    batch_size: int | list[int] | BatchSizeChoice
+    optimizer: OptimizerConfig
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+
+    @field_validator("batch_size", mode="plain")
+    @classmethod
+    def _batch_size(cls, v: Any) -> int | list[int] | BatchSizeChoice:
+        if isinstance(v, BatchSizeChoice):
+            v = v.model_dump()
+        if isinstance(v, bool) or not isinstance(v, (int, list, dict)):
+            _fail("", "wrong type", v, _BATCH_ALLOWED)
+        if isinstance(v, int):
+            if v < 1:
+                _fail("", "out of range", v, ">= 1")
+            return v
+        if isinstance(v, list):
+            if not v:
+                _fail("", "an empty list", v, "one integer >= 1 per client")
+            for i, b in enumerate(v):
+                if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                    _fail(str(i), "not a batch size", b, "an integer >= 1")
+            return list(v)
+        if v.get("distribution") != "choice":
+            _fail("distribution", "unknown batch-size distribution", v.get("distribution"), "choice")
+        return _sub_validate(BatchSizeChoice, v)
+
+    @field_serializer("batch_size")
+    def _dump_batch_size(self, v: Any) -> Any:
+        return v.model_dump() if isinstance(v, BaseModel) else v
+
+    @model_validator(mode="after")
+    def _one_length(self) -> TrainingConfig:
+        if (self.local_steps is None) == (self.local_epochs is None):
+            _fail("local_steps", "give exactly one of training.local_steps and training.local_epochs",
+                  [self.local_steps, self.local_epochs], "local_steps: int >= 1 XOR local_epochs: number > 0")
+        return self
+
+
+class UniformBudgets(_Section):
+    """epsilon_i ~ U(low, high), independently per client."""
+
+    distribution: Literal["uniform"]
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformBudgets:
+        if self.low > self.high:
+            _fail("high", f"must be >= low ({self.low})", self.high, f">= {self.low}")
+        return self
+
+
+class ChoiceBudgets(_Section):
+    """epsilon_i drawn from `values` with probabilities `probs` (uniform if null), independently per client."""
+
+    distribution: Literal["choice"]
+    values: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
+    probs: list[Annotated[float, Field(ge=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _probs(self) -> ChoiceBudgets:
+        _check_probs(self.probs, self.values)
+        return self
+
+
+class FixedBudgets(_Section):
+    """Every client gets `epsilon`."""
+
+    distribution: Literal["fixed"]
+    epsilon: float = Field(gt=0)
+
+
+BUDGET_DISTRIBUTION_MODELS: dict[str, type[_Section]] = {
+    "uniform": UniformBudgets, "choice": ChoiceBudgets, "fixed": FixedBudgets,
+}
+Budgets = Union[float, list[float], UniformBudgets, ChoiceBudgets, FixedBudgets]
+_BUDGETS_ALLOWED = ("a number > 0 (every client), a list of numbers (one per client) or "
+                    "{distribution: uniform|choice|fixed, ...}")
+
+
+def _epsilon_ok(v: Any) -> bool:
+    return _is_number(v) and v > 0 and not math.isnan(v)  # inf = unlimited (needs an explicit noise multiplier)
+
+
+class PrivacyConfig(_Section):
+    """The guarantee the run claims and how it is obtained.
+
+    unit / observer / mechanism: left null, they are filled in from the algorithm; given, they must agree
+    with it. sampling: the record sampling of DP-SGD. clip: the clipping norm (per sample for dpsgd, per
+    update for udp and central). noise_multiplier: explicit, or null to calibrate it from the budgets.
+    """
+
+    unit: Literal["sample", "client", "none"] | None = None
+    observer: Literal["server", "aggregate", "none"] | None = None
+    mechanism: Mechanism | None = None
+    sampling: Literal["poisson", "fixed"] | None = None
+    clip: float | None = Field(None, gt=0)
+    noise_multiplier: float | None = Field(None, ge=0)
+    budgets: Budgets | None = None
+    delta: float = Field(1e-5, gt=0, lt=1)
+    accountant: Literal["rdp", "pld"] = "rdp"
+    calibration: Literal["accountant", "pfa-heuristic"] = "accountant"
+
+    @field_validator("budgets", mode="plain")
+    @classmethod
+    def _budgets(cls, v: Any) -> Budgets | None:
+        if isinstance(v, BaseModel):
+            v = v.model_dump()
+        if v is None:
+            return None
+        if _is_number(v):
+            if not _epsilon_ok(v):
+                _fail("", "an epsilon must be > 0 (.inf = unlimited)", v, "a number > 0")
+            return float(v)
+        if isinstance(v, list):
+            if not v:
+                _fail("", "an empty list", v, "one epsilon > 0 per client")
+            for i, e in enumerate(v):
+                if not _epsilon_ok(e):
+                    _fail(str(i), "not an epsilon", e, "a number > 0 (.inf = unlimited)")
+            return [float(e) for e in v]
+        if isinstance(v, dict):
+            kind = v.get("distribution")
+            model = BUDGET_DISTRIBUTION_MODELS.get(kind) if isinstance(kind, str) else None
+            if model is None:
+                _fail("distribution", "unknown budget distribution" if "distribution" in v else
+                      "required field is missing", kind if "distribution" in v else ...,
+                      ", ".join(BUDGET_DISTRIBUTION_MODELS))
+            return _sub_validate(model, v)
+        _fail("", "wrong type", v, _BUDGETS_ALLOWED)
+
+    @field_serializer("budgets")
+    def _dump_budgets(self, v: Any) -> Any:
+        return v.model_dump() if isinstance(v, BaseModel) else v
+
+    @field_validator("calibration")
+    @classmethod
+    def _calibration_available(cls, v: str) -> str:
+        if v == "pfa-heuristic":
+            _fail("", "calibration 'pfa-heuristic' is not available yet", v, "accountant")
+        return v
+
+    @property
+    def private(self) -> bool:
+        return self.mechanism not in (None, "none")
+
+
+class _FedAvgParams(_Section):
+    weighting: Literal["uniform", "samples"] = "uniform"
+    server_lr: float = Field(1.0, gt=0)
+
+
+class _CentralParams(_Section):
+    server_lr: float = Field(1.0, gt=0)
+
+
+class _NoisyParams(_FedAvgParams):
+    std: float = Field(ge=0)
+
+
+class _ProxParams(_FedAvgParams):
+    mu: float = Field(gt=0)
+
+
+ALGORITHM_PARAMS: dict[str, type[_Section]] = {
+    "fedavg": _FedAvgParams,
+    "dp_fedavg_local": _FedAvgParams,
+    "dp_fedavg_central": _CentralParams,
+    "udp_fedavg": _FedAvgParams,
+    "noisy_fedavg": _NoisyParams,
+    "fedprox": _ProxParams,
+}
+
+
+class AlgorithmConfig(_Section):
+    """An algorithm bundle by name, with its hyperparameters in `params` (checked per algorithm).
+
+    params: fedavg / dp_fedavg_local / udp_fedavg: weighting (uniform|samples), server_lr;
+    dp_fedavg_central: server_lr; noisy_fedavg: std (required) + fedavg's; fedprox: mu (required) + fedavg's.
+    """
+
+    name: AlgorithmName
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("name")
+        if name not in ALGORITHM_PARAMS:
+            return v  # the name's own error is reported
+        return _sub_validate(ALGORITHM_PARAMS[name], v).model_dump()
+
+
+class EvaluationConfig(_Section):
+    every: int = Field(1, ge=1)
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(1, ge=1)
+
+
+class RunConfig(_Section):
+    """One run. See configs/*.yaml for examples and `config_to_yaml` for every field with its value."""
+
+    name: str = Field("run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    seed: int = Field(0, ge=0)
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: Literal["local", "ray"] = "local"
+    data: DataConfig
+    model: ModelConfig
+    algorithm: AlgorithmConfig
+    training: TrainingConfig
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @field_validator("device")
+    @classmethod
+    def _device_available(cls, v: str) -> str:
+        if v == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                _fail("", "cuda is not available on this machine", v, "cpu")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_available(cls, v: str) -> str:
+        if v == "ray":
+            _fail("", "the ray backend is not available yet", v, "local")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        self._resolve_threat_model()
+        self._check_privacy_fields()
+        self._check_per_client_lengths()
+        return self
+
+    # The declared threat model must be the one the algorithm provides; missing parts are filled in.
+    def _resolve_threat_model(self) -> None:
+        p, alg = self.privacy, self.algorithm.name
+        allowed = ALGORITHM_MECHANISMS[alg]
+        if p.mechanism is None:
+            p.mechanism = allowed[0]
+        elif p.mechanism not in allowed:
+            _fail("privacy.mechanism", f"algorithm {alg!r} runs with mechanism {' or '.join(map(repr, allowed))}",
+                  p.mechanism, ", ".join(allowed))
+        unit = MECHANISM_UNIT[p.mechanism]
+        if p.unit is None:
+            p.unit = unit  # type: ignore[assignment]
+        elif p.unit != unit:
+            _fail("privacy.unit", f"mechanism {p.mechanism!r} of algorithm {alg!r} protects unit {unit!r}",
+                  p.unit, unit)
+        observer = MECHANISM_OBSERVER[p.mechanism]
+        if p.observer is None:
+            p.observer = observer  # type: ignore[assignment]
+        elif p.observer != observer:
+            _fail("privacy.observer", f"with algorithm {alg!r} and mechanism {p.mechanism!r} the guarantee "
+                  f"holds against observer {observer!r} ({_OBSERVER_WHY[observer]})", p.observer, observer)
+
+    def _check_privacy_fields(self) -> None:
+        p, alg, mech = self.privacy, self.algorithm.name, self.privacy.mechanism
+        not_private = f"algorithm {alg!r} with mechanism {mech!r}"
+        if mech == "dpsgd":
+            if p.sampling is None:
+                p.sampling = "poisson"
+        elif p.sampling is not None:
+            _fail("privacy.sampling", f"record sampling is only used by mechanism 'dpsgd' (this run: {mech!r}); "
+                  "client sampling is training.selection", p.sampling, "null")
+        if mech in _NEEDS_CLIP and p.clip is None:
+            _fail("privacy.clip", f"required by mechanism {mech!r}", None, "a number > 0")
+        if mech not in _NEEDS_CLIP and p.clip is not None:
+            _fail("privacy.clip", f"not used by {not_private}", p.clip, "null")
+        if mech == "udp" and p.noise_multiplier is None:
+            _fail("privacy.noise_multiplier", "required by mechanism 'udp' (its calibration is not available yet)",
+                  None, "a number >= 0")
+        if mech in ("param_noise", "none") and p.noise_multiplier is not None:
+            hint = "; the noise of 'param_noise' is algorithm.params.std" if mech == "param_noise" else ""
+            _fail("privacy.noise_multiplier", f"not used by {not_private}{hint}", p.noise_multiplier, "null")
+        if mech in _NEEDS_BUDGETS and p.budgets is None:
+            _fail("privacy.budgets", f"required by mechanism {mech!r}", None, _BUDGETS_ALLOWED)
+        if mech == "none" and p.budgets is not None:
+            _fail("privacy.budgets", f"{not_private} is not private, so budgets have no effect", p.budgets, "null")
+        if mech in _CALIBRATED and p.noise_multiplier is None and _has_unlimited(p.budgets):
+            _fail("privacy.budgets", "unlimited (.inf) budgets cannot calibrate noise; give "
+                  "privacy.noise_multiplier or finite budgets", p.budgets, "finite numbers > 0")
+        sel = self.training.selection.kind
+        if p.accountant == "pld" and ((mech == "dpsgd" and p.sampling == "fixed") or (mech == "central" and sel == "fixed")):
+            what = "privacy.sampling" if mech == "dpsgd" else "training.selection.kind"
+            _fail("privacy.accountant", f"'pld' cannot account fixed-size sampling (replace-one; {what} is 'fixed')",
+                  p.accountant, "rdp")
+
+    def _check_per_client_lengths(self) -> None:
+        n = self.data.clients
+        sel = self.training.selection
+        if sel.kind == "fixed" and sel.k is not None and sel.k > n:
+            _fail("training.selection.k", f"more clients than data.clients ({n})", sel.k, f"an integer in [1, {n}]")
+        bs = self.training.batch_size
+        if isinstance(bs, list) and len(bs) != n:
+            _fail("training.batch_size", f"has {len(bs)} entries for {n} clients (data.clients)", bs,
+                  f"one integer per client ({n})")
+        b = self.privacy.budgets
+        if isinstance(b, list) and len(b) != n:
+            _fail("privacy.budgets", f"has {len(b)} entries for {n} clients (data.clients)", b,
+                  f"one epsilon per client ({n}), a number or a distribution")
+
+
+def _has_unlimited(budgets: Any) -> bool:
+    if isinstance(budgets, float):
+        return math.isinf(budgets)
+    if isinstance(budgets, list):
+        return any(math.isinf(e) for e in budgets)
+    return False
+
+
+# ---- YAML ---------------------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads 1e-5 as a float (YAML 1.1 wants 1.0e-5) and rejects duplicate keys."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def _no_duplicates(loader: _Loader, node: yaml.MappingNode) -> dict:
+    loader.flatten_mapping(node)
+    seen: set = set()
+    for key_node, _ in node.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            key = loader.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{where}invalid YAML: {problem}"
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """YAML text -> data, reading 1e-5 as a float and refusing duplicate keys; errors are one-line ConfigErrors."""
+    return _load_yaml(text, source)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: {_yaml_problem(exc)}", source) from None
+
+
+# ---- overrides ----------------------------------------------------------------------------------------
+
+
+def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
+    """``"a.b=c"`` -> (("a", "b"), value), the value read as YAML: 5, 0.1, 1e-5, true, null, [1, 2], {k: v}."""
+    if not isinstance(text, str) or "=" not in text:
+        raise ConfigError(f"--set {_show(text)}: expected FIELD.PATH=VALUE, e.g. training.rounds=5", "--set")
+    key, _, raw = text.partition("=")
+    path = tuple(p.strip() for p in key.strip().split("."))
+    if not key.strip() or any(not p for p in path):
+        raise ConfigError(f"--set {_show(text)}: empty field name in {key.strip()!r}; expected FIELD.PATH=VALUE",
+                          "--set")
+    value = _load_yaml(raw, f"--set {'.'.join(path)}") if raw.strip() else None
+    return path, value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """A copy of `data` with each ``FIELD.PATH=VALUE`` set in turn (missing mappings are created).
+
+    Unknown field names are not rejected here: they fail validation like any other field. A list item
+    can be addressed by its index (``privacy.budgets.2=8``).
+    """
+    import copy
+
+    out = copy.deepcopy(dict(data))
+    for text in overrides:
+        path, value = parse_override(text)
+        cur: Any = out
+        for depth, key in enumerate(path):
+            last = depth == len(path) - 1
+            where = ".".join(path[: depth + 1])
+            if isinstance(cur, dict):
+                if last:
+                    cur[key] = value
+                else:
+                    if key not in cur or cur[key] is None:
+                        cur[key] = {}
+                    cur = cur[key]
+            elif isinstance(cur, list) and key.lstrip("-").isdigit() and -len(cur) <= int(key) < len(cur):
+                if last:
+                    cur[int(key)] = value
+                else:
+                    cur = cur[int(key)]
+            else:
+                parent = ".".join(path[:depth])
+                raise ConfigError(
+                    f"{where}: cannot set {'.'.join(path)}: {parent} is not a mapping"
+                    + (f" (a list of {len(cur)}; index it with 0..{len(cur) - 1})" if isinstance(cur, list) else "")
+                    + f" (got {_show(cur)})", where)
+    return out
+
+
+# ---- public entry points ------------------------------------------------------------------------------
+
+
+def validate_config(data: Any) -> RunConfig:
+    """Validate a config mapping; every problem is a one-line ConfigError."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config: the config must be a mapping of fields (got {_show(data)})", "config")
+    try:
+        return RunConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise _config_error(exc, RunConfig) from None
+
+
+def load_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML config, apply ``FIELD.PATH=VALUE`` overrides in order, validate.
+
+    Raises ConfigError (one line) for a missing/unreadable file, invalid YAML, a document that is not a
+    mapping, a malformed override, and any invalid field.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found", str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({type(exc).__name__}: {exc})", str(path)) from None
+    data = _load_yaml(text, str(path))
+    if data is None:
+        raise ConfigError(f"{path}: the config file is empty", str(path))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config must be a YAML mapping of fields (got {_show(data)})", str(path))
+    return validate_config(apply_overrides(data, overrides))
+
+
+def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config as plain data (every field, defaults and inferred values filled in)."""
+    return cfg.model_dump(mode="python")
+
+
+def config_to_yaml(cfg: RunConfig) -> str:
+    """The resolved config as YAML; ``load_config`` of it gives back an equal RunConfig."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True,
+                          width=100)

@@ -1,0 +1,138 @@
+"""Compare several run directories: one summary row per run and an accuracy-vs-round plot.
+
+Where the comparison plot goes: ``out/compare_accuracy.png`` when ``out`` is given, otherwise in the
+parent directory of the first run (runs of one study usually sit side by side, e.g. ``runs/a``,
+``runs/b`` -> ``runs/compare_accuracy.png``). Never the current working directory implicitly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dpfl.results.plots import plot_compare
+from dpfl.results.run_files import PRIVACY_FILE, as_float, read_metrics, read_privacy, read_summary
+
+__all__ = ["COMPARE_PLOT", "COLUMNS", "compare_runs", "run_row", "format_table"]
+
+COMPARE_PLOT = "compare_accuracy.png"
+COLUMNS = ["name", "algorithm", "unit", "final_accuracy", "best_accuracy", "rounds_done", "stop_reason",
+           "epsilon_max"]
+INCOMPLETE = "incomplete"
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = as_float(x)
+    except ValueError:
+        return None
+    return None if v is None or math.isnan(v) else v
+
+
+def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The comparison row of one run and its metrics rows.
+
+    Row keys: :data:`COLUMNS` plus ``complete`` (bool) and ``run_dir`` (str). A complete run's values
+    come from summary.json (epsilon_max: summary, else the largest ``epsilon_spent`` in privacy.json);
+    an incomplete run's from what is there: last evaluated and best accuracy in metrics.jsonl, rounds
+    recorded, stop_reason ``"incomplete"``, epsilon_max of the last metrics row.
+    """
+    d = Path(run_dir)
+    metrics = read_metrics(d)
+    summary = read_summary(d)
+    privacy = read_privacy(d) if (d / PRIVACY_FILE).exists() or summary is not None else None
+    evaluated = [(r["round"], _num(r.get("test_accuracy"))) for r in metrics]
+    evaluated = [(r, a) for r, a in evaluated if a is not None]
+    row: dict[str, Any] = {
+        "name": (summary or {}).get("name") or d.resolve().name,
+        "algorithm": (privacy or {}).get("algorithm"),
+        "unit": (privacy or {}).get("unit"),
+        "complete": summary is not None,
+        "run_dir": str(d),
+    }
+    if summary is not None:
+        row["final_accuracy"] = summary.get("final_accuracy")
+        row["best_accuracy"] = summary.get("best_accuracy")
+        row["rounds_done"] = summary.get("rounds_done", len(metrics))
+        row["stop_reason"] = summary.get("stop_reason")
+        eps = summary.get("epsilon_max")
+        if eps is None and privacy is not None and privacy.get("accounted"):
+            spent = [c.get("epsilon_spent") for c in privacy.get("clients") or []
+                     if _num(c.get("epsilon_spent")) is not None]
+            eps = max(spent, key=_num) if spent else None  # type: ignore[arg-type]
+    else:
+        row["final_accuracy"] = evaluated[-1][1] if evaluated else None
+        row["best_accuracy"] = max(a for _, a in evaluated) if evaluated else None
+        row["rounds_done"] = len(metrics)
+        row["stop_reason"] = INCOMPLETE
+        eps_rows = [r for r in metrics if r.get("epsilon_max") is not None]
+        eps = eps_rows[-1]["epsilon_max"] if eps_rows else None
+    if privacy is not None and not privacy.get("accounted"):
+        eps = None  # an unaccounted run reports no epsilon, whatever a file says
+    row["epsilon_max"] = eps
+    return row, metrics
+
+
+def compare_runs(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str] | None = None
+                 ) -> tuple[list[dict[str, Any]], Path | None]:
+    """One row per run (see :func:`run_row`) and the accuracy comparison plot.
+
+    The plot is written to ``out/compare_accuracy.png``; ``out`` defaults to the parent directory of
+    the first run. Returns ``(rows, plot_path)``; ``plot_path`` is None (nothing written) when no run
+    has an evaluated round. Runs sharing a name are told apart in the legend by their directory.
+    """
+    dirs = [Path(p) for p in run_dirs]
+    if not dirs:
+        raise ValueError("compare_runs needs at least one run directory")
+    rows, series = [], []
+    for d in dirs:
+        row, metrics = run_row(d)
+        rows.append(row)
+        series.append((str(row["name"]), d, metrics))
+    names = [s[0] for s in series]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, d, metrics in series:
+        label = name if names.count(name) == 1 else f"{name} ({d.name})"
+        while label in runs:
+            label += "'"
+        runs[label] = metrics
+    out_dir = Path(out) if out is not None else dirs[0].resolve().parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot = plot_compare(runs, out_dir / COMPARE_PLOT, title=f"Test accuracy per round ({len(dirs)} runs)")
+    return rows, plot
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key in ("final_accuracy", "best_accuracy"):
+        v = _num(value)
+        return "-" if v is None else f"{v:.4f}"
+    if key == "epsilon_max":
+        try:
+            v = as_float(value)
+        except ValueError:
+            return str(value)
+        return "-" if v is None else (f"{v:.3f}" if math.isfinite(v) else repr(v))
+    return str(value)
+
+
+_NUMERIC = {"final_accuracy", "best_accuracy", "rounds_done", "epsilon_max"}
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+    """A plain aligned text table (header, dashes, one line per row): text left-aligned, numbers
+    right-aligned, missing values as ``-``, accuracies to 4 decimals and epsilon to 3."""
+    cells = [[_cell(c, r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if c in _NUMERIC else v.ljust(w) for v, w, c in zip(values, widths, columns)]
+        return "  ".join(parts).rstrip()
+
+    out = [line(list(columns)), "  ".join("-" * w for w in widths)]
+    out += [line(row) for row in cells]
+    return "\n".join(out)

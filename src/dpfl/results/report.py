@@ -1,0 +1,364 @@
+"""``report.md`` and ``plots/*.png`` of a run directory, rebuilt from the run's files.
+
+The report restates what the run declared and measured; it computes no privacy quantity. Every
+epsilon it shows is a number read from ``privacy.json`` or ``metrics.jsonl``; the only derived epsilon
+figures are order statistics of those numbers (min, max and the *lower* median, which is always one of
+the clients' own values, never an average of two).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dpfl.results import plots as _plots
+from dpfl.results.run_files import (
+    CONFIG_FILE,
+    PLOTS_DIR,
+    PRIVACY_FILE,
+    REPORT_FILE,
+    RunDirError,
+    as_float,
+    read_config_text,
+    read_metrics,
+    read_privacy,
+    read_summary,
+    write_text_atomic,
+)
+
+__all__ = ["PLOT_FILES", "RESUME_HINT", "FULL_TABLE_MAX_CLIENTS", "TABLE_HEAD_ROWS", "write_report", "write_plots"]
+
+PLOT_FILES = {"accuracy": "accuracy.png", "epsilon": "epsilon.png", "budget_vs_spent": "budget_vs_spent.png"}
+RESUME_HINT = "incomplete: no summary.json; resume with `dpfl run CONFIG --resume --out DIR`"
+FULL_TABLE_MAX_CLIENTS = 50  # more clients: min / median / max summary plus the first TABLE_HEAD_ROWS rows
+TABLE_HEAD_ROWS = 20
+
+_UNIT_WORDS = {
+    "sample": ("sample-level", "any single record of a client's data: adding or removing one record changes "
+               "the distribution of everything the observer sees by at most the client's (ε, δ)"),
+    "client": ("client-level", "a whole client's participation (all of its records at once): adding or removing "
+               "one client changes the distribution of everything the observer sees by at most (ε, δ)"),
+}
+_ACCOUNTANT_WORDS = {
+    "rdp": "RDP (Rényi differential privacy), converted to (ε, δ)",
+    "pld": "PLD (privacy loss distribution), giving (ε, δ) directly",
+}
+_LOCAL_SAMPLING_WORDS = {
+    "poisson": "Poisson sampling of records (each record joins each batch independently)",
+    "fixed": "fixed-size batches drawn without replacement",
+    "shuffle": "shuffled epochs (no privacy amplification by sampling)",
+}
+_STOP_WORDS = {
+    "rounds": "all planned rounds ran",
+    "budget": "too few clients remained within their privacy budget to continue",
+}
+
+
+# ---------------------------------------------------------------------------------------- formatting
+def _fmt_eps(x: Any) -> str:
+    try:
+        v = as_float(x)
+    except ValueError:
+        return str(x)
+    if v is None:
+        return "—"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if math.isnan(v):
+        return "nan"
+    return f"{v:.3f}"
+
+
+def _fmt_g(x: Any, digits: int = 4) -> str:
+    try:
+        v = as_float(x)
+    except ValueError:
+        return str(x)
+    if v is None:
+        return "—"
+    if math.isinf(v) or math.isnan(v):
+        return repr(v)
+    return f"{v:.{digits}g}"
+
+
+def _fmt_acc(x: Any) -> str:
+    try:
+        v = as_float(x)
+    except ValueError:
+        return str(x)
+    return "—" if v is None else f"{v:.4f}"
+
+
+def _fmt_int(x: Any) -> str:
+    return "—" if x is None else str(x)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---:" if r else ":---" for r in right) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def _sortable(x: Any) -> float | None:
+    try:
+        v = as_float(x)
+    except ValueError:
+        return None
+    return None if v is None or math.isnan(v) else v
+
+
+# ---------------------------------------------------------------------------------------- plots
+def write_plots(run_dir: str | os.PathLike[str], metrics: Sequence[Mapping[str, Any]],
+                privacy: Mapping[str, Any] | None) -> dict[str, Path | None]:
+    """(Re)write ``plots/accuracy.png``, ``plots/epsilon.png`` and ``plots/budget_vs_spent.png``.
+
+    A plot with nothing to show is not written, and a stale file of that name is removed, so the
+    folder always matches the run's files. Returns name -> path or None.
+    """
+    pdir = Path(run_dir) / PLOTS_DIR
+    made: dict[str, Path | None] = {
+        "accuracy": _plots.plot_accuracy(metrics, pdir / PLOT_FILES["accuracy"]),
+        "epsilon": _plots.plot_epsilon(metrics, privacy, pdir / PLOT_FILES["epsilon"]),
+        "budget_vs_spent": (_plots.plot_budget_vs_spent(privacy, pdir / PLOT_FILES["budget_vs_spent"])
+                            if privacy is not None else None),
+    }
+    for key, path in made.items():
+        if path is None:
+            (pdir / PLOT_FILES[key]).unlink(missing_ok=True)
+    return made
+
+
+# ---------------------------------------------------------------------------------------- sections
+def _status_lines(name: str, metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None,
+                  privacy: Mapping[str, Any] | None) -> list[str]:
+    out = [f"# Run report: {name}", ""]
+    if privacy is not None and privacy.get("algorithm"):
+        out.append(f"- **Algorithm:** `{privacy['algorithm']}`")
+    evaluated = [(r["round"], r["test_accuracy"]) for r in metrics if _sortable(r.get("test_accuracy")) is not None]
+    if summary is not None:
+        planned = summary.get("rounds_planned")
+        done = summary.get("rounds_done", len(metrics))
+        out.append(f"- **Status:** complete ({done} of {planned} planned rounds)" if planned is not None
+                   else f"- **Status:** complete ({done} rounds)")
+        reason = summary.get("stop_reason")
+        words = _STOP_WORDS.get(str(reason))
+        out.append(f"- **Stop reason:** `{reason}`" + (f" — {words}" if words else ""))
+        out.append(f"- **Final accuracy:** {_fmt_acc(summary.get('final_accuracy'))}")
+        best_round = summary.get("best_round")
+        out.append(f"- **Best accuracy:** {_fmt_acc(summary.get('best_accuracy'))}"
+                   + (f" (round {best_round})" if best_round is not None else ""))
+        seconds = summary.get("seconds")
+    else:
+        out.append(f"- **Status:** {RESUME_HINT} (DIR is this run directory). "
+                   f"{len(metrics)} round(s) recorded in metrics.jsonl so far.")
+        out.append("- **Stop reason:** — (the run has not finished)")
+        if evaluated:
+            last_r, last_a = evaluated[-1]
+            best_r, best_a = max(evaluated, key=lambda t: float(as_float(t[1]) or 0.0))
+            out.append(f"- **Last evaluated accuracy:** {_fmt_acc(last_a)} (round {last_r})")
+            out.append(f"- **Best accuracy so far:** {_fmt_acc(best_a)} (round {best_r})")
+        else:
+            out.append("- **Accuracy:** no round evaluated yet")
+        seconds = sum(float(r.get("seconds") or 0.0) for r in metrics) if metrics else None
+    if seconds is not None:
+        out.append(f"- **Wall time:** {float(seconds):.1f} s")
+    if metrics:
+        up = sum(int(r.get("uplink_bytes") or 0) for r in metrics)
+        down = sum(int(r.get("downlink_bytes") or 0) for r in metrics)
+        out.append(f"- **Communication:** {_fmt_bytes(up)} uplink, {_fmt_bytes(down)} downlink "
+                   f"over {len(metrics)} round(s)")
+    return out
+
+
+def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[str, Any]],
+                   complete: bool) -> list[str]:
+    out = ["", "## Privacy guarantee", ""]
+    if privacy is not None and not complete:
+        out += ["The run is incomplete: what follows is privacy.json as last written during the run.", ""]
+    if privacy is None:
+        out.append(f"`{PRIVACY_FILE}` has not been written yet, so the declared guarantee is unknown until the "
+                   "run writes it.")
+        rows = [r for r in metrics if r.get("epsilon_max") is not None]
+        if rows:
+            out.append(f"The largest spent epsilon recorded in metrics.jsonl so far is "
+                       f"{_fmt_eps(rows[-1]['epsilon_max'])} (round {rows[-1]['round']}).")
+        return out
+
+    unit = privacy.get("unit")
+    accounted = bool(privacy.get("accounted"))
+    if accounted:
+        level, what = _UNIT_WORDS.get(str(unit), (f"{unit}-level", f"one {unit}"))
+        out.append(f"Each client *i* has its own (ε_i, δ_i)-differential-privacy guarantee, **{level}**: it "
+                   f"protects {what}.")
+    elif unit is None:
+        out.append("**No privacy mechanism ran** (non-private run): no epsilon is reported.")
+    else:
+        level, _ = _UNIT_WORDS.get(str(unit), (f"{unit}-level", ""))
+        out.append(f"**Warning: this run is not accounted — no epsilon is reported.** A {level} privacy "
+                   "mechanism ran, but dpfl computed no guarantee for it.")
+    if privacy.get("warning"):
+        out.append("")
+        out.append(f"> **Warning:** {privacy['warning']}")
+    out.append("")
+    out.append(f"- **Unit protected:** {unit if unit is not None else 'none'}")
+    out.append(f"- **Observer (who the guarantee holds against):** {privacy.get('observer', '—')}")
+    out.append(f"- **Mechanism:** {privacy.get('mechanism', '—')}")
+    acc = privacy.get("accountant")
+    out.append(f"- **Accountant:** {_ACCOUNTANT_WORDS.get(str(acc), acc) if acc is not None else 'none'}")
+    out.append(f"- **Client sampling:** {_client_sampling_words(privacy.get('client_sampling'))}")
+    ls = privacy.get("local_sampling")
+    out.append(f"- **Local sampling:** {_LOCAL_SAMPLING_WORDS.get(str(ls), ls) if ls is not None else '—'}")
+    if accounted:
+        clients = privacy.get("clients") or []
+        spent = [(c.get("client"), c.get("epsilon_spent"), c.get("epsilon_budget"))
+                 for c in clients if _sortable(c.get("epsilon_spent")) is not None]
+        if spent:
+            cid, eps, budget = max(spent, key=lambda t: _sortable(t[1]))  # type: ignore[arg-type,return-value]
+            out.append(f"- **Largest spent epsilon:** {_fmt_eps(eps)} (client {cid}, budget {_fmt_eps(budget)})")
+        out.append("")
+        out.append("Every epsilon here is the one the accountant computed for the run as it ran "
+                   "(privacy.json, metrics.jsonl). Whatever the server does with the noisy uploads (aggregation, "
+                   "projection, denoising) is post-processing and does not change the guarantee; it is not "
+                   "re-accounted.")
+    return out
+
+
+def _client_sampling_words(cs: Any) -> str:
+    if not isinstance(cs, Mapping):
+        return "—"
+    kind = cs.get("kind")
+    if kind == "all":
+        return "all eligible clients take part in every round"
+    if kind == "fixed":
+        return (f"k = {cs.get('k')} clients per round, drawn uniformly without replacement among the clients "
+                "still within budget")
+    if kind == "poisson":
+        return f"Poisson: each eligible client takes part independently with probability q = {cs.get('rate')}"
+    return f"{kind} (k = {cs.get('k')}, rate = {cs.get('rate')})"
+
+
+_CLIENT_HEADER = ["client", "ε budget", "δ", "noise multiplier", "spent ε", "records", "batch size"]
+_CLIENT_RIGHT = [True] * len(_CLIENT_HEADER)
+
+
+def _client_row(c: Mapping[str, Any]) -> list[str]:
+    return [_fmt_int(c.get("client")), _fmt_eps(c.get("epsilon_budget")), _fmt_g(c.get("delta"), 3),
+            _fmt_g(c.get("noise_multiplier")), _fmt_eps(c.get("epsilon_spent")), _fmt_int(c.get("records")),
+            _fmt_int(c.get("batch_size"))]
+
+
+def _clients_lines(privacy: Mapping[str, Any] | None) -> list[str]:
+    if privacy is None or not privacy.get("accounted"):
+        return []
+    clients = privacy.get("clients") or []
+    out = ["", "## Per-client privacy", ""]
+    if not clients:
+        out.append("privacy.json lists no clients.")
+        return out
+    if len(clients) <= FULL_TABLE_MAX_CLIENTS:
+        out += _table(_CLIENT_HEADER, [_client_row(c) for c in clients], _CLIENT_RIGHT)
+        return out
+    out.append(f"{len(clients)} clients: min / median / max over clients (the median is the lower median, "
+               "one of the clients' own values), then the first "
+               f"{TABLE_HEAD_ROWS} clients. The full table is in privacy.json.")
+    out.append("")
+    keys = [("epsilon_budget", _fmt_eps), ("delta", lambda v: _fmt_g(v, 3)), ("noise_multiplier", _fmt_g),
+            ("epsilon_spent", _fmt_eps), ("records", _fmt_int), ("batch_size", _fmt_int)]
+    stats_rows = []
+    for label in ("min", "median", "max"):
+        row = [label]
+        for key, fmt in keys:
+            vals = sorted((c.get(key) for c in clients if _sortable(c.get(key)) is not None), key=_sortable)
+            if not vals:
+                row.append("—")
+                continue
+            row.append(fmt(vals[0] if label == "min" else vals[-1] if label == "max" else vals[(len(vals) - 1) // 2]))
+        stats_rows.append(row)
+    out += _table(["", *_CLIENT_HEADER[1:]], stats_rows, [False] + _CLIENT_RIGHT[1:])
+    out.append("")
+    out.append(f"First {TABLE_HEAD_ROWS} of {len(clients)} clients:")
+    out.append("")
+    out += _table(_CLIENT_HEADER, [_client_row(c) for c in clients[:TABLE_HEAD_ROWS]], _CLIENT_RIGHT)
+    return out
+
+
+def _plot_lines(made: Mapping[str, Path | None], metrics: Sequence[Mapping[str, Any]],
+                privacy: Mapping[str, Any] | None) -> list[str]:
+    out = ["", "## Plots", ""]
+    unaccounted = privacy is not None and not privacy.get("accounted")
+    if made.get("accuracy"):
+        out += [f"![Test accuracy per round]({PLOTS_DIR}/{PLOT_FILES['accuracy']})", ""]
+    else:
+        out += ["No accuracy plot: no round has been evaluated (test_accuracy is null or absent in every row).", ""]
+    if made.get("epsilon"):
+        out += [f"![Spent epsilon per client vs round]({PLOTS_DIR}/{PLOT_FILES['epsilon']})", ""]
+    elif unaccounted:
+        out += ["No epsilon plot: the run is not accounted, so no epsilon is reported.", ""]
+    else:
+        out += ["No epsilon plot: no round with spent epsilon has been recorded in metrics.jsonl.", ""]
+    if made.get("budget_vs_spent"):
+        out += [f"![Epsilon budget vs spent epsilon per client]({PLOTS_DIR}/{PLOT_FILES['budget_vs_spent']})", ""]
+    elif privacy is None:
+        out += [f"No budget-vs-spent plot: {PRIVACY_FILE} has not been written yet.", ""]
+    elif unaccounted:
+        out += ["No budget-vs-spent plot: the run is not accounted, so no epsilon is reported.", ""]
+    else:
+        out += ["No budget-vs-spent plot: no client has both a finite budget and a finite spent epsilon.", ""]
+    return out
+
+
+def _config_lines(config_text: str | None) -> list[str]:
+    out = ["## Configuration", ""]
+    if config_text is None:
+        out.append(f"`{CONFIG_FILE}` is missing from the run directory.")
+        return out
+    fence = "```"
+    while fence in config_text:
+        fence += "`"
+    out += ["<details><summary>Resolved config (config.yaml)</summary>", "", f"{fence}yaml",
+            config_text.rstrip("\n"), fence, "", "</details>"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------- entry point
+def write_report(run_dir: str | os.PathLike[str]) -> Path:
+    """Rewrite ``plots/*.png`` and ``report.md`` of ``run_dir`` from its files; returns the report path.
+
+    Needs ``metrics.jsonl``; a complete run (``summary.json`` present) also needs ``privacy.json``. An
+    incomplete run without ``privacy.json`` yet gets a report that says so. Raises :class:`RunDirError`
+    for a directory that is not a dpfl run or a corrupt file.
+    """
+    d = Path(run_dir)
+    metrics = read_metrics(d)
+    summary = read_summary(d)
+    if (d / PRIVACY_FILE).exists() or summary is not None:
+        privacy: dict[str, Any] | None = read_privacy(d)
+    else:
+        privacy = None
+    try:
+        config_text: str | None = read_config_text(d)
+    except RunDirError:
+        if (d / CONFIG_FILE).exists():
+            raise
+        config_text = None
+    name = str(summary.get("name")) if summary is not None and summary.get("name") else d.resolve().name
+
+    made = write_plots(d, metrics, privacy)
+    lines = _status_lines(name, metrics, summary, privacy)
+    lines += _privacy_lines(privacy, metrics, summary is not None)
+    lines += _clients_lines(privacy)
+    lines += _plot_lines(made, metrics, privacy)
+    lines += _config_lines(config_text)
+    return write_text_atomic(d / REPORT_FILE, "\n".join(lines) + "\n")

@@ -1,0 +1,170 @@
+"""From config to FederatedRun: the bundles each algorithm/mechanism builds, seeded draws, calibration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dp_accounting import SelfComposedDpEvent
+
+from dpfl.algorithms.client.param_noise import ParameterNoise
+from dpfl.algorithms.client.udp import ClippedNoisyUpdate
+from dpfl.algorithms.client.upload import FullUpdate
+from dpfl.algorithms.selection import Selection
+from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
+from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.data import DatasetNotFoundError, load_dataset
+from dpfl.experiment.build import (
+    build_algorithm,
+    build_data,
+    build_demo_config,
+    build_run,
+    resolve_batch_sizes,
+    resolve_budgets,
+)
+from dpfl.experiment.config import ConfigError, apply_overrides, config_to_dict, load_config, validate_config
+from dpfl.models import build_model
+from dpfl.privacy.accountant import epsilon
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def variant(*overrides: str, base=None):
+    return validate_config(apply_overrides(config_to_dict(base or build_demo_config()), overrides))
+
+
+@pytest.fixture(scope="module")
+def demo_run():
+    return build_run(build_demo_config())
+
+
+def test_demo_yaml_is_build_demo_config():
+    assert load_config(CONFIGS / "demo.yaml") == build_demo_config()
+
+
+def test_demo_builds_the_readme_run(demo_run):
+    run = demo_run
+    assert run.algorithm.name == "dp_fedavg_local" and run.algorithm.local.private
+    assert run.algorithm.local.sampling == "poisson" and run.algorithm.local.spec.clip == 1.0
+    assert run.algorithm.local.epochs == 1 and run.algorithm.local.spec.lr == 2.0
+    assert run.algorithm.selection == Selection("all") and isinstance(run.algorithm.aggregator, FedAvg)
+    assert run.rounds == 30 and run.eval_every == 5 and run.seed == 0 and run.n_clients == 10
+    assert run.batch_sizes.tolist() == [32] * 10
+    eps = [b.epsilon for b in run.budgets]
+    assert set(eps) <= {1.0, 2.0, 4.0, 8.0} and len(set(eps)) > 1
+    assert all(b.delta == 1e-5 for b in run.budgets)
+    # calibrated per client: a smaller budget buys more noise (up to the clients' slightly different sizes)
+    by_budget = {e: [z for z, f in zip(run.noise, eps) if f == e] for e in sorted(set(eps))}
+    lows, highs = [min(v) for v in by_budget.values()], [max(v) for v in by_budget.values()]
+    assert all(lo > hi for lo, hi in zip(lows, highs[1:])) and run.noise.min() > 0
+
+
+def test_digits_udp_builds_and_runs_two_rounds():
+    cfg = load_config(CONFIGS / "digits_udp.yaml", ["training.rounds=2"])
+    run = build_run(cfg)
+    assert isinstance(run.algorithm.upload, ClippedNoisyUpdate)
+    assert (run.algorithm.upload.clip, run.algorithm.upload.noise_multiplier) == (1.0, 1.0)
+    assert run.algorithm.unit == "client" and not run.algorithm.local.private
+    result = run.run(checkpoint_every=cfg.checkpoint.every)
+    assert len(result.history) == 2 and result.privacy["unit"] == "client"
+    assert all(0 < e <= 40.0 for e in result.spent().values())
+
+
+def test_draws_are_seeded_and_use_their_own_streams():
+    base = variant("training.batch_size={distribution: choice, values: [16, 32, 64, 128]}")
+    again = [b.epsilon for b in resolve_budgets(base)], resolve_batch_sizes(base)
+    assert again == ([b.epsilon for b in resolve_budgets(base)], resolve_batch_sizes(base))
+    other_seed = variant("seed=1", base=base)
+    assert [b.epsilon for b in resolve_budgets(other_seed)] != again[0]
+    # changing the budget distribution does not move the batch sizes (separate streams)
+    other_budgets = variant("privacy.budgets={distribution: uniform, low: 1, high: 10}", base=base)
+    assert resolve_batch_sizes(other_budgets) == again[1]
+    eps = [b.epsilon for b in resolve_budgets(other_budgets)]
+    assert all(1 <= e <= 10 for e in eps) and len(set(eps)) == 10
+    assert set(resolve_batch_sizes(base)) <= {16, 32, 64, 128}
+
+
+def test_budget_forms():
+    assert [b.epsilon for b in resolve_budgets(variant("privacy.budgets=3"))] == [3.0] * 10
+    listed = variant("privacy.budgets=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]")
+    assert [b.epsilon for b in resolve_budgets(listed)] == [float(i) for i in range(1, 11)]
+    fixed = variant("privacy.budgets={distribution: fixed, epsilon: 2.5}", "privacy.delta=1e-6")
+    assert {(b.epsilon, b.delta) for b in resolve_budgets(fixed)} == {(2.5, 1e-6)}
+    assert resolve_budgets(variant("algorithm.name=fedavg", "privacy={}")) is None
+
+
+@pytest.mark.parametrize("selection, sampling", [
+    ("{kind: all}", "full"), ("{kind: poisson, rate: 0.3}", "poisson"), ("{kind: fixed, k: 4}", "fixed"),
+])
+def test_central_noise_is_calibrated_for_the_selection_the_run_accounts(selection, sampling):
+    cfg = variant("algorithm={name: dp_fedavg_central, params: {server_lr: 0.5}}",
+                  "privacy={clip: 0.7, budgets: [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}",
+                  f"training.selection={selection}", "training.rounds=20")
+    alg = build_algorithm(cfg, resolve_budgets(cfg))
+    agg = alg.aggregator
+    assert isinstance(agg, CentralDPFedAvg) and (agg.clip, agg.server_lr) == (0.7, 0.5)
+    assert not alg.local.private and alg.unit == "client" and "trusted" in alg.observer
+    event = alg.selection.client_level_event(agg.noise_multiplier, 10)
+    expected = {"full": "GaussianDpEvent", "poisson": "PoissonSampledDpEvent",
+                "fixed": "SampledWithoutReplacementDpEvent"}[sampling]
+    assert type(event).__name__ == expected
+    spent = epsilon(SelfComposedDpEvent(event, 20), 1e-5)
+    assert 0.99 * 2.0 <= spent <= 2.0  # the smallest budget, exactly spent over the planned rounds
+    explicit = variant("privacy.noise_multiplier=3.0", base=cfg)
+    assert build_algorithm(explicit, resolve_budgets(explicit)).aggregator.noise_multiplier == 3.0
+
+
+def test_other_bundles():
+    noisy = variant("algorithm={name: noisy_fedavg, params: {std: 0.01, weighting: samples}}", "privacy={}")
+    alg = build_algorithm(noisy)
+    assert isinstance(alg.upload, ParameterNoise) and alg.upload.std == 0.01 and not alg.accounted
+    assert alg.aggregator == FedAvg("samples", 1.0) and not alg.local.private
+    assert all(b.epsilon == float("inf") for b in resolve_budgets(noisy))  # no accountant: nothing to stop on
+
+    prox = variant("algorithm={name: fedprox, params: {mu: 0.1}}", "training.optimizer.momentum=0.5")
+    alg = build_algorithm(prox)
+    assert alg.name == "fedprox" and alg.local.private and alg.local.spec.prox_mu == 0.1
+    assert alg.local.spec.momentum == 0.5 and isinstance(alg.upload, FullUpdate)
+    plain = build_algorithm(variant("algorithm={name: fedprox, params: {mu: 0.1}}", "privacy={}",
+                                    "training.local_steps=3", "training.local_epochs=null"))
+    assert not plain.local.private and plain.local.steps == 3 and plain.unit is None
+
+    fixed = build_algorithm(variant("privacy.sampling=fixed", "training.selection={kind: fixed, k: 5}"))
+    assert fixed.local.sampling == "fixed" and fixed.selection == Selection("fixed", k=5)
+
+
+def test_build_problems_are_one_line_config_errors():
+    with pytest.raises(ConfigError, match=r"^model: model 'cnn_pfa' cannot take input shape \(1, 8, 8\)") as info:
+        build_run(variant("model.name=cnn_pfa"))
+    assert len(str(info.value).splitlines()) == 1
+    with pytest.raises(ConfigError, match=r"^data: .*root"):
+        build_run(variant("data.root=/tmp"))
+
+
+def _fmnist_available() -> bool:
+    try:
+        load_dataset("fashion_mnist", download=False)
+    except DatasetNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.needs_fmnist
+@pytest.mark.parametrize("name", ["fmnist_dpsgd", "fmnist_central"])
+def test_fmnist_configs_data_and_model_fit(name, monkeypatch):
+    """Data and model only: the full build calibrates 20 clients' noise (~30 s), too slow for the suite."""
+    monkeypatch.setenv("DPFL_OFFLINE", "1")
+    if not _fmnist_available():
+        pytest.skip("Fashion-MNIST is not on this machine")
+    cfg = load_config(CONFIGS / f"{name}.yaml", ["data.max_train_samples=2000"])
+    data = build_data(cfg)
+    assert data.n_clients == cfg.data.clients and tuple(data.input_shape) == (1, 28, 28)
+    build_model(cfg.model.name, data.input_shape, data.n_classes, seed=cfg.seed, **cfg.model.options)
+
+
+@pytest.mark.slow
+def test_demo_learns_within_budgets(demo_run):
+    result = demo_run.run()
+    assert result.final_accuracy > 0.6  # ~0.8 observed; chance is 0.1
+    assert all(result.spent()[i] <= b.epsilon for i, b in enumerate(demo_run.budgets))

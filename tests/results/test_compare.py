@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import matplotlib.image as mpimg
+
+from dpfl.results import compare_runs, format_table
+
+from .fakes import make_accounted_run, make_unaccounted_run, spent_epsilon
+
+
+def test_compare_two_runs(tmp_path):
+    a = make_accounted_run(tmp_path / "runs" / "a")
+    b = make_unaccounted_run(tmp_path / "runs" / "b")
+    rows, plot = compare_runs([a, b], out=tmp_path / "cmp")
+    assert [r["name"] for r in rows] == ["dp-fedavg-test", "udp-unaccounted"]
+    assert rows[0]["algorithm"] == "dp_fedavg_local" and rows[0]["unit"] == "sample"
+    assert rows[0]["epsilon_max"] == spent_epsilon(9, 5)
+    assert rows[1]["epsilon_max"] is None
+    assert rows[0]["rounds_done"] == 5 and rows[0]["stop_reason"] == "rounds"
+    assert plot == tmp_path / "cmp" / "compare_accuracy.png"
+    assert mpimg.imread(plot).shape[:2] == (500, 800)
+
+    table = format_table(rows).splitlines()
+    assert len(table) == 4
+    assert table[0].split() == ["name", "algorithm", "unit", "final_accuracy", "best_accuracy", "rounds_done",
+                                "stop_reason", "epsilon_max"]
+    assert f"{spent_epsilon(9, 5):.3f}" in table[2] and table[3].rstrip().endswith("-")
+
+
+def test_compare_defaults_to_the_first_runs_parent_and_incomplete_runs(tmp_path):
+    a = make_accounted_run(tmp_path / "runs" / "a", complete=False)
+    b = make_accounted_run(tmp_path / "runs" / "b")  # same name: the legend tells them apart
+    rows, plot = compare_runs([a, b], out=None)
+    assert plot == tmp_path / "runs" / "compare_accuracy.png" and plot.is_file()
+    assert rows[0]["stop_reason"] == "incomplete" and rows[0]["complete"] is False
+    assert rows[0]["rounds_done"] == 5 and rows[0]["final_accuracy"] == rows[1]["final_accuracy"]

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import matplotlib.image as mpimg
+import pytest
+
+from dpfl.results import plot_accuracy, plot_budget_vs_spent, plot_compare, plot_epsilon, read_metrics, read_privacy
+
+from .fakes import make_accounted_run, make_unaccounted_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path, size=(500, 800)):
+    assert path is not None and path.is_file()
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    image = mpimg.imread(path)
+    assert image.shape[:2] == size
+
+
+@pytest.fixture(scope="module")
+def accounted(tmp_path_factory):
+    run = make_accounted_run(tmp_path_factory.mktemp("plots") / "run")
+    return read_metrics(run), read_privacy(run)
+
+
+def test_accounted_plots_are_800_by_500(tmp_path, accounted):
+    metrics, privacy = accounted
+    assert_png(plot_accuracy(metrics, tmp_path / "accuracy.png"))
+    assert_png(plot_epsilon(metrics, privacy, tmp_path / "epsilon.png"))
+    assert_png(plot_budget_vs_spent(privacy, tmp_path / "budget.png"))
+    assert_png(plot_compare({"a": metrics, "b": metrics[:3]}, tmp_path / "cmp.png"))
+
+
+def test_many_clients_use_bands(tmp_path):
+    run = make_accounted_run(tmp_path / "big", n_clients=60, rounds=3)
+    assert_png(plot_epsilon(read_metrics(run), read_privacy(run), tmp_path / "epsilon.png"))
+    assert_png(plot_budget_vs_spent(read_privacy(run), tmp_path / "budget.png"))
+
+
+def test_nothing_to_plot_writes_nothing(tmp_path):
+    run = make_unaccounted_run(tmp_path / "run")
+    metrics, privacy = read_metrics(run), read_privacy(run)
+    assert plot_epsilon(metrics, privacy, tmp_path / "epsilon.png") is None
+    assert plot_epsilon(metrics, None, tmp_path / "epsilon.png") is None  # no epsilon in the rows
+    assert plot_budget_vs_spent(privacy, tmp_path / "budget.png") is None
+    no_eval = [{**m, "test_accuracy": None} for m in metrics]
+    assert plot_accuracy(no_eval, tmp_path / "accuracy.png") is None
+    assert plot_compare({"x": no_eval}, tmp_path / "cmp.png") is None
+    assert list(tmp_path.glob("*.png")) == []

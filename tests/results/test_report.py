@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from dpfl.results import RunDirError, read_privacy, write_report
+
+from .fakes import make_accounted_run, make_unaccounted_run
+
+LINK = re.compile(r"!\[[^\]]*\]\(([^)]+)\)")
+
+
+def links(report_text):
+    return LINK.findall(report_text)
+
+
+def assert_links_match_plots(run, text):
+    linked = links(text)
+    assert all(link.startswith("plots/") for link in linked)
+    for link in linked:
+        assert (run / link).is_file(), link
+    on_disk = {f"plots/{p.name}" for p in (run / "plots").glob("*.png")}
+    assert set(linked) == on_disk
+
+
+@pytest.fixture(scope="module")
+def accounted_report(tmp_path_factory):
+    run = make_accounted_run(tmp_path_factory.mktemp("report") / "run")
+    path = write_report(run)
+    return run, path.read_text()
+
+
+def test_report_links_every_plot(accounted_report):
+    run, text = accounted_report
+    assert set(links(text)) == {"plots/accuracy.png", "plots/epsilon.png", "plots/budget_vs_spent.png"}
+    assert_links_match_plots(run, text)
+
+
+def test_report_states_status_and_guarantee(accounted_report):
+    _, text = accounted_report
+    assert "# Run report: dp-fedavg-test" in text
+    assert "**Status:** complete (5 of 5 planned rounds)" in text
+    assert "incomplete" not in text
+    assert "Final accuracy:** 0.8500" in text
+    assert "sample-level" in text and "RDP" in text and "k = 5 clients per round" in text
+    assert "post-processing" in text
+    assert "no epsilon is reported" not in text
+    assert "```yaml\nname: dp-fedavg-test" in text
+
+
+def test_report_shows_each_clients_spent_epsilon(accounted_report):
+    run, text = accounted_report
+    for c in read_privacy(run)["clients"]:
+        row = f"| {c['client']} | {c['epsilon_budget']:.3f} |"
+        line = next(line for line in text.splitlines() if line.startswith(row))
+        assert f"| {c['epsilon_spent']:.3f} |" in line
+
+
+def test_incomplete_run_says_so(tmp_path):
+    run = make_accounted_run(tmp_path / "run", complete=False)
+    text = write_report(run).read_text()
+    assert "incomplete: no summary.json; resume with `dpfl run CONFIG --resume --out DIR`" in text
+    assert "Best accuracy so far:** 0.8500 (round 5)" in text
+    assert_links_match_plots(run, text)
+
+
+def test_unaccounted_run_reports_no_epsilon(tmp_path):
+    run = make_unaccounted_run(tmp_path / "run")
+    (run / "plots").mkdir()
+    shutil.copyfile(__file__, run / "plots" / "epsilon.png")  # a stale plot from elsewhere
+    text = write_report(run).read_text()
+    assert "no epsilon is reported" in text
+    assert "a privacy mechanism ran for which dpfl computes no epsilon" in text  # the warning, restated
+    assert not (run / "plots" / "epsilon.png").exists()
+    assert not (run / "plots" / "budget_vs_spent.png").exists()
+    assert links(text) == ["plots/accuracy.png"]
+    assert "No epsilon plot: the run is not accounted" in text
+    assert "Per-client privacy" not in text
+    assert_links_match_plots(run, text)
+
+
+def test_many_clients_summary_and_first_rows(tmp_path):
+    run = make_accounted_run(tmp_path / "run", n_clients=60, rounds=2)
+    text = write_report(run).read_text()
+    clients = read_privacy(run)["clients"]
+    assert "First 20 of 60 clients" in text
+    assert re.search(r"^\| min \|", text, re.M) and re.search(r"^\| max \|", text, re.M)
+    spent = sorted(c["epsilon_spent"] for c in clients)
+    assert f"| {spent[-1]:.3f} |" in text
+    rows = [line for line in text.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert [int(r.split("|")[1]) for r in rows] == list(range(20))
+
+
+def test_report_on_a_non_run_directory(tmp_path):
+    with pytest.raises(RunDirError, match="not a dpfl run directory"):
+        write_report(tmp_path)
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_incomplete_run_before_privacy_json(tmp_path):
+    run = make_accounted_run(tmp_path / "run", complete=False)
+    (run / "privacy.json").unlink()
+    text = write_report(run).read_text()
+    assert "incomplete" in text and "privacy.json` has not been written yet" in text
+    assert "so far is 1.411 (round 5)" in text  # epsilon_max of the last metrics row, as written
+    assert_links_match_plots(run, text)
+    assert (run / "plots" / "epsilon.png").is_file() and not (run / "plots" / "budget_vs_spent.png").exists()
+
+
+def test_non_finite_and_missing_budgets_are_shown_not_invented(tmp_path):
+    run = make_accounted_run(tmp_path / "run", n_clients=3, rounds=2)
+    privacy = json.loads((run / "privacy.json").read_text())
+    privacy["clients"][0]["epsilon_budget"] = None
+    privacy["clients"][1]["epsilon_budget"] = "inf"  # the ledger's encoding of an unlimited budget
+    privacy["clients"][2]["epsilon_spent"] = "inf"
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    text = write_report(run).read_text()
+    assert re.search(r"^\| 0 \| — \|", text, re.M) and re.search(r"^\| 1 \| inf \|", text, re.M)
+    assert re.search(r"^\| 2 \| 2\.000 \| 1e-05 \| [0-9.]+ \| inf \|", text, re.M)
+    assert not (run / "plots" / "budget_vs_spent.png").exists()  # no client with finite budget and spend
+    assert "No budget-vs-spent plot" in text
+    assert_links_match_plots(run, text)

@@ -1,0 +1,227 @@
+"""The `dpfl` command driven as a user drives it: in-process for speed, and as real processes where
+signals and the installed entry point matter."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dpfl.cli import main
+from dpfl.privacy.accountant import epsilon
+from dpfl.privacy.events import dpsgd_event
+
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            code = int(e.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def small_config(tmp_path: Path, rounds: int = 4, **changes) -> Path:
+    cfg = yaml.safe_load(DEMO_CONFIG.read_text())
+    cfg["name"] = changes.pop("name", "small")
+    cfg["training"]["rounds"] = rounds
+    cfg["evaluation"] = {"every": 1}
+    for dotted, value in changes.items():
+        node = cfg
+        *head, last = dotted.split("__")
+        for key in head:
+            node = node[key]
+        node[last] = value
+    path = tmp_path / f"{cfg['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _assert_one_line_error(code: int, err: str) -> None:
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+
+
+# ---- privacy --------------------------------------------------------------------------------------
+def test_privacy_epsilon_json_matches_the_accountant():
+    code, out, _ = cli("privacy", "epsilon", "--noise-multiplier", "1.1", "--sample-rate", "0.01", "--steps", "500",
+                       "--delta", "1e-5", "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert got["epsilon"] == pytest.approx(epsilon(dpsgd_event(1.1, 500, sampling="poisson", sample_rate=0.01), 1e-5))
+    assert got["accountant"] == "rdp" and got["relation"] == "add_remove"
+
+
+def test_privacy_noise_json_meets_the_target():
+    code, out, _ = cli("privacy", "noise", "--epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.02", "--steps",
+                       "300", "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert 0.999 * 2 <= got["epsilon"] <= 2
+    assert epsilon(dpsgd_event(got["noise_multiplier"], 300, sampling="poisson", sample_rate=0.02), 1e-5) <= 2
+
+
+@pytest.mark.parametrize("args", [
+    ["privacy", "epsilon", "--noise-multiplier", "abc", "--sample-rate", "0.1", "--steps", "1", "--delta", "1e-5"],
+    ["privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "2", "--steps", "1", "--delta", "1e-5"],
+    ["privacy", "noise", "--epsilon", "-1", "--sample-rate", "0.1", "--steps", "1", "--delta", "1e-5"],
+    ["privacy", "noise", "--epsilon", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5", "--accountant", "moments"],
+    ["no-such-command"],
+    ["run", "does/not/exist.yaml"],
+    ["report", "not-a-run-dir"],
+])
+def test_bad_arguments_give_one_line_and_exit_2(args):
+    _assert_one_line_error(*cli(*args)[::2])
+
+
+# ---- data -----------------------------------------------------------------------------------------
+def test_data_list_json_shows_the_embedded_dataset():
+    code, out, _ = cli("data", "list", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)["datasets"]}
+    assert rows["digits"]["source"] != "missing"
+    assert {"fashion_mnist", "mnist", "cifar10"} <= set(rows)
+
+
+# ---- run, report, compare -------------------------------------------------------------------------
+def test_run_writes_a_complete_run_directory_and_report_and_compare_read_it(tmp_path):
+    out_a, out_b = tmp_path / "a", tmp_path / "b"
+    assert cli("run", small_config(tmp_path), "--out", out_a)[0] == 0
+    code, _, err = cli("run", small_config(tmp_path), "--out", out_b, "--set", "training.rounds=2", "--set", "name=b")
+    assert code == 0, err
+    for name in ("config.yaml", "metrics.jsonl", "privacy.json", "summary.json", "report.md"):
+        assert (out_a / name).exists(), name
+    metrics = [json.loads(line) for line in (out_a / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in metrics] == [1, 2, 3, 4]
+    privacy = json.loads((out_a / "privacy.json").read_text())
+    assert all(c["epsilon_spent"] <= c["epsilon_budget"] for c in privacy["clients"])
+    assert metrics[-1]["epsilon"] == [c["epsilon_spent"] for c in privacy["clients"]]
+    assert json.loads((out_b / "summary.json").read_text())["rounds_done"] == 2
+    assert yaml.safe_load((out_b / "config.yaml").read_text())["training"]["rounds"] == 2
+
+    (out_a / "report.md").unlink()
+    assert cli("report", out_a)[0] == 0
+    report = (out_a / "report.md").read_text()
+    for png in (out_a / "plots").glob("*.png"):
+        assert f"plots/{png.name}" in report and png.stat().st_size > 0
+
+    code, out, _ = cli("compare", out_a, out_b, "--out", tmp_path, "--json")
+    assert code == 0
+    rows = json.loads(out)["runs"]
+    assert len(rows) == 2 and Path(json.loads(out)["plot"]).exists()
+
+    # an existing run directory is never overwritten
+    _assert_one_line_error(*cli("run", small_config(tmp_path), "--out", out_a)[::2])
+
+
+def test_demo_runs_and_prints_per_client_epsilon(tmp_path):
+    code, out, err = cli("demo", "--out", tmp_path / "demo")
+    assert code == 0, err
+    assert "spent ε" in out and "run directory" in out
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert summary["rounds_done"] == 30 and summary["final_accuracy"] > 0.6
+
+
+def test_a_killed_run_resumes_to_identical_metrics(tmp_path):
+    """A real process, a real SIGKILL mid-run, then --resume: the metrics equal an uninterrupted run's."""
+    config = small_config(tmp_path, rounds=15, name="killed")
+    dpfl = [sys.executable, "-m", "dpfl.cli"]
+    reference = tmp_path / "reference"
+    assert cli("run", config, "--out", reference)[0] == 0
+
+    victim = tmp_path / "victim"
+    proc = subprocess.Popen(dpfl + ["run", str(config), "--out", str(victim)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = victim / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (victim / "summary.json").exists()
+    _assert_one_line_error(*cli("run", config, "--out", victim)[::2])  # not resumed by accident
+
+    done = subprocess.run(dpfl + ["run", str(config), "--out", str(victim), "--resume"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+    def rows(path):
+        return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+                for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+    assert rows(victim) == rows(reference)
+    assert json.loads((victim / "privacy.json").read_text())["clients"] == \
+        json.loads((reference / "privacy.json").read_text())["clients"]
+    again = subprocess.run(dpfl + ["run", str(config), "--out", str(victim), "--resume"], capture_output=True, text=True)
+    assert again.returncode == 0 and rows(victim) == rows(reference)  # a finished run stays finished
+
+
+# ---- malformed input, property-based ---------------------------------------------------------------
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True),
+                     st.text(max_size=12), st.lists(st.integers(-3, 3), max_size=3))
+_FIELDS = ["name", "seed", "data.dataset", "data.clients", "data.partition", "model.name", "training.rounds",
+           "training.batch_size", "training.selection.kind", "training.selection.k", "privacy.delta",
+           "privacy.budgets", "privacy.clip", "privacy.mechanism", "algorithm.name", "evaluation.every", "nonsense.field"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(_FIELDS), value=_scalars)
+def test_malformed_configs_fail_cleanly_and_leave_no_complete_run(tmp_path, field, value):
+    cfg = yaml.safe_load(DEMO_CONFIG.read_text())
+    node = cfg
+    *head, last = field.split(".")
+    for key in head:
+        node = node.setdefault(key, {}) if isinstance(node, dict) else node
+    node[last] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / f"run-{abs(hash((field, repr(value))))}"
+    code, _, err = cli("run", path, "--out", out, "--set", "training.rounds=1")
+    if code == 0:  # the random value happened to be valid
+        assert (out / "summary.json").exists()
+        return
+    _assert_one_line_error(code, err)
+    assert not out.exists()  # a user error leaves nothing behind
+
+
+@settings(max_examples=30, deadline=None)
+@given(text=st.text(max_size=200))
+def test_arbitrary_yaml_text_fails_cleanly(text):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "c.yaml"
+        path.write_text(text)
+        code, _, err = cli("run", path, "--out", Path(d) / "out")
+        _assert_one_line_error(code, err)
+        assert not (Path(d) / "out").exists()
+
+
+@settings(max_examples=30, deadline=None)
+@given(args=st.lists(st.sampled_from(["--noise-multiplier", "--sample-rate", "--steps", "--delta", "--accountant",
+                                      "-1", "0", "nan", "x", "1e-5", "2", "--json", "--epsilon"]), max_size=8))
+def test_malformed_privacy_arguments_fail_cleanly(args):
+    code, out, err = cli("privacy", "epsilon", *args)
+    if code == 0:
+        assert json.loads(out) if "--json" in args else out
+        return
+    _assert_one_line_error(code, err)
