@@ -152,7 +152,10 @@ def _positive(name: str, value: float) -> None:
         raise UserError(f"--{name} must be a finite number > 0, got {value}")
 
 
-def _check_rate_delta(sample_rate: float, delta: float, steps: int) -> None:
+def _check_mechanism_args(accountant: str, sample_rate: float, delta: float, steps: int) -> None:
+    """The arguments both privacy commands share: accountant, Poisson rate, delta, steps."""
+    if accountant not in ("rdp", "pld"):
+        raise UserError(f"--accountant must be 'rdp' or 'pld', got {accountant!r}")
     if not 0 < sample_rate <= 1:
         raise UserError(f"--sample-rate must be in (0, 1], got {sample_rate}")
     if not 0 < delta < 1:
@@ -175,11 +178,9 @@ def privacy_epsilon(
     from dpfl.privacy.events import dpsgd_event
 
     try:
-        if accountant not in ("rdp", "pld"):
-            raise UserError(f"--accountant must be 'rdp' or 'pld', got {accountant!r}")
+        _check_mechanism_args(accountant, sample_rate, delta, steps)
         if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
             raise UserError(f"--noise-multiplier must be a finite number >= 0, got {noise_multiplier}")
-        _check_rate_delta(sample_rate, delta, steps)
         eps = epsilon(dpsgd_event(noise_multiplier, steps, sampling="poisson", sample_rate=sample_rate), delta, accountant)
     except _user_errors() as e:
         _fail(str(e))
@@ -207,10 +208,8 @@ def privacy_noise(
     from dpfl.privacy.events import dpsgd_event
 
     try:
-        if accountant not in ("rdp", "pld"):
-            raise UserError(f"--accountant must be 'rdp' or 'pld', got {accountant!r}")
+        _check_mechanism_args(accountant, sample_rate, delta, steps)
         _positive("epsilon", epsilon_)
-        _check_rate_delta(sample_rate, delta, steps)
         z = calibrate_noise_multiplier(epsilon_, delta, steps=steps, sampling="poisson", sample_rate=sample_rate,
                                        accountant=accountant)
         achieved = eps_of(dpsgd_event(z, steps, sampling="poisson", sample_rate=sample_rate), delta, accountant)
