@@ -16,6 +16,7 @@ from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.algorithms.server.view import ServerView
 
 
 def stacked(rows):
@@ -59,17 +60,27 @@ def test_fedavg_uniform_and_sample_weighted():
     g = {"w": torch.zeros(2)}
     up = stacked([[1.0, 0.0], [0.0, 3.0]])
     n = torch.tensor([100, 300])
-    u = FedAvg("uniform").aggregate(g, up, n, 2, 0, 0)["w"]
+    u = FedAvg("uniform").aggregate(g, up, ServerView.simple(n), 0, 0)["w"]
     torch.testing.assert_close(u, torch.tensor([0.5, 1.5]))
-    s = FedAvg("samples").aggregate(g, up, n, 2, 0, 0)["w"]
+    s = FedAvg("samples").aggregate(g, up, ServerView.simple(n), 0, 0)["w"]
     torch.testing.assert_close(s, torch.tensor([0.25, 2.25]))
+
+
+def test_weiavg_weights_by_reported_epsilon():
+    g = {"w": torch.zeros(2)}
+    up = stacked([[1.0, 0.0], [0.0, 3.0]])
+    view = ServerView.simple([10, 10], eps_reported=[1.0, 3.0])
+    torch.testing.assert_close(FedAvg("epsilon").weights(view), torch.tensor([0.25, 0.75]))
+    torch.testing.assert_close(FedAvg("epsilon").aggregate(g, up, view, 0, 0)["w"], torch.tensor([0.25, 2.25]))
+    with pytest.raises(ValueError, match="reported epsilon"):
+        FedAvg("epsilon").weights(ServerView.simple([10, 10]))
 
 
 def test_central_dp_fedavg_clips_and_uses_the_fixed_denominator():
     g = {"w": torch.ones(2)}
     up = stacked([[3.0, 4.0], [0.3, 0.4]])  # norms 5 and 0.5
     agg = CentralDPFedAvg(clip=1.0, noise_multiplier=0.0)
-    out = agg.aggregate(g, up, torch.tensor([1, 1]), expected_clients=4.0, seed=0, round_=0)["w"]
+    out = agg.aggregate(g, up, ServerView.simple([1, 1], expected_clients=4.0), seed=0, round_=0)["w"]
     expected = torch.ones(2) + (torch.tensor([0.6, 0.8]) + torch.tensor([0.3, 0.4])) / 4.0
     torch.testing.assert_close(out, expected)
 
@@ -80,7 +91,8 @@ def test_central_dp_fedavg_noise_std():
     d = 20000
     g = {"w": torch.zeros(d)}
     agg = CentralDPFedAvg(clip=0.5, noise_multiplier=2.0)
-    out = agg.aggregate(g, {"w": torch.zeros(3, d)}, torch.ones(3), expected_clients=10.0, seed=4, round_=2)["w"]
+    out = agg.aggregate(g, {"w": torch.zeros(3, d)}, ServerView.simple([1, 1, 1], expected_clients=10.0), seed=4,
+                        round_=2)["w"]
     assert float(out.std()) == pytest.approx(2.0 * 0.5 / 10.0, rel=0.03)
 
 

@@ -227,3 +227,19 @@ def test_momentum_and_proximal_term_equal_plain_pytorch():
         opt.step()
     for n, t in P.model_params(ref).items():
         torch.testing.assert_close(res.params[n][0], t, atol=1e-6, rtol=1e-5)
+
+
+def test_recorded_noise_matches_the_oracle_formula():
+    """Spec heterogeneous_dp §8.7: over 50 repetitions the mean ||n_i||^2, n_i = -(eta/b) sum_t xi_t (zC),
+    equals T eta^2 p C^2 z^2 / b^2 within 3 standard errors."""
+    model, data = small_cnn(), make_data(sizes=(60,))
+    lr, clip, z, b, steps = 0.1, 0.5, 1.3, 6, 4
+    spec = LocalSpec(lr=lr, sampling="poisson", clip=clip)
+    w = P.model_params(model)
+    p = P.num_parameters(w)
+    samples = torch.tensor([
+        run_local(model, spec, [ClientPlan(0, b, steps, z)], data, w, seed=0, round_=r).noise_sq_norm[0] * (lr / b) ** 2
+        for r in range(50)
+    ])
+    expected = steps * lr**2 * p * clip**2 * z**2 / b**2
+    assert abs(float(samples.mean()) - expected) < 3 * float(samples.std()) / 50**0.5

@@ -16,6 +16,8 @@ from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.data import DatasetNotFoundError, load_dataset
 from dpfl.experiment.build import (
+    BATCH_SIZES_STREAM,
+    BUDGETS_STREAM,
     build_algorithm,
     build_data,
     build_demo_config,
@@ -26,6 +28,9 @@ from dpfl.experiment.build import (
 from dpfl.experiment.config import ConfigError, apply_overrides, config_to_dict, load_config, validate_config
 from dpfl.models import build_model
 from dpfl.privacy.accountant import epsilon
+from dpfl.privacy.budget_distributions import RHDP_BATCH20, RHDP_EPS20
+from dpfl.privacy.budgets import draw_budgets
+from dpfl.seeding import numpy_generator
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -94,6 +99,39 @@ def test_budget_forms():
     assert resolve_budgets(variant("algorithm.name=fedavg", "privacy={}")) is None
 
 
+def test_named_budget_distributions_are_drawn_from_the_budget_stream():
+    cfg = variant("privacy.budgets={distribution: mixgauss1}")
+    eps = [b.epsilon for b in resolve_budgets(cfg)]
+    assert max(eps) > 1.0 and min(eps) >= 0.01 and len(eps) == 10
+    expected = draw_budgets("MixGauss1", 10, numpy_generator(0, *BUDGETS_STREAM))
+    assert eps == expected.tolist() and eps == [b.epsilon for b in resolve_budgets(cfg)]
+    assert eps != [b.epsilon for b in resolve_budgets(variant("seed=1", base=cfg))]
+    dist = [b.epsilon for b in resolve_budgets(variant("privacy.budgets={distribution: Dist3}"))]
+    assert all(0.2 <= e <= 5.0 for e in dist) and len(set(dist)) == 10
+    capped = [b.epsilon for b in resolve_budgets(variant("privacy.budgets={distribution: Pareto, pareto_cap: 2}"))]
+    assert all(0.5 <= e <= 2.0 for e in capped)
+    hdp = load_config(CONFIGS / "hdp_fmnist_mixgauss1.yaml")  # budgets need no data
+    assert len(resolve_budgets(hdp)) == 20 and max(b.epsilon for b in resolve_budgets(hdp)) > 1.0
+
+
+def test_hetero_batch_sizes_are_the_choice_draw():
+    hetero = resolve_batch_sizes(variant("training.batch_size=hetero"))
+    assert set(hetero) <= {16, 32, 64, 128} and len(hetero) == 10 and len(set(hetero)) > 1
+    choice = variant("training.batch_size={distribution: choice, values: [16, 32, 64, 128]}")
+    assert hetero == resolve_batch_sizes(choice)
+    assert hetero == numpy_generator(0, *BATCH_SIZES_STREAM).choice([16, 32, 64, 128], size=10).tolist()
+    # budgets and batch sizes use separate streams
+    assert hetero == resolve_batch_sizes(variant("training.batch_size=hetero", "privacy.budgets={distribution: Gauss}"))
+
+
+def test_rhdp20_lists_build_on_digits():
+    cfg = variant("data.clients=20", "privacy.budgets={distribution: rhdp20, dist: Dist5}",
+                  "training.batch_size=rhdp20", "privacy.noise_multiplier=1.0")  # explicit noise: no calibration
+    run = build_run(cfg)
+    assert [b.epsilon for b in run.budgets] == list(RHDP_EPS20["Dist5"]) and run.budgets[0].epsilon == 0.95
+    assert run.batch_sizes.tolist() == list(RHDP_BATCH20) and run.n_clients == 20
+
+
 @pytest.mark.parametrize("selection, sampling", [
     ("{kind: all}", "full"), ("{kind: poisson, rate: 0.3}", "poisson"), ("{kind: fixed, k: 4}", "fixed"),
 ])
@@ -151,7 +189,7 @@ def _fmnist_available() -> bool:
 
 
 @pytest.mark.needs_fmnist
-@pytest.mark.parametrize("name", ["fmnist_dpsgd", "fmnist_central"])
+@pytest.mark.parametrize("name", ["fmnist_dpsgd", "fmnist_central", "hdp_fmnist_mixgauss1"])
 def test_fmnist_configs_data_and_model_fit(name, monkeypatch):
     """Data and model only: the full build calibrates 20 clients' noise (~30 s), too slow for the suite."""
     monkeypatch.setenv("DPFL_OFFLINE", "1")
@@ -168,3 +206,40 @@ def test_demo_learns_within_budgets(demo_run):
     result = demo_run.run()
     assert result.final_accuracy > 0.6  # ~0.8 observed; chance is 0.1
     assert all(result.spent()[i] <= b.epsilon for i, b in enumerate(demo_run.budgets))
+
+
+# ---- heterogeneous-budget baselines (spec heterogeneous_dp §4.1, §4.5, §6) -----------------------------
+HDP = ("data.clients=4", "privacy.budgets=[1.0,2.0,4.0,8.0]", "training.rounds=2", "training.local_epochs=null",
+       "training.local_steps=2")
+
+
+@pytest.mark.parametrize("name, aggregator, target", [
+    ("weiavg", "epsilon", "own"), ("min_eps", "uniform", "min"), ("oracle", None, "own"),
+])
+def test_hdp_baselines_build_with_their_aggregator_and_calibration_target(name, aggregator, target):
+    run = build_run(variant(*HDP, f"algorithm.name={name}", "algorithm.params={}"))
+    assert run.calibrate_to == target
+    if aggregator is None:
+        assert run.algorithm.aggregator.privileged
+    else:
+        assert run.algorithm.aggregator.weighting == aggregator
+
+
+def test_max_eps_must_be_allowed_explicitly_and_is_tagged():
+    with pytest.raises(ConfigError, match="privacy.allow_budget_violation"):
+        variant(*HDP, "algorithm.name=max_eps", "algorithm.params={}")
+    run = build_run(variant(*HDP, "algorithm.name=max_eps", "algorithm.params={epsilon: 10.0}",
+                            "privacy.allow_budget_violation=true"))
+    assert run.calibrate_to == 10.0
+    assert not run.run().privacy["meets_budgets"]
+
+
+def test_misreport_and_heuristic_options():
+    run = build_run(variant(*HDP, "algorithm.name=weiavg", "algorithm.params={}",
+                            "privacy.misreport={client: 1, factor: 10}", "privacy.calibration=pfa-heuristic"))
+    assert list(run.eps_reported) == [1.0, 20.0, 4.0, 8.0]
+    assert run.calibration == "pfa-heuristic"
+    with pytest.raises(ConfigError, match="privacy.misreport.client"):
+        variant(*HDP, "privacy.misreport={client: 4}")
+    with pytest.raises(ConfigError, match="privacy.calibration"):
+        variant(*HDP, "privacy.calibration=pfa-heuristic", "privacy.noise_multiplier=1.0")

@@ -91,6 +91,11 @@ def test_resolved_yaml_has_every_field_and_inferred_values():
     ["privacy.budgets={distribution: choice, values: [1, 4], probs: [0.25, 0.75]}"],
     ["training.batch_size=[8, 8, 16, 16, 32, 32, 64, 64, 8, 8]"],
     ["training.batch_size={distribution: choice, values: [16, 32, 64, 128]}"],
+    ["privacy.budgets={distribution: MixGauss1}", "training.batch_size=hetero"],
+    ["privacy.budgets={distribution: mixgauss3-code, eps_floor: 0.05}"],
+    ["privacy.budgets={distribution: Pareto, pareto_cap: 50}"],
+    ["privacy.budgets={distribution: Dist5}"],
+    ["data.clients=20", "privacy.budgets={distribution: rhdp20, dist: dist2}", "training.batch_size=RHDP20"],
     ["training.selection={kind: poisson, rate: 0.3}", "privacy.accountant=pld"],
     ["algorithm.name=fedprox", "algorithm.params={mu: 0.01}"],
     ["algorithm.name=fedavg", "privacy={}"],
@@ -179,8 +184,29 @@ def test_override_below_a_scalar_is_refused():
     (["privacy.budgets=[1, 2, 4]"], "privacy.budgets: has 3 entries for 10 clients", ["allowed: one epsilon per client (10)"]),
     (["privacy.budgets=[1, 2, 0, 4, 4, 4, 4, 4, 4, 4]"], "privacy.budgets.2: not an epsilon", ["got 0"]),
     (["privacy.budgets=null"], "privacy.budgets: required by mechanism 'dpsgd'", []),
-    (["privacy.budgets={distribution: gauss}"], "privacy.budgets.distribution: unknown budget distribution",
-     ["allowed: uniform, choice, fixed"]),
+    (["privacy.budgets={distribution: zipf}"], "privacy.budgets.distribution: unknown budget distribution",
+     ["got 'zipf'", "allowed: uniform, choice, fixed, Uniform, Gauss, Pareto, MixGauss1, MixGauss2, MixGauss3, "
+      "MixGauss4, MixGauss3-code, Dist1, Dist2, Dist3, Dist4, Dist5, Dist6, Dist7, Dist8, Dist9, rhdp20"]),
+    (["privacy.budgets={eps_floor: 0.1}"], "privacy.budgets.distribution: required field is missing",
+     ["allowed: uniform, choice, fixed, Uniform,"]),
+    (["privacy.budgets={distribution: UNIFORM}"], "privacy.budgets.distribution: ambiguous budget distribution",
+     ["allowed: uniform or Uniform"]),
+    (["privacy.budgets={distribution: uniform}"], "privacy.budgets.low: required field is missing (distribution "
+     "'uniform' is U(low, high); PFA's U(1, 10) with its re-draw is distribution 'Uniform')", []),
+    (["privacy.budgets={distribution: MixGauss1, eps_floor: 0}"], "privacy.budgets.eps_floor: out of range",
+     ["allowed: > 0"]),
+    (["privacy.budgets={distribution: MixGauss1, low: 1}"], "privacy.budgets.low: unknown field",
+     ["allowed: distribution, eps_floor"]),
+    (["privacy.budgets={distribution: Gauss, pareto_cap: 5}"], "privacy.budgets.pareto_cap: unknown field", []),
+    (["privacy.budgets={distribution: pareto, pareto_cap: 0.001}"], "privacy.budgets.pareto_cap: must be >= eps_floor",
+     ["allowed: null (uncapped) or a number >= 0.01"]),
+    (["privacy.budgets={distribution: rhdp20, dist: Dist5}"], "privacy.budgets: rhdp20 lists have 20 clients; "
+     "for 10 clients use distribution Dist5 (sampled)", ["allowed: {distribution: Dist5} or data.clients: 20"]),
+    (["privacy.budgets={distribution: rhdp20, dist: Dist10}"], "privacy.budgets.dist: not an allowed value",
+     ["got 'Dist10'", "'Dist1', 'Dist2', 'Dist3', 'Dist4', 'Dist5', 'Dist6', 'Dist7', 'Dist8' or 'Dist9'"]),
+    (["privacy.budgets={distribution: rhdp20}"], "privacy.budgets.dist: required field is missing", []),
+    (["privacy.budgets=MixGauss1"], "privacy.budgets: wrong type", ["{distribution: NAME, ...} with NAME one of "
+     "uniform, choice, fixed, Uniform, Gauss, Pareto, MixGauss1..4, MixGauss3-code, Dist1..Dist9, rhdp20"]),
     (["privacy.budgets={distribution: uniform, low: 1, hi: 2}"], "privacy.budgets.hi: unknown field, did you mean 'high'",
      ["allowed: distribution, low, high", "(+1 more)"]),
     (["privacy.budgets={distribution: choice, values: [1, 2], probs: [0.5, 0.6]}"],
@@ -189,18 +215,25 @@ def test_override_below_a_scalar_is_refused():
     (["privacy.delta=1.5"], "privacy.delta: out of range", ["got 1.5", "allowed: (0, 1)"]),
     (["privacy.delta=0"], "privacy.delta: out of range", ["allowed: (0, 1)"]),
     (["privacy.clip=-1"], "privacy.clip: out of range", ["allowed: > 0"]),
-    (["privacy.calibration=pfa-heuristic"], "privacy.calibration: calibration 'pfa-heuristic' is not available yet",
-     ["allowed: accountant"]),
+    (["privacy.calibration=pfa-heuristic", "privacy.noise_multiplier=1.0"],
+     "privacy.calibration: the PFA heuristic calibrates DP-SGD noise from the budgets", ["allowed: accountant"]),
     (["privacy.sampling=fixed", "privacy.accountant=pld"], "privacy.accountant: 'pld' cannot account fixed-size",
      ["allowed: rdp"]),
     (["algorithm.name=udp_fedavg", "privacy={clip: 1.0, budgets: 4}"],
      "privacy.noise_multiplier: required by mechanism 'udp'", []),
     (["algorithm.name=noisy_fedavg", "privacy={}"], "algorithm.params.std: required field is missing", []),
     (["algorithm.params={weighting: mean}"], "algorithm.params.weighting: not an allowed value",
-     ["'uniform' or 'samples'"]),
+     ["'uniform', 'samples' or 'epsilon'"]),
     (["algorithm.name=fedprox", "algorithm.params={mu: 0}"], "algorithm.params.mu: out of range", ["> 0"]),
     (["training.batch_size=[32, 32]"], "training.batch_size: has 2 entries for 10 clients", []),
     (["training.batch_size={distribution: zipf}"], "training.batch_size.distribution: unknown batch-size", []),
+    (["training.batch_size={distribution: hetero}"], "training.batch_size.distribution: unknown batch-size "
+     "distribution (write training.batch_size: hetero, a plain string)",
+     ["allowed: choice; or batch_size: hetero | rhdp20"]),
+    (["training.batch_size=zipf"], "training.batch_size: unknown batch-size list or distribution",
+     ["got 'zipf'", "hetero (each client uniform from {16, 32, 64, 128}), rhdp20 (the RHDP 20-client list)"]),
+    (["training.batch_size=rhdp20"], "training.batch_size: the rhdp20 list has 20 clients, data.clients is 10",
+     ["allowed: hetero, an integer, a list of 10 integers"]),
     (["backend=ray"], "backend: the ray backend is not available yet", ["allowed: local"]),
     (["name='my run'"], "name: invalid format", []),
     (["evaluation.every=0"], "evaluation.every: out of range", []),
@@ -260,6 +293,25 @@ def test_file_problems_are_one_line_config_errors(tmp_path):
     assert "line 3" in str(pytest.raises(ConfigError, load_config, tmp_path / "syntax.yaml").value)
 
 
+def test_named_budgets_and_batch_kinds_are_stored_by_their_canonical_names():
+    cfg = check(["data.clients=20", "privacy.budgets={distribution: rhdp20, dist: DIST5}",
+                 "training.batch_size=Hetero"])
+    assert cfg.privacy.budgets.model_dump() == {"distribution": "rhdp20", "dist": "Dist5"}
+    assert cfg.training.batch_size == "hetero"
+    doc = yaml.safe_load(config_to_yaml(check(["privacy.budgets={distribution: mixgauss1}"])))
+    assert doc["privacy"]["budgets"] == {"distribution": "MixGauss1", "eps_floor": 0.01}
+    pareto = check(["privacy.budgets={distribution: PARETO}"]).privacy.budgets
+    assert pareto.model_dump() == {"distribution": "Pareto", "eps_floor": 0.01, "pareto_cap": None}
+    assert check(["privacy.budgets={distribution: Uniform}"]).privacy.budgets.distribution == "Uniform"
+
+
+def test_hdp_example_uses_mixgauss1():
+    cfg = load_config(CONFIGS / "hdp_fmnist_mixgauss1.yaml")
+    assert cfg.privacy.budgets.model_dump() == {"distribution": "MixGauss1", "eps_floor": 0.01}
+    assert (cfg.data.dataset, cfg.data.clients, cfg.model.name, cfg.algorithm.name) == (
+        "fashion_mnist", 20, "logr", "dp_fedavg_local")
+
+
 def test_python_objects_validate_like_their_yaml():
     cfg = check(["privacy.budgets={distribution: choice, values: [1, 2]}"])
     assert isinstance(cfg.privacy.budgets, ChoiceBudgets)
@@ -272,7 +324,8 @@ def test_python_objects_validate_like_their_yaml():
 _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(10**12), 10**12), st.floats(), st.text(max_size=12),
     st.sampled_from(["all", "fixed", "poisson", "uniform", "choice", "dpsgd", "udp", "central", "none", "digits",
-                     "logr", "fedavg", "fedprox", "pld", "distribution", "values", "cuda"]),
+                     "logr", "fedavg", "fedprox", "pld", "distribution", "values", "cuda", "MixGauss1", "pareto",
+                     "Dist5", "rhdp20", "hetero", "dist", "eps_floor", "pareto_cap"]),
 )
 _values = st.recursive(
     _scalars,

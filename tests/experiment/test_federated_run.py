@@ -14,6 +14,8 @@ from dpfl.algorithms.algorithm import Algorithm, central_dp_fedavg, fedavg
 from dpfl.algorithms.client.param_noise import ParameterNoise
 from dpfl.algorithms.client.program import dpsgd, sgd
 from dpfl.algorithms.selection import Selection
+from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.data import federated_dataset, load_dataset
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.federated_run import FederatedRun
@@ -181,3 +183,89 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(central):
     assert resumed.spent() == full.spent()
     for n in full.params:
         assert torch.equal(resumed.params[n], full.params[n])
+
+
+def _hetero_run(**kw):
+    budgets = [ClientBudget(e, 1e-5) for e in (1.0, 2.0, 4.0, 8.0)]
+    weighting = kw.pop("weighting", "uniform")
+    return FederatedRun(toy_federation(), linear_model(), fedavg(dpsgd(0.1, 1.0, steps=3), weighting=weighting),
+                        rounds=2, batch_sizes=8, budgets=budgets, seed=1, **kw)
+
+
+def test_weiavg_weights_follow_reported_epsilons_and_a_liar_gets_more_weight():
+    honest = _hetero_run(weighting="epsilon").run()
+    assert honest.history[0]["weights"] == pytest.approx([1 / 15, 2 / 15, 4 / 15, 8 / 15])
+    lying = _hetero_run(weighting="epsilon", misreport={0: 10.0}).run()
+    assert lying.history[0]["weights"] == pytest.approx([10 / 24, 2 / 24, 4 / 24, 8 / 24])
+    # the liar's noise and spent epsilon are those of its true budget
+    assert lying.spent() == honest.spent()
+    assert lying.privacy["clients"][0]["epsilon_reported"] == 10.0
+    # FedAvg ignores the reports entirely: bit-identical models with and without the lie
+    a, b = _hetero_run().run(), _hetero_run(misreport={0: 10.0}).run()
+    assert all(torch.equal(a.params[n], b.params[n]) for n in a.params)
+
+
+def test_minimum_epsilon_target_meets_every_budget():
+    run = _hetero_run(calibrate_to="min")
+    assert len(set(np.round(run.noise, 9))) == 1  # everyone the same noise
+    result = run.run()
+    assert result.privacy["meets_budgets"] and result.privacy["calibrated_to"] == "min"
+    assert max(result.spent().values()) <= 1.0
+
+
+def test_maximum_epsilon_target_is_refused_unless_labelled_non_private():
+    with pytest.raises(ValueError, match="allow_budget_violation"):
+        _hetero_run(calibrate_to="max")
+    result = _hetero_run(calibrate_to="max", allow_budget_violation=True).run()
+    assert not result.privacy["meets_budgets"]
+    assert "NOT PRIVATE AS PROMISED" in result.privacy["warning"]
+    assert result.spent()[0] > 1.0  # reported truthfully, above the budget
+    assert result.spent()[3] <= 8.0
+
+
+def test_noise_statistics_are_logged_and_the_oracle_minimises_the_analytic_one():
+    """Oracle weights ∝ 1/σ_i² minimise Σ w_i² σ_i²: its analytic noise statistic is below WeiAvg's and
+    FedAvg's, and equals 1 / Σ (1/σ_i²) normalised."""
+    rows = {}
+    for name, weighting in (("fedavg", "uniform"), ("weiavg", "epsilon")):
+        rows[name] = _hetero_run(weighting=weighting).run().history[0]
+    run = _hetero_run()
+    oracle_alg = Algorithm("oracle", run.algorithm.local, run.algorithm.selection, aggregator=OracleAverage())
+    oracle_run = FederatedRun(toy_federation(), linear_model(), oracle_alg, rounds=2, batch_sizes=8,
+                              budgets=run.budgets.tolist(), seed=1)
+    oracle_result = oracle_run.run()
+    assert oracle_result.privacy["oracle"] and not _hetero_run().run().privacy["oracle"]
+    rows["oracle"] = oracle_result.history[0]
+    for row in rows.values():
+        assert row["noise_stat_empirical"] > 0 and len(row["weights"]) == 4
+    assert rows["oracle"]["noise_stat_analytic"] < rows["weiavg"]["noise_stat_analytic"]
+    assert rows["oracle"]["noise_stat_analytic"] < rows["fedavg"]["noise_stat_analytic"]
+    sigma2 = 3 * 1.0 * np.asarray(oracle_run.noise) ** 2 / 8**2  # T C^2 z^2 / b^2 per client (p eta^2 cancels)
+    assert rows["oracle"]["noise_stat_analytic"] == pytest.approx(1 / np.sum(1 / sigma2), rel=1e-6)
+    assert rows["oracle"]["weights"] == pytest.approx(list((1 / sigma2) / np.sum(1 / sigma2)), rel=1e-5)
+
+
+def test_privileged_channel_is_never_given_to_a_normal_aggregator():
+    from dpfl.algorithms.server.view import ServerView
+
+    with pytest.raises(TypeError):
+        FedAvg().aggregate({"w": torch.zeros(1)}, {"w": torch.zeros(1, 1)}, ServerView.simple([1]), 0, 0, channel=None)
+    with pytest.raises(ValueError, match="privileged"):
+        OracleAverage().weights(ServerView.simple([1]))
+
+
+def test_pfa_heuristic_calibration_is_labelled_and_reports_the_real_epsilon():
+    """Heuristic mode: noise from PFA's formula, each client stops after its T* steps, and privacy.json
+    carries the accountant's epsilon of that noise next to the heuristic's claim."""
+    run = _hetero_run(calibration="pfa-heuristic")
+    for i, b in enumerate((1.0, 2.0, 4.0, 8.0)):  # T* = 2 rounds x 3 steps, q = 8/60
+        assert run.noise[i] == pytest.approx(10 * (8 / 60) * np.sqrt(6 * np.log10(1e5)) / b)
+    result = run.run()
+    assert len(result.history) == 2 and result.stop_reason == "rounds"
+    assert "NOT a DP guarantee" in result.privacy["heuristic"]
+    for c, b in zip(result.privacy["clients"], (1.0, 2.0, 4.0, 8.0)):
+        assert c["epsilon_heuristic"] == pytest.approx(b)
+        expected = epsilon(SelfComposedDpEvent(dpsgd_event(c["noise_multiplier"], 3, sampling="poisson",
+                                                           sample_rate=8 / 60), 2), 1e-5)
+        assert c["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
+    assert result.privacy["meets_budgets"] == all(c["epsilon_spent"] <= c["epsilon_budget"] for c in result.privacy["clients"])

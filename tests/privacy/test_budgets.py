@@ -52,8 +52,9 @@ def test_choice_respects_values_and_probabilities():
 
 def test_unknown_kind_and_bad_parameters():
     rng = np.random.default_rng(0)
-    with pytest.raises(ValueError, match=r"kind must be one of \['choice', 'fixed', 'list', 'uniform'.*got 'pareto'"):
-        draw_budgets("pareto", 3, rng)
+    with pytest.raises(ValueError, match=r"kind must be one of \['fixed', 'list', 'uniform', 'choice', 'Uniform', "
+                                         r"'Gauss', 'Pareto', 'MixGauss1'.*'Dist9', 'rhdp20'\], got 'zipf'"):
+        draw_budgets("zipf", 3, rng)
     with pytest.raises(ValueError, match="bad parameters for budget distribution 'uniform'"):
         draw_budgets("uniform", 3, rng, low=1.0)
     with pytest.raises(ValueError, match="n_clients must be an integer >= 1"):

@@ -123,3 +123,23 @@ def test_non_finite_and_missing_budgets_are_shown_not_invented(tmp_path):
     assert not (run / "plots" / "budget_vs_spent.png").exists()  # no client with finite budget and spend
     assert "No budget-vs-spent plot" in text
     assert_links_match_plots(run, text)
+
+
+def test_report_labels_heuristic_calibration_misreports_and_budget_violations(tmp_path):
+    run = make_accounted_run(tmp_path / "heuristic")
+    privacy = json.loads((run / "privacy.json").read_text())
+    privacy.update(calibration="pfa-heuristic", calibrated_to="own", meets_budgets=False, oracle=True,
+                   heuristic="noise from PFA's heuristic formula", warning="NOT PRIVATE AS PROMISED: clients [1]")
+    for c in privacy["clients"]:
+        c["epsilon_heuristic"] = c["epsilon_budget"]
+        c["epsilon_reported"] = c["epsilon_budget"]
+    privacy["clients"][0]["epsilon_reported"] = 10 * privacy["clients"][0]["epsilon_budget"]
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    report = write_report(run).read_text()
+    assert "**not a DP guarantee**" in report
+    assert "heuristic ε (not a guarantee)" in report
+    assert "Every client within its budget:** **no**" in report
+    assert "NOT PRIVATE AS PROMISED" in report
+    assert "Misreported budgets" in report and "client 0 reported" in report
+    assert "client 1 reported" not in report
+    assert "Oracle run" in report

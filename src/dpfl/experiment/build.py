@@ -28,6 +28,7 @@ from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.data import federated_dataset
 from dpfl.data.errors import ChecksumError, DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
@@ -37,12 +38,16 @@ from dpfl.experiment.config import (
     ChoiceBudgets,
     ConfigError,
     FixedBudgets,
+    NamedBudgets,
+    ParetoBudgets,
+    Rhdp20Budgets,
     RunConfig,
     UniformBudgets,
     validate_config,
 )
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.models import build_model, model_info
+from dpfl.privacy.budget_distributions import draw_batch_sizes
 from dpfl.privacy.budgets import ClientBudget, draw_budgets
 from dpfl.privacy.calibration import calibrate_noise_multiplier
 from dpfl.seeding import Purpose, numpy_generator
@@ -123,8 +128,10 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
 def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
     """One ClientBudget per client (None when the run is not private).
 
-    Distributions are drawn from the run seed's budget stream. A param_noise run without budgets gets
-    unlimited ones: no accountant is attached to that mechanism, so there is nothing to stop on.
+    Distributions are drawn from the run seed's budget stream (the PFA / Robust-HDP ones by name, see
+    `dpfl.privacy.budget_distributions`; `rhdp20` is a fixed list and draws nothing). A param_noise run
+    without budgets gets unlimited ones: no accountant is attached to that mechanism, so there is nothing
+    to stop on.
     """
     p, n = cfg.privacy, cfg.data.clients
     b = p.budgets
@@ -136,27 +143,48 @@ def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
         eps = list(b)
     else:
         rng = numpy_generator(cfg.seed, BUDGETS_STREAM[0], BUDGETS_STREAM[1])
+        kind: str
+        params: dict[str, Any]
         if isinstance(b, UniformBudgets):
-            drawn = draw_budgets("uniform", n, rng, low=b.low, high=b.high)
+            kind, params = "uniform", dict(low=b.low, high=b.high)
         elif isinstance(b, ChoiceBudgets):
-            drawn = draw_budgets("choice", n, rng, values=b.values, probs=b.probs)
+            kind, params = "choice", dict(values=b.values, probs=b.probs)
         elif isinstance(b, FixedBudgets):
-            drawn = draw_budgets("fixed", n, rng, value=b.epsilon)
+            kind, params = "fixed", dict(value=b.epsilon)
+        elif isinstance(b, NamedBudgets):
+            kind, params = b.distribution, dict(eps_floor=b.eps_floor)
+        elif isinstance(b, ParetoBudgets):
+            kind, params = "Pareto", dict(eps_floor=b.eps_floor, pareto_cap=b.pareto_cap)
+        elif isinstance(b, Rhdp20Budgets):
+            kind, params = "rhdp20", dict(dist=b.dist)
         else:  # pragma: no cover - the schema admits nothing else
             raise ConfigError(f"privacy.budgets: unsupported budgets {b!r}", "privacy.budgets")
+        try:
+            drawn = draw_budgets(kind, n, rng, **params)
+        except ValueError as err:
+            raise ConfigError(f"privacy.budgets: {err}", "privacy.budgets") from None
         eps = [float(e) for e in drawn]
     return [ClientBudget(e, p.delta) for e in eps]
 
 
 def resolve_batch_sizes(cfg: RunConfig) -> list[int]:
-    """One batch size per client; a distribution is drawn from the run seed's batch-size stream."""
+    """One batch size per client; a distribution is drawn from the run seed's batch-size stream.
+
+    ``hetero`` draws each size uniformly from {16, 32, 64, 128} (the same draw as the equivalent
+    ``{distribution: choice}``); ``rhdp20`` is the RHDP code's fixed 20-client list.
+    """
     bs, n = cfg.training.batch_size, cfg.data.clients
     if isinstance(bs, int):
         return [bs] * n
     if isinstance(bs, list):
         return list(bs)
-    assert isinstance(bs, BatchSizeChoice)
     rng = numpy_generator(cfg.seed, BATCH_SIZES_STREAM[0], BATCH_SIZES_STREAM[1])
+    if isinstance(bs, str):
+        try:
+            return draw_batch_sizes(bs, n, rng)
+        except ValueError as err:
+            raise ConfigError(f"training.batch_size: {err}", "training.batch_size") from None
+    assert isinstance(bs, BatchSizeChoice)
     return [int(v) for v in rng.choice(np.asarray(bs.values), size=n, p=bs.probs)]
 
 
@@ -208,7 +236,12 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
             raise ConfigError("privacy.budgets: required by mechanism 'central'", "privacy.budgets")
         z = central_noise_multiplier(cfg, budgets)
         return Algorithm(name, local, selection, FullUpdate(), CentralDPFedAvg(p.clip, z, params.server_lr))
-    aggregator = FedAvg(params.weighting, params.server_lr)
+    if name == "oracle":
+        aggregator: Any = OracleAverage(params.server_lr)
+    elif name == "weiavg":
+        aggregator = FedAvg("epsilon", params.server_lr)
+    else:
+        aggregator = FedAvg(params.weighting, params.server_lr)
     if mech == "udp":
         upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier)
     elif mech == "param_noise":
@@ -219,6 +252,16 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
 
 
 # ---- the run ------------------------------------------------------------------------------------------
+
+
+def _calibration_target(cfg: RunConfig) -> str | float:
+    """min_eps / max_eps calibrate every client to one epsilon (observed from the reports, or given)."""
+    if cfg.algorithm.name not in ("min_eps", "max_eps"):
+        return "own"
+    eps = cfg.algorithm.params.get("epsilon", "observed")
+    if eps == "observed":
+        return "min" if cfg.algorithm.name == "min_eps" else "max"
+    return float(eps)
 
 
 def build_run(cfg: RunConfig) -> FederatedRun:
@@ -252,6 +295,11 @@ def build_run(cfg: RunConfig) -> FederatedRun:
             accountant=cfg.privacy.accountant,
             seed=cfg.seed,
             eval_every=cfg.evaluation.every,
+            calibrate_to=_calibration_target(cfg),
+            allow_budget_violation=cfg.privacy.allow_budget_violation,
+            misreport=({cfg.privacy.misreport.client: cfg.privacy.misreport.factor}
+                       if cfg.privacy.misreport is not None else None),
+            calibration=cfg.privacy.calibration,
         )
     except ValueError as err:
         where = "privacy.budgets" if calibrating else "config"

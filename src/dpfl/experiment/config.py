@@ -12,6 +12,20 @@ The privacy section states the threat model the run claims (unit, observer, mech
 left out these are filled in from the algorithm; when given they must agree with it. Budgets are a
 number (every client), a list (one epsilon per client) or a named distribution drawn with the run seed
 when the run is built (`dpfl.experiment.build`). Nothing here touches data, models or accountants.
+
+Heterogeneous budgets and batch sizes of PFA and Robust-HDP (spec heterogeneous_dp.md section 3):
+
+    privacy:
+      budgets: {distribution: MixGauss1}          # or Uniform, Gauss, Pareto, MixGauss2..4, MixGauss3-code,
+                                                  # Dist1..Dist9; optional eps_floor (default 0.01);
+                                                  # Pareto also takes pareto_cap (default: uncapped)
+      budgets: {distribution: rhdp20, dist: Dist5}  # the RHDP code's fixed list; needs data.clients: 20
+    training:
+      batch_size: hetero                          # each client uniform from {16, 32, 64, 128}, seeded
+      batch_size: rhdp20                          # the RHDP code's 20-client list
+
+Distribution names are matched case-insensitively (mixgauss1 -> MixGauss1) except where two names differ
+only in case: `uniform` is U(low, high) and `Uniform` is PFA's U(1, 10) with its re-draw.
 """
 
 from __future__ import annotations
@@ -40,6 +54,14 @@ from pydantic_core import PydanticCustomError
 
 from dpfl.data import DATASETS, dataset_options
 from dpfl.models import MODELS, model_info
+from dpfl.privacy.budget_distributions import (
+    BATCH_SIZE_KINDS,
+    EPS_FLOOR,
+    HETERO_BATCH_SIZES,
+    NAMED_DISTRIBUTIONS,
+    RHDP_BATCH20,
+    RHDP_EPS20,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -51,6 +73,7 @@ __all__ = [
     "MECHANISM_UNIT",
     "AlgorithmConfig",
     "BatchSizeChoice",
+    "BatchSizeKind",
     "CheckpointConfig",
     "ChoiceBudgets",
     "ConfigError",
@@ -58,8 +81,11 @@ __all__ = [
     "EvaluationConfig",
     "FixedBudgets",
     "ModelConfig",
+    "NamedBudgets",
     "OptimizerConfig",
+    "ParetoBudgets",
     "PrivacyConfig",
+    "Rhdp20Budgets",
     "RunConfig",
     "SelectionConfig",
     "TrainingConfig",
@@ -77,6 +103,7 @@ __all__ = [
 
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "fedprox",
+    "weiavg", "min_eps", "max_eps", "oracle",
 )
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
@@ -88,6 +115,10 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "udp_fedavg": ("udp",),
     "noisy_fedavg": ("param_noise",),
     "fedprox": ("none", "dpsgd"),
+    "weiavg": ("dpsgd",),
+    "min_eps": ("dpsgd",),
+    "max_eps": ("dpsgd",),
+    "oracle": ("dpsgd",),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
@@ -412,24 +443,38 @@ class BatchSizeChoice(_Section):
         return self
 
 
-_BATCH_ALLOWED = "an integer >= 1, a list of integers (one per client) or {distribution: choice, values: [...]}"
+_BATCH_ALLOWED = ("an integer >= 1, a list of integers (one per client), hetero (each client uniform from "
+                  f"{{{', '.join(map(str, HETERO_BATCH_SIZES))}}}), rhdp20 (the RHDP 20-client list) or "
+                  "{distribution: choice, values: [...]}")
+BatchSizeKind = Literal[BATCH_SIZE_KINDS]  # type: ignore[valid-type]
 
 
 class TrainingConfig(_Section):
-    """Rounds, the local program's length (local_steps XOR local_epochs), batch sizes, optimizer, selection."""
+    """Rounds, the local program's length (local_steps XOR local_epochs), batch sizes, optimizer, selection.
+
+    batch_size: an integer (every client); a list (one per client); ``hetero`` (each client's size drawn
+    uniformly from {16, 32, 64, 128} with the run seed, spec heterogeneous_dp.md 3.4); ``rhdp20`` (the
+    RHDP code's 20-client list, data.clients must be 20); or {distribution: choice, values, probs}.
+    ``hetero`` draws exactly what {distribution: choice, values: [16, 32, 64, 128]} draws.
+    """
 
     rounds: int = Field(ge=1)
     local_steps: int | None = Field(None, ge=1)
     local_epochs: float | None = Field(None, gt=0)
-    batch_size: int | list[int] | BatchSizeChoice
+    batch_size: int | list[int] | BatchSizeKind | BatchSizeChoice
     optimizer: OptimizerConfig
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
 
     @field_validator("batch_size", mode="plain")
     @classmethod
-    def _batch_size(cls, v: Any) -> int | list[int] | BatchSizeChoice:
+    def _batch_size(cls, v: Any) -> int | list[int] | str | BatchSizeChoice:
         if isinstance(v, BatchSizeChoice):
             v = v.model_dump()
+        if isinstance(v, str):
+            kind = next((k for k in BATCH_SIZE_KINDS if k == v.casefold()), None)
+            if kind is None:
+                _fail("", "unknown batch-size list or distribution", v, _BATCH_ALLOWED)
+            return kind
         if isinstance(v, bool) or not isinstance(v, (int, list, dict)):
             _fail("", "wrong type", v, _BATCH_ALLOWED)
         if isinstance(v, int):
@@ -444,7 +489,11 @@ class TrainingConfig(_Section):
                     _fail(str(i), "not a batch size", b, "an integer >= 1")
             return list(v)
         if v.get("distribution") != "choice":
-            _fail("distribution", "unknown batch-size distribution", v.get("distribution"), "choice")
+            kind = v.get("distribution")
+            hint = (f" (write training.batch_size: {kind.casefold()}, a plain string)"
+                    if isinstance(kind, str) and kind.casefold() in BATCH_SIZE_KINDS else "")
+            _fail("distribution", f"unknown batch-size distribution{hint}", kind,
+                  "choice; or batch_size: " + " | ".join(BATCH_SIZE_KINDS))
         return _sub_validate(BatchSizeChoice, v)
 
     @field_serializer("batch_size")
@@ -460,11 +509,19 @@ class TrainingConfig(_Section):
 
 
 class UniformBudgets(_Section):
-    """epsilon_i ~ U(low, high), independently per client."""
+    """epsilon_i ~ U(low, high), independently per client (PFA's U(1, 10) with its re-draw is `Uniform`)."""
 
     distribution: Literal["uniform"]
     low: float = Field(gt=0)
     high: float = Field(gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounds_given(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "low" not in v and "high" not in v:
+            _fail("low", "required field is missing (distribution 'uniform' is U(low, high); PFA's U(1, 10) "
+                  "with its re-draw is distribution 'Uniform')", ..., "low and high: numbers > 0")
+        return v
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformBudgets:
@@ -493,16 +550,79 @@ class FixedBudgets(_Section):
     epsilon: float = Field(gt=0)
 
 
+_SAMPLED_NAMES = tuple(name for name in NAMED_DISTRIBUTIONS if name != "Pareto")
+
+
+class NamedBudgets(_Section):
+    """A named distribution of PFA (Uniform, Gauss, MixGauss1..4, MixGauss3-code) or Robust-HDP (Dist1..Dist9).
+
+    Drawn with the run seed (`dpfl.privacy.budget_distributions`, spec heterogeneous_dp.md 3.1-3.2): N(a, b)
+    with b a standard deviation, one mixture component per client, Uniform and the MixGauss re-drawn until
+    some epsilon exceeds their threshold, every epsilon clipped below at `eps_floor`.
+    """
+
+    distribution: Literal[_SAMPLED_NAMES]  # type: ignore[valid-type]
+    eps_floor: float = Field(EPS_FLOOR, gt=0)
+
+
+class ParetoBudgets(_Section):
+    """PFA's Pareto: 0.5 * (1 + Lomax(1)), clipped below at `eps_floor`; uncapped unless `pareto_cap` is given."""
+
+    distribution: Literal["Pareto"]
+    eps_floor: float = Field(EPS_FLOOR, gt=0)
+    pareto_cap: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _cap_above_floor(self) -> ParetoBudgets:
+        if self.pareto_cap is not None and self.pareto_cap < self.eps_floor:
+            _fail("pareto_cap", f"must be >= eps_floor ({self.eps_floor})", self.pareto_cap,
+                  f"null (uncapped) or a number >= {self.eps_floor}")
+        return self
+
+
+class Rhdp20Budgets(_Section):
+    """The Robust-HDP code's fixed 20-client list `RHDP_EPS20[dist]` (data.clients must be 20)."""
+
+    distribution: Literal["rhdp20"]
+    dist: Literal[tuple(RHDP_EPS20)]  # type: ignore[valid-type]
+
+    @field_validator("dist", mode="before")
+    @classmethod
+    def _dist_case(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return next((name for name in RHDP_EPS20 if name.casefold() == v.casefold()), v)
+        return v
+
+
 BUDGET_DISTRIBUTION_MODELS: dict[str, type[_Section]] = {
     "uniform": UniformBudgets, "choice": ChoiceBudgets, "fixed": FixedBudgets,
+    **{name: ParetoBudgets if name == "Pareto" else NamedBudgets for name in NAMED_DISTRIBUTIONS},
+    "rhdp20": Rhdp20Budgets,
 }
-Budgets = Union[float, list[float], UniformBudgets, ChoiceBudgets, FixedBudgets]
-_BUDGETS_ALLOWED = ("a number > 0 (every client), a list of numbers (one per client) or "
-                    "{distribution: uniform|choice|fixed, ...}")
+Budgets = Union[float, list[float], UniformBudgets, ChoiceBudgets, FixedBudgets, NamedBudgets, ParetoBudgets,
+                Rhdp20Budgets]
+_BUDGETS_ALLOWED = ("a number > 0 (every client), a list of numbers (one per client) or {distribution: NAME, ...} "
+                    "with NAME one of uniform, choice, fixed, Uniform, Gauss, Pareto, MixGauss1..4, MixGauss3-code, "
+                    "Dist1..Dist9, rhdp20")
+
+
+def _budget_distribution_name(kind: str) -> str | list[str] | None:
+    """The model name for `kind`: exact, else the unique case-insensitive match; a list when ambiguous."""
+    if kind in BUDGET_DISTRIBUTION_MODELS:
+        return kind
+    matches = [name for name in BUDGET_DISTRIBUTION_MODELS if name.casefold() == kind.casefold()]
+    return matches[0] if len(matches) == 1 else matches or None
 
 
 def _epsilon_ok(v: Any) -> bool:
     return _is_number(v) and v > 0 and not math.isnan(v)  # inf = unlimited (needs an explicit noise multiplier)
+
+
+class MisreportConfig(_Section):
+    """Falsified-budget scenario: `client` tells the server factor × its true epsilon (spec hdp §6)."""
+
+    client: int = Field(0, ge=0)
+    factor: float = Field(10.0, gt=0)
 
 
 class PrivacyConfig(_Section):
@@ -511,6 +631,10 @@ class PrivacyConfig(_Section):
     unit / observer / mechanism: left null, they are filled in from the algorithm; given, they must agree
     with it. sampling: the record sampling of DP-SGD. clip: the clipping norm (per sample for dpsgd, per
     update for udp and central). noise_multiplier: explicit, or null to calibrate it from the budgets.
+    calibration: `accountant` (bisection, the default) or `pfa-heuristic` (PFA's formula; NOT a
+    guarantee: the accountant's epsilon of the noise used is still what is reported). misreport: one
+    client reports a false epsilon to the server. allow_budget_violation: required by max_eps, a
+    non-private reference whose results are tagged meets_budgets: false.
     """
 
     unit: Literal["sample", "client", "none"] | None = None
@@ -523,6 +647,8 @@ class PrivacyConfig(_Section):
     delta: float = Field(1e-5, gt=0, lt=1)
     accountant: Literal["rdp", "pld"] = "rdp"
     calibration: Literal["accountant", "pfa-heuristic"] = "accountant"
+    misreport: MisreportConfig | None = None
+    allow_budget_violation: bool = False
 
     @field_validator("budgets", mode="plain")
     @classmethod
@@ -543,25 +669,21 @@ class PrivacyConfig(_Section):
                     _fail(str(i), "not an epsilon", e, "a number > 0 (.inf = unlimited)")
             return [float(e) for e in v]
         if isinstance(v, dict):
-            kind = v.get("distribution")
-            model = BUDGET_DISTRIBUTION_MODELS.get(kind) if isinstance(kind, str) else None
-            if model is None:
-                _fail("distribution", "unknown budget distribution" if "distribution" in v else
-                      "required field is missing", kind if "distribution" in v else ...,
-                      ", ".join(BUDGET_DISTRIBUTION_MODELS))
-            return _sub_validate(model, v)
+            if "distribution" not in v:
+                _fail("distribution", "required field is missing", ..., ", ".join(BUDGET_DISTRIBUTION_MODELS))
+            kind = v["distribution"]
+            name = _budget_distribution_name(kind) if isinstance(kind, str) else None
+            if isinstance(name, list):
+                _fail("distribution", "ambiguous budget distribution: names differing only in case are different "
+                      "distributions", kind, " or ".join(name))
+            if name is None:
+                _fail("distribution", "unknown budget distribution", kind, ", ".join(BUDGET_DISTRIBUTION_MODELS))
+            return _sub_validate(BUDGET_DISTRIBUTION_MODELS[name], {**v, "distribution": name})
         _fail("", "wrong type", v, _BUDGETS_ALLOWED)
 
     @field_serializer("budgets")
     def _dump_budgets(self, v: Any) -> Any:
         return v.model_dump() if isinstance(v, BaseModel) else v
-
-    @field_validator("calibration")
-    @classmethod
-    def _calibration_available(cls, v: str) -> str:
-        if v == "pfa-heuristic":
-            _fail("", "calibration 'pfa-heuristic' is not available yet", v, "accountant")
-        return v
 
     @property
     def private(self) -> bool:
@@ -569,12 +691,26 @@ class PrivacyConfig(_Section):
 
 
 class _FedAvgParams(_Section):
-    weighting: Literal["uniform", "samples"] = "uniform"
+    weighting: Literal["uniform", "samples", "epsilon"] = "uniform"
     server_lr: float = Field(1.0, gt=0)
 
 
 class _CentralParams(_Section):
     server_lr: float = Field(1.0, gt=0)
+
+
+class _EpsTargetParams(_FedAvgParams):
+    """min_eps / max_eps: everyone's noise calibrated to one epsilon: `observed` (the smallest / largest
+    reported epsilon) or a number (PFA: 0.1 or 1.0 for Minimum, 10.0 for Maximum)."""
+
+    epsilon: Literal["observed"] | float = "observed"
+
+    @field_validator("epsilon")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if v != "observed" and not v > 0:
+            _fail("", "must be > 0", v, "'observed' or a number > 0")
+        return v
 
 
 class _NoisyParams(_FedAvgParams):
@@ -592,6 +728,10 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "udp_fedavg": _FedAvgParams,
     "noisy_fedavg": _NoisyParams,
     "fedprox": _ProxParams,
+    "weiavg": _CentralParams,
+    "min_eps": _EpsTargetParams,
+    "max_eps": _EpsTargetParams,
+    "oracle": _CentralParams,
 }
 
 
@@ -599,7 +739,9 @@ class AlgorithmConfig(_Section):
     """An algorithm bundle by name, with its hyperparameters in `params` (checked per algorithm).
 
     params: fedavg / dp_fedavg_local / udp_fedavg: weighting (uniform|samples), server_lr;
-    dp_fedavg_central: server_lr; noisy_fedavg: std (required) + fedavg's; fedprox: mu (required) + fedavg's.
+    dp_fedavg_central: server_lr; noisy_fedavg: std (required) + fedavg's; fedprox: mu (required) + fedavg's;
+    weiavg (weights ∝ reported epsilon) and oracle (weights ∝ 1/true noise variance; privileged): server_lr;
+    min_eps / max_eps: epsilon ('observed' or a number) + fedavg's. max_eps needs privacy.allow_budget_violation.
     """
 
     name: AlgorithmName
@@ -709,6 +851,17 @@ class RunConfig(_Section):
         if mech in _CALIBRATED and p.noise_multiplier is None and _has_unlimited(p.budgets):
             _fail("privacy.budgets", "unlimited (.inf) budgets cannot calibrate noise; give "
                   "privacy.noise_multiplier or finite budgets", p.budgets, "finite numbers > 0")
+        if p.calibration == "pfa-heuristic" and (mech != "dpsgd" or p.noise_multiplier is not None):
+            _fail("privacy.calibration", "the PFA heuristic calibrates DP-SGD noise from the budgets (mechanism 'dpsgd', "
+                  "no explicit noise_multiplier)", p.calibration, "accountant")
+        if alg == "max_eps" and not p.allow_budget_violation:
+            _fail("privacy.allow_budget_violation", "max_eps calibrates everyone to the largest epsilon, violating the "
+                  "smaller budgets: it is a non-private reference and must be allowed explicitly", False, "true")
+        if alg in ("min_eps", "max_eps") and p.noise_multiplier is not None:
+            _fail("privacy.noise_multiplier", f"{alg} calibrates the noise itself", p.noise_multiplier, "null")
+        if p.misreport is not None and p.misreport.client >= self.data.clients:
+            _fail("privacy.misreport.client", f"no such client (data.clients is {self.data.clients})",
+                  p.misreport.client, f"an integer in [0, {self.data.clients - 1}]")
         sel = self.training.selection.kind
         if p.accountant == "pld" and ((mech == "dpsgd" and p.sampling == "fixed") or (mech == "central" and sel == "fixed")):
             what = "privacy.sampling" if mech == "dpsgd" else "training.selection.kind"
@@ -724,10 +877,16 @@ class RunConfig(_Section):
         if isinstance(bs, list) and len(bs) != n:
             _fail("training.batch_size", f"has {len(bs)} entries for {n} clients (data.clients)", bs,
                   f"one integer per client ({n})")
+        if bs == "rhdp20" and n != len(RHDP_BATCH20):
+            _fail("training.batch_size", f"the rhdp20 list has {len(RHDP_BATCH20)} clients, data.clients is {n}", bs,
+                  f"hetero, an integer, a list of {n} integers or {{distribution: choice, ...}}")
         b = self.privacy.budgets
         if isinstance(b, list) and len(b) != n:
             _fail("privacy.budgets", f"has {len(b)} entries for {n} clients (data.clients)", b,
                   f"one epsilon per client ({n}), a number or a distribution")
+        if isinstance(b, Rhdp20Budgets) and n != len(RHDP_EPS20[b.dist]):
+            _fail("privacy.budgets", f"rhdp20 lists have {len(RHDP_EPS20[b.dist])} clients; for {n} clients use "
+                  f"distribution {b.dist} (sampled)", b, f"{{distribution: {b.dist}}} or data.clients: 20")
 
 
 def _has_unlimited(budgets: Any) -> bool:

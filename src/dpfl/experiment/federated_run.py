@@ -10,7 +10,7 @@ accountant, unless given explicitly.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +20,14 @@ from dp_accounting import ComposedDpEvent, DpEvent
 from torch import nn
 
 from dpfl.algorithms.algorithm import Algorithm
+from dpfl.algorithms.server.oracle import NoiseChannel
+from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
 from dpfl.engine.evaluation import evaluate
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, run_local
 from dpfl.engine.pooled import PooledData
 from dpfl.privacy.budgets import ClientBudget
-from dpfl.privacy.calibration import calibrate_noise_multiplier
+from dpfl.privacy.calibration import calibrate_noise_multiplier, heuristic_pfa_noise
 from dpfl.privacy.ledger import PrivacyLedger
 
 
@@ -39,14 +41,16 @@ class RunState:
     ledger: dict[str, Any] | None
     history: list[dict[str, Any]]
     stop_reason: str | None
+    steps_done: list[int]  # local steps each client has taken (the heuristic's budget is in steps)
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.round, "params": self.params, "retired": self.retired, "ledger": self.ledger,
-                "history": self.history, "stop_reason": self.stop_reason}
+                "history": self.history, "stop_reason": self.stop_reason, "steps_done": self.steps_done}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunState:
-        return cls(d["round"], d["params"], list(d["retired"]), d["ledger"], list(d["history"]), d["stop_reason"])
+        return cls(d["round"], d["params"], list(d["retired"]), d["ledger"], list(d["history"]), d["stop_reason"],
+                   list(d["steps_done"]))
 
 
 @dataclass
@@ -74,9 +78,20 @@ class RunResult:
 class FederatedRun:
     """A federated training run over `data` (a FederatedDataset) with `algorithm`.
 
-    budgets: one ClientBudget per client (or one for all); required for any private algorithm.
+    budgets: one ClientBudget per client (or one for all); required for any private algorithm. These
+    are the *true* budgets: calibration and accounting use them.
     noise_multipliers: per client (or one); None calibrates each client's multiplier so that its
-    expected participation over `rounds` spends exactly its budget.
+    expected participation over `rounds` spends exactly its calibration target.
+    calibrate_to: "own" (each client its own budget), "min" / "max" (everyone the smallest / largest
+    *reported* epsilon: PFA's Minimum-ε and Maximum-ε baselines) or a number (everyone that epsilon).
+    allow_budget_violation: needed for targets above some budget (Maximum-ε): budgets are then not
+    enforced, the run is tagged `meets_budgets: false`, and spent epsilons are still reported.
+    misreport: {client: factor}: that client reports factor × its true epsilon to the server; only
+    components that trust reports (WeiAvg weights, min/max targets) see it (spec heterogeneous_dp §6).
+    calibration: "accountant" (default: bisection against the run's accountant) or "pfa-heuristic",
+    PFA's formula, which is NOT a guarantee: clients then stop after the T* steps the formula was
+    computed for (PFA semantics), and the epsilon reported is still the accountant's epsilon of the
+    noise actually used, which may exceed the budget (the run is then tagged meets_budgets: false).
     batch_sizes: per client (or one).
     """
 
@@ -94,6 +109,10 @@ class FederatedRun:
         seed: int = 0,
         eval_every: int = 1,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        calibrate_to: str | float = "own",
+        allow_budget_violation: bool = False,
+        misreport: Mapping[int, float] | None = None,
+        calibration: str = "accountant",
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -117,6 +136,13 @@ class FederatedRun:
         private = algorithm.unit is not None and algorithm.accounted
         if algorithm.unit is not None and self.budgets is None:
             raise ValueError(f"algorithm {algorithm.name!r} is private ({algorithm.unit}-level): give budgets")
+        self.eps_reported = self._reported_epsilons(misreport or {})
+        self.calibrate_to, self.enforce_budgets = calibrate_to, not allow_budget_violation
+        if calibration not in ("accountant", "pfa-heuristic"):
+            raise ValueError(f"calibration must be 'accountant' or 'pfa-heuristic', got {calibration!r}")
+        self.calibration = calibration
+        self.heuristic_steps: np.ndarray | None = None  # T*_i under the heuristic
+        self.steps_done = np.zeros(self.n_clients, dtype=np.int64)
         self.ledger: PrivacyLedger | None = None
         if private and self.budgets is not None:
             self.ledger = PrivacyLedger(
@@ -129,6 +155,38 @@ class FederatedRun:
         self.noise = self._noise_multipliers(noise_multipliers)
 
     # ---- calibration -----------------------------------------------------------------------------
+    def _reported_epsilons(self, misreport: Mapping[int, float]) -> np.ndarray:
+        """What each client tells the server its epsilon is (true budget unless it lies)."""
+        n = self.n_clients
+        true = np.array([b.epsilon for b in self.budgets] if self.budgets is not None else [np.inf] * n, dtype=float)
+        reported = true.copy()
+        for client, factor in misreport.items():
+            if not 0 <= int(client) < n:
+                raise ValueError(f"misreport names client {client}, outside 0..{n - 1}")
+            if not factor > 0:
+                raise ValueError(f"misreport factor must be > 0, got {factor} for client {client}")
+            reported[int(client)] = true[int(client)] * float(factor)
+        return reported
+
+    def _calibration_targets(self) -> np.ndarray:
+        """The epsilon each client's noise is calibrated to."""
+        assert self.budgets is not None
+        own = np.array([b.epsilon for b in self.budgets], dtype=float)
+        target = self.calibrate_to
+        if target == "own":
+            return own
+        if target in ("min", "max"):
+            common = float(self.eps_reported.min() if target == "min" else self.eps_reported.max())
+        elif isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0:
+            common = float(target)
+        else:
+            raise ValueError(f"calibrate_to must be 'own', 'min', 'max' or an epsilon > 0, got {target!r}")
+        over = [i for i in range(self.n_clients) if common > own[i] * (1 + 1e-9)]
+        if over and self.enforce_budgets:
+            raise ValueError(f"calibrating everyone to epsilon {common:g} exceeds the budgets of clients {over[:10]}"
+                             f"{'...' if len(over) > 10 else ''}; this is a non-private reference: set allow_budget_violation")
+        return np.full(self.n_clients, common)
+
     def _expected_participations(self) -> float:
         return self.rounds * self.algorithm.selection.participation_rate(self.n_clients)
 
@@ -148,12 +206,19 @@ class FederatedRun:
                              "pass noise_multipliers explicitly")
         local = self.algorithm.local
         participations = self._expected_participations()
+        targets = self.targets = self._calibration_targets()
         out = np.empty(n)
         cache: dict[tuple, float] = {}
         for i in range(n):
             b, m = int(self.batch_sizes[i]), int(self.n_records[i])
             steps = max(1, int(round(participations * local.steps_for(m, b))))
-            key = (self.budgets[i].epsilon, self.budgets[i].delta, b, m, steps)
+            if self.calibration == "pfa-heuristic":
+                if self.heuristic_steps is None:
+                    self.heuristic_steps = np.zeros(n, dtype=np.int64)
+                self.heuristic_steps[i] = steps
+                out[i] = heuristic_pfa_noise(float(targets[i]), self.budgets[i].delta, min(1.0, b / m), steps)
+                continue
+            key = (float(targets[i]), self.budgets[i].delta, b, m, steps)
             if key not in cache:
                 if local.sampling == "poisson":
                     cache[key] = calibrate_noise_multiplier(
@@ -184,7 +249,7 @@ class FederatedRun:
     # ---- the loop --------------------------------------------------------------------------------
     def initial_state(self) -> RunState:
         """The state before round 1: the model's initial parameters, nobody retired, empty ledger."""
-        return RunState(0, P.model_params(self.model), [], None, [], None)
+        return RunState(0, P.model_params(self.model), [], None, [], None, [0] * self.n_clients)
 
     def run(
         self,
@@ -208,6 +273,7 @@ class FederatedRun:
                 raise ValueError("the checkpoint has a privacy ledger but this run is not accounted")
             self.ledger = PrivacyLedger.from_dict(state.ledger)
         w, retired, history = state.params, set(state.retired), list(state.history)
+        self.steps_done = np.array(state.steps_done, dtype=np.int64)
         stop_reason = state.stop_reason
         r = state.round
         while stop_reason is None and r < self.rounds:
@@ -229,7 +295,8 @@ class FederatedRun:
 
     def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]], stop: str | None) -> RunState:
         ledger = self.ledger.to_dict() if self.ledger is not None else None
-        return RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop)
+        return RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop,
+                        self.steps_done.tolist())
 
     def _one_round(self, r: int, w: P.Params, retired: set[int]) -> tuple[P.Params, dict[str, Any]] | None:
         """Round r (0-based): new global parameters and its metrics row, or None if budgets end the run."""
@@ -246,7 +313,7 @@ class FederatedRun:
             server_event = self._server_event(len(eligible))
         selected = alg.selection.select(eligible, self.seed, r)
         expected = alg.selection.expected_count(len(eligible))
-        new_w, up_bytes = w, 0
+        new_w, up_bytes, diagnostics = w, 0, {}
         if len(selected):
             plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
                      for i in selected]
@@ -254,18 +321,67 @@ class FederatedRun:
                             max_elements=self.max_elements)
             deltas = P.sub(res.params, P.broadcast(w, len(selected)))
             uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
-            new_w = alg.aggregator.aggregate(w, uploads, torch.as_tensor(self.n_records[selected]), expected, self.seed, r)
+            view = self._view(selected, expected)
+            channel = self._channel(selected, res.steps)
+            if getattr(alg.aggregator, "privileged", False):  # only oracles may read the engine's channel
+                new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, channel=channel)
+            else:
+                new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r)
             up_bytes = len(selected) * alg.upload.bytes_per_upload(dim)
+            diagnostics = self._diagnostics(alg.aggregator, view, channel, res.noise_sq_norm, dim)
         elif alg.central:  # nobody drawn: the server still releases a noised (empty) sum
             empty = {n: t.unsqueeze(0)[:0] for n, t in w.items()}
-            new_w = alg.aggregator.aggregate(w, empty, torch.zeros(0, dtype=torch.int64), expected, self.seed, r)
+            new_w = alg.aggregator.aggregate(w, empty, self._view(selected, expected), self.seed, r)
+        for i in selected:
+            self.steps_done[i] += self.algorithm.local.steps_for(int(self.n_records[i]), int(self.batch_sizes[i]))
         self._record(r, selected, eligible, server_event)
-        return new_w, self._row(r, new_w, selected, up_bytes, len(selected) * 4 * dim, time.perf_counter() - t0)
+        row = self._row(r, new_w, selected, up_bytes, len(selected) * 4 * dim, time.perf_counter() - t0)
+        return new_w, {**row, **diagnostics}
+
+    def _view(self, selected: np.ndarray, expected: float) -> ServerView:
+        """What the server sees of the selected clients (reported, not true, epsilons)."""
+        deltas = [self.budgets[i].delta for i in selected] if self.budgets is not None else [0.0] * len(selected)
+        return ServerView(torch.as_tensor(selected, dtype=torch.int64), torch.as_tensor(self.n_records[selected]),
+                          torch.as_tensor(self.batch_sizes[selected], dtype=torch.int64),
+                          torch.as_tensor(self.eps_reported[selected], dtype=torch.float64),
+                          torch.as_tensor(deltas, dtype=torch.float64), expected)
+
+    def _channel(self, selected: np.ndarray, steps: list[int]) -> NoiseChannel:
+        spec = self.algorithm.local.spec
+        return NoiseChannel(torch.as_tensor(steps, dtype=torch.int64),
+                            torch.as_tensor(self.noise[selected], dtype=torch.float64), spec.clip or 0.0, spec.lr)
+
+    def _diagnostics(self, aggregator: Any, view: ServerView, channel: NoiseChannel, noise_sq_norm: list[float],
+                     dim: int) -> dict[str, Any]:
+        """Aggregation weights, and (for DP-SGD clients) the noise statistic of the aggregated update.
+
+        noise_stat = sum_i w_i^2 sigma_i^2 / (p eta^2) (spec heterogeneous_dp §5): `_analytic` with
+        sigma_i^2 = T_i eta^2 p C^2 z_i^2 / b_i^2, `_empirical` with sigma_i^2 = ||n_i||^2, n_i =
+        -(eta / b_i) sum_t xi_t the noise actually injected (exact for plain SGD steps, i.e. without
+        momentum). Diagnostics only: never shown to a non-privileged aggregator.
+        """
+        if not hasattr(aggregator, "weights"):
+            return {}
+        privileged = getattr(aggregator, "privileged", False)
+        w = (aggregator.weights(view, channel, dim) if privileged else aggregator.weights(view)).to(torch.float64)
+        out: dict[str, Any] = {"weights": w.tolist()}
+        if self.algorithm.local.private and self.algorithm.local.spec.momentum == 0:
+            lr = self.algorithm.local.spec.lr
+            n_sq = torch.tensor(noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
+            scale = dim * lr**2
+            out["noise_stat_empirical"] = float((w.pow(2) * n_sq).sum() / scale)
+            out["noise_stat_analytic"] = float((w.pow(2) * channel.update_noise_variance(view, dim)).sum() / scale)
+        return out
 
     def _eligible(self, active: np.ndarray, server_event: DpEvent | None) -> np.ndarray:
         """Clients whose next round (if they take part) keeps them within budget."""
-        if self.ledger is None:
+        if self.ledger is None or not self.enforce_budgets:
             return active
+        if self.heuristic_steps is not None:  # PFA semantics: a client may spend its T* steps
+            local = self.algorithm.local
+            fits = [int(i) for i in active if self.steps_done[i]
+                    + local.steps_for(int(self.n_records[i]), int(self.batch_sizes[i])) <= self.heuristic_steps[i]]
+            return np.array(fits, dtype=np.int64)
         keep = []
         for i in active:
             event = server_event if server_event is not None else self._client_event(int(i))
@@ -312,6 +428,7 @@ class FederatedRun:
             "local_sampling": alg.local.sampling,
             "stop_reason": stop_reason,
             "accounted": self.ledger is not None,
+            "oracle": bool(getattr(alg.aggregator, "privileged", False)),
         }
         if alg.unit is not None and self.ledger is None:
             out["warning"] = "a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported"
@@ -321,9 +438,24 @@ class FederatedRun:
                 {"client": i, "epsilon_budget": self.budgets[i].epsilon, "delta": self.budgets[i].delta,
                  "noise_multiplier": float(self.noise[i]) if alg.local.private else None,
                  "batch_size": int(self.batch_sizes[i]), "records": int(self.n_records[i]),
-                 "epsilon_spent": spent[i]}
+                 "epsilon_spent": spent[i], "epsilon_reported": float(self.eps_reported[i])}
                 for i in range(self.n_clients)
             ]
+            out["calibrated_to"] = self.calibrate_to if alg.local.private else None
+            out["calibration"] = self.calibration if alg.local.private else None
+            if self.heuristic_steps is not None:
+                out["heuristic"] = ("noise from PFA's heuristic formula sigma = 10 q sqrt(T* log10(1/delta)) / epsilon, "
+                                    "which is NOT a DP guarantee; epsilon_spent is the accountant's epsilon of that noise, "
+                                    "epsilon_heuristic what the formula claims")
+                for c in out["clients"]:
+                    i = c["client"]
+                    c["epsilon_heuristic"] = float(self.targets[i]) * float(
+                        np.sqrt(min(1.0, self.steps_done[i] / self.heuristic_steps[i])))
+            out["meets_budgets"] = all(spent[i] <= self.budgets[i].epsilon * (1 + 1e-9) for i in range(self.n_clients))
+            if not out["meets_budgets"]:
+                over = [i for i in range(self.n_clients) if spent[i] > self.budgets[i].epsilon * (1 + 1e-9)]
+                out["warning"] = (f"NOT PRIVATE AS PROMISED: clients {over[:10]}{'...' if len(over) > 10 else ''} "
+                                  "spent more than their budgets (a non-private reference run)")
         return out
 
 

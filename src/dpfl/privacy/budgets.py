@@ -2,8 +2,14 @@
 
 Budgets are first class in dpfl (each client has its own). ``draw_budgets`` turns a named
 distribution into one epsilon per client from an explicit generator, so budgets are reproducible
-from the run seed. Distributions live in the ``BUDGET_DISTRIBUTIONS`` registry: adding one (e.g. the
-PFA/RHDP mixtures of spec heterogeneous_dp.md section 3) is one decorated function.
+from the run seed. Distributions live in the ``BUDGET_DISTRIBUTIONS`` registry: adding one is one
+decorated function. Generic ones are here (fixed, list, uniform, choice); the PFA and Robust-HDP ones
+(Uniform, Gauss, Pareto, MixGauss1..4, MixGauss3-code, Dist1..Dist9, rhdp20; spec heterogeneous_dp.md
+section 3) are in ``dpfl.privacy.budget_distributions`` and registered when this module is imported.
+
+Names are matched exactly first, then case-insensitively when that is unambiguous: ``mixgauss1`` is
+``MixGauss1``, but ``uniform`` (U(low, high)) and ``Uniform`` (PFA's U(1, 10) with its re-draw) are two
+distributions, so ``UNIFORM`` is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BUDGET_DISTRIBUTIONS", "ClientBudget", "draw_budgets", "register_budget_distribution"]
+__all__ = [
+    "BUDGET_DISTRIBUTIONS",
+    "ClientBudget",
+    "budget_distribution_name",
+    "draw_budgets",
+    "register_budget_distribution",
+]
 
 BudgetSampler = Callable[..., np.ndarray]
 BUDGET_DISTRIBUTIONS: dict[str, BudgetSampler] = {}
@@ -97,11 +109,27 @@ def _choice(
     return rng.choice(vals, size=n_clients, p=p)
 
 
+def budget_distribution_name(kind: str) -> str:
+    """The registered name for ``kind``: exact match, else the unique case-insensitive match; ValueError otherwise."""
+    if isinstance(kind, str):
+        if kind in BUDGET_DISTRIBUTIONS:
+            return kind
+        matches = [name for name in BUDGET_DISTRIBUTIONS if name.casefold() == kind.casefold()]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise ValueError(f"kind {kind!r} is ambiguous: write it as one of {matches} (names differing only "
+                             "in case are different distributions)")
+    raise ValueError(f"kind must be one of {list(BUDGET_DISTRIBUTIONS)}, got {kind!r}")
+
+
 def draw_budgets(kind: str, n_clients: int, rng: np.random.Generator, **params: Any) -> np.ndarray:
-    """One epsilon per client (float64 array of length ``n_clients``) from a registered distribution."""
-    sampler = BUDGET_DISTRIBUTIONS.get(kind)
-    if sampler is None:
-        raise ValueError(f"kind must be one of {sorted(BUDGET_DISTRIBUTIONS)}, got {kind!r}")
+    """One epsilon per client (float64 array of length ``n_clients``) from a registered distribution.
+
+    ``kind`` is looked up by ``budget_distribution_name`` (exact, then case-insensitive).
+    """
+    kind = budget_distribution_name(kind)
+    sampler = BUDGET_DISTRIBUTIONS[kind]
     if isinstance(n_clients, bool) or not isinstance(n_clients, numbers.Integral) or n_clients < 1:
         raise ValueError(f"n_clients must be an integer >= 1, got {n_clients!r}")
     if not isinstance(rng, np.random.Generator):
@@ -113,3 +141,7 @@ def draw_budgets(kind: str, n_clients: int, rng: np.random.Generator, **params: 
     if eps.shape != (n_clients,) or not np.all(np.isfinite(eps)) or not np.all(eps > 0):
         raise ValueError(f"budget distribution {kind!r} must give {n_clients} finite epsilons > 0")
     return eps
+
+
+# The PFA / Robust-HDP distributions register themselves (after the registry and helpers above exist).
+from dpfl.privacy import budget_distributions as _budget_distributions  # noqa: E402,F401

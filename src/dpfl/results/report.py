@@ -220,6 +220,7 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
     out.append(f"- **Client sampling:** {_client_sampling_words(privacy.get('client_sampling'))}")
     ls = privacy.get("local_sampling")
     out.append(f"- **Local sampling:** {_LOCAL_SAMPLING_WORDS.get(str(ls), ls) if ls is not None else '—'}")
+    out += _calibration_lines(privacy)
     if accounted:
         clients = privacy.get("clients") or []
         spent = [(c.get("client"), c.get("epsilon_spent"), c.get("epsilon_budget"))
@@ -232,6 +233,31 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
                    "(privacy.json, metrics.jsonl). Whatever the server does with the noisy uploads (aggregation, "
                    "projection, denoising) is post-processing and does not change the guarantee; it is not "
                    "re-accounted.")
+    return out
+
+
+def _calibration_lines(privacy: Mapping[str, Any]) -> list[str]:
+    """How the noise was chosen, and who told the server what: heuristic and misreports are labelled."""
+    out = []
+    if privacy.get("oracle"):
+        out.append("- **Oracle run:** the aggregator read the clients' true noise multipliers (privileged); it is an "
+                   "upper reference, not a method a real server could run")
+    calibration, target = privacy.get("calibration"), privacy.get("calibrated_to")
+    if calibration == "pfa-heuristic":
+        out.append(f"- **Noise calibration:** PFA's heuristic formula — **not a DP guarantee**. {privacy.get('heuristic', '')}")
+    elif calibration is not None:
+        out.append("- **Noise calibration:** bisection against the accountant (the target is never exceeded)")
+    if target not in (None, "own"):
+        words = {"min": "the smallest reported epsilon (Minimum-ε)", "max": "the largest reported epsilon (Maximum-ε)"}
+        out.append(f"- **Calibrated to:** {words.get(str(target), f'epsilon {target}')} for every client")
+    if "meets_budgets" in privacy:
+        out.append(f"- **Every client within its budget:** {'yes' if privacy['meets_budgets'] else '**no**'}")
+    liars = [c for c in privacy.get("clients") or []
+             if c.get("epsilon_reported") is not None and c.get("epsilon_reported") != c.get("epsilon_budget")]
+    if liars:
+        out.append("- **Misreported budgets** (the server saw the reported value; noise and accounting use the true one): "
+                   + ", ".join(f"client {c['client']} reported {_fmt_eps(c['epsilon_reported'])} "
+                               f"(true {_fmt_eps(c['epsilon_budget'])})" for c in liars[:10]))
     return out
 
 
@@ -254,9 +280,19 @@ _CLIENT_RIGHT = [True] * len(_CLIENT_HEADER)
 
 
 def _client_row(c: Mapping[str, Any]) -> list[str]:
-    return [_fmt_int(c.get("client")), _fmt_eps(c.get("epsilon_budget")), _fmt_g(c.get("delta"), 3),
-            _fmt_g(c.get("noise_multiplier")), _fmt_eps(c.get("epsilon_spent")), _fmt_int(c.get("records")),
-            _fmt_int(c.get("batch_size"))]
+    row = [_fmt_int(c.get("client")), _fmt_eps(c.get("epsilon_budget")), _fmt_g(c.get("delta"), 3),
+           _fmt_g(c.get("noise_multiplier")), _fmt_eps(c.get("epsilon_spent")), _fmt_int(c.get("records")),
+           _fmt_int(c.get("batch_size"))]
+    if "epsilon_heuristic" in c:
+        row.append(_fmt_eps(c["epsilon_heuristic"]))
+    return row
+
+
+def _client_header(clients: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The standard columns, plus the heuristic's claimed epsilon when the run used it (labelled)."""
+    if clients and "epsilon_heuristic" in clients[0]:
+        return [*_CLIENT_HEADER, "heuristic ε (not a guarantee)"]
+    return list(_CLIENT_HEADER)
 
 
 def _clients_lines(privacy: Mapping[str, Any] | None) -> list[str]:
@@ -267,8 +303,10 @@ def _clients_lines(privacy: Mapping[str, Any] | None) -> list[str]:
     if not clients:
         out.append("privacy.json lists no clients.")
         return out
+    header = _client_header(clients)
+    right = [True] * len(header)
     if len(clients) <= FULL_TABLE_MAX_CLIENTS:
-        out += _table(_CLIENT_HEADER, [_client_row(c) for c in clients], _CLIENT_RIGHT)
+        out += _table(header, [_client_row(c) for c in clients], right)
         return out
     out.append(f"{len(clients)} clients: min / median / max over clients (the median is the lower median, "
                "one of the clients' own values), then the first "
@@ -290,7 +328,7 @@ def _clients_lines(privacy: Mapping[str, Any] | None) -> list[str]:
     out.append("")
     out.append(f"First {TABLE_HEAD_ROWS} of {len(clients)} clients:")
     out.append("")
-    out += _table(_CLIENT_HEADER, [_client_row(c) for c in clients[:TABLE_HEAD_ROWS]], _CLIENT_RIGHT)
+    out += _table(header, [_client_row(c) for c in clients[:TABLE_HEAD_ROWS]], right)
     return out
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, torch_generator
 
@@ -31,11 +32,11 @@ class CentralDPFedAvg:
         if not self.server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {self.server_lr}")
 
-    def aggregate(self, global_params: P.Params, uploads: P.Params, n_records: torch.Tensor, expected_clients: float,
-                  seed: int, round_: int) -> P.Params:
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
+        expected_clients = view.expected_clients
         if not expected_clients > 0:
             raise ValueError("central DP-FedAvg needs a positive expected number of clients")
-        flat = P.flatten(uploads) if len(n_records) else torch.zeros(0, P.num_parameters(global_params))
+        flat = P.flatten(uploads) if len(view) else torch.zeros(0, P.num_parameters(global_params))
         factor = (self.clip / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
         total = (flat * factor[:, None]).sum(0)
         if self.noise_multiplier > 0:
