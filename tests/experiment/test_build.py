@@ -243,3 +243,29 @@ def test_misreport_and_heuristic_options():
         variant(*HDP, "privacy.misreport={client: 4}")
     with pytest.raises(ConfigError, match="privacy.calibration"):
         variant(*HDP, "privacy.calibration=pfa-heuristic", "privacy.noise_multiplier=1.0")
+
+
+def test_pfa_runs_from_a_config_with_its_split_fitted_over_the_population():
+    cfg = variant(*HDP, "algorithm.name=pfa", "algorithm.params={public_fraction: 0.25, k: 1}")
+    run = build_run(cfg)
+    assert run.algorithm.aggregator.public_clients == (3,)  # the largest reported epsilon (8.0)
+    result = run.run()
+    assert result.stop_reason == "rounds" and len(result.history) == 2
+    assert result.history[-1]["weights"] == pytest.approx([1 / 15, 2 / 15, 4 / 15, 8 / 15])
+    # a liar reporting 10x becomes the public client
+    liar = build_run(variant(*HDP, "algorithm.name=pfa", "algorithm.params={public_fraction: 0.25}",
+                             "privacy.misreport={client: 0, factor: 10}"))
+    assert liar.algorithm.aggregator.public_clients == (0,)
+
+
+def test_a_round_without_public_clients_stops_cleanly_and_is_still_charged():
+    cfg = variant(*HDP, "algorithm.name=pfa", "algorithm.params={split: explicit, public_clients: [3]}",
+                  "training.selection={kind: fixed, k: 2}", "training.rounds=6")
+    run = build_run(cfg)
+    result = run.run()
+    assert result.stop_reason == "no_public"
+    stopped_round = len(result.history)  # the round that stopped has no metrics row...
+    drawn = run.algorithm.selection.select(np.arange(4), cfg.seed, stopped_round)
+    assert 3 not in drawn
+    for c in drawn:  # ...but its participants' privacy cost is in the ledger
+        assert result.ledger.history(int(c))[-1][0] == stopped_round

@@ -29,6 +29,7 @@ from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.oracle import OracleAverage
+from dpfl.algorithms.server.pfa import PFA
 from dpfl.data import federated_dataset
 from dpfl.data.errors import ChecksumError, DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
@@ -238,6 +239,11 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
         return Algorithm(name, local, selection, FullUpdate(), CentralDPFedAvg(p.clip, z, params.server_lr))
     if name == "oracle":
         aggregator: Any = OracleAverage(params.server_lr)
+    elif name == "pfa":
+        fields = params.model_dump()
+        if fields["public_clients"] is not None:
+            fields["public_clients"] = tuple(fields["public_clients"])
+        aggregator = PFA(**fields)
     elif name == "weiavg":
         aggregator = FedAvg("epsilon", params.server_lr)
     else:

@@ -103,7 +103,7 @@ __all__ = [
 
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "fedprox",
-    "weiavg", "min_eps", "max_eps", "oracle",
+    "weiavg", "min_eps", "max_eps", "oracle", "pfa",
 )
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
@@ -119,6 +119,7 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "min_eps": ("dpsgd",),
     "max_eps": ("dpsgd",),
     "oracle": ("dpsgd",),
+    "pfa": ("dpsgd",),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
@@ -721,6 +722,22 @@ class _ProxParams(_FedAvgParams):
     mu: float = Field(gt=0)
 
 
+class _PFAParams(_Section):
+    """PFA (spec heterogeneous_dp §4.2): public/private split by reported epsilon, projection of the
+    private clients' updates onto the public clients' top-k subspace, per tensor."""
+
+    split: Literal["top_fraction", "gmm", "kmeans", "explicit"] = "top_fraction"
+    public_fraction: float = Field(0.1, gt=0, le=1)
+    public_clients: list[int] | None = None
+    subspace: Literal["centered", "second-moment", "mean-outer", "random"] = "centered"
+    k: int = Field(1, ge=1)
+    scope: Literal["tensor", "model"] = "tensor"
+    svd_solver: Literal["exact", "lanczos"] = "exact"
+    lanczos_iters: int = Field(256, ge=1)
+    weighting: Literal["epsilon", "count"] = "epsilon"
+    server_lr: float = Field(1.0, gt=0)
+
+
 ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "fedavg": _FedAvgParams,
     "dp_fedavg_local": _FedAvgParams,
@@ -732,6 +749,7 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "min_eps": _EpsTargetParams,
     "max_eps": _EpsTargetParams,
     "oracle": _CentralParams,
+    "pfa": _PFAParams,
 }
 
 
@@ -742,6 +760,7 @@ class AlgorithmConfig(_Section):
     dp_fedavg_central: server_lr; noisy_fedavg: std (required) + fedavg's; fedprox: mu (required) + fedavg's;
     weiavg (weights ∝ reported epsilon) and oracle (weights ∝ 1/true noise variance; privileged): server_lr;
     min_eps / max_eps: epsilon ('observed' or a number) + fedavg's. max_eps needs privacy.allow_budget_violation.
+    pfa: split, public_fraction, public_clients, subspace, k, scope, svd_solver, lanczos_iters, weighting, server_lr.
     """
 
     name: AlgorithmName

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from torch import nn
 
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.server.oracle import NoiseChannel
+from dpfl.algorithms.server.stop import StopTraining
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
 from dpfl.engine.evaluation import evaluate
@@ -137,6 +138,9 @@ class FederatedRun:
         if algorithm.unit is not None and self.budgets is None:
             raise ValueError(f"algorithm {algorithm.name!r} is private ({algorithm.unit}-level): give budgets")
         self.eps_reported = self._reported_epsilons(misreport or {})
+        fit = getattr(algorithm.aggregator, "fit_split", None)
+        if fit is not None:  # aggregators that need population-level facts (PFA's public/private split)
+            self.algorithm = algorithm = replace(algorithm, aggregator=fit(np.arange(n), self.eps_reported, seed))
         self.calibrate_to, self.enforce_budgets = calibrate_to, not allow_budget_violation
         if calibration not in ("accountant", "pfa-heuristic"):
             raise ValueError(f"calibration must be 'accountant' or 'pfa-heuristic', got {calibration!r}")
@@ -277,7 +281,11 @@ class FederatedRun:
         stop_reason = state.stop_reason
         r = state.round
         while stop_reason is None and r < self.rounds:
-            step = self._one_round(r, w, retired)
+            try:
+                step = self._one_round(r, w, retired)
+            except StopTraining as stop:
+                stop_reason = stop.stop_reason
+                break
             if step is None:
                 stop_reason = "budget"
                 break
@@ -313,6 +321,9 @@ class FederatedRun:
             server_event = self._server_event(len(eligible))
         selected = alg.selection.select(eligible, self.seed, r)
         expected = alg.selection.expected_count(len(eligible))
+        for i in selected:
+            self.steps_done[i] += self.algorithm.local.steps_for(int(self.n_records[i]), int(self.batch_sizes[i]))
+        self._record(r, selected, eligible, server_event)  # before aggregation: spent even if the round stops
         new_w, up_bytes, diagnostics = w, 0, {}
         if len(selected):
             plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
@@ -332,9 +343,6 @@ class FederatedRun:
         elif alg.central:  # nobody drawn: the server still releases a noised (empty) sum
             empty = {n: t.unsqueeze(0)[:0] for n, t in w.items()}
             new_w = alg.aggregator.aggregate(w, empty, self._view(selected, expected), self.seed, r)
-        for i in selected:
-            self.steps_done[i] += self.algorithm.local.steps_for(int(self.n_records[i]), int(self.batch_sizes[i]))
-        self._record(r, selected, eligible, server_event)
         row = self._row(r, new_w, selected, up_bytes, len(selected) * 4 * dim, time.perf_counter() - t0)
         return new_w, {**row, **diagnostics}
 
