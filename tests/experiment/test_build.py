@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from dp_accounting import SelfComposedDpEvent
 
 from dpfl.algorithms.client.param_noise import ParameterNoise
@@ -269,3 +270,11 @@ def test_a_round_without_public_clients_stops_cleanly_and_is_still_charged():
     assert 3 not in drawn
     for c in drawn:  # ...but its participants' privacy cost is in the ledger
         assert result.ledger.history(int(c))[-1][0] == stopped_round
+
+
+def test_robust_hdp_runs_from_a_config_and_ignores_reported_budgets():
+    honest = build_run(variant(*HDP, "algorithm.name=robust_hdp", "algorithm.params={}")).run()
+    lying = build_run(variant(*HDP, "algorithm.name=robust_hdp", "algorithm.params={}",
+                              "privacy.misreport={client: 0, factor: 10}")).run()
+    assert honest.stop_reason == "rounds" and sum(honest.history[-1]["weights"]) == pytest.approx(1.0)
+    assert all(torch.equal(honest.params[n], lying.params[n]) for n in honest.params)

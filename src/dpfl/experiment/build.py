@@ -30,6 +30,7 @@ from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.algorithms.server.pfa import PFA
+from dpfl.algorithms.server.robust_hdp import RobustHDP
 from dpfl.data import federated_dataset
 from dpfl.data.errors import ChecksumError, DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
@@ -239,6 +240,8 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
         return Algorithm(name, local, selection, FullUpdate(), CentralDPFedAvg(p.clip, z, params.server_lr))
     if name == "oracle":
         aggregator: Any = OracleAverage(params.server_lr)
+    elif name == "robust_hdp":
+        aggregator = RobustHDP(**params.model_dump())
     elif name == "pfa":
         fields = params.model_dump()
         if fields["public_clients"] is not None:

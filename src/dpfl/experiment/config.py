@@ -103,7 +103,7 @@ __all__ = [
 
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "fedprox",
-    "weiavg", "min_eps", "max_eps", "oracle", "pfa",
+    "weiavg", "min_eps", "max_eps", "oracle", "pfa", "robust_hdp",
 )
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
@@ -120,6 +120,7 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "max_eps": ("dpsgd",),
     "oracle": ("dpsgd",),
     "pfa": ("dpsgd",),
+    "robust_hdp": ("dpsgd",),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
@@ -738,6 +739,20 @@ class _PFAParams(_Section):
     server_lr: float = Field(1.0, gt=0)
 
 
+class _RobustHDPParams(_Section):
+    """Robust-HDP (spec heterogeneous_dp §4.4): robust PCA of the stacked updates estimates each update's
+    noise from the updates themselves; weights ∝ 1/estimated variance. Never reads reported epsilons."""
+
+    p_prime: int = Field(200_000, ge=1)
+    blocks: Literal["all", "first"] = "all"
+    schedule: Literal["every_round", "once"] = "every_round"
+    mu_norm: Literal["entrywise", "max_col_sum"] = "entrywise"
+    lam: float | None = Field(None, gt=0)
+    tol: float = Field(1e-7, gt=0)
+    max_iter: int = Field(10_000, ge=1)
+    server_lr: float = Field(1.0, gt=0)
+
+
 ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "fedavg": _FedAvgParams,
     "dp_fedavg_local": _FedAvgParams,
@@ -750,6 +765,7 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "max_eps": _EpsTargetParams,
     "oracle": _CentralParams,
     "pfa": _PFAParams,
+    "robust_hdp": _RobustHDPParams,
 }
 
 
@@ -761,6 +777,7 @@ class AlgorithmConfig(_Section):
     weiavg (weights ∝ reported epsilon) and oracle (weights ∝ 1/true noise variance; privileged): server_lr;
     min_eps / max_eps: epsilon ('observed' or a number) + fedavg's. max_eps needs privacy.allow_budget_violation.
     pfa: split, public_fraction, public_clients, subspace, k, scope, svd_solver, lanczos_iters, weighting, server_lr.
+    robust_hdp: p_prime, blocks, schedule, mu_norm, lam, tol, max_iter, server_lr.
     """
 
     name: AlgorithmName

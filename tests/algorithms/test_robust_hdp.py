@@ -1,0 +1,230 @@
+"""Robust-HDP (spec heterogeneous_dp §4.4): PCP by inexact ALM, noise-aware weights, schedules (tests 5, 6, 11)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.algorithms.server.robust_hdp import RobustHDP, noise_weights, row_blocks
+from dpfl.algorithms.server.rpca import pcp
+from dpfl.algorithms.server.view import ServerView
+
+
+# -- test 5: RPCA recovers a planted matrix -----------------------------------------------------------
+def planted(seed=0):
+    rng = np.random.default_rng(seed)
+    L0 = rng.standard_normal((1000, 2)) @ rng.standard_normal((2, 20))
+    support = rng.random(L0.shape) < 0.05
+    S0 = np.zeros_like(L0)
+    S0[support] = 10.0 * rng.choice([-1.0, 1.0], size=int(support.sum()))
+    return L0, S0, support
+
+
+def recovery(L, S, L0, support):
+    err = np.linalg.norm(L - L0) / np.linalg.norm(L0)
+    est = np.abs(S) > 1e-6 * np.abs(S).max()
+    f1 = 2 * (est & support).sum() / (est.sum() + support.sum())
+    return err, f1
+
+
+@pytest.mark.parametrize("mu_norm", ["entrywise", "max_col_sum"])
+def test_pcp_recovers_planted_low_rank_plus_sparse(mu_norm):
+    # lam = 3/sqrt(1000): for this 1000 x 20 matrix the PCP optimum with the default lam = 1/sqrt(1000)
+    # is NOT the planted pair (see the xfail test below), so exact recovery is tested at a lam where it holds.
+    L0, S0, support = planted()
+    L, S, info = pcp(L0 + S0, lam=3 / np.sqrt(1000), mu_norm=mu_norm, max_iter=10_000)
+    err, f1 = recovery(L, S, L0, support)
+    assert info.converged and info.iterations < 10_000
+    assert err < 1e-2 and f1 >= 0.95
+    assert info.rank == 2
+    assert np.linalg.norm(L0 + S0 - L - S) < 1e-7 * np.linalg.norm(L0 + S0)
+
+
+@pytest.mark.xfail(strict=True, reason="spec §8.5 literal: with the default lam = 1/sqrt(max(m, n)) the PCP "
+                   "optimum of this tall 1000 x 20 instance is not (L0, S0): rel. error 0.045 / 0.049, "
+                   "F1 0.94 / 0.90 (entrywise / max_col_sum)")
+@pytest.mark.parametrize("mu_norm", ["entrywise", "max_col_sum"])
+def test_pcp_planted_default_lambda_spec_bound(mu_norm):
+    L0, S0, support = planted()
+    L, S, info = pcp(L0 + S0, mu_norm=mu_norm, max_iter=10_000)
+    err, f1 = recovery(L, S, L0, support)
+    assert info.converged
+    assert err < 1e-2 and f1 >= 0.95
+
+
+def test_pcp_default_lambda_reaches_the_pcp_optimum_not_the_planted_pair():
+    """Why the spec-literal test fails: the solver's objective is below the planted pair's."""
+    L0, S0, _ = planted()
+    lam = 1 / np.sqrt(1000)
+    L, S, info = pcp(L0 + S0, mu_norm="entrywise", max_iter=10_000)
+    obj = lambda L, S: np.linalg.svd(L, compute_uv=False).sum() + lam * np.abs(S).sum()  # noqa: E731
+    assert info.converged and obj(L, S) < obj(L0, S0) - 0.1
+
+
+def test_pcp_input_checks_and_zero_matrix():
+    with pytest.raises(ValueError, match="mu_norm"):
+        pcp(np.ones((4, 3)), mu_norm="l2")
+    with pytest.raises(ValueError, match="2-D"):
+        pcp(np.ones(4))
+    with pytest.raises(ValueError, match="finite"):
+        pcp(np.array([[1.0, np.nan]]))
+    L, S, info = pcp(np.zeros((5, 3)))
+    assert info.converged and info.iterations == 0 and not L.any() and not S.any()
+    L, S, info = pcp(torch.ones(6, 3), max_iter=2)  # torch input; not converged flag when max_iter is hit
+    assert L.dtype == np.float64 and info.iterations <= 2
+
+
+# -- test 6: Robust-HDP approaches the oracle ---------------------------------------------------------
+def oracle_problem(seed=0, p=20_000, k=20):
+    """u_i = g + drift_i + nu_i: g rank-1 shared, small drift, nu_i ~ N(0, s_i^2 I); 6 noisy, 14 quiet."""
+    rng = np.random.default_rng(seed)
+    noisy = 6 if k == 20 else k // 3
+    s2 = np.concatenate([np.full(noisy, 1.0), np.full(k - noisy, 0.01)]) * rng.uniform(1.0, 2.0, k)
+    g = 0.1 * rng.standard_normal(p)
+    drift = 0.01 * rng.standard_normal((k, p))
+    u = g + drift + rng.standard_normal((k, p)) * np.sqrt(s2)[:, None]
+    return {"w": torch.from_numpy(u)}, s2
+
+
+def noise_stat(w, s2):
+    return float((w**2 * s2).sum())
+
+
+def run(agg, uploads, view=None):
+    k = next(iter(uploads.values())).shape[0]
+    view = ServerView.simple([100] * k) if view is None else view
+    zero = {n: torch.zeros(u.shape[1:], dtype=u.dtype) for n, u in uploads.items()}
+    return agg.aggregate(zero, uploads, view, seed=0, round_=0), view
+
+
+def check_oracle(agg, bound):
+    uploads, s2 = oracle_problem()
+    run(agg, uploads)
+    w = agg.last_weights.numpy()
+    w_star = (1 / s2) / (1 / s2).sum()
+    ratio = noise_stat(w, s2) / noise_stat(w_star, s2)
+    cos = w @ w_star / np.linalg.norm(w) / np.linalg.norm(w_star)
+    assert all(b["converged"] for b in agg.last_diagnostics["blocks"])
+    assert ratio <= bound, ratio
+    assert cos >= 0.99, cos
+    return ratio, cos
+
+
+def test_robust_hdp_first_block_approaches_oracle():
+    # measured (seed 0): ratio 1.0005, cos 0.99978, 1471 PCP iterations on the 5000 x 20 block
+    check_oracle(RobustHDP(blocks="first", p_prime=5_000), bound=1.10)
+
+
+@pytest.mark.slow  # ~2,800 (entrywise) / ~6,800 (max_col_sum) PCP iterations on 20000 x 20: ~1-3 min on 2 cores
+@pytest.mark.parametrize("mu_norm", ["entrywise", "max_col_sum"])
+def test_robust_hdp_all_blocks_approaches_oracle(mu_norm):
+    # measured (seed 0): entrywise ratio 1.0003, cos 0.99983; max_col_sum ratio 1.0005, cos 0.99985
+    check_oracle(RobustHDP(mu_norm=mu_norm), bound=1.05)
+
+
+# -- test 11: misreport invariance --------------------------------------------------------------------
+def small_problem(seed=1):
+    uploads, s2 = oracle_problem(seed, p=2_000, k=8)
+    return {"a": uploads["w"][:, :1_500].reshape(8, 30, 50).float(), "b": uploads["w"][:, 1_500:].float()}, s2
+
+
+def test_misreport_invariance_bit_identical():
+    uploads, _ = small_problem()
+    honest = ServerView.simple([100] * 8, eps_reported=[1.0] * 8)
+    liar = dataclasses.replace(honest, eps_reported=torch.tensor([10.0] + [1.0] * 7, dtype=torch.float64))
+    agg = RobustHDP()
+    out1, _ = run(agg, uploads, honest)
+    w1 = agg.weights(honest).clone()
+    agg2 = RobustHDP()
+    out2, _ = run(agg2, uploads, liar)
+    for n in out1:
+        assert torch.equal(out1[n], out2[n])
+    assert torch.equal(w1, agg2.weights(liar))
+    # while WeiAvg's weights move as predicted: the liar's weight goes from 1/8 to 10/17
+    wa = FedAvg("epsilon")
+    assert wa.weights(honest)[0] == pytest.approx(1 / 8) and wa.weights(liar)[0] == pytest.approx(10 / 17)
+
+
+# -- aggregation, options and state --------------------------------------------------------------------
+def test_aggregate_is_weighted_sum_with_server_lr_and_cached_weights():
+    uploads, s2 = small_problem()
+    agg = RobustHDP(server_lr=0.5)
+    glob = {"a": torch.ones(30, 50), "b": torch.zeros(500)}
+    view = ServerView.simple([100] * 8)
+    out = agg.aggregate(glob, uploads, view, seed=0, round_=3)
+    w = agg.weights(view)
+    assert w.shape == (8,) and float(w.sum()) == pytest.approx(1.0, abs=1e-6)
+    assert torch.allclose(out["a"], 1 + 0.5 * torch.einsum("k,k...->...", w, uploads["a"]), atol=1e-6)
+    assert torch.allclose(out["b"], 0.5 * torch.einsum("k,k...->...", w, uploads["b"]), atol=1e-6)
+    assert w[:2].max() < w[2:].min()  # noisy clients get less weight
+    d = agg.last_diagnostics
+    assert d["round"] == 3 and len(d["sigma2"]) == 8 and d["blocks"][0]["converged"]
+    with pytest.raises(ValueError, match="differ"):
+        agg.weights(ServerView.simple([100] * 7))
+    with pytest.raises(ValueError, match="call aggregate"):
+        RobustHDP().weights(view)
+
+
+def test_row_blocks_and_noise_weights():
+    assert row_blocks(10, 20, "all") == [(0, 10)]
+    assert row_blocks(10, 3, "all") == [(0, 3), (3, 6), (6, 9)]  # rows past Q p' are ignored
+    assert row_blocks(10, 3, "first") == [(0, 3)]
+    np.testing.assert_allclose(noise_weights([1.0, 4.0]), [0.8, 0.2])
+    np.testing.assert_allclose(noise_weights([0.0, 0.0, 0.0]), [1 / 3] * 3)
+    w = noise_weights([0.0, 1.0], floor=1e-6)  # a zero estimate is floored at phi * max
+    np.testing.assert_allclose(w, [1e6 / (1e6 + 1), 1 / (1e6 + 1)])
+
+
+def test_first_block_scales_by_q():
+    uploads, _ = small_problem()
+    agg_all, agg_first = RobustHDP(p_prime=1_000), RobustHDP(p_prime=1_000, blocks="first")
+    run(agg_all, uploads)
+    run(agg_first, uploads)
+    assert len(agg_all.last_diagnostics["blocks"]) == 2 and len(agg_first.last_diagnostics["blocks"]) == 1
+    ratio = np.array(agg_first.last_diagnostics["sigma2"]) / np.array(agg_all.last_diagnostics["sigma2"])
+    assert np.allclose(ratio, 1.0, atol=0.2)  # Q ||S_1||^2 estimates the same total as sum_j ||S_j||^2
+
+
+def test_schedule_once_reuses_weights_by_client_id_and_needs_full_participation():
+    uploads, _ = small_problem()
+    agg = RobustHDP(schedule="once")
+    view = ServerView.simple([100] * 8)
+    run(agg, uploads, view)
+    w1 = agg.last_weights.clone()
+    perm = torch.tensor([3, 1, 0, 2, 7, 6, 5, 4])
+    shuffled = {n: torch.randn_like(u) for n, u in uploads.items()}  # other updates: weights must not change
+    view2 = dataclasses.replace(view, clients=perm)
+    run(agg, shuffled, view2)
+    assert torch.equal(agg.last_weights, w1[perm]) and agg.last_diagnostics["reused"]
+    with pytest.raises(ValueError, match="full participation"):
+        run(agg, {n: u[:7] for n, u in uploads.items()}, ServerView.simple([100] * 7, expected_clients=8))
+    with pytest.raises(ValueError, match="full participation"):
+        run(RobustHDP(schedule="once"), uploads, ServerView.simple([100] * 8, expected_clients=10))
+    every = RobustHDP(schedule="every-round")
+    run(every, uploads, view)
+    run(every, shuffled, view2)
+    assert not torch.equal(every.last_weights, w1[perm])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"blocks": "last"}, "blocks"), ({"schedule": "sometimes"}, "schedule"), ({"mu_norm": "fro"}, "mu_norm"),
+    ({"p_prime": 0}, "p_prime"), ({"server_lr": 0.0}, "server_lr"), ({"floor": 1.0}, "floor"),
+    ({"mu_growth": 0.5}, "mu_growth"), ({"tol": 0.0}, "tol"), ({"max_iter": 0}, "max_iter"), ({"lam": -1.0}, "lam"),
+])
+def test_bad_options_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RobustHDP(**kwargs)
+
+
+def test_mismatched_view_and_empty_round():
+    uploads, _ = small_problem()
+    with pytest.raises(ValueError, match="uploads"):
+        run(RobustHDP(), uploads, ServerView.simple([100] * 5))
+    agg = RobustHDP()
+    glob = {"w": torch.ones(3)}
+    out = agg.aggregate(glob, {"w": torch.zeros(0, 3)}, ServerView.simple([]), seed=0, round_=0)
+    assert torch.equal(out["w"], glob["w"]) and agg.weights(ServerView.simple([])).numel() == 0
