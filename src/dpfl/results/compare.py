@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.results.plots import plot_compare
-from dpfl.results.run_files import PRIVACY_FILE, as_float, read_metrics, read_privacy, read_summary
+from dpfl.results.run_files import PRIVACY_FILE, as_float, as_number, read_metrics, read_privacy, read_summary
 
 __all__ = ["COMPARE_PLOT", "COLUMNS", "compare_runs", "run_row", "format_table"]
 
@@ -22,14 +22,6 @@ COMPARE_PLOT = "compare_accuracy.png"
 COLUMNS = ["name", "algorithm", "unit", "final_accuracy", "best_accuracy", "rounds_done", "stop_reason",
            "epsilon_max"]
 INCOMPLETE = "incomplete"
-
-
-def _num(x: Any) -> float | None:
-    try:
-        v = as_float(x)
-    except ValueError:
-        return None
-    return None if v is None or math.isnan(v) else v
 
 
 def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -44,7 +36,7 @@ def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[
     metrics = read_metrics(d)
     summary = read_summary(d)
     privacy = read_privacy(d) if (d / PRIVACY_FILE).exists() or summary is not None else None
-    evaluated = [(r["round"], _num(r.get("test_accuracy"))) for r in metrics]
+    evaluated = [(r["round"], as_number(r.get("test_accuracy"))) for r in metrics]
     evaluated = [(r, a) for r, a in evaluated if a is not None]
     row: dict[str, Any] = {
         "name": (summary or {}).get("name") or d.resolve().name,
@@ -61,8 +53,8 @@ def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[
         eps = summary.get("epsilon_max")
         if eps is None and privacy is not None and privacy.get("accounted"):
             spent = [c.get("epsilon_spent") for c in privacy.get("clients") or []
-                     if _num(c.get("epsilon_spent")) is not None]
-            eps = max(spent, key=_num) if spent else None  # type: ignore[arg-type]
+                     if as_number(c.get("epsilon_spent")) is not None]
+            eps = max(spent, key=as_number) if spent else None  # type: ignore[arg-type]
     else:
         row["final_accuracy"] = evaluated[-1][1] if evaluated else None
         row["best_accuracy"] = max(a for _, a in evaluated) if evaluated else None
@@ -109,7 +101,7 @@ def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
     if key in ("final_accuracy", "best_accuracy"):
-        v = _num(value)
+        v = as_number(value)
         return "-" if v is None else f"{v:.4f}"
     if key == "epsilon_max":
         try:

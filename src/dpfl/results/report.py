@@ -22,6 +22,7 @@ from dpfl.results.run_files import (
     REPORT_FILE,
     RunDirError,
     as_float,
+    as_number,
     read_config_text,
     read_metrics,
     read_privacy,
@@ -111,14 +112,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence
     return out
 
 
-def _sortable(x: Any) -> float | None:
-    try:
-        v = as_float(x)
-    except ValueError:
-        return None
-    return None if v is None or math.isnan(v) else v
-
-
 # ---------------------------------------------------------------------------------------- plots
 def write_plots(run_dir: str | os.PathLike[str], metrics: Sequence[Mapping[str, Any]],
                 privacy: Mapping[str, Any] | None) -> dict[str, Path | None]:
@@ -146,7 +139,7 @@ def _status_lines(name: str, metrics: Sequence[Mapping[str, Any]], summary: Mapp
     out = [f"# Run report: {name}", ""]
     if privacy is not None and privacy.get("algorithm"):
         out.append(f"- **Algorithm:** `{privacy['algorithm']}`")
-    evaluated = [(r["round"], r["test_accuracy"]) for r in metrics if _sortable(r.get("test_accuracy")) is not None]
+    evaluated = [(r["round"], r["test_accuracy"]) for r in metrics if as_number(r.get("test_accuracy")) is not None]
     if summary is not None:
         planned = summary.get("rounds_planned")
         done = summary.get("rounds_done", len(metrics))
@@ -224,9 +217,9 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
     if accounted:
         clients = privacy.get("clients") or []
         spent = [(c.get("client"), c.get("epsilon_spent"), c.get("epsilon_budget"))
-                 for c in clients if _sortable(c.get("epsilon_spent")) is not None]
+                 for c in clients if as_number(c.get("epsilon_spent")) is not None]
         if spent:
-            cid, eps, budget = max(spent, key=lambda t: _sortable(t[1]))  # type: ignore[arg-type,return-value]
+            cid, eps, budget = max(spent, key=lambda t: as_number(t[1]))  # type: ignore[arg-type,return-value]
             out.append(f"- **Largest spent epsilon:** {_fmt_eps(eps)} (client {cid}, budget {_fmt_eps(budget)})")
         out.append("")
         out.append("Every epsilon here is the one the accountant computed for the run as it ran "
@@ -318,7 +311,7 @@ def _clients_lines(privacy: Mapping[str, Any] | None) -> list[str]:
     for label in ("min", "median", "max"):
         row = [label]
         for key, fmt in keys:
-            vals = sorted((c.get(key) for c in clients if _sortable(c.get(key)) is not None), key=_sortable)
+            vals = sorted((c.get(key) for c in clients if as_number(c.get(key)) is not None), key=as_number)
             if not vals:
                 row.append("—")
                 continue

@@ -32,6 +32,7 @@ __all__ = [
     "PLOTS_DIR",
     "RunDirError",
     "as_float",
+    "as_number",
     "is_run_dir",
     "read_metrics",
     "read_privacy",
@@ -79,6 +80,15 @@ def as_float(x: Any) -> float | None:
     if isinstance(x, str) and x in ("inf", "-inf", "nan", "Infinity", "-Infinity", "NaN"):
         return float(x.replace("Infinity", "inf"))
     raise ValueError(f"expected a number, got {x!r}")
+
+
+def as_number(x: Any) -> float | None:
+    """``as_float`` for ranking and tables: None for missing, non-numeric or NaN values (inf is kept)."""
+    try:
+        v = as_float(x)
+    except ValueError:
+        return None
+    return None if v is None or math.isnan(v) else v
 
 
 def is_run_dir(run_dir: str | os.PathLike[str]) -> bool:
