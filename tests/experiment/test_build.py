@@ -259,17 +259,28 @@ def test_pfa_runs_from_a_config_with_its_split_fitted_over_the_population():
     assert liar.algorithm.aggregator.public_clients == (0,)
 
 
-def test_a_round_without_public_clients_stops_cleanly_and_is_still_charged():
+def test_pfa_rounds_are_redrawn_until_they_contain_a_public_client():
     cfg = variant(*HDP, "algorithm.name=pfa", "algorithm.params={split: explicit, public_clients: [3]}",
                   "training.selection={kind: fixed, k: 2}", "training.rounds=6")
     run = build_run(cfg)
     result = run.run()
+    assert result.stop_reason == "rounds" and len(result.history) == 6
+    assert all(3 in row["selected"] for row in result.history)
+    first_draws = [run.algorithm.selection.select(np.arange(4), cfg.seed, r) for r in range(6)]
+    assert any(3 not in d for d in first_draws)  # some round really was re-drawn
+    for r, row in enumerate(result.history):  # and only the accepted draw was charged
+        for c in range(4):
+            charged = any(rr == r for rr, *_ in result.ledger.history(c))
+            assert charged == (c in row["selected"])
+
+
+def test_pfa_stops_with_no_public_when_the_public_clients_are_out_of_budget():
+    cfg = variant(*HDP, "algorithm.name=pfa", "algorithm.params={split: explicit, public_clients: [0]}",
+                  "privacy.budgets=[1.0,50.0,50.0,50.0]", "privacy.noise_multiplier=2.0", "training.rounds=20")
+    result = build_run(cfg).run()
     assert result.stop_reason == "no_public"
-    stopped_round = len(result.history)  # the round that stopped has no metrics row...
-    drawn = run.algorithm.selection.select(np.arange(4), cfg.seed, stopped_round)
-    assert 3 not in drawn
-    for c in drawn:  # ...but its participants' privacy cost is in the ledger
-        assert result.ledger.history(int(c))[-1][0] == stopped_round
+    assert 1 <= len(result.history) < 20
+    assert result.spent()[0] <= 1.0
 
 
 def test_robust_hdp_runs_from_a_config_and_ignores_reported_budgets():
@@ -278,3 +289,21 @@ def test_robust_hdp_runs_from_a_config_and_ignores_reported_budgets():
                               "privacy.misreport={client: 0, factor: 10}")).run()
     assert honest.stop_reason == "rounds" and sum(honest.history[-1]["weights"]) == pytest.approx(1.0)
     assert all(torch.equal(honest.params[n], lying.params[n]) for n in honest.params)
+
+
+def test_pfa_plus_runs_from_a_config_with_per_client_bytes():
+    cfg = variant(*HDP, "algorithm.name=pfa_plus", "algorithm.params={k: 1}", "training.rounds=3",
+                  "model.name=logr", "data.client_test_fraction=0.2")
+    result = build_run(cfg).run()
+    p = sum(t.numel() for t in result.params.values())  # logr on the demo digits: 2 tensors
+    first, later = result.history[0], result.history[1:]
+    assert first["traffic"]["warmup"] and first["bytes_up"] == [4 * p] * 4
+    for row in later:
+        assert not row["traffic"]["warmup"]
+        # top_fraction of 4 clients: 1 public (the largest epsilon, client 3), 3 private sending 2 floats
+        assert row["bytes_up"] == [8, 8, 8, 4 * p]
+        assert row["bytes_down"] == [4 * p + 4 * (p + p)] * 3 + [4 * p]
+        assert row["uplink_bytes"] == sum(row["bytes_up"]) and row["traffic"]["uplink_bytes_codes"] == 24
+        assert "noise_stat_analytic" not in row  # the projection is not a weighted sum of noisy updates
+    assert 0 <= result.history[-1]["test_acc_clients_mean"] <= 1
+    assert len(result.history[-1]["test_acc_clients"]) == 4

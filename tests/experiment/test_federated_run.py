@@ -16,6 +16,9 @@ from dpfl.algorithms.client.program import dpsgd, sgd
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.oracle import OracleAverage
+from dpfl.algorithms.server.pfa_plus import PFAPlus
+from dpfl.algorithms.server.robust_hdp import RobustHDP
+from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.data import federated_dataset, load_dataset
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.federated_run import FederatedRun
@@ -161,11 +164,15 @@ def _without_time(history):
     return [{k: v for k, v in row.items() if k != "seconds"} for row in history]
 
 
-@pytest.mark.parametrize("central", [False, True])
-def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(central):
+@pytest.mark.parametrize("kind", ["local", "central", "pfa_plus", "robust_hdp_once"])
+def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(kind):
     def make():
-        if central:
+        if kind == "central":
             alg = central_dp_fedavg(sgd(0.1, steps=3), clip=0.5, noise_multiplier=1.0, selection=Selection("poisson", rate=0.5))
+        elif kind == "pfa_plus":  # stateful: the previous round's subspace is in the checkpoint
+            alg = Algorithm("pfa_plus", dpsgd(0.1, 1.0, steps=3), Selection("fixed", k=3), FullUpdate(), PFAPlus())
+        elif kind == "robust_hdp_once":  # stateful: the round-1 weights are in the checkpoint
+            alg = Algorithm("robust_hdp", dpsgd(0.1, 1.0, steps=3), Selection(), FullUpdate(), RobustHDP(schedule="once"))
         else:
             alg = fedavg(dpsgd(0.1, 1.0, steps=3), Selection("fixed", k=2))
         return FederatedRun(toy_federation(), linear_model(), alg, rounds=6, batch_sizes=8,
@@ -176,6 +183,8 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(central):
     assert [s.round for s in states] == [2, 4, len(full.history)]
 
 
+    if kind == "pfa_plus":
+        assert [row["traffic"]["warmup"] for row in full.history][:2] == [True, False]
     mid = states[0].to_dict()
     resumed = make().run(state=type(states[0]).from_dict(mid))
     assert _without_time(resumed.history) == _without_time(full.history)

@@ -7,6 +7,7 @@ fixed K without replacement -> sampled without replacement (replace-one); all ->
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,9 +39,13 @@ class Selection:
         if self.kind == "poisson" and (self.rate is None or not 0 < self.rate <= 1):
             raise ValueError(f"poisson selection needs a rate in (0, 1], got {self.rate}")
 
-    def select(self, candidates: np.ndarray, seed: int, round_: int) -> np.ndarray:
-        """Sorted ids of the clients selected among `candidates` (from the round's own stream)."""
-        rng = numpy_generator(seed, Purpose.SELECTION, round_)
+    def select(self, candidates: np.ndarray, seed: int, round_: int, attempt: int = 0) -> np.ndarray:
+        """Sorted ids of the clients selected among `candidates` (from the round's own stream).
+
+        `attempt` > 0 gives an independent re-draw of the same round (PFA re-draws a round until it
+        contains a public client); attempt 0 is the round's first draw.
+        """
+        rng = numpy_generator(seed, Purpose.SELECTION, round_, attempt)
         candidates = np.sort(np.asarray(candidates, dtype=np.int64))
         if self.kind == "all":
             return candidates
@@ -65,6 +70,29 @@ class Selection:
             return min(1.0, self.k / population)
         assert self.rate is not None
         return self.rate
+
+    def participation_rate_given(self, population: int, group: int, member: bool) -> float:
+        """P(a candidate takes part | the sample contains one of `group` required candidates).
+
+        A round re-drawn until it contains a member of a required group (PFA's public clients) has
+        these participation rates, higher for the group's members; calibration must use them.
+        """
+        if not 1 <= group <= population:
+            raise ValueError(f"the required group must have 1..{population} members, got {group}")
+        if self.kind == "all":
+            return 1.0
+        if self.kind == "poisson":
+            assert self.rate is not None
+            q = self.rate
+            return q / (1.0 - (1.0 - q) ** group) if member else q
+        assert self.k is not None
+        K, M = min(self.k, population), population
+        total = math.comb(M, K)
+        p_none = math.comb(M - group, K) / total  # no member of the group drawn
+        if member:
+            return (K / M) / (1.0 - p_none)
+        p_with_none = math.comb(M - group - 1, K - 1) / total if M - group - 1 >= 0 else 0.0
+        return (K / M - p_with_none) / (1.0 - p_none)
 
     def expected_count(self, population: int) -> float:
         return self.participation_rate(population) * population

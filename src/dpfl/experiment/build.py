@@ -30,6 +30,7 @@ from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.algorithms.server.pfa import PFA
+from dpfl.algorithms.server.pfa_plus import PFAPlus
 from dpfl.algorithms.server.robust_hdp import RobustHDP
 from dpfl.data import federated_dataset
 from dpfl.data.errors import ChecksumError, DatasetNotFoundError
@@ -242,11 +243,12 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
         aggregator: Any = OracleAverage(params.server_lr)
     elif name == "robust_hdp":
         aggregator = RobustHDP(**params.model_dump())
-    elif name == "pfa":
+    elif name in ("pfa", "pfa_plus"):
         fields = params.model_dump()
         if fields["public_clients"] is not None:
             fields["public_clients"] = tuple(fields["public_clients"])
-        aggregator = PFA(**fields)
+        plus = {key: fields.pop(key) for key in ("warmup_rounds", "subspace_broadcast") if key in fields}
+        aggregator = PFA(**fields) if name == "pfa" else PFAPlus(PFA(**fields), **plus)
     elif name == "weiavg":
         aggregator = FedAvg("epsilon", params.server_lr)
     else:

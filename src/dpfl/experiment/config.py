@@ -103,7 +103,7 @@ __all__ = [
 
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "fedprox",
-    "weiavg", "min_eps", "max_eps", "oracle", "pfa", "robust_hdp",
+    "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp",
 )
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
@@ -120,6 +120,7 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "max_eps": ("dpsgd",),
     "oracle": ("dpsgd",),
     "pfa": ("dpsgd",),
+    "pfa_plus": ("dpsgd",),
     "robust_hdp": ("dpsgd",),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
@@ -739,6 +740,14 @@ class _PFAParams(_Section):
     server_lr: float = Field(1.0, gt=0)
 
 
+class _PFAPlusParams(_PFAParams):
+    """PFA+ (spec heterogeneous_dp §4.3): private clients upload k coordinates per tensor in the previous
+    round's public subspace; `warmup_rounds` rounds with private clients are aggregated in full first."""
+
+    warmup_rounds: int = Field(1, ge=1)
+    subspace_broadcast: Literal["private", "all"] = "private"
+
+
 class _RobustHDPParams(_Section):
     """Robust-HDP (spec heterogeneous_dp §4.4): robust PCA of the stacked updates estimates each update's
     noise from the updates themselves; weights ∝ 1/estimated variance. Never reads reported epsilons."""
@@ -765,6 +774,7 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "max_eps": _EpsTargetParams,
     "oracle": _CentralParams,
     "pfa": _PFAParams,
+    "pfa_plus": _PFAPlusParams,
     "robust_hdp": _RobustHDPParams,
 }
 
@@ -777,6 +787,7 @@ class AlgorithmConfig(_Section):
     weiavg (weights ∝ reported epsilon) and oracle (weights ∝ 1/true noise variance; privileged): server_lr;
     min_eps / max_eps: epsilon ('observed' or a number) + fedavg's. max_eps needs privacy.allow_budget_violation.
     pfa: split, public_fraction, public_clients, subspace, k, scope, svd_solver, lanczos_iters, weighting, server_lr.
+    pfa_plus: pfa's, plus warmup_rounds (>= 1) and subspace_broadcast (private | all).
     robust_hdp: p_prime, blocks, schedule, mu_norm, lam, tol, max_iter, server_lr.
     """
 

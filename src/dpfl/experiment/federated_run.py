@@ -9,6 +9,7 @@ accountant, unless given explicitly.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ from torch import nn
 
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.server.oracle import NoiseChannel
+from dpfl.algorithms.server.pfa import NoPublicClients
 from dpfl.algorithms.server.stop import StopTraining
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
@@ -30,6 +32,9 @@ from dpfl.engine.pooled import PooledData
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.calibration import calibrate_noise_multiplier, heuristic_pfa_noise
 from dpfl.privacy.ledger import PrivacyLedger
+
+REDRAWS = 50  # draws of a round's sample before giving up on a public participant (spec §4.2)
+FLOAT_BYTES = 4
 
 
 @dataclass
@@ -43,15 +48,17 @@ class RunState:
     history: list[dict[str, Any]]
     stop_reason: str | None
     steps_done: list[int]  # local steps each client has taken (the heuristic's budget is in steps)
+    aggregator_state: dict[str, Any] | None = None  # stateful aggregators (PFA+ subspace, Robust-HDP `once`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.round, "params": self.params, "retired": self.retired, "ledger": self.ledger,
-                "history": self.history, "stop_reason": self.stop_reason, "steps_done": self.steps_done}
+                "history": self.history, "stop_reason": self.stop_reason, "steps_done": self.steps_done,
+                "aggregator_state": self.aggregator_state}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunState:
         return cls(d["round"], d["params"], list(d["retired"]), d["ledger"], list(d["history"]), d["stop_reason"],
-                   list(d["steps_done"]))
+                   list(d["steps_done"]), d.get("aggregator_state"))
 
 
 @dataclass
@@ -191,8 +198,14 @@ class FederatedRun:
                              f"{'...' if len(over) > 10 else ''}; this is a non-private reference: set allow_budget_violation")
         return np.full(self.n_clients, common)
 
-    def _expected_participations(self) -> float:
-        return self.rounds * self.algorithm.selection.participation_rate(self.n_clients)
+    def _expected_participations(self) -> np.ndarray:
+        """Per client: expected rounds of participation, counting re-draws for a required group (PFA)."""
+        n, sel, agg = self.n_clients, self.algorithm.selection, self.algorithm.aggregator
+        required = getattr(agg, "public_clients", None) if hasattr(agg, "accepts_selection") else None
+        if not required:
+            return np.full(n, self.rounds * sel.participation_rate(n))
+        members = set(required)
+        return np.array([self.rounds * sel.participation_rate_given(n, len(members), i in members) for i in range(n)])
 
     def _noise_multipliers(self, given: float | Sequence[float] | None) -> np.ndarray:
         n = self.n_clients
@@ -215,7 +228,7 @@ class FederatedRun:
         cache: dict[tuple, float] = {}
         for i in range(n):
             b, m = int(self.batch_sizes[i]), int(self.n_records[i])
-            steps = max(1, int(round(participations * local.steps_for(m, b))))
+            steps = max(1, int(round(participations[i] * local.steps_for(m, b))))
             if self.calibration == "pfa-heuristic":
                 if self.heuristic_steps is None:
                     self.heuristic_steps = np.zeros(n, dtype=np.int64)
@@ -276,6 +289,8 @@ class FederatedRun:
             if self.ledger is None:
                 raise ValueError("the checkpoint has a privacy ledger but this run is not accounted")
             self.ledger = PrivacyLedger.from_dict(state.ledger)
+        if hasattr(self.algorithm.aggregator, "load_state_dict"):
+            self.algorithm.aggregator.load_state_dict(state.aggregator_state)
         w, retired, history = state.params, set(state.retired), list(state.history)
         self.steps_done = np.array(state.steps_done, dtype=np.int64)
         stop_reason = state.stop_reason
@@ -303,8 +318,10 @@ class FederatedRun:
 
     def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]], stop: str | None) -> RunState:
         ledger = self.ledger.to_dict() if self.ledger is not None else None
+        agg = self.algorithm.aggregator
+        agg_state = copy.deepcopy(agg.state_dict()) if hasattr(agg, "state_dict") else None
         return RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop,
-                        self.steps_done.tolist())
+                        self.steps_done.tolist(), agg_state)
 
     def _one_round(self, r: int, w: P.Params, retired: set[int]) -> tuple[P.Params, dict[str, Any]] | None:
         """Round r (0-based): new global parameters and its metrics row, or None if budgets end the run."""
@@ -319,12 +336,12 @@ class FederatedRun:
             return None
         if server_event is not None and len(eligible) != len(active):
             server_event = self._server_event(len(eligible))
-        selected = alg.selection.select(eligible, self.seed, r)
+        selected = self._select(eligible, r)
         expected = alg.selection.expected_count(len(eligible))
         for i in selected:
             self.steps_done[i] += self.algorithm.local.steps_for(int(self.n_records[i]), int(self.batch_sizes[i]))
         self._record(r, selected, eligible, server_event)  # before aggregation: spent even if the round stops
-        new_w, up_bytes, diagnostics = w, 0, {}
+        new_w, bytes_up, bytes_down, diagnostics = w, [], [], {}
         if len(selected):
             plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
                      for i in selected]
@@ -334,17 +351,51 @@ class FederatedRun:
             uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
             view = self._view(selected, expected)
             channel = self._channel(selected, res.steps)
+            bytes_up = [alg.upload.bytes_per_upload(dim)] * len(selected)
+            bytes_down = [FLOAT_BYTES * dim] * len(selected)  # the global model
+            encode = getattr(alg.aggregator, "client_payload", None)
+            if encode is not None:  # clients send what the broadcast asks for (PFA+: k-dim codes)
+                uploads = encode(uploads, view, self.seed)
+                bytes_up = list(uploads.bytes_up)
+                bytes_down = [d + extra for d, extra in zip(bytes_down, uploads.bytes_down_subspace)]
+                traffic = {"warmup": uploads.warmup, "model_bytes": FLOAT_BYTES * dim,
+                           "code_uploads": int((~uploads.full_mask).sum()),
+                           "uplink_bytes_full": sum(b for b, f in zip(bytes_up, uploads.full_mask.tolist()) if f),
+                           "uplink_bytes_codes": sum(b for b, f in zip(bytes_up, uploads.full_mask.tolist()) if not f),
+                           "downlink_bytes_subspace": sum(uploads.bytes_down_subspace)}
             if getattr(alg.aggregator, "privileged", False):  # only oracles may read the engine's channel
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, channel=channel)
             else:
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r)
-            up_bytes = len(selected) * alg.upload.bytes_per_upload(dim)
             diagnostics = self._diagnostics(alg.aggregator, view, channel, res.noise_sq_norm, dim)
+            diagnostics.update({"bytes_up": bytes_up, "bytes_down": bytes_down})
+            if encode is not None:
+                diagnostics["traffic"] = traffic
         elif alg.central:  # nobody drawn: the server still releases a noised (empty) sum
             empty = {n: t.unsqueeze(0)[:0] for n, t in w.items()}
             new_w = alg.aggregator.aggregate(w, empty, self._view(selected, expected), self.seed, r)
-        row = self._row(r, new_w, selected, up_bytes, len(selected) * 4 * dim, time.perf_counter() - t0)
+        row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0)
         return new_w, {**row, **diagnostics}
+
+    def _select(self, eligible: np.ndarray, r: int) -> np.ndarray:
+        """The round's participants; re-drawn (up to REDRAWS times) while the aggregator rejects the sample.
+
+        PFA needs a public participant (spec §4.2). The re-draw depends only on reported epsilons, never
+        on data, so it does not change any sample-level guarantee.
+        """
+        selection, accepts = self.algorithm.selection, getattr(self.algorithm.aggregator, "accepts_selection", None)
+        selected = selection.select(eligible, self.seed, r)
+        if accepts is None:
+            return selected
+        if not accepts(eligible):
+            raise NoPublicClients("no eligible public client remains (stop_reason 'no_public')")
+        for attempt in range(1, REDRAWS):
+            if accepts(selected):
+                return selected
+            selected = selection.select(eligible, self.seed, r, attempt)
+        if not accepts(selected):
+            raise NoPublicClients(f"no public client in {REDRAWS} draws of round {r + 1} (stop_reason 'no_public')")
+        return selected
 
     def _view(self, selected: np.ndarray, expected: float) -> ServerView:
         """What the server sees of the selected clients (reported, not true, epsilons)."""
@@ -373,7 +424,8 @@ class FederatedRun:
         privileged = getattr(aggregator, "privileged", False)
         w = (aggregator.weights(view, channel, dim) if privileged else aggregator.weights(view)).to(torch.float64)
         out: dict[str, Any] = {"weights": w.tolist()}
-        if self.algorithm.local.private and self.algorithm.local.spec.momentum == 0:
+        linear = getattr(aggregator, "linear_in_updates", True)  # PFA: private updates are projected
+        if linear and self.algorithm.local.private and self.algorithm.local.spec.momentum == 0:
             lr = self.algorithm.local.spec.lr
             n_sq = torch.tensor(noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
             scale = dim * lr**2
@@ -414,14 +466,26 @@ class FederatedRun:
         if (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
             self.model.eval()
             acc, loss = evaluate(self.model, w, self.data.x_test, self.data.y_test, self.algorithm.local.spec.loss)
-            self.model.train()
             row["test_accuracy"], row["test_loss"] = acc, loss
+            row.update(self._client_accuracy(w))
+            self.model.train()
         if self.ledger is not None:
             spent = self.ledger.spent_all()
             row["epsilon"] = [spent[i] for i in range(self.n_clients)]
             row["epsilon_max"] = max(row["epsilon"])
         row["seconds"] = seconds
         return row
+
+    def _client_accuracy(self, w: P.Params) -> dict[str, Any]:
+        """The global model's accuracy on each client's held-out split (the RHDP protocol), if clients have one."""
+        accs = []
+        for c in self.data.clients:
+            if getattr(c, "x_test", None) is None or len(c.x_test) == 0:
+                return {}
+            accs.append(evaluate(self.model, w, c.x_test, c.y_test, self.algorithm.local.spec.loss)[0])
+        if not accs or any(a is None for a in accs):
+            return {}
+        return {"test_acc_clients": accs, "test_acc_clients_mean": float(np.mean(accs))}
 
     def privacy_summary(self, stop_reason: str) -> dict[str, Any]:
         """The declared threat model and each client's budget, noise and spent epsilon."""

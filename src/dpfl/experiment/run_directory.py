@@ -23,6 +23,7 @@ from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
 from dpfl.results.report import write_report
+from dpfl.results.traffic import traffic_report
 from dpfl.results.run_files import (append_jsonl, read_summary, truncate_jsonl, write_bytes_atomic, write_json_atomic,
                                     write_text_atomic)
 
@@ -97,6 +98,7 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
         "rounds_planned": run.rounds,
         "stop_reason": result.stop_reason,
         "epsilon_max": max(result.spent().values()) if result.ledger is not None else None,
+        "traffic": traffic_report(result.history),
         "seconds": seconds,
     }
     write_json_atomic(out / SUMMARY, summary)

@@ -28,7 +28,8 @@ class NoiseChannel:
     def update_noise_variance(self, view: ServerView, dim: int) -> torch.Tensor:
         """σ_i² = T_i η² p C² z_i² / b_i²: the expected squared norm of the noise in client i's update."""
         b = view.batch_sizes.to(torch.float64)
-        return self.steps.to(torch.float64) * self.lr**2 * dim * self.clip**2 * self.noise_multipliers**2 / b**2
+        scale = torch.tensor(self.lr * self.clip, dtype=torch.float64) ** 2 * dim  # in torch: overflows to inf
+        return self.steps.to(torch.float64) * scale * self.noise_multipliers**2 / b**2
 
 
 @dataclass(frozen=True)

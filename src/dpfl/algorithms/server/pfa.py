@@ -10,8 +10,9 @@ and the two groups are combined with weights E_pub, E_pri (their summed reported
     Δ̄_ℓ = (E_pub d_pub,ℓ + E_pri d̂_pri,ℓ) / (E_pub + E_pri)
     w ← w + server_lr · Δ̄
 
-If no private client takes part, Δ̄ = d_pub, i.e. WeiAvg over the public clients (§9.9). A round with
-no public participant raises `NoPublicClients` (the engine maps it to stop_reason "no_public").
+If no private client takes part, Δ̄ = d_pub, i.e. WeiAvg over the public clients (§9.9). The runner
+re-draws a round's sample up to 50 times until `accepts_selection` (some public participant); a round
+with no public participant raises `NoPublicClients` (the engine maps it to stop_reason "no_public").
 
 The split is computed over the whole population (`PFA.fit_split(clients, eps_reported)` returns a
 PFA with `public_clients` fixed). If it was never fitted and `split` is not `explicit`, the split rule
@@ -43,6 +44,38 @@ GROUP_WEIGHTINGS = ("epsilon", "count")
 # PFA_STREAM + 2ℓ + 1; the split's k-means / GMM initialisation uses PFA_SPLIT_STREAM.
 PFA_STREAM = 1 << 21
 PFA_SPLIT_STREAM = (1 << 21) - 1
+
+
+@dataclass(frozen=True)
+class Groups:
+    """A round's public/private participants and their group weights (ε_i, or 1 with `count`)."""
+
+    pub: torch.Tensor  # bool [K]
+    raw: torch.Tensor  # float64 [K]
+
+    @property
+    def pri(self) -> torch.Tensor:
+        return ~self.pub
+
+    @property
+    def E_pub(self) -> torch.Tensor:
+        return self.raw[self.pub].sum()
+
+    @property
+    def E_pri(self) -> torch.Tensor:
+        return self.raw[self.pri].sum()
+
+    @property
+    def w_pub(self) -> torch.Tensor:
+        return self.raw[self.pub] / self.E_pub
+
+    @property
+    def w_pri(self) -> torch.Tensor | None:
+        return self.raw[self.pri] / self.E_pri if self.pri.any() else None
+
+    def combine(self, d_pub: torch.Tensor, d_pri_hat: torch.Tensor) -> torch.Tensor:
+        """Δ̄_ℓ = (E_pub·d_pub + E_pri·d̂_pri) / (E_pub + E_pri)."""
+        return (self.E_pub * d_pub + self.E_pri * d_pri_hat) / (self.E_pub + self.E_pri)
 
 
 class NoPublicClients(StopTraining):
@@ -102,6 +135,10 @@ class PFA:
     mean-outer | random), `random_center`, `k` (1), `scope` (tensor | model), `svd_solver`
     (exact | lanczos), `lanczos_iters` (256), `weighting` (epsilon | count), `server_lr`.
     """
+
+    # The weights say how much of each client reaches Δ̄, but private updates pass through a projection,
+    # so sum_i w_i^2 sigma_i^2 is NOT the aggregate's noise: the runner logs no noise statistic for PFA.
+    linear_in_updates = False
 
     split: str = "top_fraction"
     public_fraction: float = 0.1
@@ -194,7 +231,35 @@ class PFA:
 
     # ---- aggregation -------------------------------------------------------------------------------
 
-    def _fit(self, U: torch.Tensor, d_pub: torch.Tensor, seed: int, round_: int, index: int) -> Subspace:
+    def groups(self, view: ServerView, seed: int = 0) -> Groups:
+        """The round's public mask and group weights; raises NoPublicClients if nobody public takes part."""
+        pub = self.public_mask(view, seed)
+        if not pub.any():
+            raise NoPublicClients("no public client in this round (stop_reason 'no_public')")
+        return Groups(pub, self._raw_weights(view))
+
+    def accepts_selection(self, selected: Sequence[int]) -> bool:
+        """Whether a drawn sample of clients contains a public one (the runner re-draws until it does)."""
+        if self.public_clients is None:  # the rule is applied to the participants: it always finds one
+            return len(selected) > 0
+        return bool(set(int(c) for c in selected) & set(self.public_clients))
+
+    def blocks(self, uploads: P.Params) -> dict[str, torch.Tensor]:
+        """The projection's units as [K, p_ℓ] matrices: one per tensor (`scope: tensor`) or the whole model."""
+        if self.scope == "model":
+            return {"__model__": P.flatten(uploads)}
+        return {n: u.flatten(1) for n, u in uploads.items()}
+
+    def unblock(self, out: dict[str, torch.Tensor], like: P.Params) -> P.Params:
+        """Per-block [p_ℓ] results back to tensors shaped and typed like one row of `like`."""
+        if self.scope == "model":
+            res = P.unflatten(out["__model__"], like, leading=1)  # a single [p] vector -> tensors like one row
+        else:
+            res = {n: out[n].reshape(u.shape[1:]) for n, u in like.items()}
+        return {n: res[n].to(like[n].dtype) for n in like}
+
+    def fit(self, U: torch.Tensor, d_pub: torch.Tensor, seed: int, round_: int, index: int) -> Subspace:
+        """The subspace of block `index` from the public updates U (|S_pub| × p_ℓ, float64)."""
         gen = None
         if self.subspace == "random":
             gen = torch_generator(seed, Purpose.SERVER_NOISE, round_, PFA_STREAM + 2 * index)
@@ -203,42 +268,29 @@ class PFA:
         return fit_subspace(U, self.k, self.subspace, self.svd_solver, d_pub=d_pub, lanczos_iters=self.lanczos_iters,
                             generator=gen, random_center=self.random_center)
 
+    @property
+    def sends_center(self) -> bool:
+        """Whether the subspace has an offset μ to broadcast (PFA+ downlink bytes)."""
+        return self.subspace == "centered" or (self.subspace == "random" and self.random_center)
+
     def update(self, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
         """Δ̄ (before the server learning rate), in the uploads' dtype."""
         K = len(view)
         if K == 0 or any(u.shape[0] != K for u in uploads.values()):
             raise ValueError(f"uploads must have a leading axis of {K} clients (one per view entry)")
-        pub = self.public_mask(view, seed)
-        if not pub.any():
-            raise NoPublicClients("no public client in this round (stop_reason 'no_public')")
-        raw = self._raw_weights(view)
-        pri = ~pub
-        E_pub, E_pri = raw[pub].sum(), raw[pri].sum()
-        w_pub = raw[pub] / E_pub
-        w_pri = raw[pri] / E_pri if pri.any() else None
-        total = E_pub + E_pri
-
-        if self.scope == "model":
-            blocks = {"__model__": P.flatten(uploads)}
-        else:
-            blocks = {n: u.flatten(1) for n, u in uploads.items()}
+        g = self.groups(view, seed)
         out: dict[str, torch.Tensor] = {}
-        for index, (name, flat) in enumerate(blocks.items()):
+        for index, (name, flat) in enumerate(self.blocks(uploads).items()):
             X = flat.to(torch.float64)
-            U = X[pub]
-            d_pub = w_pub @ U
-            if w_pri is None:  # §9.9: no private participant, Δ̄ = d_pub (WeiAvg over the public clients)
+            U = X[g.pub]
+            d_pub = g.w_pub @ U
+            if g.w_pri is None:  # §9.9: no private participant, Δ̄ = d_pub (WeiAvg over the public clients)
                 out[name] = d_pub
                 continue
-            d_pri = w_pri @ X[pri]
-            sub = self._fit(U, d_pub, seed, round_, index)
-            out[name] = (E_pub * d_pub + E_pri * sub.project(d_pri)) / total
-        if self.scope == "model":
-            flat = out["__model__"]
-            res = P.unflatten(flat, uploads, leading=1)  # a single [p] vector -> tensors shaped like one row
-        else:
-            res = {n: out[n].reshape(u.shape[1:]) for n, u in uploads.items()}
-        return {n: res[n].to(uploads[n].dtype) for n in uploads}
+            d_pri = g.w_pri @ X[g.pri]
+            sub = self.fit(U, d_pub, seed, round_, index)
+            out[name] = g.combine(d_pub, sub.project(d_pri))
+        return self.unblock(out, uploads)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
         return P.axpy(self.server_lr, self.update(uploads, view, seed, round_), global_params)

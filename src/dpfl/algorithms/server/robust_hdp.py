@@ -158,6 +158,15 @@ class RobustHDP:
         w = noise_weights(sigma2, self.floor)
         return torch.from_numpy(w), {"blocks": infos, "sigma2": sigma2.tolist()}
 
+    # -- checkpointed state (schedule "once" reuses its round-1 weights) ------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"once": None if self._once is None else dict(self._once)}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore `state_dict()` output; None resets to the state before round 1."""
+        once = None if state is None else state["once"]
+        self._once = None if once is None else {int(c): float(w) for c, w in once.items()}
+
     # -- aggregator protocol ------------------------------------------------------------------------
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
                   round_: int) -> P.Params:

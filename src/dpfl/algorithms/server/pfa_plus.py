@@ -1,0 +1,162 @@
+"""PFA+: projected averaging with k-dimensional uploads from private clients (spec heterogeneous_dp §4.3).
+
+PFA needs every private client's full update only to project it. PFA+ projects onto the *previous*
+round's subspace instead, which the server can broadcast before training: each private participant
+then uploads its k_ℓ coordinates z_i,ℓ = V_prevᵀ(u_i,ℓ − μ_prev) per tensor instead of p_ℓ floats, and
+the server reconstructs d̂_pri,ℓ = μ_prev + V_prev·Σ(ε_i/E_pri) z_i,ℓ. Public clients upload in full;
+their updates give this round's d_pub and the subspace for the next round.
+
+Warm-up: while fewer than `warmup_rounds` rounds with private participants have been aggregated there
+is no previous subspace, everyone uploads in full and the round is plain PFA. A round without private
+participants is WeiAvg over the public ones and leaves the state unchanged. Since reconstruction is
+linear, PFA+ equals PFA whenever the subspace does not move.
+
+What crosses the network is explicit: `client_payload` is what the clients send given the broadcast
+(codes are computed from the float32 basis they received and sent as float32), and `aggregate` reads
+only that payload. Bytes are counted per participant (4 per float, spec §4.3 table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dpfl.algorithms.server.pfa import PFA
+from dpfl.algorithms.server.subspace import Subspace
+from dpfl.algorithms.server.view import ServerView
+from dpfl.engine import params as P
+
+FLOAT_BYTES = 4
+BROADCASTS = ("private", "all")
+
+
+@dataclass
+class Payload:
+    """What the round's participants uploaded (in view order), and what each was sent and sent back."""
+
+    full: P.Params  # [n_full, ...]: the participants that uploaded their whole update
+    full_mask: torch.Tensor  # bool [K]: which participants those are
+    codes: dict[str, torch.Tensor]  # block -> float32 [n_codes, k_ℓ]: the private participants' coordinates
+    warmup: bool
+    bytes_up: list[int]  # per participant
+    bytes_down_subspace: list[int]  # per participant: V (and μ) broadcast, on top of the model
+
+
+@dataclass
+class PFAPlus:
+    """PFA with delayed projection. `pfa` holds the split and subspace settings (spec §4.2); the rest:
+
+    `warmup_rounds` (≥ 1): rounds with private participants aggregated in full before codes are used.
+    `subspace_broadcast`: `private` sends V (and μ) to private participants only; `all` to everyone (the
+    code's behaviour, for byte parity).
+    """
+
+    linear_in_updates = False  # private updates reach Δ̄ through a projection (no noise statistic)
+
+    pfa: PFA = field(default_factory=PFA)
+    warmup_rounds: int = 1
+    subspace_broadcast: str = "private"
+    previous: dict[str, Subspace] | None = None  # per block: the subspace clients project onto next
+    private_rounds: int = 0  # rounds with private participants aggregated so far
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warmup_rounds, bool) or not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 1:
+            raise ValueError(f"PFA+ warmup_rounds must be an integer >= 1 (round 1 has no previous subspace), "
+                             f"got {self.warmup_rounds!r}")
+        if self.subspace_broadcast not in BROADCASTS:
+            raise ValueError(f"PFA+ subspace_broadcast must be one of {BROADCASTS}, got {self.subspace_broadcast!r}")
+
+    # ---- population-level set-up, shared with PFA -------------------------------------------------
+    def fit_split(self, clients, eps_reported, seed: int = 0) -> PFAPlus:
+        return dataclasses.replace(self, pfa=self.pfa.fit_split(clients, eps_reported, seed), previous=None,
+                                   private_rounds=0)
+
+    def accepts_selection(self, selected) -> bool:
+        return self.pfa.accepts_selection(selected)
+
+    def weights(self, view: ServerView) -> torch.Tensor:
+        return self.pfa.weights(view)
+
+    @property
+    def public_clients(self) -> tuple[int, ...] | None:
+        return self.pfa.public_clients
+
+    # ---- checkpointed state ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        prev = None if self.previous is None else {n: {"mu": s.mu, "V": s.V} for n, s in self.previous.items()}
+        return {"previous": prev, "private_rounds": self.private_rounds}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore `state_dict()` output; None resets to the state before round 1."""
+        if state is None:
+            self.previous, self.private_rounds = None, 0
+            return
+        prev = state["previous"]
+        self.previous = None if prev is None else {n: Subspace(d["mu"], d["V"]) for n, d in prev.items()}
+        self.private_rounds = int(state["private_rounds"])
+
+    # ---- the round ---------------------------------------------------------------------------------
+    def in_warmup(self) -> bool:
+        return self.private_rounds < self.warmup_rounds or self.previous is None
+
+    def client_payload(self, uploads: P.Params, view: ServerView, seed: int = 0) -> Payload:
+        """What the participants send: public (and warm-up) ones their update, private ones their codes."""
+        K = len(view)
+        if K == 0 or any(u.shape[0] != K for u in uploads.values()):
+            raise ValueError(f"uploads must have a leading axis of {K} clients (one per view entry)")
+        pub = self.pfa.groups(view, seed).pub
+        dim = P.num_parameters({n: u[0] for n, u in uploads.items()})
+        warmup = self.in_warmup() or bool(pub.all())
+        full_mask = torch.ones(K, dtype=torch.bool) if warmup else pub
+        codes: dict[str, torch.Tensor] = {}
+        bytes_up = [FLOAT_BYTES * dim] * K
+        sent = [0] * K
+        if not warmup:
+            assert self.previous is not None
+            blocks = self.pfa.blocks({n: u[~pub] for n, u in uploads.items()})
+            for name, flat in blocks.items():
+                sub = self.previous[name]
+                V, mu = sub.V.to(torch.float32), sub.mu.to(torch.float32)  # the broadcast, as received
+                codes[name] = ((flat.to(torch.float64) - mu.to(torch.float64)) @ V.to(torch.float64)).to(torch.float32)
+            code_floats = sum(s.k for s in self.previous.values())
+            basis_floats = sum(s.V.numel() for s in self.previous.values()) + (dim if self.pfa.sends_center else 0)
+            for i in range(K):
+                if not pub[i]:
+                    bytes_up[i] = FLOAT_BYTES * code_floats
+                if not pub[i] or self.subspace_broadcast == "all":
+                    sent[i] = FLOAT_BYTES * basis_floats
+        full = {n: u[full_mask] for n, u in uploads.items()}
+        return Payload(full, full_mask, codes, warmup, bytes_up, sent)
+
+    def update(self, payload: Payload, view: ServerView, seed: int, round_: int) -> P.Params:
+        """Δ̄ from the payload alone; refits the subspace for the next round when private clients took part."""
+        g = self.pfa.groups(view, seed)
+        pub_in_full = g.pub[payload.full_mask]  # positions of the public participants among the full uploads
+        full_blocks = self.pfa.blocks(payload.full)
+        out: dict[str, torch.Tensor] = {}
+        fitted: dict[str, Subspace] = {}
+        for index, (name, flat) in enumerate(full_blocks.items()):
+            X = flat.to(torch.float64)
+            U = X[pub_in_full]
+            d_pub = g.w_pub @ U
+            if g.w_pri is None:  # no private participant: WeiAvg over the public clients, state unchanged
+                out[name] = d_pub
+                continue
+            sub = self.pfa.fit(U, d_pub, seed, round_, index)
+            fitted[name] = sub
+            if payload.warmup:
+                d_pri_hat = sub.project(g.w_pri @ X[~pub_in_full])
+            else:
+                prev = self.previous[name]  # type: ignore[index]
+                d_pri_hat = prev.mu + prev.V @ (g.w_pri @ payload.codes[name].to(torch.float64))
+            out[name] = g.combine(d_pub, d_pri_hat)
+        if g.w_pri is not None:
+            self.previous, self.private_rounds = fitted, self.private_rounds + 1
+        like = {n: u[:1] for n, u in payload.full.items()}
+        return self.pfa.unblock(out, like)
+
+    def aggregate(self, global_params: P.Params, payload: Payload, view: ServerView, seed: int, round_: int) -> P.Params:
+        return P.axpy(self.pfa.server_lr, self.update(payload, view, seed, round_), global_params)
