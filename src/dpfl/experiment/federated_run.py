@@ -62,6 +62,17 @@ class RunState:
 
 
 @dataclass
+class LocalRound:
+    """One round's local training as the server receives it, plus the engine-only noise facts."""
+
+    uploads: P.Params  # [K, ...] in view order
+    view: ServerView
+    channel: NoiseChannel
+    noise_sq_norm: list[float]  # per client: ||sum_t xi_t||^2 of the Gaussian noise it drew
+    dim: int  # model parameters p
+
+
+@dataclass
 class RunResult:
     """What a run produced: the final global model, one metrics row per round, and the ledger."""
 
@@ -343,14 +354,8 @@ class FederatedRun:
         self._record(r, selected, eligible, server_event)  # before aggregation: spent even if the round stops
         new_w, bytes_up, bytes_down, diagnostics = w, [], [], {}
         if len(selected):
-            plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
-                     for i in selected]
-            res = run_local(self.model, alg.local.spec, plans, self.pooled, w, seed=self.seed, round_=r,
-                            max_elements=self.max_elements)
-            deltas = P.sub(res.params, P.broadcast(w, len(selected)))
-            uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
-            view = self._view(selected, expected)
-            channel = self._channel(selected, res.steps)
+            local = self.local_round(r, w, selected, expected)
+            uploads, view, channel = local.uploads, local.view, local.channel
             bytes_up = [alg.upload.bytes_per_upload(dim)] * len(selected)
             bytes_down = [FLOAT_BYTES * dim] * len(selected)  # the global model
             encode = getattr(alg.aggregator, "client_payload", None)
@@ -367,7 +372,7 @@ class FederatedRun:
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, channel=channel)
             else:
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r)
-            diagnostics = self._diagnostics(alg.aggregator, view, channel, res.noise_sq_norm, dim)
+            diagnostics = self._diagnostics(alg.aggregator, local)
             diagnostics.update({"bytes_up": bytes_up, "bytes_down": bytes_down})
             if encode is not None:
                 diagnostics["traffic"] = traffic
@@ -376,6 +381,22 @@ class FederatedRun:
             new_w = alg.aggregator.aggregate(w, empty, self._view(selected, expected), self.seed, r)
         row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0)
         return new_w, {**row, **diagnostics}
+
+    def local_round(self, r: int, w: P.Params, selected: np.ndarray, expected: float) -> LocalRound:
+        """Round r's local training of `selected` from `w`: their uploads, the server's view, the noise facts.
+
+        Public so that diagnostics (e.g. the round-1 noise statistic of several aggregators on the same
+        uploads) can reuse exactly the engine's round; it records nothing in the ledger.
+        """
+        alg = self.algorithm
+        plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
+                 for i in selected]
+        res = run_local(self.model, alg.local.spec, plans, self.pooled, w, seed=self.seed, round_=r,
+                        max_elements=self.max_elements)
+        deltas = P.sub(res.params, P.broadcast(w, len(selected)))
+        uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
+        return LocalRound(uploads, self._view(selected, expected), self._channel(selected, res.steps),
+                          list(res.noise_sq_norm), P.num_parameters(w))
 
     def _select(self, eligible: np.ndarray, r: int) -> np.ndarray:
         """The round's participants; re-drawn (up to REDRAWS times) while the aggregator rejects the sample.
@@ -410,28 +431,34 @@ class FederatedRun:
         return NoiseChannel(torch.as_tensor(steps, dtype=torch.int64),
                             torch.as_tensor(self.noise[selected], dtype=torch.float64), spec.clip or 0.0, spec.lr)
 
-    def _diagnostics(self, aggregator: Any, view: ServerView, channel: NoiseChannel, noise_sq_norm: list[float],
-                     dim: int) -> dict[str, Any]:
-        """Aggregation weights, and (for DP-SGD clients) the noise statistic of the aggregated update.
-
-        noise_stat = sum_i w_i^2 sigma_i^2 / (p eta^2) (spec heterogeneous_dp §5): `_analytic` with
-        sigma_i^2 = T_i eta^2 p C^2 z_i^2 / b_i^2, `_empirical` with sigma_i^2 = ||n_i||^2, n_i =
-        -(eta / b_i) sum_t xi_t the noise actually injected (exact for plain SGD steps, i.e. without
-        momentum). Diagnostics only: never shown to a non-privileged aggregator.
-        """
+    def _diagnostics(self, aggregator: Any, local: LocalRound) -> dict[str, Any]:
+        """Aggregation weights, and (for DP-SGD clients and weighted-sum aggregators) the noise statistic."""
         if not hasattr(aggregator, "weights"):
             return {}
         privileged = getattr(aggregator, "privileged", False)
-        w = (aggregator.weights(view, channel, dim) if privileged else aggregator.weights(view)).to(torch.float64)
-        out: dict[str, Any] = {"weights": w.tolist()}
-        linear = getattr(aggregator, "linear_in_updates", True)  # PFA: private updates are projected
-        if linear and self.algorithm.local.private and self.algorithm.local.spec.momentum == 0:
-            lr = self.algorithm.local.spec.lr
-            n_sq = torch.tensor(noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
-            scale = dim * lr**2
-            out["noise_stat_empirical"] = float((w.pow(2) * n_sq).sum() / scale)
-            out["noise_stat_analytic"] = float((w.pow(2) * channel.update_noise_variance(view, dim)).sum() / scale)
+        view = local.view
+        w = aggregator.weights(view, local.channel, local.dim) if privileged else aggregator.weights(view)
+        out: dict[str, Any] = {"weights": w.to(torch.float64).tolist()}
+        if getattr(aggregator, "linear_in_updates", True):  # PFA: private updates are projected
+            out.update(self.noise_statistics(w, local))
         return out
+
+    def noise_statistics(self, weights: torch.Tensor, local: LocalRound) -> dict[str, float]:
+        """noise_stat = sum_i w_i^2 sigma_i^2 / (p eta^2) of a weighted sum of the round's updates.
+
+        Spec heterogeneous_dp §5: `_analytic` with sigma_i^2 = T_i eta^2 p C^2 z_i^2 / b_i^2, `_empirical`
+        with sigma_i^2 = ||n_i||^2, n_i = -(eta / b_i) sum_t xi_t the noise actually injected (exact for
+        plain SGD steps, i.e. without momentum). Diagnostics only: never shown to a non-privileged
+        aggregator. Empty unless the clients run DP-SGD without momentum.
+        """
+        spec = self.algorithm.local.spec
+        if not self.algorithm.local.private or spec.momentum != 0:
+            return {}
+        w, view, lr = weights.to(torch.float64), local.view, spec.lr
+        n_sq = torch.tensor(local.noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
+        scale = local.dim * lr**2
+        return {"noise_stat_empirical": float((w.pow(2) * n_sq).sum() / scale),
+                "noise_stat_analytic": float((w.pow(2) * local.channel.update_noise_variance(view, local.dim)).sum() / scale)}
 
     def _eligible(self, active: np.ndarray, server_event: DpEvent | None) -> np.ndarray:
         """Clients whose next round (if they take part) keeps them within budget."""
