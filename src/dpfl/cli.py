@@ -22,8 +22,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Differentially private federated learning with per-client privacy ledgers.")
 privacy_app = typer.Typer(no_args_is_help=True, help="Privacy accounting: epsilon of a mechanism, or noise for a target.")
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: what is available locally, and fetching.")
+reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce a paper's comparison: every method on the same "
+                            "data, budgets and seeds; results.csv, results.md and plots.")
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(data_app, name="data")
+app.add_typer(reproduce_app, name="reproduce")
 
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
@@ -287,6 +290,111 @@ def compare(
     console.print(format_table(rows), highlight=False, markup=False)
     if plot is not None:
         console.print(f"plot: {plot}")
+
+
+# ---- reproduce ----------------------------------------------------------------------------------------
+_Scale = Annotated[str, typer.Option("--scale", help="ci (spec §7.4: minutes on a CPU) or full (the paper's grid: "
+                                                     "hours).")]
+_Out = Annotated[Path, typer.Option("--out", help="Output directory: runs/, results.csv, results.md, plots/.")]
+_Seeds = Annotated[Optional[int], typer.Option("--seeds", help="Number of seeds (0..N-1) instead of the spec's.")]
+_Rounds = Annotated[Optional[int], typer.Option("--rounds", help="Rounds per run instead of the spec's.")]
+_Settings = Annotated[Optional[str], typer.Option("--settings", help="Only settings matching this fnmatch pattern "
+                                                                     "(commas: alternatives).")]
+_Methods = Annotated[Optional[str], typer.Option("--methods", help="Only these methods, e.g. robust_hdp,weiavg.")]
+_Datasets = Annotated[Optional[list[str]], typer.Option("--dataset", help="fashion_mnist (default) or mnist; "
+                                                                          "repeatable or comma-separated.")]
+_DryRun = Annotated[bool, typer.Option("--dry-run", help="List the jobs and their state; run nothing.")]
+
+
+def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
+               methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, **grid_options: Any) -> None:
+    """Both reproduce commands: build the grid, list it (--dry-run) or run it, then write the results."""
+    from dpfl.reproduce import pfa, robust_hdp
+    from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
+    from dpfl.reproduce.tables import write_results
+
+    names = [d.strip() for item in (datasets or ["fashion_mnist"]) for d in item.split(",") if d.strip()]
+    names = list(dict.fromkeys({"fmnist": "fashion_mnist"}.get(d, d) for d in names))
+    wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
+                       + [f"--{k.replace('_', '-')} {v}" for k, v in grid_options.items() if v]
+                       + [f"--dataset {d}" for d in names if datasets]
+                       + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
+                                                   ("methods", methods)) if v is not None])
+    try:
+        module = pfa if paper == "pfa" else robust_hdp
+        grid = module.grid(scale, datasets=names, seeds=seeds, rounds=rounds, settings_pattern=settings,
+                           methods=wanted, **grid_options)
+        if not grid.jobs:
+            raise UserError("no job to run: the selection leaves nothing (see --dry-run)")
+        if dry_run:
+            for line in describe_jobs(grid, out):
+                console.print(line, markup=False, highlight=False)
+            return
+        with RichProgress(errors) as progress:
+            outcomes = run_jobs(grid.jobs, out, progress=progress)
+        selected = {j.key for j in grid.jobs}
+        outcomes += collect_finished([j for j in grid.all_jobs if j.key not in selected], out)
+        csv_path, md_path = write_results(grid, outcomes, out, command=command)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    failed = [o for o in outcomes if o.status == FAILED]
+    counts = {s: sum(o.status == s for o in outcomes) for s in dict.fromkeys(o.status for o in outcomes)}
+    console.print(f"{paper} ({grid.label}): " + ", ".join(f"{n} {s}" for s, n in counts.items()), highlight=False)
+    console.print(f"results: {md_path}  {csv_path}", highlight=False)
+    if failed:
+        errors.print(f"error: {len(failed)} run(s) failed (status 'failed' in results.csv; tracebacks in "
+                     f"{out / 'logs'})", markup=False, highlight=False)
+        raise typer.Exit(1)
+
+
+@reproduce_app.command("pfa")
+def reproduce_pfa(
+    out: _Out, scale: _Scale, seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None,
+    methods: _Methods = None, dataset: _Datasets = None,
+    calibration: Annotated[Optional[str], typer.Option(
+        help="accountant (RDP + Poisson), pfa-heuristic (the paper's formula + fixed-size batches) or both; default "
+             "accountant at full scale, both at ci.")] = None,
+    dry_run: _DryRun = False,
+) -> None:
+    """PFA's comparison (PVLDB 2022): np_fedavg, max_eps, pfa, pfa_plus, weiavg, fedavg, min_eps."""
+    _reproduce("pfa", out, scale, seeds, rounds, settings, methods, dataset, dry_run, calibration=calibration)
+
+
+@reproduce_app.command("robust-hdp")
+def reproduce_robust_hdp(
+    out: _Out, scale: _Scale, seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None,
+    methods: _Methods = None, dataset: _Datasets = None, dry_run: _DryRun = False,
+    noise_table: Annotated[bool, typer.Option(
+        "--noise-table", help="Only the round-1 noise statistic table (thesis Table 3.4): each setting calibrated "
+                              "for its full planned length, round 1 trained once, every aggregator on the same "
+                              "uploads. Writes OUT/noise_table.{csv,md}; ignores --rounds/--seeds/--methods.")] = False,
+) -> None:
+    """Robust-HDP's comparison (ICML 2024): 7 methods on Dist1..9, plus the falsified-budget scenario."""
+    if noise_table:
+        _noise_table(out, scale, settings, dataset)
+        return
+    _reproduce("robust-hdp", out, scale, seeds, rounds, settings, methods, dataset, dry_run)
+
+
+def _noise_table(out: Path, scale: str, settings: Optional[str], datasets: Optional[list[str]]) -> None:
+    from dpfl.reproduce import robust_hdp
+    from dpfl.reproduce.noise_table import write_noise_table
+
+    names = [d.strip() for item in (datasets or ["fashion_mnist"]) for d in item.split(",") if d.strip()]
+    names = list(dict.fromkeys({"fmnist": "fashion_mnist"}.get(d, d) for d in names))
+    try:
+        grid = robust_hdp.grid(scale, datasets=names, seeds=1, settings_pattern=settings, methods=["robust_hdp"])
+        mains = {s.name for s in grid.settings if s.meta.get("kind") == "main"}
+        configs = {j.setting: j.config for j in grid.jobs if j.setting in mains}
+        if not configs:
+            raise UserError("no main setting selected for the noise table (see --dry-run)")
+        csv_path, md_path = write_noise_table(
+            configs, out, label=grid.label,
+            on_setting=lambda s: errors.print(f"noise table: {s} ...", markup=False, highlight=False))
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    console.print(f"noise table: {md_path}  {csv_path}", highlight=False)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -1,0 +1,97 @@
+"""The Robust-HDP thesis comparison (ICML 2024 / thesis ch. 3; spec heterogeneous_dp.md §7.3, §6 and §7.4).
+
+Methods (spec §7.3 "Seeds and methods"):
+
+| method | dpfl algorithm | |
+|---|---|---|
+| robust_hdp | robust_hdp (p' = 200,000: one block for cnn_rhdp) | |
+| weiavg | weiavg | |
+| pfa | pfa, split gmm, k = 1 (the RHDP code's PFA baseline) | |
+| fedavg | dp_fedavg_local, uniform weights (the thesis's DPFedAvg) | |
+| min_eps | min_eps, observed (everyone at the smallest reported epsilon) | |
+| oracle | oracle (weights from the true noise variance) | privileged reference |
+| np_fedavg | fedavg (no clipping, no noise) | non-private reference |
+
+Settings: `full` is the main grid {dataset} x Dist1..Dist9 with the code's fixed 20-client lists
+(`<ds>-Dist1` .. `<ds>-Dist9`), plus the falsified-budget setting `<ds>-Dist5-misreport` (client 0
+reports 10x its epsilon; weiavg, pfa, robust_hdp, fedavg, oracle), whose honest counterpart is the main
+`<ds>-Dist5` setting: the same data, budgets and seeds, so those runs are not repeated. `ci` is spec
+§7.4: 6 clients, Dist5[0:6], rhdp20[0:6] batch sizes, 300 examples per client, 3 rounds, all methods
+and the falsified-budget scenario. CIFAR-10 is not in the grid: the spec's CIFAR/ResNet-18 study is
+replaced by the weight-precision study on Fashion-MNIST (§7.3.4), not part of this comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
+
+__all__ = ["DISTS", "MISREPORT", "MISREPORT_METHODS", "SPEC", "grid", "methods", "settings"]
+
+PAPER = "robust-hdp"
+DISTS = tuple(f"Dist{i}" for i in range(1, 10))
+SPEC = {"full": {"rounds": 200, "seeds": 3}, "ci": {"rounds": 3, "seeds": 1}}
+SHORT = {"fashion_mnist": "fmnist", "mnist": "mnist"}
+MISREPORT = "{client: 0, factor: 10}"  # spec §6 / §9.14: client 0 (true epsilon 0.95 in Dist5) reports 10x
+MISREPORT_DIST = "Dist5"
+MISREPORT_METHODS = ("weiavg", "pfa", "robust_hdp", "fedavg", "oracle")
+
+ORACLE = "privileged reference (reads the true noise)"
+NON_PRIVATE = "non-private reference (no DP)"
+
+
+def methods() -> tuple[Method, ...]:
+    """The thesis's seven methods."""
+    return (
+        Method("robust_hdp", "robust_hdp", ("algorithm={name: robust_hdp, params: {p_prime: 200000}}",)),
+        Method("weiavg", "weiavg", ("algorithm={name: weiavg}",)),
+        Method("pfa", "pfa", ("algorithm={name: pfa, params: {split: gmm, k: 1}}",)),
+        Method("fedavg", "dp_fedavg_local", ("algorithm={name: dp_fedavg_local, params: {weighting: uniform}}",)),
+        Method("min_eps", "min_eps", ("algorithm={name: min_eps, params: {epsilon: observed}}",)),
+        Method("oracle", "oracle", ("algorithm={name: oracle}",), ORACLE),
+        Method("np_fedavg", "fedavg", ("algorithm={name: fedavg}", "privacy={}"), NON_PRIVATE),
+    )
+
+
+def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[Setting]:
+    """The main settings (one per budget distribution) and the falsified-budget setting, per dataset."""
+    if scale not in SPEC:
+        raise GridError(f"--scale must be 'ci' or 'full', got {scale!r}")
+    all_methods = methods()
+    liars = tuple(m for m in all_methods if m.name in MISREPORT_METHODS)
+    out = []
+    for dataset in datasets:
+        if dataset not in SHORT:
+            raise GridError(f"--dataset: the Robust-HDP grid ships fashion_mnist and mnist (got {dataset!r})")
+        if scale == "ci" and dataset != "fashion_mnist":
+            raise GridError("--scale ci is defined on fashion_mnist only (spec §7.4)")
+        short = SHORT[dataset]
+        if scale == "ci":
+            base = config_dir() / "rhdp" / "ci_fmnist.yaml"
+            what = f"{dataset}, cnn_rhdp, 6 clients x 300 examples (80/20 own test split), budgets Dist5[0:6] " \
+                   "(fixed list), batch sizes rhdp20[0:6]"
+            dist_overrides = {MISREPORT_DIST: ()}  # the base config holds the Dist5[0:6] list
+        else:
+            base = config_dir() / "rhdp" / f"{short}.yaml"
+            what = f"{dataset}, cnn_rhdp, 20 clients x 3,000 examples (80/20 own test split), batch sizes rhdp20"
+            dist_overrides = {d: (f"privacy.budgets={{distribution: rhdp20, dist: {d}}}",) for d in DISTS}
+        for dist, overrides in dist_overrides.items():
+            out.append(Setting(f"{short}-{dist}", base, overrides, all_methods, dataset,
+                               describe=f"{what}, budgets {dist}" if scale == "full" else what,
+                               meta={"dist": dist, "kind": "main"}))
+        honest = f"{short}-{MISREPORT_DIST}"
+        out.append(Setting(
+            f"{honest}-misreport", base, (*dist_overrides[MISREPORT_DIST], f"privacy.misreport={MISREPORT}"), liars,
+            dataset, describe=f"{what}; client 0 calibrates to its true epsilon but reports 10x it",
+            meta={"dist": MISREPORT_DIST, "kind": "misreport", "honest": honest}))
+    return out
+
+
+def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int | None = None,
+         rounds: int | None = None, settings_pattern: str | None = None, methods: Sequence[str] | None = None,
+         extra: Sequence[str] = ()) -> Grid:
+    """The jobs of `dpfl reproduce robust-hdp` (see the module docstring)."""
+    return build_grid(PAPER, scale, settings(scale, datasets), spec_rounds=SPEC[scale]["rounds"],
+                      spec_seeds=SPEC[scale]["seeds"], seeds=seeds, rounds=rounds, settings_pattern=settings_pattern,
+                      methods=methods, extra=extra)

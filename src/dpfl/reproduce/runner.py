@@ -1,0 +1,236 @@
+"""Run a comparison's jobs one after the other, each into its own run directory, resumably.
+
+Why it looks like this:
+- Every job is an ordinary run directory (`dpfl.experiment.run_directory.execute`), so each can be
+  inspected, reported (`dpfl report`) or resumed on its own.
+- Re-running the same command continues where it stopped: a job whose directory holds summary.json is
+  done and skipped; one with a config.yaml but no summary is resumed (from its checkpoint, or restarted
+  in place). A directory whose saved config differs from the job's is refused up front, before
+  anything runs: the same --out with other options would otherwise mix two experiments.
+- One failing job must not cost the others: its exception is recorded (status "failed", the traceback
+  in OUT/logs/) and the next job starts. A dataset that is not on this machine skips every job that
+  needs it ("skipped").
+- Jobs run sequentially: one heavy torch process at a time.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpfl.experiment.config import ConfigError, config_to_yaml, load_config
+from dpfl.reproduce.jobs import RUNS_DIR, Grid, Job
+from dpfl.results.run_files import CONFIG_FILE, SUMMARY_FILE, write_text_atomic
+
+__all__ = ["OK", "FAILED", "SKIPPED", "INCOMPLETE", "ConfigMismatchError", "Outcome", "Progress", "RichProgress",
+           "check_existing", "collect_finished", "describe_jobs", "job_state", "run_jobs"]
+
+OK, FAILED, SKIPPED, INCOMPLETE = "ok", "failed", "skipped", "incomplete"
+LOGS_DIR = "logs"
+
+# job directory states
+NEW, FINISHED, PARTIAL, DIFFERS = "new", "finished", "partial", "config differs"
+
+
+class ConfigMismatchError(ValueError):
+    """An existing run directory holds a run of another config (a user error: other options, same --out)."""
+
+
+@dataclass
+class Outcome:
+    """What happened to a job in this invocation. `action`: ran, resumed, finished before, collected, ""."""
+
+    job: Job
+    run_dir: Path
+    status: str
+    action: str = ""
+    message: str = ""
+    seconds: float = 0.0
+
+
+def job_state(job: Job, out: Path) -> tuple[str, str]:
+    """(state, reason) of a job's directory: new, finished, partial, or config differs (with why)."""
+    d = job.run_dir(out)
+    if not (d / CONFIG_FILE).is_file():
+        return NEW, ""
+    try:
+        saved = config_to_yaml(load_config(d / CONFIG_FILE))
+    except ConfigError as err:
+        return DIFFERS, f"its config.yaml does not load ({err})"
+    if saved != config_to_yaml(job.config):
+        return DIFFERS, _first_difference(saved, config_to_yaml(job.config))
+    return (FINISHED if (d / SUMMARY_FILE).is_file() else PARTIAL), ""
+
+
+def _first_difference(saved: str, wanted: str) -> str:
+    for a, b in zip(saved.splitlines(), wanted.splitlines()):
+        if a != b:
+            return f"saved '{a.strip()}', this job '{b.strip()}'"
+    return "the configs differ"
+
+
+def check_existing(jobs: Sequence[Job], out: Path) -> dict[tuple[str, str, int], str]:
+    """Each job's directory state; raises ConfigMismatchError if any directory holds another config."""
+    states = {}
+    for job in jobs:
+        state, why = job_state(job, out)
+        if state == DIFFERS:
+            raise ConfigMismatchError(
+                f"{job.run_dir(out)} holds a run with a different config ({why}); use another --out, or the "
+                "options that made it")
+        states[job.key] = state
+    return states
+
+
+class Progress:
+    """Callbacks of `run_jobs` (all optional): a job starts, a round ends, a job ends."""
+
+    def start(self, job: Job, index: int, total: int, rounds: int) -> None: ...
+
+    def round(self, job: Job, row: dict[str, Any]) -> None: ...
+
+    def end(self, outcome: Outcome, index: int, total: int) -> None: ...
+
+
+def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None,
+             execute: Callable[..., dict[str, Any]] | None = None) -> list[Outcome]:
+    """Run every job not finished yet (see the module docstring); one Outcome per job, in order.
+
+    `execute` defaults to `dpfl.experiment.run_directory.execute` (tests pass a stand-in). Raises
+    ConfigMismatchError before running anything if a directory holds another config. KeyboardInterrupt
+    propagates: the interrupted job resumes on the next invocation.
+    """
+    from dpfl.data.errors import DatasetNotFoundError
+
+    if execute is None:
+        from dpfl.experiment.run_directory import execute
+    out = Path(out)
+    progress = progress or Progress()
+    states = check_existing(jobs, out)
+    missing: dict[str, str] = {}  # dataset -> why it is skipped
+    outcomes = []
+    for index, job in enumerate(jobs, start=1):
+        d = job.run_dir(out)
+        state = states[job.key]
+        dataset = job.config.data.dataset
+        if state == FINISHED:
+            outcome = Outcome(job, d, OK, "finished before")
+        elif dataset in missing:
+            outcome = Outcome(job, d, SKIPPED, message=missing[dataset])
+        else:
+            progress.start(job, index, len(jobs), job.config.training.rounds)
+            started = time.perf_counter()
+            try:
+                execute(job.config, d, resume=state == PARTIAL, on_round=lambda row, j=job: progress.round(j, row))
+            except DatasetNotFoundError as err:
+                missing[dataset] = f"dataset {dataset} is not available on this machine ({_one_line(err)})"
+                outcome = Outcome(job, d, SKIPPED, message=missing[dataset])
+            except Exception as err:  # noqa: BLE001 - one failing job must not stop the comparison
+                log = _write_log(out, job, err)
+                outcome = Outcome(job, d, FAILED, "resumed" if state == PARTIAL else "ran",
+                                  f"{type(err).__name__}: {_one_line(err)} (traceback: {log.relative_to(out)})",
+                                  time.perf_counter() - started)
+            else:
+                _log_path(out, job).unlink(missing_ok=True)
+                outcome = Outcome(job, d, OK, "resumed" if state == PARTIAL else "ran",
+                                  seconds=time.perf_counter() - started)
+        outcomes.append(outcome)
+        progress.end(outcome, index, len(jobs))
+    return outcomes
+
+
+def collect_finished(jobs: Sequence[Job], out: Path) -> list[Outcome]:
+    """Outcomes of jobs (not run now) whose directory holds a finished run of exactly their config."""
+    found = []
+    for job in jobs:
+        if job_state(job, Path(out))[0] == FINISHED:
+            found.append(Outcome(job, job.run_dir(out), OK, "collected"))
+    return found
+
+
+def describe_jobs(grid: Grid, out: Path) -> list[str]:
+    """The --dry-run listing: the scale, the notes, and one aligned line per job with its directory's state."""
+    from dpfl.data import available
+
+    missing = {r["name"] for r in available() if r.get("source") == "missing" and not r.get("fetchable")}
+    lines = [f"{grid.paper}, scale {grid.label}: {len(grid.jobs)} jobs -> {Path(out) / RUNS_DIR}"]
+    lines += [f"note: {note}" for note in [*grid.selection, *grid.notes]]
+    rows = [("setting", "method", "seed", "state", "label")]
+    for job in grid.jobs:
+        state, why = job_state(job, out)
+        if job.config.data.dataset in missing and state == NEW:
+            state = f"dataset {job.config.data.dataset} not found locally: would be skipped"
+        rows.append((job.setting, job.method, str(job.seed), f"{state}: {why}" if why else state, job.label))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return lines + ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[4]]).rstrip() for r in rows]
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _log_path(out: Path, job: Job) -> Path:
+    return out / LOGS_DIR / f"{job.setting}.{job.method}.seed{job.seed}.log"
+
+
+def _write_log(out: Path, job: Job, err: BaseException) -> Path:
+    path = _log_path(out, job)
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    write_text_atomic(path, f"job {job.setting} / {job.method} / seed {job.seed}\n\n{text}")
+    return path
+
+
+class RichProgress(Progress):
+    """A progress bar of the current job's rounds and one line per finished job, on a rich Console
+    (the `dpfl run` style); the bar shows only on a terminal or with DPFL_PROGRESS set."""
+
+    def __init__(self, console: Any) -> None:
+        import os
+
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
+
+        self.console = console
+        self.bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
+                       disable=not console.is_terminal and "DPFL_PROGRESS" not in os.environ)
+        self.task: Any = None
+        self.accuracy: float | None = None
+
+    def __enter__(self) -> RichProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.__exit__(*exc)
+
+    def start(self, job: Job, index: int, total: int, rounds: int) -> None:
+        self.accuracy = None
+        self.task = self.bar.add_task(f"[{index}/{total}] {job.setting} {job.method} seed{job.seed}", total=rounds,
+                                      status="preparing (data, calibration)")
+
+    def round(self, job: Job, row: dict[str, Any]) -> None:
+        if row.get("test_accuracy") is not None:
+            self.accuracy = row["test_accuracy"]
+        acc = "-" if self.accuracy is None else f"{self.accuracy:.3f}"
+        self.bar.update(self.task, completed=row["round"], status=f"acc {acc}")
+
+    def end(self, outcome: Outcome, index: int, total: int) -> None:
+        if self.task is not None:
+            self.bar.remove_task(self.task)
+            self.task = None
+        job = outcome.job
+        what = {OK: "ok", FAILED: "FAILED", SKIPPED: "skipped"}.get(outcome.status, outcome.status)
+        detail = outcome.action
+        if outcome.status == OK and outcome.action in ("ran", "resumed"):
+            acc = "-" if self.accuracy is None else f"{self.accuracy:.4f}"
+            detail = f"{outcome.action}, final accuracy {acc}, {outcome.seconds:.0f} s"
+        if outcome.message:
+            detail = f"{detail}: {outcome.message}" if detail else outcome.message
+        self.console.print(f"[{index}/{total}] {job.setting} {job.method} seed{job.seed}: {what}"
+                           + (f" ({detail})" if detail else ""), markup=False, highlight=False)

@@ -1,0 +1,99 @@
+"""`dpfl reproduce` as a user runs it: a tiny real PFA comparison, re-running it, dry runs and usage errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from dpfl.cli import main
+
+SETTING = "fmnist-logr-iid-MixGauss1-M10-rdp"
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            code = int(e.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _one_line_error(code: int, err: str) -> str:
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_reproduce_pfa_runs_labels_and_resumes(tmp_path, fmnist):
+    args = ["reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING,
+            "--methods", "max_eps", "--rounds", "1"]
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert f"[1/1] {SETTING} max_eps seed0: ok (ran, final accuracy" in err
+    assert "pfa (ci (reduced: 1 round instead of 5)): 1 ok" in out
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"max_eps"}
+    # max_eps calibrates everyone to epsilon 10 while MixGauss1 budgets are ~0.1: it violates them
+    assert rows["max_eps"]["meets_budgets"] == "False"
+    assert float(rows["max_eps"]["max_epsilon_spent"]) > float(rows["max_eps"]["min_budget"])
+    md = (tmp_path / "results.md").read_text()
+    assert "| max_eps — **NOT private (violates budgets)** | 1/1 |" in md
+    assert "dpfl reproduce pfa --scale ci --out" in md and "--rounds 1" in md
+
+    code, out, err = cli(*args)  # again: nothing to run, results re-collected
+    assert code == 0, err
+    assert "finished before" in err and "ran," not in err
+    assert "1 ok" in out
+
+    line = _one_line_error(*cli(*args[:-1], "2")[::2])
+    assert "holds a run with a different config" in line
+
+
+def test_dry_run_lists_jobs_and_runs_nothing(tmp_path):
+    code, out, err = cli("reproduce", "robust-hdp", "--scale", "full", "--out", tmp_path, "--dry-run", "--seeds", "2",
+                         "--rounds", "20", "--settings", "fmnist-Dist5*", "--dataset", "fmnist")
+    assert code == 0, err
+    assert out.splitlines()[0] == ("robust-hdp, scale full (reduced: 20 rounds instead of 200, 2 seeds instead of 3): "
+                                   f"24 jobs -> {tmp_path / 'runs'}")
+    lines = [line.split() for line in out.splitlines() if line.startswith("fmnist-")]
+    assert len(lines) == 24 and {line[3] for line in lines} == {"new"}
+    assert not any(tmp_path.iterdir())
+
+
+def test_dry_run_shows_a_missing_dataset(tmp_path):
+    from dpfl.data import available
+
+    if any(r["name"] == "mnist" and r.get("source") != "missing" for r in available()):
+        pytest.skip("MNIST is available here")
+    code, out, _ = cli("reproduce", "pfa", "--scale", "full", "--out", tmp_path, "--dry-run", "--dataset", "mnist",
+                       "--methods", "pfa")
+    assert code == 0
+    assert out.count("dataset mnist not found locally: would be skipped") == 4 * 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--scale", "tiny"], "--scale must be 'ci' or 'full'"),
+    (["--scale", "ci", "--methods", "pfa,nope"], "unknown method 'nope'"),
+    (["--scale", "ci", "--settings", "cifar*"], "matches no setting"),
+    (["--scale", "ci", "--seeds", "0"], "--seeds must be >= 1"),
+    (["--scale", "ci", "--rounds", "0"], "--rounds must be >= 1"),
+    (["--scale", "ci", "--calibration", "exact"], "--calibration must be one of accountant, pfa-heuristic"),
+    (["--scale", "full", "--dataset", "cifar10"], "ships fashion_mnist and mnist"),
+])
+def test_usage_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
+    line = _one_line_error(*cli("reproduce", "pfa", "--out", tmp_path, "--dry-run", *args)[::2])
+    assert message in line
+    assert not any(tmp_path.iterdir())
+
+
+def test_out_and_scale_are_required(tmp_path):
+    code, _, err = cli("reproduce", "robust-hdp", "--out", tmp_path)
+    assert code == 2 and "--scale" in err
