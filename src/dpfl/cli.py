@@ -306,6 +306,12 @@ _Datasets = Annotated[Optional[list[str]], typer.Option("--dataset", help="fashi
 _DryRun = Annotated[bool, typer.Option("--dry-run", help="List the jobs and their state; run nothing.")]
 
 
+def _dataset_names(datasets: Optional[list[str]]) -> list[str]:
+    """--dataset values (repeatable or comma-separated, `fmnist` for short), in order, without repeats."""
+    names = [d.strip() for item in (datasets or ["fashion_mnist"]) for d in item.split(",") if d.strip()]
+    return list(dict.fromkeys({"fmnist": "fashion_mnist"}.get(d, d) for d in names))
+
+
 def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
                methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, **grid_options: Any) -> None:
     """Both reproduce commands: build the grid, list it (--dry-run) or run it, then write the results."""
@@ -313,8 +319,7 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
     from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
     from dpfl.reproduce.tables import write_results
 
-    names = [d.strip() for item in (datasets or ["fashion_mnist"]) for d in item.split(",") if d.strip()]
-    names = list(dict.fromkeys({"fmnist": "fashion_mnist"}.get(d, d) for d in names))
+    names = _dataset_names(datasets)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
                        + [f"--{k.replace('_', '-')} {v}" for k, v in grid_options.items() if v]
@@ -381,8 +386,7 @@ def _noise_table(out: Path, scale: str, settings: Optional[str], datasets: Optio
     from dpfl.reproduce import robust_hdp
     from dpfl.reproduce.noise_table import write_noise_table
 
-    names = [d.strip() for item in (datasets or ["fashion_mnist"]) for d in item.split(",") if d.strip()]
-    names = list(dict.fromkeys({"fmnist": "fashion_mnist"}.get(d, d) for d in names))
+    names = _dataset_names(datasets)
     try:
         grid = robust_hdp.grid(scale, datasets=names, seeds=1, settings_pattern=settings, methods=["robust_hdp"])
         mains = {s.name for s in grid.settings if s.meta.get("kind") == "main"}

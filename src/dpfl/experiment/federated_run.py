@@ -363,11 +363,7 @@ class FederatedRun:
                 uploads = encode(uploads, view, self.seed)
                 bytes_up = list(uploads.bytes_up)
                 bytes_down = [d + extra for d, extra in zip(bytes_down, uploads.bytes_down_subspace)]
-                traffic = {"warmup": uploads.warmup, "model_bytes": FLOAT_BYTES * dim,
-                           "code_uploads": int((~uploads.full_mask).sum()),
-                           "uplink_bytes_full": sum(b for b, f in zip(bytes_up, uploads.full_mask.tolist()) if f),
-                           "uplink_bytes_codes": sum(b for b, f in zip(bytes_up, uploads.full_mask.tolist()) if not f),
-                           "downlink_bytes_subspace": sum(uploads.bytes_down_subspace)}
+                traffic = uploads.traffic(FLOAT_BYTES * dim)
             if getattr(alg.aggregator, "privileged", False):  # only oracles may read the engine's channel
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, channel=channel)
             else:

@@ -128,6 +128,18 @@ def config_dir() -> Path:
                             "checkout")
 
 
+DATASET_SHORT = {"fashion_mnist": "fmnist", "mnist": "mnist"}  # the datasets both grids ship, as setting names say them
+
+
+def dataset_short(dataset: str, scale: str, paper: str) -> str:
+    """The short name of a dataset a grid ships (`fmnist`), or a GridError; ci runs on Fashion-MNIST only."""
+    if dataset not in DATASET_SHORT:
+        raise GridError(f"--dataset: the {paper} grid ships fashion_mnist and mnist (got {dataset!r})")
+    if scale == "ci" and dataset != "fashion_mnist":
+        raise GridError("--scale ci is defined on fashion_mnist only (spec §7.4)")
+    return DATASET_SHORT[dataset]
+
+
 def select_settings(settings: Sequence[Setting], pattern: str | None) -> list[Setting]:
     """Settings whose name matches the fnmatch `pattern` (comma-separated patterns are alternatives)."""
     if not pattern:

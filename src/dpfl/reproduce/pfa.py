@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
+from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, dataset_short
 
 __all__ = ["CALIBRATIONS", "DISTRIBUTIONS", "MIN_EPS", "MODELS", "SPEC", "grid", "methods", "settings"]
 
@@ -46,7 +46,6 @@ CALIBRATIONS = {
 DEFAULT_CALIBRATIONS = {"full": ("accountant",), "ci": ("accountant", "pfa-heuristic")}
 MIN_EPS = {"MixGauss1": 0.1, "MixGauss3": 1.0}  # PFA's Minimum baseline constants (spec §3.1)
 MAX_EPS = 10.0
-SHORT = {"fashion_mnist": "fmnist", "mnist": "mnist"}
 PFA_PARAMS = "{split: top_fraction, public_fraction: 0.1, k: 1, subspace: centered, svd_solver: exact}"
 
 NOT_PRIVATE = "NOT private (violates budgets)"
@@ -85,11 +84,7 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",),
     k = int(0.8 * m)
     out = []
     for dataset in datasets:
-        if dataset not in SHORT:
-            raise GridError(f"--dataset: the PFA grid ships fashion_mnist and mnist (got {dataset!r})")
-        if scale == "ci" and dataset != "fashion_mnist":
-            raise GridError("--scale ci is defined on fashion_mnist only (spec §7.4)")
-        short = SHORT[dataset]
+        short = dataset_short(dataset, scale, "PFA")
         for model in MODELS:
             base = config_dir() / "pfa" / f"{'ci_' if scale == 'ci' else ''}{short}_{model}.yaml"
             for dist in DISTRIBUTIONS[scale]:

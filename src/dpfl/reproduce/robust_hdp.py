@@ -25,14 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
+from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, dataset_short
 
 __all__ = ["DISTS", "MISREPORT", "MISREPORT_METHODS", "SPEC", "grid", "methods", "settings"]
 
 PAPER = "robust-hdp"
 DISTS = tuple(f"Dist{i}" for i in range(1, 10))
 SPEC = {"full": {"rounds": 200, "seeds": 3}, "ci": {"rounds": 3, "seeds": 1}}
-SHORT = {"fashion_mnist": "fmnist", "mnist": "mnist"}
 MISREPORT = "{client: 0, factor: 10}"  # spec §6 / §9.14: client 0 (true epsilon 0.95 in Dist5) reports 10x
 MISREPORT_DIST = "Dist5"
 MISREPORT_METHODS = ("weiavg", "pfa", "robust_hdp", "fedavg", "oracle")
@@ -62,11 +61,7 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[S
     liars = tuple(m for m in all_methods if m.name in MISREPORT_METHODS)
     out = []
     for dataset in datasets:
-        if dataset not in SHORT:
-            raise GridError(f"--dataset: the Robust-HDP grid ships fashion_mnist and mnist (got {dataset!r})")
-        if scale == "ci" and dataset != "fashion_mnist":
-            raise GridError("--scale ci is defined on fashion_mnist only (spec §7.4)")
-        short = SHORT[dataset]
+        short = dataset_short(dataset, scale, "Robust-HDP")
         if scale == "ci":
             base = config_dir() / "rhdp" / "ci_fmnist.yaml"
             what = f"{dataset}, cnn_rhdp, 6 clients x 300 examples (80/20 own test split), budgets Dist5[0:6] " \

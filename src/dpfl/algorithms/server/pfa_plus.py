@@ -44,6 +44,14 @@ class Payload:
     bytes_up: list[int]  # per participant
     bytes_down_subspace: list[int]  # per participant: V (and μ) broadcast, on top of the model
 
+    def traffic(self, model_bytes: int) -> dict[str, Any]:
+        """The round's traffic by kind (metrics row `traffic`; `dpfl.results.traffic` sums it)."""
+        full = self.full_mask.tolist()
+        return {"warmup": self.warmup, "model_bytes": model_bytes, "code_uploads": full.count(False),
+                "uplink_bytes_full": sum(b for b, f in zip(self.bytes_up, full) if f),
+                "uplink_bytes_codes": sum(b for b, f in zip(self.bytes_up, full) if not f),
+                "downlink_bytes_subspace": sum(self.bytes_down_subspace)}
+
 
 @dataclass
 class PFAPlus:
