@@ -97,3 +97,10 @@ def test_usage_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
 def test_out_and_scale_are_required(tmp_path):
     code, _, err = cli("reproduce", "robust-hdp", "--out", tmp_path)
     assert code == 2 and "--scale" in err
+
+
+def test_noise_table_flag_reports_a_selection_that_matches_nothing_in_one_line(tmp_path):
+    code, _, err = cli("reproduce", "robust-hdp", "--scale", "ci", "--noise-table", "--out", tmp_path / "nt",
+                       "--settings", "no-such-setting")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no-such-setting" in err
+    assert not (tmp_path / "nt").exists()
