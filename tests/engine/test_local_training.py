@@ -243,3 +243,197 @@ def test_recorded_noise_matches_the_oracle_formula():
     ])
     expected = steps * lr**2 * p * clip**2 * z**2 / b**2
     assert abs(float(samples.mean()) - expected) < 3 * float(samples.std()) / 50**0.5
+
+
+# --- training a subset of tensors (`LocalSpec.trainable`, CENTAUR's head / representation phases) ---
+
+HEAD = ("6.weight", "6.bias")
+BODY = ("0.weight", "0.bias", "4.weight", "4.bias")
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+
+
+@pytest.mark.parametrize("kw", [
+    dict(lr=0.1, sampling="shuffle", momentum=0.5),
+    dict(lr=0.1, sampling="poisson", clip=0.5, momentum=0.5, prox_mu=0.1),
+])
+def test_trainable_all_names_is_exactly_the_default(kw):
+    """Naming every tensor (in any order) is bit-for-bit the default path, noise included."""
+    model, data = small_cnn(), make_data()
+    z = 1.2 if "clip" in kw else 0.0
+    plans = [ClientPlan(0, 8, 4, z), ClientPlan(1, 5, 2, z), ClientPlan(2, 16, 3, z)]
+    w = P.model_params(model)
+    default = run_local(model, LocalSpec(**kw), plans, data, w, seed=4, round_=1)
+    named = run_local(model, LocalSpec(**kw, trainable=tuple(reversed(list(w)))), plans, data, w, seed=4, round_=1)
+    _assert_same(default.params, named.params)
+    assert default.noise_sq_norm == named.noise_sq_norm
+    assert default.records_used == named.records_used
+
+
+@pytest.mark.parametrize("kw", [
+    dict(lr=0.1, sampling="shuffle"),
+    dict(lr=0.1, sampling="shuffle", momentum=0.9, prox_mu=0.3),
+    dict(lr=0.1, sampling="poisson", clip=0.5),
+    dict(lr=0.1, sampling="poisson", clip=0.5, momentum=0.9, prox_mu=0.3),
+])
+@pytest.mark.parametrize("trainable", [HEAD, BODY])
+def test_frozen_tensors_come_back_bit_identical(kw, trainable):
+    model, data = small_cnn(), make_data()
+    z = 1.5 if "clip" in kw else 0.0
+    plans = [ClientPlan(0, 8, 4, z), ClientPlan(1, 5, 6, z), ClientPlan(2, 16, 2, z)]
+    w = P.model_params(model)
+    res = run_local(model, LocalSpec(**kw, trainable=trainable), plans, data, w, seed=1, round_=3)
+    for n, t in w.items():
+        for i in range(len(plans)):
+            if n in trainable:
+                assert not torch.equal(res.params[n][i], t), f"{n} did not train"
+            else:
+                assert torch.equal(res.params[n][i], t), f"frozen {n} changed"
+
+
+def test_sgd_on_a_subset_equals_pytorch_with_frozen_parameters():
+    """Momentum SGD on f(w) + mu/2 ||w_T - w_T,start||^2 over the trainable tensors T only, with the
+    others requires_grad=False: the batched (non-DP) path with a frozen argument."""
+    model, data = small_cnn(), make_data()
+    spec = LocalSpec(lr=0.05, sampling="shuffle", momentum=0.9, prox_mu=0.3, trainable=BODY)
+    plan = ClientPlan(1, 6, 8)
+    res = run_local(model, spec, [plan, ClientPlan(0, 4, 3)], data, P.model_params(model), seed=2, round_=0)
+    ref = _copy(model)
+    for n, p in ref.named_parameters():
+        p.requires_grad_(n in BODY)
+    params = [p for p in ref.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in params]
+    x, y = data.client(1)
+    stream = BatchStream("shuffle", len(x), 6, torch_generator(2, Purpose.BATCH, 0, 1), 8)
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    for _ in range(8):
+        idx = stream.next()
+        opt.zero_grad()
+        prox = sum((p - s).pow(2).sum() for p, s in zip(params, start))
+        (nn.functional.cross_entropy(ref(x[idx]), y[idx]) + 0.3 / 2 * prox).backward()
+        opt.step()
+    for n, t in ref.named_parameters():
+        torch.testing.assert_close(res.params[n][0], t.detach(), atol=1e-6, rtol=1e-5)
+
+
+def test_dpsgd_clipping_norm_is_over_trainable_coordinates_only():
+    """Frozen second layer scaled by 1e-3 and inputs of size ~30: each sample's gradient norm over the
+    trainable first layer is < C = 0.2 but over all tensors > 20 C. With no noise and one fixed-size
+    batch of every record, the step must be the *unclipped* mean gradient of the first layer (were the
+    frozen tensors in the norm, every sample would be scaled by < 0.05)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3))
+    with torch.no_grad():
+        model[1].weight.mul_(1e-3)
+    g = torch.Generator().manual_seed(0)
+    xs = [30 * torch.randn(12, 4, generator=g) for _ in range(2)]
+    ys = [torch.randint(0, 3, (12,), generator=g) for _ in range(2)]
+    data = PooledData.from_clients(xs, ys)
+    trainable, clip, lr = ("0.weight", "0.bias"), 0.2, 1.0
+    spec = LocalSpec(lr=lr, sampling="fixed", clip=clip, trainable=trainable)
+    w = P.model_params(model)
+    res = run_local(model, spec, [ClientPlan(0, 12, 1), ClientPlan(1, 12, 1)], data, w, seed=0, round_=0)
+    for k in range(2):
+        total = {n: torch.zeros_like(w[n]) for n in trainable}
+        for j in range(12):
+            model.zero_grad()
+            nn.functional.cross_entropy(model(xs[k][j : j + 1]), ys[k][j : j + 1]).backward()
+            grads = dict(model.named_parameters())
+            t_norm = sum(grads[n].grad.pow(2).sum() for n in trainable).sqrt()
+            full = sum(p.grad.pow(2).sum() for p in model.parameters()).sqrt()
+            assert t_norm < clip and full > 20 * clip  # the case separates the two norms
+            total = {n: total[n] + grads[n].grad for n in trainable}
+        for n in trainable:
+            torch.testing.assert_close(res.params[n][k], w[n] - lr * total[n] / 12, atol=1e-6, rtol=1e-5)
+        for n in ("1.weight", "1.bias"):
+            assert torch.equal(res.params[n][k], w[n])
+
+
+def test_dpsgd_clips_a_large_trainable_gradient_to_C():
+    """Complement of the test above: with the trainable tensor's own gradient above C it is clipped to C."""
+    model, data = small_cnn(), make_data(sizes=(20, 20))
+    grads_of = _per_sample_grad_fn(model, per_sample_loss("cross_entropy"))
+    w = P.broadcast(P.model_params(model), 2)
+    wt = {n: w[n] for n in HEAD}
+    frozen = {n: v for n, v in w.items() if n not in HEAD}
+    x, y, owner = data.gather_packed(torch.arange(2), [torch.tensor([0]), torch.tensor([1])])
+    raw = grads_of(wt, x, y, frozen=frozen)
+    assert raw.keys() == set(HEAD)  # no gradient is computed for frozen tensors
+    full = P.global_norms(grads_of(w, x, y))
+    torch.testing.assert_close(P.global_norms(raw), P.global_norms({n: grads_of(w, x, y)[n] for n in HEAD}))
+    clip = 0.5 * float(P.global_norms(raw).min())
+    out = _clipped_sum(grads_of, wt, x, y, owner, clip, frozen)
+    torch.testing.assert_close(P.global_norms(out), torch.full((2,), clip), rtol=1e-5, atol=0)
+    assert (full > P.global_norms(raw)).all()
+
+
+def test_noise_is_drawn_on_trainable_coordinates_only():
+    """One step: noisy minus noiseless parameters is exactly -lr z C xi / b on the trainable tensors,
+    xi the client's (seed, round, client) noise stream of dimension = trainable scalars (592 here),
+    and zero on the frozen ones. The pooled normalised std over 3 x 592 coordinates has relative
+    standard error 1/sqrt(2 * 1776) ~ 1.7%, so 7% is a > 4 sigma bound with the seed fixed."""
+    model, data = small_cnn(), make_data()
+    lr, clip, trainable = 0.5, 0.7, ("4.weight", "4.bias")
+    plans = [ClientPlan(0, 8, 1, 1.3), ClientPlan(1, 5, 1, 0.6), ClientPlan(2, 16, 1, 2.5)]
+    quiet = [ClientPlan(p.client, p.batch_size, p.steps, 0.0) for p in plans]
+    spec = LocalSpec(lr=lr, sampling="poisson", clip=clip, trainable=trainable)
+    w = P.model_params(model)
+    noisy = run_local(model, spec, plans, data, w, seed=11, round_=0)
+    clean = run_local(model, spec, quiet, data, w, seed=11, round_=0)
+    dim_t = sum(w[n].numel() for n in trainable)
+    assert dim_t == 592
+    diff = P.flatten({n: noisy.params[n] for n in trainable}) - P.flatten({n: clean.params[n] for n in trainable})
+    normalised = []
+    for i, p in enumerate(plans):
+        for n in w:
+            if n not in trainable:
+                assert torch.equal(noisy.params[n][i], w[n])
+        xi = NoiseStream(dim_t, 1, torch_generator(11, Purpose.NOISE, 0, p.client)).next()
+        scale = lr * p.noise_multiplier * clip / p.batch_size
+        torch.testing.assert_close(diff[i], -scale * xi, atol=1e-6, rtol=1e-4)
+        assert noisy.noise_sq_norm[i] == pytest.approx(float(xi.pow(2).sum()) * (p.noise_multiplier * clip) ** 2, rel=1e-5)
+        normalised.append(diff[i] / scale)
+    pooled = torch.cat(normalised)
+    assert abs(float(pooled.std()) - 1) < 0.07
+    assert abs(float(pooled.mean())) < 4 / pooled.numel() ** 0.5
+
+
+@pytest.mark.parametrize("trainable", [HEAD, BODY])
+def test_cohort_equals_clients_one_by_one_with_a_subset(trainable):
+    """Each client starts from its own parameters (its own head), as CENTAUR's clients do."""
+    model, data = small_cnn(), make_data(sizes=(50, 30, 70, 9))
+    spec = LocalSpec(lr=0.1, sampling="poisson", clip=1.0, momentum=0.5, prox_mu=0.1, trainable=trainable)
+    plans = [ClientPlan(0, 8, 5, 1.0), ClientPlan(1, 4, 3, 0.5), ClientPlan(2, 16, 7, 2.0), ClientPlan(3, 3, 1, 1.1)]
+    g = torch.Generator().manual_seed(5)
+    w = {n: v + 0.05 * torch.randn(v.shape, generator=g) for n, v in P.broadcast(P.model_params(model), 4).items()}
+    together = run_local(model, spec, plans, data, w, seed=3, round_=4, stacked_start=True)
+    chunked = run_local(model, spec, plans, data, w, seed=3, round_=4, stacked_start=True, max_elements=1)
+    for i, p in enumerate(plans):
+        alone = run_local(model, spec, [p], data, P.select(w, torch.tensor([i])), seed=3, round_=4, stacked_start=True)
+        assert alone.records_used[0] == together.records_used[i]
+        assert alone.noise_sq_norm[0] == pytest.approx(together.noise_sq_norm[i], rel=1e-6)
+        for n in w:
+            torch.testing.assert_close(together.params[n][i], alone.params[n][0], atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(together.params[n][i], chunked.params[n][i], atol=1e-6, rtol=1e-5)
+            if n not in trainable:
+                assert torch.equal(together.params[n][i], w[n][i])
+
+
+def test_bad_trainable_fails_clearly():
+    model, data = small_cnn(), make_data()
+    w = P.model_params(model)
+    with pytest.raises(ValueError, match="fc9.weight") as err:
+        run_local(model, LocalSpec(lr=0.1, trainable=("6.weight", "fc9.weight", "head.bias")), [ClientPlan(0, 4, 1)], data,
+                  w, seed=0, round_=0)
+    assert "head.bias" in str(err.value) and "'6.weight'" not in str(err.value).split("known")[0]
+    with pytest.raises(ValueError, match="empty"):
+        LocalSpec(lr=0.1, trainable=())
+    with pytest.raises(ValueError, match="repeated"):
+        LocalSpec(lr=0.1, trainable=("6.bias", "6.bias"))
+    with pytest.raises(ValueError, match="sequence"):
+        LocalSpec(lr=0.1, trainable="6.bias")
+    assert LocalSpec(lr=0.1, trainable=["6.bias"]).trainable == ("6.bias",)

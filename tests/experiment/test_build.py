@@ -70,7 +70,8 @@ def test_digits_udp_builds_and_runs_two_rounds():
     cfg = load_config(CONFIGS / "digits_udp.yaml", ["training.rounds=2"])
     run = build_run(cfg)
     assert isinstance(run.algorithm.upload, ClippedNoisyUpdate)
-    assert (run.algorithm.upload.clip, run.algorithm.upload.noise_multiplier) == (1.0, 1.0)
+    up = run.algorithm.upload
+    assert (up.clip, up.cohort) == (1.0, 20) and up.upload_multiplier == pytest.approx(1.0)
     assert run.algorithm.unit == "client" and not run.algorithm.local.private
     result = run.run(checkpoint_every=cfg.checkpoint.every)
     assert len(result.history) == 2 and result.privacy["unit"] == "client"

@@ -143,3 +143,18 @@ def test_report_labels_heuristic_calibration_misreports_and_budget_violations(tm
     assert "Misreported budgets" in report and "client 0 reported" in report
     assert "client 1 reported" not in report
     assert "Oracle run" in report
+
+
+def test_report_shows_the_labelled_aggregate_view_and_the_personalised_accuracy(tmp_path):
+    run = make_accounted_run(tmp_path / "udp")
+    privacy = json.loads((run / "privacy.json").read_text())
+    privacy["aggregate_view"] = {"epsilon": 1.234, "delta": 1e-5, "relation": "add_remove", "noise_multiplier": 2.0,
+                                 "sample_rate": 0.1, "rounds": 5, "valid_for": "an observer of the sums only"}
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows[2].update(acc_personal=0.777, acc_personal_clients=7)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(run).read_text()
+    assert "Aggregate view (NOT the guarantee against this run's server)" in report
+    assert "ε = 1.234" in report and "an observer of the sums only" in report
+    assert "Personalised accuracy (last):** 0.777" in report and "7 clients" in report

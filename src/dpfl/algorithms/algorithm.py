@@ -42,6 +42,7 @@ class Algorithm:
     selection: Selection = field(default_factory=Selection)
     upload: Any = field(default_factory=FullUpdate)
     aggregator: Any = field(default_factory=FedAvg)
+    personal: Any = None  # client-side state that never leaves the client (PPSGD's u_k), or None
 
     def __post_init__(self) -> None:
         if len(self.units) > 1:

@@ -7,6 +7,11 @@ client's parameters, so per-sample work is proportional to the records drawn (no
 pads batches and masks. Different step counts are handled by ordering clients by step count, so the
 clients still training at step t are always a prefix of the stack.
 
+A spec may train only some tensors (`trainable`, e.g. CENTAUR's head or representation phase). The
+others are frozen: they are used in the forward pass but never differentiated, clipped, noised,
+prox-pulled or momentum-tracked, so DP-SGD is the mechanism on the trainable coordinates alone.
+Gradients are taken w.r.t. the trainable dict only; the frozen dict rides along as a separate argument.
+
 The result is a pure function of (start parameters, client data, plans, seed, round): each client's
 batches and noise come from its own generators keyed by (seed, round, client), so K clients run
 together give the same parameters as the same clients run one by one.
@@ -41,6 +46,9 @@ class LocalSpec:
     over the actual batch.
     prox_mu adds the FedProx term mu/2 ||w - w_start||^2; its gradient is added after clipping and
     noise, since it does not touch data.
+    trainable names the parameter tensors that train (None: all). The rest are frozen and take no
+    part in the gradient, the clipping norm, the noise (its dimension is the trainable scalar count),
+    momentum or prox. Names are checked against the parameters in `run_local`.
     """
 
     lr: float
@@ -49,6 +57,7 @@ class LocalSpec:
     sampling: str = "shuffle"
     momentum: float = 0.0
     prox_mu: float = 0.0
+    trainable: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -62,6 +71,15 @@ class LocalSpec:
         if self.prox_mu < 0:
             raise ValueError(f"prox_mu must be >= 0, got {self.prox_mu}")
         per_sample_loss(self.loss)
+        if self.trainable is not None:
+            if isinstance(self.trainable, str):
+                raise ValueError(f"trainable must be a sequence of parameter names, got the string {self.trainable!r}")
+            object.__setattr__(self, "trainable", tuple(self.trainable))
+            if not self.trainable:
+                raise ValueError("trainable is empty: nothing would train (use None to train all parameters)")
+            dup = sorted({n for n in self.trainable if self.trainable.count(n) > 1})
+            if dup:
+                raise ValueError(f"trainable names repeated: {dup}")
 
 
 @dataclass(frozen=True)
@@ -115,11 +133,14 @@ def run_local(
     if k == 0:
         raise ValueError("no clients to train")
     start_stack = {n: t.clone() for n, t in start.items()} if stacked_start else P.broadcast(start, k)
+    names = _trainable_names(spec, start_stack)
     dim = P.num_parameters(start_stack, leading=1)
+    dim_t = sum(start_stack[n][0].numel() for n in names)
     # Longest-running clients first, so the active clients at any step are a prefix.
     order = sorted(range(k), key=lambda i: -plans[i].steps)
     width = max(p.batch_size for p in plans)
-    per_client = dim * max(1, width) * (2 if spec.clip is not None else 0) + dim
+    # DP-SGD holds per-sample copies of all tensors and per-sample gradients of the trainable ones.
+    per_client = (dim + dim_t) * max(1, width) * (1 if spec.clip is not None else 0) + dim
     chunk = max(1, min(k, max_elements // max(1, per_client)))
     out = {n: torch.empty_like(t) for n, t in start_stack.items()}
     steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
@@ -127,7 +148,8 @@ def run_local(
         torch.manual_seed(derive_seed(seed, int(Purpose.DROPOUT), round_))
         for lo in range(0, k, chunk):
             rows = order[lo : lo + chunk]
-            res = _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, torch.tensor(rows)), seed, round_)
+            res = _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, torch.tensor(rows)), names, seed,
+                             round_)
             for j, i in enumerate(rows):
                 for n in out:
                     out[n][i] = res.params[n][j]
@@ -136,27 +158,42 @@ def run_local(
     return LocalResult(out, steps, used, empties, noise_sq)
 
 
+def _trainable_names(spec: LocalSpec, params: Mapping[str, torch.Tensor]) -> list[str]:
+    """The trainable tensor names in the parameters' own order (so the noise layout does not depend on
+    how `trainable` was spelled)."""
+    if spec.trainable is None:
+        return list(params)
+    unknown = [n for n in spec.trainable if n not in params]
+    if unknown:
+        raise ValueError(f"trainable names not among the model's parameters: {unknown}; known: {list(params)}")
+    wanted = set(spec.trainable)
+    return [n for n in params if n in wanted]
+
+
 def _run_chunk(
     model: nn.Module,
     spec: LocalSpec,
     plans: Sequence[ClientPlan],
     data: PooledData,
     w0: P.Params,
+    names: Sequence[str],
     seed: int,
     round_: int,
 ) -> LocalResult:
-    """Plans sorted by decreasing steps; w0 stacked in the same order."""
+    """Plans sorted by decreasing steps; w0 stacked in the same order; only `names` train."""
     k = len(plans)
     loss_fn = per_sample_loss(spec.loss)
     w = {n: t.clone() for n, t in w0.items()}
-    buf = {n: torch.zeros_like(t) for n, t in w.items()} if spec.momentum else None
+    keep = set(names)
+    frozen = {n: t for n, t in w.items() if n not in keep}  # never written to
+    buf = {n: torch.zeros_like(w[n]) for n in names} if spec.momentum else None
     clients = torch.tensor([p.client for p in plans])
     batches = [
         BatchStream(spec.sampling, data.size(p.client), p.batch_size, torch_generator(seed, Purpose.BATCH, round_, p.client),
                     p.steps)
         for p in plans
     ]
-    dim = P.num_parameters(w, leading=1)
+    dim = sum(w[n][0].numel() for n in names)  # noise lives on trainable coordinates only
     noisy = [p.noise_multiplier > 0 for p in plans]
     noises = [
         NoiseStream(dim, p.steps, torch_generator(seed, Purpose.NOISE, round_, p.client)) if noisy[i] else None
@@ -176,14 +213,15 @@ def _run_chunk(
         for i, ix in enumerate(idx):
             used[i] += len(ix)
             empties[i] += int(len(ix) == 0)
-        wa = {n: v[:active] for n, v in w.items()}
+        wa = {n: w[n][:active] for n in names}
+        fa = {n: v[:active] for n, v in frozen.items()}
         if spec.clip is None:
             x, y, mask = data.gather(clients[:active], idx)
-            g = _batch_gradient(grads_of, wa, x, y, mask)
+            g = _batch_gradient(grads_of, wa, x, y, mask, fa)
             counts = mask.sum(1)
         else:
             x, y, owner = data.gather_packed(clients[:active], idx)
-            g = _clipped_sum(grads_of, wa, x, y, owner, spec.clip)
+            g = _clipped_sum(grads_of, wa, x, y, owner, spec.clip, fa)
             counts = None
         if noise_sums is not None:
             xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
@@ -192,12 +230,12 @@ def _run_chunk(
         denom = nominal[:active] if counts is None else counts.clamp(min=1).to(nominal.dtype)
         g = {n: v / denom.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
         if spec.prox_mu:
-            g = P.axpy(spec.prox_mu, P.sub(wa, {n: v[:active] for n, v in w0.items()}), g)
+            g = P.axpy(spec.prox_mu, P.sub(wa, {n: w0[n][:active] for n in names}), g)
         if buf is not None:
             for n in g:
                 buf[n][:active].mul_(spec.momentum).add_(g[n])
             g = {n: buf[n][:active] for n in g}
-        for n in w:
+        for n in names:
             w[n][:active].sub_(spec.lr * g[n])
     noise_sq: list[float] = [0.0] * k
     if noise_sums is not None:
@@ -205,23 +243,27 @@ def _run_chunk(
     return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq)
 
 
-def _batch_gradient(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> P.Params:
-    """Sum over each client's (padded, masked) batch of per-sample loss gradients: `[K, ...]`."""
+def _batch_gradient(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+                    frozen: P.Params | None = None) -> P.Params:
+    """Sum over each client's (padded, masked) batch of per-sample loss gradients w.r.t. `w`: `[K, ...]`."""
     if x.shape[1] == 0:
         return {n: torch.zeros_like(v) for n, v in w.items()}
-    return grads_of(w, x, y, mask.to(torch.float32))
+    return grads_of(w, x, y, mask.to(torch.float32), frozen=frozen)
 
 
-def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, clip: float) -> P.Params:
-    """Sum over each client's batch of per-sample gradients clipped to one global L2 norm `clip`.
+def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, clip: float,
+                 frozen: P.Params | None = None) -> P.Params:
+    """Sum over each client's batch of per-sample gradients w.r.t. `w`, clipped to one global L2 norm `clip`.
 
     Samples are packed back to back; each takes its client's parameters (`owner`), so the work is
     proportional to the records drawn, with no padding. An empty batch sums to zero (noise-only step).
+    Frozen tensors enter the forward pass only, so the norm is over the trainable coordinates.
     """
     out = {n: torch.zeros_like(v) for n, v in w.items()}
     if len(owner) == 0:
         return out
-    per_sample = grads_of({n: v.index_select(0, owner) for n, v in w.items()}, x, y)
+    fs = {n: v.index_select(0, owner) for n, v in (frozen or {}).items()}
+    per_sample = grads_of({n: v.index_select(0, owner) for n, v in w.items()}, x, y, frozen=fs)
     factor = torch.clamp(clip / (P.global_norms(per_sample) + 1e-12), max=1.0)
     for n, g in per_sample.items():
         out[n].index_add_(0, owner, g * factor.reshape(-1, *([1] * (g.dim() - 1))))
@@ -229,18 +271,34 @@ def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner:
 
 
 def _per_sample_grad_fn(model: nn.Module, loss_fn):
-    """Gradient of each sample's loss at its own parameters: vmap over (parameters, x, y) triples."""
+    """Gradient of each sample's loss at its own parameters: vmap over (parameters, x, y) triples.
 
-    def loss_one(p, xi, yi):
-        out = functional_call(model, p, (xi.unsqueeze(0),))
+    Differentiates w.r.t. `p` only; the optional `frozen` tensors (stacked like `p`) join the forward
+    pass without being differentiated.
+    """
+
+    def loss_one(p, frozen, xi, yi):
+        out = functional_call(model, {**p, **frozen}, (xi.unsqueeze(0),))
         return loss_fn(out, yi.unsqueeze(0)).sum()
 
-    return vmap(grad(loss_one), in_dims=(0, 0, 0), randomness="different")
+    vg = vmap(grad(loss_one), in_dims=(0, 0, 0, 0), randomness="different")
+
+    def grads_of(p, x, y, frozen=None):
+        return vg(p, frozen or {}, x, y)
+
+    return grads_of
 
 
 def _batch_grad_fn(model: nn.Module, loss_fn):
-    def masked_sum(p, x, y, m):
-        out = functional_call(model, p, (x,))
+    """Per-client gradient of the masked loss sum w.r.t. `p` (frozen tensors as in `_per_sample_grad_fn`)."""
+
+    def masked_sum(p, frozen, x, y, m):
+        out = functional_call(model, {**p, **frozen}, (x,))
         return (loss_fn(out, y) * m).sum()
 
-    return vmap(grad(masked_sum), in_dims=(0, 0, 0, 0), randomness="different")
+    vg = vmap(grad(masked_sum), in_dims=(0, 0, 0, 0, 0), randomness="different")
+
+    def grads_of(p, x, y, m, frozen=None):
+        return vg(p, frozen or {}, x, y, m)
+
+    return grads_of

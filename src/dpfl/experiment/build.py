@@ -23,6 +23,7 @@ import numpy as np
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.client.param_noise import ParameterNoise
 from dpfl.algorithms.client.program import LocalProgram, dpsgd, sgd
+from dpfl.algorithms.client.additive_personal import AdditivePersonal
 from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.selection import Selection
@@ -30,6 +31,7 @@ from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.algorithms.server.pfa import PFA
+from dpfl.algorithms.server.fedceo import FedCEO
 from dpfl.algorithms.server.pfa_plus import PFAPlus
 from dpfl.algorithms.server.robust_hdp import RobustHDP
 from dpfl.data import federated_dataset
@@ -216,13 +218,15 @@ def central_noise_multiplier(cfg: RunConfig, budgets: list[ClientBudget]) -> flo
         raise ConfigError(f"privacy.budgets: cannot calibrate the server noise: {err}", "privacy.budgets") from None
 
 
-def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float = 0.0) -> LocalProgram:
+def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float = 0.0,
+                   lr_factor: float = 1.0) -> LocalProgram:
     t, p = cfg.training, cfg.privacy
     length = dict(steps=t.local_steps) if t.local_steps is not None else dict(epochs=t.local_epochs)
     common = dict(loss=loss, momentum=t.optimizer.momentum, prox_mu=prox_mu, **length)
+    lr = t.optimizer.lr * lr_factor
     if private:
-        return dpsgd(t.optimizer.lr, p.clip, sampling=p.sampling, **common)
-    return sgd(t.optimizer.lr, **common)
+        return dpsgd(lr, p.clip, sampling=p.sampling, **common)
+    return sgd(lr, **common)
 
 
 def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -> Algorithm:
@@ -233,7 +237,9 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
     sel = cfg.training.selection
     selection = Selection(sel.kind, sel.k, sel.rate)
     mu = getattr(params, "mu", 0.0)
-    local = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=mu)
+    personal = AdditivePersonal(params.alpha) if name == "ppsgd" else None
+    local = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=mu,
+                           lr_factor=personal.lr_factor if personal is not None else 1.0)
     if name == "dp_fedavg_central":
         if budgets is None:  # pragma: no cover - the schema requires budgets for 'central'
             raise ConfigError("privacy.budgets: required by mechanism 'central'", "privacy.budgets")
@@ -243,6 +249,8 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
         aggregator: Any = OracleAverage(params.server_lr)
     elif name == "robust_hdp":
         aggregator = RobustHDP(**params.model_dump())
+    elif name == "fedceo":
+        aggregator = FedCEO(**params.model_dump())
     elif name in ("pfa", "pfa_plus"):
         fields = params.model_dump()
         if fields["public_clients"] is not None:
@@ -251,15 +259,19 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
         aggregator = PFA(**fields) if name == "pfa" else PFAPlus(PFA(**fields), **plus)
     elif name == "weiavg":
         aggregator = FedAvg("epsilon", params.server_lr)
+    elif name == "ppsgd":
+        aggregator = FedAvg("uniform")
     else:
         aggregator = FedAvg(params.weighting, params.server_lr)
     if mech == "udp":
-        upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier)
+        # FedCEO Algorithm 1: the noise is split over the expected cohort (the sum carries σC)
+        cohort = max(1.0, selection.expected_count(cfg.data.clients))
+        upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier, cohort)
     elif mech == "param_noise":
         upload = ParameterNoise(params.std)
     else:
         upload = FullUpdate()
-    return Algorithm(name, local, selection, upload, aggregator)
+    return Algorithm(name, local, selection, upload, aggregator, personal)
 
 
 # ---- the run ------------------------------------------------------------------------------------------

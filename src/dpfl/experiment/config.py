@@ -103,7 +103,7 @@ __all__ = [
 
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "fedprox",
-    "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp",
+    "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd",
 )
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
@@ -122,6 +122,8 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "pfa": ("dpsgd",),
     "pfa_plus": ("dpsgd",),
     "robust_hdp": ("dpsgd",),
+    "fedceo": ("dpsgd", "udp"),
+    "ppsgd": ("dpsgd", "udp"),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
@@ -762,6 +764,33 @@ class _RobustHDPParams(_Section):
     server_lr: float = Field(1.0, gt=0)
 
 
+class _FedCEOParams(_Section):
+    """FedCEO (spec fedceo.md §2-3): T-tSVD smoothing of the uploaded models every `interval` rounds at
+    threshold theta^j / (2 lam); clients start from their own smoothed model in the round after."""
+
+    lam: float = Field(gt=0)
+    theta: float = Field(1.0, ge=1)
+    interval: int = Field(1, ge=1)
+    layers: Literal["all"] | int = "all"
+    personalize: bool = True
+    personal_staleness: Literal["any", "last"] = "any"
+    prox_dtype: Literal["float64", "float32"] = "float64"
+    rfft: bool = True
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v: Any) -> Any:
+        if v != "all" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            _fail("layers", "must be 'all' or a number of last layers >= 1", v, "all | 1, 2, ...")
+        return v
+
+
+class _PPSGDParams(_Section):
+    """PPSGD (spec fedceo.md §6.2): θ_k = w + u_k; u_k stays on the client and moves alpha times as fast."""
+
+    alpha: float = Field(1.0, gt=0)
+
+
 ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "fedavg": _FedAvgParams,
     "dp_fedavg_local": _FedAvgParams,
@@ -776,6 +805,8 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "pfa": _PFAParams,
     "pfa_plus": _PFAPlusParams,
     "robust_hdp": _RobustHDPParams,
+    "fedceo": _FedCEOParams,
+    "ppsgd": _PPSGDParams,
 }
 
 
@@ -789,6 +820,8 @@ class AlgorithmConfig(_Section):
     pfa: split, public_fraction, public_clients, subspace, k, scope, svd_solver, lanczos_iters, weighting, server_lr.
     pfa_plus: pfa's, plus warmup_rounds (>= 1) and subspace_broadcast (private | all).
     robust_hdp: p_prime, blocks, schedule, mu_norm, lam, tol, max_iter, server_lr.
+    fedceo: lam (required), theta (>= 1), interval, layers (all | last n), personalize, personal_staleness
+    (any | last), prox_dtype, rfft. ppsgd: alpha (> 0, local / global step size).
     """
 
     name: AlgorithmName

@@ -29,6 +29,7 @@ from dpfl.engine import params as P
 from dpfl.engine.evaluation import evaluate
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, run_local
 from dpfl.engine.pooled import PooledData
+from dpfl.privacy.accountant import guarantee
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.calibration import calibrate_noise_multiplier, heuristic_pfa_noise
 from dpfl.privacy.ledger import PrivacyLedger
@@ -48,17 +49,18 @@ class RunState:
     history: list[dict[str, Any]]
     stop_reason: str | None
     steps_done: list[int]  # local steps each client has taken (the heuristic's budget is in steps)
-    aggregator_state: dict[str, Any] | None = None  # stateful aggregators (PFA+ subspace, Robust-HDP `once`)
+    aggregator_state: dict[str, Any] | None = None  # stateful aggregators (PFA+ subspace, FedCEO's ŵ_k, ...)
+    client_state: dict[str, Any] | None = None  # client-side state that never leaves the client (PPSGD's u_k)
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.round, "params": self.params, "retired": self.retired, "ledger": self.ledger,
                 "history": self.history, "stop_reason": self.stop_reason, "steps_done": self.steps_done,
-                "aggregator_state": self.aggregator_state}
+                "aggregator_state": self.aggregator_state, "client_state": self.client_state}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunState:
         return cls(d["round"], d["params"], list(d["retired"]), d["ledger"], list(d["history"]), d["stop_reason"],
-                   list(d["steps_done"]), d.get("aggregator_state"))
+                   list(d["steps_done"]), d.get("aggregator_state"), d.get("client_state"))
 
 
 @dataclass
@@ -302,6 +304,8 @@ class FederatedRun:
             self.ledger = PrivacyLedger.from_dict(state.ledger)
         if hasattr(self.algorithm.aggregator, "load_state_dict"):
             self.algorithm.aggregator.load_state_dict(state.aggregator_state)
+        if self.algorithm.personal is not None:
+            self.algorithm.personal.load_state_dict(state.client_state)
         w, retired, history = state.params, set(state.retired), list(state.history)
         self.steps_done = np.array(state.steps_done, dtype=np.int64)
         stop_reason = state.stop_reason
@@ -325,14 +329,16 @@ class FederatedRun:
         stop_reason = stop_reason or "rounds"
         if on_checkpoint is not None:
             on_checkpoint(self._state(r, w, retired, history, stop_reason))
-        return RunResult(w, history, self.ledger, self.noise, stop_reason, self.privacy_summary(stop_reason))
+        return RunResult(w, history, self.ledger, self.noise, stop_reason, self.privacy_summary(stop_reason, r))
 
     def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]], stop: str | None) -> RunState:
         ledger = self.ledger.to_dict() if self.ledger is not None else None
         agg = self.algorithm.aggregator
         agg_state = copy.deepcopy(agg.state_dict()) if hasattr(agg, "state_dict") else None
+        personal = self.algorithm.personal
+        client_state = copy.deepcopy(personal.state_dict()) if personal is not None else None
         return RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop,
-                        self.steps_done.tolist(), agg_state)
+                        self.steps_done.tolist(), agg_state, client_state)
 
     def _one_round(self, r: int, w: P.Params, retired: set[int]) -> tuple[P.Params, dict[str, Any]] | None:
         """Round r (0-based): new global parameters and its metrics row, or None if budgets end the run."""
@@ -354,7 +360,13 @@ class FederatedRun:
         self._record(r, selected, eligible, server_event)  # before aggregation: spent even if the round stops
         new_w, bytes_up, bytes_down, diagnostics = w, [], [], {}
         if len(selected):
-            local = self.local_round(r, w, selected, expected)
+            start_points = getattr(alg.aggregator, "start_points", None)  # personalised starts (FedCEO)
+            ids = [int(i) for i in selected]
+            if alg.personal is not None:  # w + the clients' own local parts (PPSGD)
+                starts = alg.personal.start_points(w, ids, r)
+            else:
+                starts = start_points(w, ids, r) if start_points is not None else None
+            local = self.local_round(r, w, selected, expected, starts=starts)
             uploads, view, channel = local.uploads, local.view, local.channel
             bytes_up = [alg.upload.bytes_per_upload(dim)] * len(selected)
             bytes_down = [FLOAT_BYTES * dim] * len(selected)  # the global model
@@ -366,30 +378,39 @@ class FederatedRun:
                 traffic = uploads.traffic(FLOAT_BYTES * dim)
             if getattr(alg.aggregator, "privileged", False):  # only oracles may read the engine's channel
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, channel=channel)
+            elif start_points is not None:  # uploads are relative to each client's own start
+                new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, starts=starts)
             else:
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r)
             diagnostics = self._diagnostics(alg.aggregator, local)
+            if hasattr(alg.aggregator, "diagnostics"):
+                diagnostics.update(alg.aggregator.diagnostics())
             diagnostics.update({"bytes_up": bytes_up, "bytes_down": bytes_down})
             if encode is not None:
                 diagnostics["traffic"] = traffic
         elif alg.central:  # nobody drawn: the server still releases a noised (empty) sum
             empty = {n: t.unsqueeze(0)[:0] for n, t in w.items()}
             new_w = alg.aggregator.aggregate(w, empty, self._view(selected, expected), self.seed, r)
-        row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0)
+        row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0, diagnostics)
         return new_w, {**row, **diagnostics}
 
-    def local_round(self, r: int, w: P.Params, selected: np.ndarray, expected: float) -> LocalRound:
+    def local_round(self, r: int, w: P.Params, selected: np.ndarray, expected: float,
+                    starts: P.Params | None = None) -> LocalRound:
         """Round r's local training of `selected` from `w`: their uploads, the server's view, the noise facts.
 
-        Public so that diagnostics (e.g. the round-1 noise statistic of several aggregators on the same
-        uploads) can reuse exactly the engine's round; it records nothing in the ledger.
+        `starts` (stacked `[K, ...]`) gives each client its own start model instead of `w`; updates are
+        then relative to it. Public so that diagnostics (e.g. the round-1 noise statistic of several
+        aggregators on the same uploads) can reuse exactly the engine's round; it records nothing in the ledger.
         """
         alg = self.algorithm
         plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
                  for i in selected]
-        res = run_local(self.model, alg.local.spec, plans, self.pooled, w, seed=self.seed, round_=r,
-                        max_elements=self.max_elements)
-        deltas = P.sub(res.params, P.broadcast(w, len(selected)))
+        begin = starts if starts is not None else w
+        res = run_local(self.model, alg.local.spec, plans, self.pooled, begin, seed=self.seed, round_=r,
+                        stacked_start=starts is not None, max_elements=self.max_elements)
+        deltas = P.sub(res.params, starts if starts is not None else P.broadcast(w, len(selected)))
+        if alg.personal is not None:  # keep the local part on the client; the rest is the shared update
+            deltas = alg.personal.shared_update(deltas, [int(i) for i in selected])
         uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
         return LocalRound(uploads, self._view(selected, expected), self._channel(selected, res.steps),
                           list(res.noise_sq_norm), P.num_parameters(w))
@@ -448,7 +469,7 @@ class FederatedRun:
         aggregator. Empty unless the clients run DP-SGD without momentum.
         """
         spec = self.algorithm.local.spec
-        if not self.algorithm.local.private or spec.momentum != 0:
+        if not self.algorithm.local.private or spec.momentum != 0 or self.algorithm.personal is not None:
             return {}
         w, view, lr = weights.to(torch.float64), local.view, spec.lr
         n_sq = torch.tensor(local.noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
@@ -483,7 +504,8 @@ class FederatedRun:
                 self.ledger.record(int(i), r, event)
         self.ledger.close_round(r)
 
-    def _row(self, r: int, w: P.Params, selected: np.ndarray, up: int, down: int, seconds: float) -> dict[str, Any]:
+    def _row(self, r: int, w: P.Params, selected: np.ndarray, up: int, down: int, seconds: float,
+             diagnostics: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"round": r + 1, "selected": [int(i) for i in selected], "uplink_bytes": up,
                                "downlink_bytes": down}
         if (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
@@ -492,6 +514,8 @@ class FederatedRun:
             row["test_accuracy"], row["test_loss"] = acc, loss
             row.update(self._client_accuracy(w))
             self.model.train()
+        if "smoothing" in diagnostics or "test_accuracy" in row:
+            row.update(self._personal_accuracy(w))
         if self.ledger is not None:
             spent = self.ledger.spent_all()
             row["epsilon"] = [spent[i] for i in range(self.n_clients)]
@@ -510,7 +534,30 @@ class FederatedRun:
             return {}
         return {"test_acc_clients": accs, "test_acc_clients_mean": float(np.mean(accs))}
 
-    def privacy_summary(self, stop_reason: str) -> dict[str, Any]:
+    def _personal_models(self) -> Any:
+        """Who holds the personal models: the client-side stage (PPSGD) or the server (FedCEO), if any."""
+        for stage in (self.algorithm.personal, self.algorithm.aggregator):
+            if hasattr(stage, "personal_models"):
+                return stage
+        return None
+
+    def _personal_accuracy(self, w: P.Params) -> dict[str, Any]:
+        """acc_personal: mean over clients holding a personal model of its accuracy on their own test split."""
+        holder = self._personal_models()
+        if holder is None:
+            return {}
+        personal = holder.personal_models(w)
+        clients = self.data.clients
+        if not personal or any(getattr(clients[c], "x_test", None) is None or len(clients[c].x_test) == 0
+                               for c in personal):
+            return {}
+        self.model.eval()
+        accs = {c: evaluate(self.model, p, clients[c].x_test, clients[c].y_test, self.algorithm.local.spec.loss)[0]
+                for c, p in sorted(personal.items())}
+        self.model.train()
+        return {"acc_personal": float(np.mean(list(accs.values()))), "acc_personal_clients": len(accs)}
+
+    def privacy_summary(self, stop_reason: str, rounds_run: int | None = None) -> dict[str, Any]:
         """The declared threat model and each client's budget, noise and spent epsilon."""
         alg = self.algorithm
         out: dict[str, Any] = {
@@ -551,7 +598,21 @@ class FederatedRun:
                 over = [i for i in range(self.n_clients) if spent[i] > self.budgets[i].epsilon * (1 + 1e-9)]
                 out["warning"] = (f"NOT PRIVATE AS PROMISED: clients {over[:10]}{'...' if len(over) > 10 else ''} "
                                   "spent more than their budgets (a non-private reference run)")
+        if rounds_run and self.budgets is not None and hasattr(alg.upload, "aggregate_event"):
+            out["aggregate_view"] = self._aggregate_view(rounds_run)
         return out
+
+    def _aggregate_view(self, rounds_run: int) -> dict[str, Any]:
+        """The client-level epsilon for an observer of the aggregates only (not the run's server)."""
+        assert self.budgets is not None
+        up, sel = self.algorithm.upload, self.algorithm.selection
+        event = up.aggregate_event(sel, self.n_clients, rounds_run)
+        delta = min(b.delta for b in self.budgets)
+        g = guarantee(event, delta, self.accountant, unit="client")
+        return {"epsilon": g.epsilon, "delta": delta, "relation": g.relation, "noise_multiplier": up.noise_multiplier,
+                "sample_rate": sel.participation_rate(self.n_clients), "rounds": rounds_run,
+                "valid_for": "an observer who sees only the sum of each round's uploads and not who took part "
+                             "(e.g. behind secure aggregation); NOT the run's server, which sees every upload"}
 
 
 def _per_client(value: Any, n: int, name: str, cast: Any) -> np.ndarray:

@@ -149,6 +149,11 @@ def _status_lines(name: str, metrics: Sequence[Mapping[str, Any]], summary: Mapp
         words = _STOP_WORDS.get(str(reason))
         out.append(f"- **Stop reason:** `{reason}`" + (f" — {words}" if words else ""))
         out.append(f"- **Final accuracy:** {_fmt_acc(summary.get('final_accuracy'))}")
+        personal = [r for r in metrics if as_number(r.get("acc_personal")) is not None]
+        if personal:
+            out.append(f"- **Personalised accuracy (last):** {_fmt_acc(personal[-1]['acc_personal'])} — mean over the "
+                       f"{personal[-1].get('acc_personal_clients')} clients holding a personal model, each on its own "
+                       f"test split (round {personal[-1]['round']})")
         best_round = summary.get("best_round")
         out.append(f"- **Best accuracy:** {_fmt_acc(summary.get('best_accuracy'))}"
                    + (f" (round {best_round})" if best_round is not None else ""))
@@ -221,6 +226,13 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
         if spent:
             cid, eps, budget = max(spent, key=lambda t: as_number(t[1]))  # type: ignore[arg-type,return-value]
             out.append(f"- **Largest spent epsilon:** {_fmt_eps(eps)} (client {cid}, budget {_fmt_eps(budget)})")
+        view = privacy.get("aggregate_view")
+        if isinstance(view, Mapping):
+            out.append(f"- **Aggregate view (NOT the guarantee against this run's server):** client-level "
+                       f"ε = {_fmt_eps(view.get('epsilon'))} at δ = {_fmt_g(view.get('delta'))} "
+                       f"({view.get('relation')}, multiplier {_fmt_g(view.get('noise_multiplier'))} on the sum, "
+                       f"client rate {_fmt_g(view.get('sample_rate'))}, {view.get('rounds')} rounds), valid only for "
+                       f"{view.get('valid_for')}")
         out.append("")
         out.append("Every epsilon here is the one the accountant computed for the run as it ran "
                    "(privacy.json, metrics.jsonl). Whatever the server does with the noisy uploads (aggregation, "

@@ -1,29 +1,38 @@
 """Client-level local DP ("UDP"): clip each client's whole update, add Gaussian noise before upload.
 
 Unit: one client's whole dataset. Neighbouring datasets differ in one client's data; the clipped
-update moves by at most C (the sensitivity used by the specs, e.g. FedCEO §7). Each upload is a
-Gaussian mechanism with multiplier `noise_multiplier` seen by the server, with no amplification by
-client sampling (the server chooses who takes part).
+update moves by at most C (the sensitivity used by the specs, e.g. FedCEO §7). The noise is split
+over the expected cohort K (FedCEO's Algorithm 1: ξ ~ N(0, σ²C²/K)), so the *sum* of K uploads carries
+std σC. Against a server that sees each upload, one upload is a Gaussian mechanism with multiplier
+σ/√K and no amplification by client sampling (the server chooses who takes part): that is the ledger's
+event. The aggregate view (multiplier σ on the sum, amplified by the client sampling) holds only for
+an observer who sees nothing but the aggregate; it is reported separately, labelled.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dp_accounting import DpEvent
+from dp_accounting import DpEvent, SelfComposedDpEvent
 
 from dpfl.algorithms.client.upload import upload_noise
+from dpfl.algorithms.selection import Selection
 from dpfl.engine import params as P
 from dpfl.privacy.events import gaussian_event
 
 
 @dataclass(frozen=True)
 class ClippedNoisyUpdate:
-    """Upload Δ·min(1, C/‖Δ‖) + N(0, (zC)² I), the norm over all parameters together."""
+    """Upload Δ·min(1, C/‖Δ‖) + N(0, (σC)²/K · I), the norm over all parameters together.
+
+    `cohort` is K, the number of uploads the noise is split over (1: each upload carries σC).
+    """
 
     clip: float
     noise_multiplier: float
+    cohort: float = 1.0
     unit: str = "client"
     accounted: bool = True
 
@@ -32,20 +41,34 @@ class ClippedNoisyUpdate:
             raise ValueError(f"update clip must be > 0, got {self.clip}")
         if self.noise_multiplier < 0:
             raise ValueError(f"noise multiplier must be >= 0, got {self.noise_multiplier}")
+        if not self.cohort >= 1:
+            raise ValueError(f"the noise is split over a cohort of >= 1 uploads, got {self.cohort}")
+
+    @property
+    def upload_multiplier(self) -> float:
+        """σ/√K: the multiplier of one upload's Gaussian relative to the clip norm."""
+        return self.noise_multiplier / math.sqrt(self.cohort)
 
     def apply(self, deltas: P.Params, clients: Sequence[int], seed: int, round_: int) -> P.Params:
         flat = P.flatten(deltas)
         factor = (self.clip / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
         flat = flat * factor[:, None]
         if self.noise_multiplier > 0:
-            flat = flat + self.noise_multiplier * self.clip * upload_noise(flat.shape[1], clients, seed, round_)
+            flat = flat + self.upload_multiplier * self.clip * upload_noise(flat.shape[1], clients, seed, round_)
         return P.unflatten(flat, deltas)
 
     def event(self, client: int) -> DpEvent | None:
-        return gaussian_event(self.noise_multiplier)
+        """One upload seen by the server: the Gaussian mechanism at σ/√K, no amplification."""
+        return gaussian_event(self.upload_multiplier)
+
+    def aggregate_event(self, selection: Selection, population: int, rounds: int) -> DpEvent:
+        """`rounds` releases of the sum only (multiplier σ), amplified by the client sampling."""
+        return SelfComposedDpEvent(selection.client_level_event(self.noise_multiplier, population), rounds)
 
     def bytes_per_upload(self, dim: int) -> int:
         return 4 * dim
 
     def describe(self) -> str:
-        return f"update clipped to {self.clip} + Gaussian noise (multiplier {self.noise_multiplier}) on upload"
+        split = f" split over K = {self.cohort:g} uploads (σ/√K = {self.upload_multiplier:.4g} per upload)" \
+            if self.cohort != 1 else ""
+        return f"update clipped to {self.clip} + Gaussian noise (multiplier {self.noise_multiplier}{split}) on upload"

@@ -1,0 +1,203 @@
+"""FedCEO's T-tSVD operator: the proximal operator of the tensor nuclear norm (spec fedceo §2).
+
+The K client copies of one parameter are folded into a real tensor X of shape `[n1, n2, K]` (one frontal
+slice per client, §2.1). `t_tsvd(X, thr)` takes the unnormalised DFT along the client mode, soft-thresholds
+the singular values of every frequency slice at `thr` and transforms back (§2.2). By Theorem 3.1 this is
+
+    argmin_W  (1/(2 thr)) ||W - X||_F^2 + (1/K) sum_i ||W̄_i||_*,
+
+so removing the high-frequency (inter-client disagreement) part of each client's model is a closed-form
+post-processing step. The DC slice is the client sum, hence the mean of the output is the FedAvg mean
+soft-thresholded at thr/K (§2.4).
+
+The schedule (§2.3) is thr_j = ϑ^j / (2λ) at the j-th smoothing round t = j·I.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+_COMPLEX_OF = {torch.float64: torch.complex128, torch.float32: torch.complex64}
+
+
+# ---- fold / unfold (§2.1) ---------------------------------------------------------------------------
+
+
+def fold(stacked: torch.Tensor) -> torch.Tensor:
+    """`[K, s0, ..., s_{m-1}]` -> `[s_{m-1}·…·s_1, s0, K]`: all axes reversed, then reshaped.
+
+    This is the authors' mapping, so frontal slice `[:, :, k]` is client k's matrix with the output axis
+    as columns (Linear `(out, in)` -> `(in, out, K)`, bias `(out,)` -> `(1, out, K)`, Conv2d
+    `(out, in, kh, kw)` -> `(kw·kh·in, out, K)`). A scalar parameter (`[K]`) folds to `(1, 1, K)`.
+    The result may be a view of `stacked`.
+    """
+    if stacked.ndim < 1:
+        raise ValueError("fold needs the client axis first: a tensor of shape [K, *shape]")
+    K, shape = stacked.shape[0], tuple(stacked.shape[1:])
+    if not shape:
+        return stacked.reshape(1, 1, K)
+    n1 = math.prod(shape[1:])  # empty product = 1 (biases)
+    return stacked.permute(*reversed(range(stacked.ndim))).reshape(n1, shape[0], K)
+
+
+def unfold(folded: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Inverse of `fold`: `[n1, n2, K]` -> `[K, *shape]` (contiguous); `unfold(fold(P), P.shape[1:]) == P`."""
+    shape = tuple(int(s) for s in shape)
+    if folded.ndim != 3:
+        raise ValueError(f"unfold needs a folded [n1, n2, K] tensor, got shape {tuple(folded.shape)}")
+    want = (math.prod(shape[1:]), shape[0]) if shape else (1, 1)
+    if tuple(folded.shape[:2]) != want:
+        raise ValueError(f"folded shape {tuple(folded.shape)} does not match parameter shape {shape}")
+    K = folded.shape[2]
+    out = folded.reshape(*reversed(shape), K)
+    return out.permute(*reversed(range(out.ndim))).contiguous()
+
+
+# ---- singular value thresholding ----------------------------------------------------------------------
+
+
+def _as_float(name: str, v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {v!r}") from None
+
+
+def _check_thr(thr: float) -> float:
+    t = _as_float("thr", thr)
+    if not (math.isfinite(t) and t >= 0.0):
+        raise ValueError(f"thr must be a finite number >= 0, got {thr!r}")
+    return t
+
+
+def _svt(matrices: torch.Tensor, thr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched SVT and the singular values before thresholding (for the zeroed-fraction statistic)."""
+    u, s, vh = torch.linalg.svd(matrices, full_matrices=False)
+    shrunk = (s - thr).clamp_min(0.0)
+    # Singular values come sorted descending, so only the first r columns can be non-zero in any slice.
+    r = int((s > thr).sum(dim=-1).max()) if s.numel() else 0
+    if r == 0:
+        return torch.zeros_like(matrices), s
+    u, shrunk, vh = u[..., :r], shrunk[..., :r], vh[..., :r, :]
+    return (u * shrunk.unsqueeze(-2).to(u.dtype)) @ vh, s
+
+
+def svt(matrices: torch.Tensor, thr: float) -> torch.Tensor:
+    """Soft-threshold the singular values of every matrix in a batch `[..., n1, n2]` (real or complex).
+
+    `U diag(max(s - thr, 0)) Vᴴ` from the thin SVD: the prox of `thr·||·||_*`, i.e. shrinkage, not rank
+    truncation. Computed in the input's dtype.
+    """
+    thr = _check_thr(thr)
+    if matrices.ndim < 2:
+        raise ValueError(f"svt needs matrices [..., n1, n2], got shape {tuple(matrices.shape)}")
+    if thr == 0.0:
+        return matrices.clone()
+    return _svt(matrices, thr)[0]
+
+
+# ---- T-tSVD (§2.2) --------------------------------------------------------------------------------------
+
+
+def t_tsvd_with_stats(
+    x: torch.Tensor, thr: float, *, rfft: bool = False, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, float, float]:
+    """T-tSVD of a real `[n1, n2, K]` tensor, plus `(fraction of singular values zeroed, max |imag|)`.
+
+    The DFT is unnormalised (`norm="backward"`) because the thresholds (Theorem 3.1, the paper's λ) are
+    calibrated for the singular values of unnormalised slices; `ortho` would change thr by √K. Work is
+    done in `dtype` (float64 -> complex128 by default: the slices are large and the DC slice is a sum of
+    K models) and the result is cast back to `x`'s dtype and device.
+
+    `rfft=True` thresholds only slices 0..K//2 and uses Hermitian symmetry (SVT commutes with complex
+    conjugation), halving the SVD work. The fraction counts singular values `s <= thr` over all K slices
+    (the rfft path weights the mirrored slices twice, so both paths report the same number); 0.0 when
+    thr == 0. `max |imag|` is the imaginary part the final `.real` discards (for rfft: the part irfft
+    drops from the DC and Nyquist slices); it should be at rounding level, since the output is real in
+    exact arithmetic.
+    """
+    thr = _check_thr(thr)
+    if x.ndim != 3:
+        raise ValueError(f"t_tsvd needs a folded [n1, n2, K] tensor, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"t_tsvd needs a real floating-point tensor, got dtype {x.dtype}")
+    if dtype not in _COMPLEX_OF:
+        raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
+    if thr == 0.0:  # every singular value kept unchanged: the identity
+        return x.clone(), 0.0, 0.0
+
+    n1, n2, K = x.shape
+    xw = x.to(dtype=dtype)
+    if rfft:
+        xf = torch.fft.rfft(xw, dim=2).permute(2, 0, 1)  # [K//2 + 1, n1, n2]
+        yf, s = _svt(xf, thr)
+        # Slices 1..ceil(K/2)-1 stand for themselves and their conjugate mirror K - i.
+        weight = torch.full((xf.shape[0],), 2.0, dtype=s.dtype, device=s.device)
+        weight[0] = 1.0
+        if K % 2 == 0:
+            weight[-1] = 1.0
+        zeroed = float(((s <= thr).to(s.dtype).sum(dim=-1) * weight).sum())
+        # Imaginary part a full ifft of the Hermitian extension would give: (Im Ȳ_0 ± Im Ȳ_{K/2}) / K.
+        imag = yf[0].imag.abs()
+        if K % 2 == 0 and K > 1:
+            imag = imag + yf[-1].imag.abs()
+        max_imag = float(imag.max()) / K if imag.numel() else 0.0
+        y = torch.fft.irfft(yf.permute(1, 2, 0), n=K, dim=2)
+    else:
+        xf = torch.fft.fft(xw, dim=2).permute(2, 0, 1)  # [K, n1, n2]: one batched SVD
+        yf, s = _svt(xf, thr)
+        zeroed = float((s <= thr).sum())
+        yc = torch.fft.ifft(yf.permute(1, 2, 0), dim=2)
+        max_imag = float(yc.imag.abs().max()) if yc.numel() else 0.0
+        y = yc.real
+    total = K * min(n1, n2)
+    frac = zeroed / total if total else 0.0
+    return y.to(dtype=x.dtype, device=x.device).contiguous(), frac, max_imag
+
+
+def t_tsvd(x: torch.Tensor, thr: float, *, rfft: bool = False, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """T-tSVD(x, thr) of a real `[n1, n2, K]` tensor (see `t_tsvd_with_stats`); thr == 0 is the identity."""
+    return t_tsvd_with_stats(x, thr, rfft=rfft, dtype=dtype)[0]
+
+
+def smooth_stack(stacked: torch.Tensor, thr: float, **kw) -> torch.Tensor:
+    """T-tSVD of one parameter's K client copies `[K, *shape]`, returned as `[K, *shape]`."""
+    return unfold(t_tsvd(fold(stacked), thr, **kw), tuple(stacked.shape[1:]))
+
+
+# ---- schedule (§2.3) --------------------------------------------------------------------------------------
+
+
+def _check_pos_int(name: str, v: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    return int(v)
+
+
+def threshold(j: int, lam: float, theta: float) -> float:
+    """thr_j = ϑ^j / (2λ) for the j-th smoothing (j >= 1): τ_j = λ/ϑ^j shrinks, so smoothing grows with j."""
+    j = _check_pos_int("j", j)
+    lam, theta = _as_float("lam", lam), _as_float("theta", theta)
+    if not (math.isfinite(lam) and lam > 0.0):
+        raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
+    if not (math.isfinite(theta) and theta >= 1.0):
+        raise ValueError(f"theta must be a finite number >= 1, got {theta!r}")
+    thr = theta**j / (2.0 * lam)
+    if not math.isfinite(thr):
+        raise ValueError(f"threshold overflows for j={j}, lam={lam}, theta={theta}")
+    return thr
+
+
+def is_smoothing_round(t: int, interval: int) -> bool:
+    """True at rounds t = I, 2I, ... (t is 1-based)."""
+    t, interval = _check_pos_int("t", t), _check_pos_int("interval", interval)
+    return t % interval == 0
+
+
+def smoothing_index(t: int, interval: int) -> int:
+    """j = t // I: the index of the latest smoothing at or before round t (j-th smoothing at t = j·I)."""
+    t, interval = _check_pos_int("t", t), _check_pos_int("interval", interval)
+    return t // interval

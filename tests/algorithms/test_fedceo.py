@@ -1,0 +1,246 @@
+"""FedCEO's server stage and round semantics (spec fedceo.md §3, tests R1-R5, R7)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from dpfl.algorithms.algorithm import Algorithm
+from dpfl.algorithms.client.program import sgd
+from dpfl.algorithms.client.udp import ClippedNoisyUpdate
+from dpfl.algorithms.selection import Selection
+from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.algorithms.server.fedceo import FedCEO
+from dpfl.algorithms.server.t_tsvd import fold, svt, threshold
+from dpfl.algorithms.server.view import ServerView
+from dpfl.experiment.federated_run import FederatedRun
+from dpfl.privacy.budgets import ClientBudget
+
+
+def toy(n_clients=6, n=40, seed=0, test=True):
+    g = torch.Generator().manual_seed(seed)
+    w_true = torch.randn(12, 3, generator=g)
+    clients = []
+    for _ in range(n_clients):
+        x = torch.randn(n, 12, generator=g)
+        xt = torch.randn(10, 12, generator=g)
+        c = SimpleNamespace(x_train=x, y_train=(x @ w_true).argmax(1))
+        if test:
+            c.x_test, c.y_test = xt, (xt @ w_true).argmax(1)
+        clients.append(c)
+    xt = torch.randn(100, 12, generator=g)
+    return SimpleNamespace(clients=clients, x_test=xt, y_test=(xt @ w_true).argmax(1))
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def algorithm(aggregator, noise=0.5, k=3, selection=None):
+    local = sgd(0.1, steps=3, momentum=0.5)
+    return Algorithm("fedceo" if isinstance(aggregator, FedCEO) else "udp_fedavg", local,
+                     selection or Selection("fixed", k=k), ClippedNoisyUpdate(1.0, noise, cohort=k), aggregator)
+
+
+def run(aggregator, rounds=6, data=None, **kw):  # noqa: D103
+    return FederatedRun(data or toy(), model(), algorithm(aggregator, **kw), rounds=rounds, batch_sizes=8,
+                        budgets=ClientBudget(float("inf"), 1e-5), seed=4)
+
+
+def _strip(history):
+    return [{k: v for k, v in row.items() if k not in ("seconds", "prox_seconds", "weights")} for row in history]
+
+
+def stacked(k=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"0.weight": torch.randn(k, 8, 12, generator=g), "0.bias": torch.randn(k, 8, generator=g),
+            "2.weight": torch.randn(k, 3, 8, generator=g)}
+
+
+def view(clients):
+    k = len(clients)
+    return ServerView(torch.as_tensor(clients), torch.full((k,), 10), torch.ones(k, dtype=torch.int64),
+                      torch.full((k,), float("inf"), dtype=torch.float64), torch.zeros(k, dtype=torch.float64), float(k))
+
+
+def test_r1_fedceo_without_a_smoothing_round_is_exactly_udp_fedavg():
+    fedceo = run(FedCEO(lam=1.0, theta=1.0, interval=100)).run()
+    udp = run(FedAvg("uniform")).run()
+    assert _strip(fedceo.history) == _strip(udp.history)
+    for n in udp.params:
+        assert torch.equal(fedceo.params[n], udp.params[n])
+
+
+def test_r1_vanishing_threshold_without_personalisation_matches_udp_fedavg_to_float_tolerance():
+    fedceo = run(FedCEO(lam=1e30, interval=2, personalize=False)).run()
+    udp = run(FedAvg("uniform")).run()
+    for n in udp.params:
+        torch.testing.assert_close(fedceo.params[n], udp.params[n], rtol=1e-5, atol=1e-6)
+
+
+def test_r2_zero_threshold_keeps_each_upload_and_the_next_round_starts_from_it():
+    agg = FedCEO(lam=1e30, interval=2)
+    g = {n: t[0] for n, t in stacked().items()}
+    uploads = stacked(seed=1)
+    clients = [3, 0, 5, 1]
+    new = agg.aggregate(g, uploads, view(clients), seed=0, round_=1)  # t = 2: smoothing
+    for n in g:
+        torch.testing.assert_close(new[n], g[n] + uploads[n].mean(0), rtol=0, atol=1e-6)  # FedAvg mean
+    starts = agg.start_points(new, [5, 2], round_=2)
+    for n in g:
+        torch.testing.assert_close(starts[n][0], g[n] + uploads[n][2], rtol=0, atol=1e-6)  # its own upload
+        assert torch.equal(starts[n][1], new[n])  # no personal model: w_g
+
+
+def test_r3_personal_state_is_written_overwritten_kept_and_used_only_right_after_a_smoothing():
+    agg = FedCEO(lam=0.5, theta=1.1, interval=2)
+    g = {n: t[0] for n, t in stacked().items()}
+    assert agg.start_points(g, [0, 1], round_=0) is None  # round 1: nothing stored
+    agg.aggregate(g, stacked(3, seed=1), view([0, 1, 2]), 0, round_=1)  # smoothing 1 (t = 2)
+    first = {c: {n: t.clone() for n, t in agg.personal[c].items()} for c in (0, 1, 2)}
+    assert agg.start_points(g, [0, 1], round_=3) is None  # t = 4 does not follow a smoothing
+    agg.aggregate(g, stacked(3, seed=2), view([0, 1, 2]), 0, round_=2)  # t = 3: plain mean, no writes
+    assert all(torch.equal(agg.personal[0][n], first[0][n]) for n in g)
+    agg.aggregate(g, stacked(2, seed=3), view([2, 4]), 0, round_=3)  # smoothing 2 (t = 4) overwrites 2, adds 4
+    assert set(agg.personal) == {0, 1, 2, 4}
+    assert agg.personal_round == {0: 1, 1: 1, 2: 3, 4: 3}
+    assert not torch.equal(agg.personal[2]["0.weight"], first[2]["0.weight"])
+    assert torch.equal(agg.personal[0]["0.weight"], first[0]["0.weight"])  # older entry persists
+    starts = agg.start_points(g, [0, 4, 5], round_=4)  # t = 5 follows a smoothing
+    assert torch.equal(starts["0.weight"][0], first[0]["0.weight"])  # "any": the stale model is used
+    assert torch.equal(starts["0.weight"][1], agg.personal[4]["0.weight"])
+    assert torch.equal(starts["0.weight"][2], g["0.weight"])  # no model: w_g
+    agg.personal_staleness = "last"
+    starts = agg.start_points(g, [0, 4], round_=4)
+    assert torch.equal(starts["0.weight"][0], g["0.weight"])  # stale: w_g under "last"
+    assert torch.equal(starts["0.weight"][1], agg.personal[4]["0.weight"])
+    assert FedCEO(lam=0.5, interval=2, personalize=False).start_points(g, [0], round_=2) is None
+
+
+def test_r4_global_model_at_a_smoothing_round_is_svt_of_the_mean_at_thr_over_k():
+    agg = FedCEO(lam=0.2, theta=1.5, interval=3)
+    g = {n: torch.zeros_like(t[0]) for n, t in stacked().items()}
+    uploads = stacked(5, seed=7)
+    new = agg.aggregate(g, uploads, view([0, 1, 2, 3, 4]), 0, round_=5)  # t = 6: smoothing j = 2
+    thr = threshold(2, 0.2, 1.5)
+    assert agg.diagnostics()["threshold"] == pytest.approx(thr)
+    some_zeroed = False
+    for n, u in uploads.items():
+        mean = fold(u.mean(0, keepdim=True))[:, :, 0].double()
+        expect = svt(mean, thr / 5).float()
+        torch.testing.assert_close(fold(new[n].unsqueeze(0))[:, :, 0], expect, rtol=0, atol=1e-5)
+        s = torch.linalg.svdvals(mean)
+        some_zeroed |= bool((s < thr / 5).any() and (s > thr / 5).any())
+    assert some_zeroed  # the threshold actually bites (otherwise the test could not tell SVT from the mean)
+
+
+def test_r5_last_n_leaves_other_tensors_at_the_fedavg_mean_for_everyone():
+    agg = FedCEO(lam=0.05, interval=1, layers=1)
+    assert agg.smoothed_names(["0.weight", "0.bias", "2.weight"]) == ["2.weight"]
+    g = {n: torch.zeros_like(t[0]) for n, t in stacked().items()}
+    uploads = stacked(4, seed=2)
+    new = agg.aggregate(g, uploads, view([0, 1, 2, 3]), 0, round_=0)
+    for n in ("0.weight", "0.bias"):
+        torch.testing.assert_close(new[n], uploads[n].mean(0), rtol=0, atol=1e-6)
+        for c in range(4):
+            torch.testing.assert_close(agg.personal[c][n], uploads[n].mean(0), rtol=0, atol=1e-6)
+    assert not torch.allclose(agg.personal[0]["2.weight"], uploads["2.weight"].mean(0))
+    assert set(agg.diagnostics()["zeroed_fraction"]) == {"2.weight"}
+
+
+def test_r7_same_seed_same_logs_and_smoothing_diagnostics_and_personal_accuracy_are_logged():
+    a = run(FedCEO(lam=0.5, theta=1.05, interval=2)).run()
+    b = run(FedCEO(lam=0.5, theta=1.05, interval=2)).run()
+    assert _strip(a.history) == _strip(b.history)
+    smoothing_rows = [row for row in a.history if "threshold" in row]
+    assert [row["round"] for row in smoothing_rows] == [2, 4, 6]
+    assert [row["threshold"] for row in smoothing_rows] == pytest.approx([1.05**j / 1.0 for j in (1, 2, 3)])
+    for row in smoothing_rows:
+        assert 0.0 <= min(row["zeroed_fraction"].values()) <= 1.0 and row["prox_seconds"] >= 0
+        assert 0.0 <= row["acc_personal"] <= 1.0 and row["acc_personal_clients"] >= 3
+    assert "acc_personal" not in a.history[0]
+
+
+def test_personal_start_changes_the_next_round_and_checkpoints_resume_exactly():
+    personal = run(FedCEO(lam=0.5, theta=1.05, interval=2)).run()
+    shared = run(FedCEO(lam=0.5, theta=1.05, interval=2, personalize=False)).run()
+    assert personal.history[1]["test_accuracy"] == shared.history[1]["test_accuracy"]  # identical up to round 2
+    assert not torch.equal(personal.params["0.weight"], shared.params["0.weight"])
+    states = []
+    full = run(FedCEO(lam=0.5, theta=1.05, interval=2)).run(on_checkpoint=states.append)
+    resumed_from = next(s for s in states if s.round == 3)  # after smoothing 1 + one round
+    again = run(FedCEO(lam=0.5, theta=1.05, interval=2)).run(state=resumed_from)
+    assert _strip(again.history) == _strip(full.history)
+    for n in full.params:
+        assert torch.equal(again.params[n], full.params[n])
+
+
+def test_invalid_settings_are_refused():
+    for kw in (dict(lam=0.0), dict(lam=1.0, theta=0.9), dict(lam=1.0, interval=0), dict(lam=1.0, layers=0),
+               dict(lam=1.0, personal_staleness="old"), dict(lam=1.0, prox_dtype="float16")):
+        with pytest.raises(ValueError):
+            FedCEO(**kw)
+
+
+def test_config_builds_fedceo_with_both_mechanisms():
+    from dpfl.experiment.build import build_algorithm
+    from dpfl.experiment.config import ConfigError, load_config
+
+    base = ["algorithm.name=fedceo", "algorithm.params={lam: 0.5, theta: 1.04, interval: 2}",
+            "privacy.budgets=.inf", "privacy.noise_multiplier=1.0"]
+    for mech in ("dpsgd", "udp"):
+        udp = ["privacy.unit=client", "privacy.sampling=null"] if mech == "udp" else []
+        cfg = load_config("configs/demo.yaml", [*base, f"privacy.mechanism={mech}", *udp])
+        alg = build_algorithm(cfg)
+        assert isinstance(alg.aggregator, FedCEO) and alg.aggregator.interval == 2
+        assert alg.unit == ("sample" if mech == "dpsgd" else "client")
+    with pytest.raises(ConfigError, match="lam"):
+        load_config("configs/demo.yaml", ["algorithm.name=fedceo", "algorithm.params={theta: 1.04}"])
+    with pytest.raises(ConfigError, match="layers"):
+        load_config("configs/demo.yaml", [*base, "algorithm.params={lam: 0.5, layers: 0}"])
+
+
+def test_fedceo_checkpoint_state_round_trips():
+    agg = FedCEO(lam=0.5, interval=1)
+    g = {n: t[0] for n, t in stacked().items()}
+    agg.aggregate(g, stacked(2), view([1, 3]), 0, round_=0)
+    other = FedCEO(lam=0.5, interval=1)
+    other.load_state_dict(agg.state_dict())
+    assert other.personal_round == {1: 0, 3: 0}
+    assert all(torch.equal(other.personal[3][n], agg.personal[3][n]) for n in g)
+    other.load_state_dict(None)
+    assert other.personal == {} and other.personal_round == {}
+
+
+def test_m1_udp_noise_is_split_over_the_cohort_and_clipping_holds():
+    up = ClippedNoisyUpdate(clip=1.0, noise_multiplier=2.0, cohort=4)
+    deltas = {"w": torch.randn(3, 50_000) * 10}
+    quiet = ClippedNoisyUpdate(clip=1.0, noise_multiplier=0.0, cohort=4).apply(deltas, [0, 1, 2], 0, 0)
+    assert (quiet["w"].norm(dim=1) <= 1.0 * (1 + 1e-6)).all()
+    noisy = up.apply(deltas, [0, 1, 2], 0, 0)
+    std = (noisy["w"] - quiet["w"]).std().item()
+    assert std == pytest.approx(2.0 / 2, rel=0.01)  # σC/√K; 150,000 draws: the std's rel. error is ~0.2%
+    assert up.event(0).noise_multiplier == pytest.approx(1.0)
+
+
+def test_p1_p2_fedceo_and_udp_fedavg_report_the_same_guarantees_and_per_upload_is_the_weaker_view():
+    poisson = Selection("poisson", rate=0.5)  # add/remove in both views, so the epsilons are comparable
+    reports = [run(agg, noise=3.0, selection=poisson).run().privacy
+               for agg in (FedCEO(lam=0.5, interval=2), FedAvg("uniform"))]
+    for key in ("clients", "aggregate_view", "unit", "observer"):
+        assert reports[0][key] == reports[1][key]
+    spent = [c["epsilon_spent"] for c in reports[0]["clients"]]
+    agg = reports[0]["aggregate_view"]
+    assert agg["rounds"] == 6 and agg["noise_multiplier"] == 3.0 and agg["sample_rate"] == pytest.approx(0.5)
+    assert max(spent) > agg["epsilon"] > 0  # one upload at σ/√K without amplification is far weaker
+    assert "NOT the run's server" in agg["valid_for"]
+    assert agg["relation"] == "add_remove"
+    longer = run(FedAvg("uniform"), noise=3.0, rounds=8, selection=poisson).run().privacy["aggregate_view"]["epsilon"]
+    noisier = run(FedAvg("uniform"), noise=4.0, selection=poisson).run().privacy["aggregate_view"]["epsilon"]
+    assert noisier < agg["epsilon"] < longer
+    fixed = run(FedAvg("uniform"), noise=3.0).run().privacy["aggregate_view"]
+    assert fixed["relation"] == "replace_one"  # the exact event of the fixed-size sampling that ran
