@@ -24,6 +24,8 @@ from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.client.param_noise import ParameterNoise
 from dpfl.algorithms.client.program import LocalProgram, dpsgd, sgd
 from dpfl.algorithms.client.additive_personal import AdditivePersonal
+from dpfl.algorithms.client.phased import PhasedProgram
+from dpfl.algorithms.client.private_head import PrivateHead
 from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.selection import Selection
@@ -229,6 +231,32 @@ def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float =
     return sgd(lr, **common)
 
 
+def _centaur(cfg: RunConfig, loss: str, head_epochs: float, private: bool) -> tuple[PhasedProgram, PrivateHead]:
+    """CENTAUR's two-phase local program (head, then representation) and its client-side heads."""
+    info = model_info(cfg.model.name)
+    head_module = info.head
+    # parameter names do not depend on the input shape: read them off a small instance
+    names = [n for n, _ in build_model(cfg.model.name, info.small_shape, info.reference_classes,
+                                       **cfg.model.options).named_parameters()]
+    if head_module is None or not any(n.startswith(head_module + ".") for n in names):
+        raise ConfigError(f"model: CENTAUR needs a model with a head (mlp2, lenet5), got {cfg.model.name!r}", "model")
+    head = tuple(n for n in names if n.startswith(head_module + "."))
+    body = tuple(n for n in names if n not in head)
+    if not body:
+        raise ConfigError(f"model: CENTAUR needs a representation below the head; {cfg.model.name!r} is only a head",
+                          "model")
+    t, p = cfg.training, cfg.privacy
+    common = dict(loss=loss, momentum=t.optimizer.momentum)
+    length = dict(steps=t.local_steps) if t.local_steps is not None else dict(epochs=t.local_epochs)
+    if private:
+        phases = (dpsgd(t.optimizer.lr, p.clip, sampling=p.sampling, epochs=head_epochs, trainable=head, **common),
+                  dpsgd(t.optimizer.lr, p.clip, sampling=p.sampling, trainable=body, **common, **length))
+    else:
+        phases = (sgd(t.optimizer.lr, epochs=head_epochs, trainable=head, **common),
+                  sgd(t.optimizer.lr, trainable=body, **common, **length))
+    return PhasedProgram(phases), PrivateHead(head)
+
+
 def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -> Algorithm:
     """The algorithm bundle named by `cfg.algorithm`, with the stages its privacy mechanism needs."""
     name, mech, p = cfg.algorithm.name, cfg.privacy.mechanism, cfg.privacy
@@ -237,9 +265,11 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
     sel = cfg.training.selection
     selection = Selection(sel.kind, sel.k, sel.rate)
     mu = getattr(params, "mu", 0.0)
-    personal = AdditivePersonal(params.alpha) if name == "ppsgd" else None
-    local = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=mu,
-                           lr_factor=personal.lr_factor if personal is not None else 1.0)
+    personal: Any = AdditivePersonal(params.alpha) if name == "ppsgd" else None
+    local: Any = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=mu,
+                                lr_factor=personal.lr_factor if personal is not None else 1.0)
+    if name == "centaur":
+        local, personal = _centaur(cfg, loss, params.head_epochs, private=mech == "dpsgd")
     if name == "dp_fedavg_central":
         if budgets is None:  # pragma: no cover - the schema requires budgets for 'central'
             raise ConfigError("privacy.budgets: required by mechanism 'central'", "privacy.budgets")
@@ -259,7 +289,7 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
         aggregator = PFA(**fields) if name == "pfa" else PFAPlus(PFA(**fields), **plus)
     elif name == "weiavg":
         aggregator = FedAvg("epsilon", params.server_lr)
-    elif name == "ppsgd":
+    elif name in ("ppsgd", "centaur"):
         aggregator = FedAvg("uniform")
     else:
         aggregator = FedAvg(params.weighting, params.server_lr)

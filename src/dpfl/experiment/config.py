@@ -103,7 +103,7 @@ __all__ = [
 
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "fedprox",
-    "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd",
+    "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
 )
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
@@ -124,6 +124,7 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "robust_hdp": ("dpsgd",),
     "fedceo": ("dpsgd", "udp"),
     "ppsgd": ("dpsgd", "udp"),
+    "centaur": ("dpsgd", "udp"),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
@@ -791,6 +792,13 @@ class _PPSGDParams(_Section):
     alpha: float = Field(1.0, gt=0)
 
 
+class _CentaurParams(_Section):
+    """CENTAUR (spec fedceo.md §6.3): private heads; each round fits the head for head_epochs with the
+    representation frozen, then trains the representation (the only shared part) with the head frozen."""
+
+    head_epochs: float = Field(1.0, gt=0)
+
+
 ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "fedavg": _FedAvgParams,
     "dp_fedavg_local": _FedAvgParams,
@@ -807,6 +815,7 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "robust_hdp": _RobustHDPParams,
     "fedceo": _FedCEOParams,
     "ppsgd": _PPSGDParams,
+    "centaur": _CentaurParams,
 }
 
 
@@ -822,6 +831,7 @@ class AlgorithmConfig(_Section):
     robust_hdp: p_prime, blocks, schedule, mu_norm, lam, tol, max_iter, server_lr.
     fedceo: lam (required), theta (>= 1), interval, layers (all | last n), personalize, personal_staleness
     (any | last), prox_dtype, rfft. ppsgd: alpha (> 0, local / global step size).
+    centaur: head_epochs (> 0; needs a model with a head: mlp2, lenet5).
     """
 
     name: AlgorithmName

@@ -33,7 +33,9 @@ from dpfl.privacy.accountant import guarantee
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.calibration import calibrate_noise_multiplier, heuristic_pfa_noise
 from dpfl.privacy.ledger import PrivacyLedger
+from dpfl.seeding import derive_seed
 
+PHASE_KEY = 0x5048  # seeds of a phased local program's later phases: derive_seed(seed, PHASE_KEY, phase)
 REDRAWS = 50  # draws of a round's sample before giving up on a public participant (spec §4.2)
 FLOAT_BYTES = 4
 
@@ -368,7 +370,7 @@ class FederatedRun:
                 starts = start_points(w, ids, r) if start_points is not None else None
             local = self.local_round(r, w, selected, expected, starts=starts)
             uploads, view, channel = local.uploads, local.view, local.channel
-            bytes_up = [alg.upload.bytes_per_upload(dim)] * len(selected)
+            bytes_up = [alg.upload.bytes_per_upload(P.num_parameters(uploads, leading=1))] * len(selected)
             bytes_down = [FLOAT_BYTES * dim] * len(selected)  # the global model
             encode = getattr(alg.aggregator, "client_payload", None)
             if encode is not None:  # clients send what the broadcast asks for (PFA+: k-dim codes)
@@ -378,6 +380,9 @@ class FederatedRun:
                 traffic = uploads.traffic(FLOAT_BYTES * dim)
             if getattr(alg.aggregator, "privileged", False):  # only oracles may read the engine's channel
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, channel=channel)
+            elif alg.personal is not None:  # the server sees and updates the shared tensors only
+                shared = alg.aggregator.aggregate({n: w[n] for n in uploads}, uploads, view, self.seed, r)
+                new_w = alg.personal.global_model({**w, **shared})
             elif start_points is not None:  # uploads are relative to each client's own start
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, starts=starts)
             else:
@@ -403,17 +408,23 @@ class FederatedRun:
         aggregators on the same uploads) can reuse exactly the engine's round; it records nothing in the ledger.
         """
         alg = self.algorithm
-        plans = [alg.local.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
-                 for i in selected]
-        begin = starts if starts is not None else w
-        res = run_local(self.model, alg.local.spec, plans, self.pooled, begin, seed=self.seed, round_=r,
-                        stacked_start=starts is not None, max_elements=self.max_elements)
-        deltas = P.sub(res.params, starts if starts is not None else P.broadcast(w, len(selected)))
+        current, stacked = (starts, True) if starts is not None else (w, False)
+        steps, noise_sq = np.zeros(len(selected), dtype=np.int64), np.zeros(len(selected))
+        for index, phase in enumerate(getattr(alg.local, "phases", (alg.local,))):  # CENTAUR: head, then body
+            plans = [phase.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
+                     for i in selected]
+            seed = self.seed if index == 0 else derive_seed(self.seed, PHASE_KEY, index)  # fresh batches and noise
+            res = run_local(self.model, phase.spec, plans, self.pooled, current, seed=seed, round_=r,
+                            stacked_start=stacked, max_elements=self.max_elements)
+            current, stacked = res.params, True
+            steps += np.array(res.steps, dtype=np.int64)
+            noise_sq += np.array(res.noise_sq_norm)
+        deltas = P.sub(current, starts if starts is not None else P.broadcast(w, len(selected)))
         if alg.personal is not None:  # keep the local part on the client; the rest is the shared update
             deltas = alg.personal.shared_update(deltas, [int(i) for i in selected])
         uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
-        return LocalRound(uploads, self._view(selected, expected), self._channel(selected, res.steps),
-                          list(res.noise_sq_norm), P.num_parameters(w))
+        return LocalRound(uploads, self._view(selected, expected), self._channel(selected, steps.tolist()),
+                          noise_sq.tolist(), P.num_parameters(w))
 
     def _select(self, eligible: np.ndarray, r: int) -> np.ndarray:
         """The round's participants; re-drawn (up to REDRAWS times) while the aggregator rejects the sample.

@@ -49,6 +49,10 @@ class AdditivePersonal:
             self.local[c] = P.axpy(1.0, own, self.local[c]) if c in self.local else own
         return shared
 
+    def global_model(self, params: P.Params) -> P.Params:
+        """The shared part w is the whole global model."""
+        return params
+
     def personal_models(self, global_params: P.Params) -> dict[int, P.Params]:
         """w + u_k for every client that has a local part."""
         return {c: P.axpy(1.0, u, global_params) for c, u in self.local.items()}

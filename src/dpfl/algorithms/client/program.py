@@ -65,17 +65,20 @@ class LocalProgram:
 
 
 def sgd(lr: float, *, steps: int | None = None, epochs: float | None = None, loss: str = "cross_entropy",
-        momentum: float = 0.0, prox_mu: float = 0.0) -> LocalProgram:
+        momentum: float = 0.0, prox_mu: float = 0.0, trainable: tuple[str, ...] | None = None) -> LocalProgram:
     """Non-private local SGD over shuffled minibatches (mean loss over the actual batch)."""
-    return LocalProgram(LocalSpec(lr=lr, loss=loss, sampling="shuffle", momentum=momentum, prox_mu=prox_mu), steps, epochs)
+    spec = LocalSpec(lr=lr, loss=loss, sampling="shuffle", momentum=momentum, prox_mu=prox_mu, trainable=trainable)
+    return LocalProgram(spec, steps, epochs)
 
 
 def dpsgd(lr: float, clip: float, *, steps: int | None = None, epochs: float | None = None, sampling: str = "poisson",
-          loss: str = "cross_entropy", momentum: float = 0.0, prox_mu: float = 0.0) -> LocalProgram:
+          loss: str = "cross_entropy", momentum: float = 0.0, prox_mu: float = 0.0,
+          trainable: tuple[str, ...] | None = None) -> LocalProgram:
     """Sample-level DP-SGD: per-sample clipping to `clip` (one global L2 norm), Gaussian noise on the sum.
 
     Poisson sampling (default) is accounted as the Poisson sampled Gaussian (add/remove); fixed-size
     sampling as sampling without replacement (replace-one).
     """
-    spec = LocalSpec(lr=lr, loss=loss, clip=clip, sampling=sampling, momentum=momentum, prox_mu=prox_mu)
+    spec = LocalSpec(lr=lr, loss=loss, clip=clip, sampling=sampling, momentum=momentum, prox_mu=prox_mu,
+                     trainable=trainable)
     return LocalProgram(spec, steps, epochs, private=True)

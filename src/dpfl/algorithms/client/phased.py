@@ -1,0 +1,56 @@
+"""A local program in phases, each training its own subset of the parameters (CENTAUR, fedceo.md §6.3).
+
+CENTAUR's client first fits its private head with the representation frozen, then trains the
+representation with its head frozen. Each phase is an ordinary `LocalProgram` whose spec names the
+tensors it trains; under DP-SGD both phases touch the client's records, so the round's DP event is the
+composition of the phases' events (a head fitted on clean gradients would leak into later uploads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dp_accounting import ComposedDpEvent, DpEvent
+
+from dpfl.algorithms.client.program import LocalProgram
+from dpfl.engine.local_training import ClientPlan, LocalSpec
+
+
+@dataclass(frozen=True)
+class PhasedProgram:
+    """Phases run in order on the same client; the last phase's spec is the program's (loss, lr, clip)."""
+
+    phases: tuple[LocalProgram, ...]
+
+    def __post_init__(self) -> None:
+        if not self.phases:
+            raise ValueError("a phased program needs at least one phase")
+        if len({p.private for p in self.phases}) > 1 or len({p.sampling for p in self.phases}) > 1:
+            raise ValueError("all phases of a local program must share one privacy mechanism and sampling")
+        if any(p.spec.trainable is None for p in self.phases[:-1]) and len(self.phases) > 1:
+            raise ValueError("every phase but the last must name the tensors it trains (spec.trainable)")
+
+    @property
+    def spec(self) -> LocalSpec:
+        return self.phases[-1].spec
+
+    @property
+    def private(self) -> bool:
+        return self.phases[-1].private
+
+    @property
+    def sampling(self) -> str:
+        return self.phases[-1].sampling
+
+    def steps_for(self, n_records: int, batch_size: int) -> int:
+        """All phases' steps (each is a sampled-Gaussian step under DP-SGD)."""
+        return sum(p.steps_for(n_records, batch_size) for p in self.phases)
+
+    def plan(self, client: int, n_records: int, batch_size: int, noise_multiplier: float) -> ClientPlan:
+        return ClientPlan(client, batch_size, self.steps_for(n_records, batch_size), noise_multiplier if self.private else 0.0)
+
+    def event(self, n_records: int, batch_size: int, noise_multiplier: float) -> DpEvent | None:
+        events = [e for e in (p.event(n_records, batch_size, noise_multiplier) for p in self.phases) if e is not None]
+        if not events:
+            return None
+        return events[0] if len(events) == 1 else ComposedDpEvent(events)
