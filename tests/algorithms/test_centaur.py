@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from torch import nn
@@ -20,19 +18,13 @@ from dpfl.engine import params as P
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.privacy.budgets import ClientBudget
 
+from .federations import tiny_federation
+
 HEAD, BODY = ("2.weight", "2.bias"), ("0.weight", "0.bias")
 
 
 def toy(n_clients=3, n=30, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w_true = torch.randn(6, 3, generator=g)
-    clients = []
-    for _ in range(n_clients):
-        x, xt = torch.randn(n, 6, generator=g), torch.randn(8, 6, generator=g)
-        clients.append(SimpleNamespace(x_train=x, y_train=(x @ w_true).argmax(1), x_test=xt,
-                                       y_test=(xt @ w_true).argmax(1)))
-    xt = torch.randn(50, 6, generator=g)
-    return SimpleNamespace(clients=clients, x_test=xt, y_test=(xt @ w_true).argmax(1))
+    return tiny_federation(n_clients, n, seed=seed)
 
 
 def model():

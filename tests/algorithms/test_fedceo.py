@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from torch import nn
@@ -19,20 +17,11 @@ from dpfl.algorithms.server.view import ServerView
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.privacy.budgets import ClientBudget
 
+from .federations import tiny_federation
 
-def toy(n_clients=6, n=40, seed=0, test=True):
-    g = torch.Generator().manual_seed(seed)
-    w_true = torch.randn(12, 3, generator=g)
-    clients = []
-    for _ in range(n_clients):
-        x = torch.randn(n, 12, generator=g)
-        xt = torch.randn(10, 12, generator=g)
-        c = SimpleNamespace(x_train=x, y_train=(x @ w_true).argmax(1))
-        if test:
-            c.x_test, c.y_test = xt, (xt @ w_true).argmax(1)
-        clients.append(c)
-    xt = torch.randn(100, 12, generator=g)
-    return SimpleNamespace(clients=clients, x_test=xt, y_test=(xt @ w_true).argmax(1))
+
+def toy(n_clients=6, n=40, seed=0):
+    return tiny_federation(n_clients, n, features=12, client_test=10, test=100, seed=seed)
 
 
 def model():
@@ -244,3 +233,14 @@ def test_p1_p2_fedceo_and_udp_fedavg_report_the_same_guarantees_and_per_upload_i
     assert noisier < agg["epsilon"] < longer
     fixed = run(FedAvg("uniform"), noise=3.0).run().privacy["aggregate_view"]
     assert fixed["relation"] == "replace_one"  # the exact event of the fixed-size sampling that ran
+
+
+def test_r6_poisson_rounds_of_zero_or_one_client_are_handled():
+    sizes = set()
+    result = FederatedRun(toy(), model(), algorithm(FedCEO(lam=0.5, interval=1), selection=Selection("poisson", rate=0.2)),
+                          rounds=12, batch_sizes=8, budgets=ClientBudget(float("inf"), 1e-5), seed=4).run()
+    for row in result.history:
+        sizes.add(len(row["selected"]))
+        assert ("threshold" in row) == (len(row["selected"]) > 0)  # nobody drawn: no smoothing, no update
+    assert {0, 1} <= sizes and max(sizes) > 1
+    assert all(torch.isfinite(t).all() for t in result.params.values())
