@@ -293,8 +293,8 @@ def compare(
 
 
 # ---- reproduce ----------------------------------------------------------------------------------------
-_Scale = Annotated[str, typer.Option("--scale", help="ci (spec §7.4: minutes on a CPU) or full (the paper's grid: "
-                                                     "hours).")]
+_Scale = Annotated[str, typer.Option("--scale", help="ci (minutes on a CPU: checks that it runs) or full (the "
+                                                     "paper's grid: hours to days).")]
 _Out = Annotated[Path, typer.Option("--out", help="Output directory: runs/, results.csv, results.md, plots/.")]
 _Seeds = Annotated[Optional[int], typer.Option("--seeds", help="Number of seeds (0..N-1) instead of the spec's.")]
 _Rounds = Annotated[Optional[int], typer.Option("--rounds", help="Rounds per run instead of the spec's.")]
@@ -314,8 +314,8 @@ def _dataset_names(datasets: Optional[list[str]]) -> list[str]:
 
 def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
                methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, **grid_options: Any) -> None:
-    """Both reproduce commands: build the grid, list it (--dry-run) or run it, then write the results."""
-    from dpfl.reproduce import pfa, robust_hdp
+    """The reproduce commands: build the grid, list it (--dry-run) or run it, then write the results."""
+    from dpfl.reproduce import fedceo, pfa, robust_hdp
     from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
     from dpfl.reproduce.tables import write_results
 
@@ -327,7 +327,7 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
                                                    ("methods", methods)) if v is not None])
     try:
-        module = pfa if paper == "pfa" else robust_hdp
+        module = {"pfa": pfa, "robust-hdp": robust_hdp, "fedceo": fedceo}[paper]
         grid = module.grid(scale, datasets=names, seeds=seeds, rounds=rounds, settings_pattern=settings,
                            methods=wanted, **grid_options)
         if not grid.jobs:
@@ -380,6 +380,18 @@ def reproduce_robust_hdp(
         _noise_table(out, scale, settings, dataset)
         return
     _reproduce("robust-hdp", out, scale, seeds, rounds, settings, methods, dataset, dry_run)
+
+
+@reproduce_app.command("fedceo")
+def reproduce_fedceo(
+    out: _Out, scale: _Scale, seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None,
+    methods: _Methods = None,
+    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="fashion_mnist (the only one this grid "
+                                                                           "ships; the default).")] = None,
+    dry_run: _DryRun = False,
+) -> None:
+    """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
+    _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run)
 
 
 def _noise_table(out: Path, scale: str, settings: Optional[str], datasets: Optional[list[str]]) -> None:

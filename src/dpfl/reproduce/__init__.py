@@ -4,9 +4,9 @@
     outcomes = run_jobs(grid.jobs, out)                    # each job -> OUT/runs/<setting>/<method>/seed<k>/
     write_results(grid, outcomes, out)                     # OUT/results.csv, OUT/results.md, OUT/plots/
 
-`jobs` (what a job is, grid expansion), `pfa` and `robust_hdp` (the two papers' grids, spec
-heterogeneous_dp.md §7), `runner` (sequential, resumable execution), `tables` (results files). The CLI is
-`dpfl reproduce pfa|robust-hdp`; docs/reproduce.md describes the grids and what is reduced.
+`jobs` (what a job is, grid expansion), `pfa` and `robust_hdp` (spec heterogeneous_dp.md §7), `fedceo`
+(spec fedceo.md §9), `runner` (sequential, resumable execution), `tables` (results files). The CLI is
+`dpfl reproduce pfa|robust-hdp|fedceo`; docs/reproduce.md describes the grids and what is reduced.
 """
 
 from dpfl.reproduce.jobs import Grid, Job, Method, Setting

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid
+from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 
 __all__ = ["FEDCEO_PARAMS", "METHOD_NAMES", "SIGMAS", "SPEC", "base_config", "grid", "methods", "settings"]
 
@@ -64,13 +64,7 @@ ABLATION = "ablation: constant threshold"
 
 def base_config(scale: str) -> Path:
     """configs/fedceo/<base> of a scale, from a source checkout or the current directory."""
-    name = BASES[scale]
-    candidates = [Path(__file__).resolve().parents[3] / "configs" / "fedceo", Path.cwd() / "configs" / "fedceo"]
-    for c in candidates:
-        if (c / name).is_file():
-            return c / name
-    raise FileNotFoundError(f"the FedCEO base config configs/fedceo/{name} was not found: run from a dpfl source "
-                            "checkout")
+    return config_dir("fedceo") / BASES[scale]
 
 
 def _fedceo(lam: float, theta: float, interval: int) -> str:

@@ -118,14 +118,14 @@ class Grid:
         return next(s for s in self.settings if s.name == name)
 
 
-def config_dir() -> Path:
-    """The repository's `configs/hdp` (base configs of the grids): source checkout or current directory."""
-    candidates = [Path(__file__).resolve().parents[3] / "configs" / "hdp", Path.cwd() / "configs" / "hdp"]
+def config_dir(family: str = "hdp") -> Path:
+    """The repository's `configs/<family>` (base configs of the grids): source checkout or current directory."""
+    candidates = [Path(__file__).resolve().parents[3] / "configs" / family, Path.cwd() / "configs" / family]
     for c in candidates:
         if c.is_dir():
             return c
-    raise FileNotFoundError("the reproduction base configs (configs/hdp/) were not found: run from a dpfl source "
-                            "checkout")
+    raise FileNotFoundError(f"the reproduction base configs (configs/{family}/) were not found: run from a dpfl "
+                            "source checkout")
 
 
 DATASET_SHORT = {"fashion_mnist": "fmnist", "mnist": "mnist"}  # the datasets both grids ship, as setting names say them

@@ -21,7 +21,7 @@ from dpfl.reproduce.jobs import Grid, Setting
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
-__all__ = ["COLUMNS", "job_row", "mean_std", "write_results"]
+__all__ = ["COLUMNS", "columns", "job_row", "mean_std", "write_results"]
 
 COLUMNS = [
     "method", "setting", "seed", "scale", "status", "label", "algorithm",
@@ -30,21 +30,39 @@ COLUMNS = [
     "noise_stat_round1_analytic", "noise_stat_round1_empirical", "uplink_mib", "downlink_mib", "seconds",
     "run_dir", "message",
 ]
+# Columns only some papers' results.csv have: paper -> (column, the column it follows). Other papers' files
+# are unchanged. acc_personal_final: the last logged acc_personal (clients' personal models on their own
+# test splits), empty for methods without personal models.
+PAPER_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "fedceo": (("acc_personal_final", "test_acc_clients_mean_final"),),
+}
 NOT_RUN = "not run"
+CI_SCALE = {"fedceo": "spec fedceo.md §9 CI scale"}  # what "ci" is, per paper (default: heterogeneous_dp.md §7.4)
 MIB = float(1 << 20)
 PAPERS = {
     "pfa": "PFA: J. Liu, J. Lou, L. Xiong, J. Liu, X. Meng, \"Projected Federated Averaging with Heterogeneous "
            "Differential Privacy\", PVLDB 15(4), 2022",
     "robust-hdp": "Robust-HDP: \"Noise-Aware Algorithm for Heterogeneous Differentially Private Federated Learning\", "
                   "ICML 2024 (S. Malekmohammadi's PhD thesis, ch. 3)",
+    "fedceo": "FedCEO: Y. Li, L. Fu, T. Wang, C. Chen, J. Lou, B. Chen, L. Yang, J. Shen, Z. Zheng, \"Clients "
+              "Collaborate: Flexible Differentially Private Federated Learning with Guaranteed Improvement of "
+              "Utility-Privacy Trade-off\", arXiv:2402.07002 (ICML 2025)",
 }
 
 
+def columns(paper: str) -> list[str]:
+    """results.csv's columns for a paper: COLUMNS plus the paper's own (PAPER_COLUMNS)."""
+    cols = list(COLUMNS)
+    for name, after in PAPER_COLUMNS.get(paper, ()):
+        cols.insert(cols.index(after) + 1, name)
+    return cols
+
+
 # ---- one row per run ----------------------------------------------------------------------------------
-def job_row(outcome: Outcome, scale: str, out: Path) -> dict[str, Any]:
-    """The results.csv row of one job, read from its run directory (what exists of it)."""
+def job_row(outcome: Outcome, scale: str, out: Path, *, columns: Sequence[str] = COLUMNS) -> dict[str, Any]:
+    """The results.csv row of one job, read from its run directory (what exists of it); keys: `columns`."""
     job, d = outcome.job, outcome.run_dir
-    row: dict[str, Any] = {c: None for c in COLUMNS}
+    row: dict[str, Any] = {c: None for c in columns}
     row.update(method=job.method, setting=job.setting, seed=job.seed, scale=scale, status=outcome.status,
                label=job.label, algorithm=job.config.algorithm.name, message=outcome.message or None,
                rounds_planned=job.config.training.rounds)
@@ -62,7 +80,7 @@ def job_row(outcome: Outcome, scale: str, out: Path) -> dict[str, Any]:
         return row
     if summary is None and outcome.status == OK:
         row["status"] = "incomplete"
-    row.update(_from_metrics(metrics))
+    row.update({k: v for k, v in _from_metrics(metrics).items() if k in row})
     if summary is not None:
         row.update(final_accuracy=as_number(summary.get("final_accuracy")),
                    best_accuracy=as_number(summary.get("best_accuracy")),
@@ -82,11 +100,13 @@ def _from_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     clients = [c for c in clients if c is not None]
     acc = [as_number(r.get("test_accuracy")) for r in metrics]
     acc = [a for a in acc if a is not None]
+    personal = [p for p in (as_number(r.get("acc_personal")) for r in metrics) if p is not None]
     return {
         "rounds_run": len(metrics),
         "final_accuracy": acc[-1] if acc else None,
         "best_accuracy": max(acc) if acc else None,
         "test_acc_clients_mean_final": clients[-1] if clients else None,
+        "acc_personal_final": personal[-1] if personal else None,
         "noise_stat_round1_analytic": as_number(first.get("noise_stat_analytic")),
         "noise_stat_round1_empirical": as_number(first.get("noise_stat_empirical")),
         "uplink_mib": up / MIB if metrics else None,
@@ -127,12 +147,12 @@ def mean_std(values: Iterable[Any], fmt: str = ".4f") -> str:
     return f"{mean:{fmt}} ± {statistics.stdev(vals):{fmt}}"
 
 
-def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
+def _csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
+        writer.writerow({k: ("" if r.get(k) is None else r[k]) for k in columns})
     return buf.getvalue()
 
 
@@ -171,6 +191,7 @@ _SETTING_COLUMNS: list[tuple[str, Callable[[Sequence[Mapping[str, Any]]], str]]]
     ("final acc", lambda rs: mean_std(r["final_accuracy"] for r in rs)),
     ("best acc", lambda rs: mean_std(r["best_accuracy"] for r in rs)),
     ("clients' mean acc (final)", lambda rs: mean_std(r["test_acc_clients_mean_final"] for r in rs)),
+    ("personal acc (final)", lambda rs: mean_std(r.get("acc_personal_final") for r in rs)),
     ("rounds", lambda rs: _span(r["rounds_run"] for r in rs)),
     ("stop", lambda rs: ", ".join(sorted({str(r["stop_reason"]) for r in rs if r["stop_reason"]})) or "n/a"),
     ("meets budgets", _meets),
@@ -188,7 +209,7 @@ def _setting_section(setting: Setting, rows: Sequence[Mapping[str, Any]], plots:
     lines = [f"## {setting.name}", ""]
     if setting.describe:
         lines += [setting.describe + ".", ""]
-    budgets = [r["min_budget"] for r in _ok(rows) if r["min_budget"] is not None]
+    budgets = [r["min_budget"] for r in _ok(rows) if r["min_budget"] is not None and math.isfinite(r["min_budget"])]
     if budgets:
         lo, hi = min(budgets), max(budgets)
         lines += [f"Smallest client budget ε: {lo:.3g}" + (f" to {hi:.3g} over seeds" if hi > lo else "") + ".", ""]
@@ -276,6 +297,68 @@ def _misreport_tables(grid: Grid, rows: Sequence[Mapping[str, Any]], metrics: Ma
     return out
 
 
+def _fedceo_tables(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """FedCEO: methods as rows, σ_g settings as columns; global accuracy, then the personal models' accuracy."""
+    settings = [s for s in grid.settings if any(r["setting"] == s.name for r in rows)]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    labels = {r["method"]: r["label"] or "" for r in rows}
+    header = ["method", *[f"σ_g = {s.meta.get('sigma', s.name)}" for s in settings]]
+
+    def table(key: str, which: Sequence[str]) -> list[str]:
+        body = []
+        for m in which:
+            cells = []
+            for s in settings:
+                mine = [r for r in rows if r["setting"] == s.name and r["method"] == m]
+                cells.append(mean_std(r.get(key) for r in _ok(mine)) if mine else "—")
+            body.append([_method_cell(m, labels[m]), *cells])
+        return _md_table(header, body)
+
+    personal = [m for m in methods if any(r.get("acc_personal_final") is not None for r in rows if r["method"] == m)]
+    params = "; ".join(f"σ_g = {s.meta['sigma']}: λ = {s.meta['lam']}, ϑ = {s.meta['theta']}, "
+                       f"I = {s.meta['interval']}" for s in settings if "sigma" in s.meta)
+    out = ["## Overview: final global accuracy acc_global (mean ± std over seeds)", "",
+           "The global model on the official test split after the last round. This is the primary metric of "
+           "udp_fedavg, fedceo_theta1 and fedceo; ppsgd's and centaur's primary metric is acc_personal (next "
+           "table; spec §10.9), their global model is a diagnostic (PPSGD: w alone; CENTAUR: φ with the mean of "
+           f"the stored heads). FedCEO's parameters ({params}) are the paper's EMNIST/MLP values, NOT tuned for "
+           "Fashion-MNIST.", "", *table("final_accuracy", methods), ""]
+    if personal:
+        out += ["## Personalised accuracy acc_personal (final; mean ± std over seeds)", "",
+                "Mean over the clients holding a personal model (PPSGD: w + u_k; CENTAUR: h_k∘φ; FedCEO: the "
+                "smoothed ŵ_k of its last smoothing round) of its accuracy on the client's own local test split, "
+                "at the last round that logged it (FedCEO logs it from its first smoothing round on). Primary "
+                "for ppsgd and centaur.", "", *table("acc_personal_final", personal), ""]
+    return out
+
+
+def _fedceo_notes(grid: Grid, rates: Sequence[tuple[str, float]], labels: Sequence[tuple[str, str]]) -> list[str]:
+    """FedCEO's header bullets: fixed noise, the untuned λ/ϑ/I, the metrics and which one is primary."""
+    momentum = sorted({j.config.training.optimizer.momentum for j in grid.all_jobs})
+    return [
+        "- Hyperparameters: one learning rate for every method (" + ", ".join(f"{m} {lr:g}" for m, lr in rates)
+        + ", momentum " + ", ".join(f"{m:g}" for m in momentum) + "), as in the paper (spec §4). FedCEO's λ, ϑ, "
+        "I are the paper's EMNIST/MLP values (its Table 2), **NOT tuned for Fashion-MNIST**: placeholders until "
+        "the spec's validation-split search exists.",
+        "- Privacy: every method runs the same DP-SGD clients at its setting's fixed noise multiplier σ_g "
+        "(sample-level, Poisson batches, clip 1, RDP, δ = 1e-5). Budgets are unlimited, so `meets_budgets` is "
+        "vacuous; max ε spent is the largest client ε after the run (CENTAUR's head epochs are DP-SGD steps "
+        "too and count, spec §6.3).",
+        "- Accuracy: acc_global = the global model on the official test split, after the last round (final, "
+        "the headline) and at the best evaluated round (best: selected on the test set, shown only for "
+        "comparison with the authors' code, spec §3.6); personal acc = acc_personal, the clients' personal "
+        "models on their own local test splits; clients' mean acc = the global model on each client's local "
+        "test split, averaged. **Primary metric** (spec §10.9): acc_global for udp_fedavg, fedceo_theta1 and "
+        "fedceo; acc_personal for ppsgd and centaur. Cells are mean ± sample std (ddof = 1) over the seeds that "
+        "finished; ± n/a with one seed.",
+        *(["- Labels: " + "; ".join(f"{m} — **{label}**" for m, label in labels) + "."] if labels else []),
+        "- Diagnostics: uplink/downlink MiB cumulative over the run (CENTAUR uploads its representation only); "
+        "train s = sum of the rounds' wall time (FedCEO's includes its T-tSVD; each run's metrics.jsonl has "
+        "threshold, zeroed_fraction and prox_seconds at its smoothing rounds); columns without a value for any "
+        "method are omitted.",
+    ]
+
+
 # ---- plots --------------------------------------------------------------------------------------------
 def _mean_curves(rows: Sequence[Mapping[str, Any]], metrics: Mapping[tuple, list], key: str
                  ) -> dict[str, list[dict[str, Any]]]:
@@ -301,7 +384,8 @@ def _plots(setting: Setting, rows: Sequence[Mapping[str, Any]], metrics: Mapping
 
     made = {}
     for key, suffix, what in (("test_accuracy", "", "test accuracy"),
-                              ("test_acc_clients_mean", "-clients", "clients' mean held-out accuracy")):
+                              ("test_acc_clients_mean", "-clients", "clients' mean held-out accuracy"),
+                              ("acc_personal", "-personal", "personal models' accuracy on their own test splits")):
         curves = _mean_curves(rows, metrics, key)
         if not curves:
             continue
@@ -318,7 +402,8 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
     out = Path(out)
     by_key = {o.job.key: o for o in outcomes}
     ordered = [by_key[j.key] for j in grid.all_jobs if j.key in by_key]
-    rows = [job_row(o, grid.label, out) for o in ordered]
+    cols = columns(grid.paper)
+    rows = [job_row(o, grid.label, out, columns=cols) for o in ordered]
     metrics: dict[tuple, list] = {}
     for o, r in zip(ordered, rows):
         if r["status"] == OK:
@@ -326,9 +411,9 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
                 metrics[o.job.key] = read_metrics(o.run_dir)
             except ValueError:
                 metrics[o.job.key] = []
-    csv_path = write_text_atomic(out / "results.csv", _csv(rows))
+    csv_path = write_text_atomic(out / "results.csv", _csv(rows, cols))
     md = _header(grid, rows, command)
-    md += _overview(grid, rows)
+    md += _fedceo_tables(grid, rows) if grid.paper == "fedceo" else _overview(grid, rows)
     if grid.paper == "robust-hdp":
         md += _noise_tables(grid, rows) + _misreport_tables(grid, rows, _curves_by_key(metrics))
     for s in grid.settings:
@@ -350,15 +435,16 @@ def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str) -> list
     rates = sorted({(j.config.model.name, j.config.training.optimizer.lr) for j in grid.all_jobs})
     labels = list(dict.fromkeys((j.method, j.label) for j in grid.all_jobs if j.label))
     lines = [f"# Reproduction: {grid.paper}", "",
-             f"- **Scale: {grid.label}**" + (" — spec §7.4 CI scale, a smoke test of the comparison, not the "
-                                             "paper's setting" if grid.scale == "ci" else ""),
+             f"- **Scale: {grid.label}**" + (f" — {CI_SCALE.get(grid.paper, 'spec §7.4 CI scale')}, a smoke test of "
+                                             "the comparison, not the paper's setting" if grid.scale == "ci" else ""),
              f"- Paper: {PAPERS.get(grid.paper, grid.paper)}."]
     if command:
         lines.append(f"- Command: `{command}`")
-    lines += [
+    lines.append(
         f"- Runs: {len(rows)} (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + "); "
         + (f"seed {grid.seeds[0]}" if len(grid.seeds) == 1 else f"seeds {grid.seeds[0]}..{grid.seeds[-1]}")
-        + f"; {grid.rounds} round{'s' * (grid.rounds != 1)} planned per run.",
+        + f"; {grid.rounds} round{'s' * (grid.rounds != 1)} planned per run.")
+    lines += _fedceo_notes(grid, rates, labels) if grid.paper == "fedceo" else [
         "- Learning rates were **fixed, not tuned**: one rate per model for every method ("
         + ", ".join(f"{m} {lr:g}" for m, lr in rates) + "), set in the base configs; the papers tune each method "
         "on a grid, so absolute accuracies (and possibly rankings) can differ from theirs.",
@@ -371,9 +457,9 @@ def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str) -> list
         "- Diagnostics: noise stat r1 = Σ w_i² σ_i² / (p η²) in round 1 (spec §5); uplink/downlink MiB "
         "cumulative over the run; train s = sum of the rounds' wall time (building and calibration excluded); "
         "columns without a value for any method are omitted.",
-        "- Files: `results.csv` (one row per run), `runs/<setting>/<method>/seed<k>/` (each run's directory "
-        "with its own report.md), `plots/`, `logs/` (tracebacks of failed runs).",
     ]
+    lines.append("- Files: `results.csv` (one row per run), `runs/<setting>/<method>/seed<k>/` (each run's directory "
+                 "with its own report.md), `plots/`, `logs/` (tracebacks of failed runs).")
     for note in [*grid.selection, *grid.notes]:
         lines.append(f"- Note: {note}.")
     problems: dict[tuple[str, str], list[Mapping[str, Any]]] = {}

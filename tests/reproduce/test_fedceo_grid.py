@@ -1,0 +1,242 @@
+"""`dpfl reproduce fedceo`: the grid against spec fedceo.md §4/§9, shared settings, and a tiny real comparison.
+
+Grid tests only build and validate configs. The end-to-end test runs one σ_g setting of the ci grid with all
+five methods for 5 rounds (one FedCEO smoothing at I = 5), 1 local epoch and 2,000 images (~30 s); it needs
+Fashion-MNIST on this machine (the `fmnist` fixture skips it otherwise, as the other reproduce tests do).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from dpfl.cli import main
+from dpfl.experiment.build import resolve_budgets
+from dpfl.experiment.config import config_to_dict, config_to_yaml, load_config
+from dpfl.reproduce import fedceo
+from dpfl.reproduce.jobs import GridError
+from dpfl.reproduce.runner import OK, Outcome, run_jobs
+from dpfl.reproduce.tables import COLUMNS, columns, job_row, write_results
+from dpfl.results.run_files import read_metrics
+
+SETTINGS = ["fmnist-mlp-sg1.0", "fmnist-mlp-sg1.5", "fmnist-mlp-sg2.0"]
+METHODS = ["udp_fedavg", "ppsgd", "centaur", "fedceo_theta1", "fedceo"]
+TABLE2 = {"1.0": (70.0, 1.08, 30), "1.5": (0.5, 1.04, 20), "2.0": (0.03, 1.06, 20)}  # spec §4, EMNIST/MLP rows
+PERSONAL = {"ppsgd", "centaur", "fedceo_theta1", "fedceo"}
+
+
+def _by(jobs, *keys):
+    groups = defaultdict(list)
+    for j in jobs:
+        groups[tuple(getattr(j, k) for k in keys)].append(j)
+    return groups
+
+
+def cli(*args) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            code = int(e.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("scale", ["ci", "full"])
+def test_grid_is_three_sigmas_by_five_methods(scale):
+    grid = fedceo.grid(scale)
+    assert grid.label == scale and grid.seeds == [0] and grid.paper == "fedceo"
+    assert [s.name for s in grid.settings] == SETTINGS
+    assert len(grid.jobs) == 15 and grid.all_jobs == grid.jobs
+    for (setting,), jobs in _by(grid.jobs, "setting").items():
+        assert [j.method for j in jobs] == METHODS
+        sigma = setting.removeprefix("fmnist-mlp-sg")
+        assert {j.config.privacy.noise_multiplier for j in jobs} == {float(sigma)}
+        algs = {j.method: j.config.algorithm for j in jobs}
+        assert algs["udp_fedavg"].name == "dp_fedavg_local" and algs["udp_fedavg"].params["weighting"] == "uniform"
+        assert (algs["ppsgd"].name, algs["ppsgd"].params["alpha"]) == ("ppsgd", 1.0)
+        assert (algs["centaur"].name, algs["centaur"].params["head_epochs"]) == ("centaur", 1.0)
+    labels = {j.method: j.label for j in grid.jobs}
+    assert labels["udp_fedavg"] == "DP-SGD clients + FedAvg (the paper's UDP-FedAvg in its dpsgd mode)"
+    assert labels["fedceo_theta1"] == "ablation: constant threshold"
+    assert any("NOT tuned for Fashion-MNIST" in n for n in grid.selection)
+
+
+@pytest.mark.parametrize("scale", ["ci", "full"])
+def test_fedceo_parameters_are_the_papers_table_2_rows(scale):
+    grid = fedceo.grid(scale)
+    for job in grid.jobs:
+        if job.config.algorithm.name != "fedceo":
+            continue
+        lam, theta, interval = TABLE2[job.setting.removeprefix("fmnist-mlp-sg")]
+        p = job.config.algorithm.params
+        assert (p["lam"], p["interval"]) == (lam, interval if scale == "full" else 5)
+        assert p["theta"] == (1.0 if job.method == "fedceo_theta1" else theta)
+        assert (p["layers"], p["personalize"], p["personal_staleness"]) == ("all", True, "any")
+
+
+def test_full_base_is_the_papers_protocol_and_evaluates_every_smoothing_round():
+    for job in fedceo.grid("full").jobs:
+        c = job.config
+        assert (c.data.dataset, c.data.clients, c.data.partition) == ("fashion_mnist", 100, "iid")
+        assert (c.data.max_train_samples, c.data.client_test_fraction) == (60000, 0.1)
+        assert c.data.options["normalize"] == [0.2860, 0.3530]
+        assert c.model.name == "mlp2"
+        t = c.training
+        assert (t.rounds, t.local_epochs, t.batch_size, t.optimizer.lr, t.optimizer.momentum) == (300, 30, 64, 0.1, 0.5)
+        assert (t.selection.kind, t.selection.k) == ("fixed", 10)
+        p = c.privacy
+        assert (p.mechanism, p.unit, p.observer, p.sampling, p.clip) == ("dpsgd", "sample", "server", "poisson", 1.0)
+        assert (p.budgets, p.delta, p.accountant) == (float("inf"), 1e-5, "rdp")
+        every = c.evaluation.every
+        assert every == 5 and t.rounds % every == 0  # the last round is evaluated
+        if c.algorithm.name == "fedceo":
+            interval = c.algorithm.params["interval"]
+            assert all(r % every == 0 for r in range(interval, t.rounds + 1, interval))
+
+
+def test_ci_base_is_the_spec_ci_scale():
+    for job in fedceo.grid("ci").jobs:
+        c = job.config
+        assert (c.data.clients, c.data.max_train_samples, c.data.client_test_fraction) == (20, 6000, 0.1)
+        assert (c.training.selection.k, c.training.rounds, c.training.local_epochs) == (5, 20, 2)
+        assert (c.training.batch_size, c.training.optimizer.lr, c.training.optimizer.momentum) == (64, 0.1, 0.5)
+        assert (c.privacy.mechanism, c.privacy.budgets, c.evaluation.every) == ("dpsgd", float("inf"), 1)
+
+
+@pytest.mark.parametrize("scale", ["ci", "full"])
+def test_methods_of_a_setting_share_data_privacy_and_seed(scale):
+    """Only the algorithm differs: same data split, DP-SGD clients, noise, budgets, model, seed."""
+    grid = fedceo.grid(scale, seeds=2)
+    for (setting, seed), jobs in _by(grid.jobs, "setting", "seed").items():
+        assert len(jobs) == 5
+        shared = []
+        for j in jobs:
+            d = config_to_dict(j.config)
+            d.pop("name"), d.pop("algorithm")
+            shared.append(d)
+        assert all(s == shared[0] for s in shared), (setting, seed)
+        assert {j.config.seed for j in jobs} == {seed}
+        assert len({str(resolve_budgets(j.config)) for j in jobs}) == 1
+
+
+def test_every_job_validates_and_is_the_base_config_with_its_overrides():
+    """Each job re-runs by hand as `dpfl run BASE --set ...`; the standalone base configs are valid too."""
+    for scale in ("ci", "full"):
+        base = fedceo.base_config(scale)
+        assert load_config(base).algorithm.name == "fedceo"
+        grid = fedceo.grid(scale)
+        for s in grid.settings:
+            for m in s.methods:
+                job = next(j for j in grid.jobs if (j.setting, j.method) == (s.name, m.name))
+                again = load_config(base, [*s.overrides, *m.overrides, "seed=0", f"name={s.name}.{m.name}.seed0"])
+                assert config_to_yaml(again) == config_to_yaml(job.config)
+
+
+def test_reductions_selections_and_usage_errors():
+    grid = fedceo.grid("full", rounds=50, methods=["fedceo", "udp_fedavg"], settings_pattern="*sg2.0")
+    assert grid.label == "full (reduced: 50 rounds instead of 300)"
+    assert [(j.setting, j.method) for j in grid.jobs] == [("fmnist-mlp-sg2.0", "udp_fedavg"),
+                                                           ("fmnist-mlp-sg2.0", "fedceo")]
+    assert len(grid.all_jobs) == 15 and {j.config.training.rounds for j in grid.all_jobs} == {50}
+    with pytest.raises(GridError, match="fashion_mnist only"):
+        fedceo.grid("full", datasets=["mnist"])
+    with pytest.raises(GridError, match="unknown method 'fedceo2'"):
+        fedceo.grid("ci", methods=["fedceo2"])
+    with pytest.raises(GridError, match="--scale"):
+        fedceo.grid("paper")
+
+
+def test_csv_columns_only_change_for_fedceo(tmp_path):
+    assert columns("pfa") == COLUMNS and columns("robust-hdp") == COLUMNS
+    cols = columns("fedceo")
+    assert cols.index("acc_personal_final") == cols.index("test_acc_clients_mean_final") + 1
+    assert [c for c in cols if c != "acc_personal_final"] == COLUMNS
+    job = fedceo.grid("ci", methods=["ppsgd"]).jobs[0]
+    row = job_row(Outcome(job, job.run_dir(tmp_path), OK), "ci", tmp_path, columns=cols)
+    assert list(row) == cols and row["status"] == "not run" and row["acc_personal_final"] is None
+
+
+def test_cli_dry_run_lists_the_fifteen_ci_jobs(tmp_path):
+    code, out, err = cli("reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--dry-run")
+    assert code == 0, err
+    assert out.splitlines()[0] == f"fedceo, scale ci: 15 jobs -> {tmp_path / 'runs'}"
+    jobs = [line.split()[:4] for line in out.splitlines() if line.startswith("fmnist-mlp-")]
+    assert [(s, m) for s, m, _, _ in jobs] == [(s, m) for s in SETTINGS for m in METHODS]
+    assert {(seed, state) for _, _, seed, state in jobs} == {("0", "new")}
+    assert not any(tmp_path.iterdir())
+    code, _, err = cli("reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--dry-run", "--dataset", "mnist")
+    assert code == 2 and err.startswith("error: --dataset: the FedCEO grid ships fashion_mnist only")
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory, fmnist):
+    out = tmp_path_factory.mktemp("fedceo_ci")
+    grid = fedceo.grid("ci", rounds=5, settings_pattern="fmnist-mlp-sg1.5",
+                       extra=["training.local_epochs=1", "data.max_train_samples=2000"])
+    outcomes = run_jobs(grid.jobs, out)
+    write_results(grid, outcomes, out, command="test")
+    return grid, out, outcomes
+
+
+def test_ci_setting_runs_end_to_end_with_personal_accuracy(ci_run):
+    grid, out, outcomes = ci_run
+    assert [(o.job.method, o.status) for o in outcomes] == [(m, OK) for m in METHODS]
+    with open(out / "results.csv", newline="") as f:
+        assert next(csv.reader(f)) == columns("fedceo")
+    with open(out / "results.csv", newline="") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert list(rows) == METHODS
+    for m, r in rows.items():
+        assert r["status"] == "ok" and r["setting"] == "fmnist-mlp-sg1.5" and r["seed"] == "0"
+        assert 0.0 <= float(r["final_accuracy"]) <= float(r["best_accuracy"]) <= 1.0
+        assert (r["rounds_run"], r["meets_budgets"]) == ("5", "True")
+        assert float(r["max_epsilon_spent"]) > 0
+        if m in PERSONAL:
+            assert 0.0 <= float(r["acc_personal_final"]) <= 1.0, m
+        else:
+            assert r["acc_personal_final"] == "", m
+    metrics = {o.job.method: read_metrics(o.run_dir) for o in outcomes}
+    # FedCEO smooths at round 5 with thr = theta / (2 lam); before that it is udp_fedavg on the same stream
+    smooth = {m: metrics[m][4] for m in ("fedceo", "fedceo_theta1")}
+    assert smooth["fedceo"]["threshold"] == pytest.approx(1.04) and smooth["fedceo_theta1"]["threshold"] == 1.0
+    assert all("threshold" not in r for r in metrics["fedceo"][:4])
+    curve = [[r["test_accuracy"] for r in metrics[m][:4]] for m in ("udp_fedavg", "fedceo", "fedceo_theta1")]
+    assert curve[0] == curve[1] == curve[2]
+
+
+def test_results_md_has_the_sigma_tables(ci_run):
+    _, out, _ = ci_run
+    md = (out / "results.md").read_text()
+    assert "**Scale: ci (reduced: 5 rounds instead of 20, overrides training.local_epochs=1 " \
+           "data.max_train_samples=2000)** — spec fedceo.md §9 CI scale" in md
+    assert "NOT tuned for Fashion-MNIST" in md
+    assert "acc_global for udp_fedavg, fedceo_theta1 and fedceo; acc_personal for ppsgd and centaur" in md
+    overview = md.split("## Overview: final global accuracy")[1].split("\n## ")[0]
+    assert "| method | σ_g = 1.5 |" in overview
+    assert sum(line.startswith("| ") for line in overview.splitlines()) == 1 + 5
+    personal = md.split("## Personalised accuracy acc_personal")[1].split("\n## ")[0]
+    assert [line.split(" | ")[0].removeprefix("| ").split(" — ")[0] for line in personal.splitlines()
+            if line.startswith("| ") and "σ_g" not in line] == ["ppsgd", "centaur", "fedceo_theta1", "fedceo"]
+    section = md.split("## fmnist-mlp-sg1.5\n")[1]
+    assert "personal acc (final)" in section and "λ = 0.5, ϑ = 1.04, I = 5" in section
+    assert "Smallest client budget" not in md  # budgets are unlimited: no such line
+    for suffix in ("", "-personal"):
+        assert (out / "plots" / f"fmnist-mlp-sg1.5{suffix}.png").stat().st_size > 1000
+
+
+def test_cli_runs_a_job_and_writes_the_results(tmp_path, fmnist):
+    code, out, err = cli("reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--settings", "fmnist-mlp-sg2.0",
+                         "--methods", "ppsgd", "--rounds", "1")
+    assert code == 0, err
+    assert "fedceo (ci (reduced: 1 round instead of 20)): 1 ok" in out
+    with open(tmp_path / "results.csv", newline="") as f:
+        [row] = list(csv.DictReader(f))
+    assert (row["method"], row["status"]) == ("ppsgd", "ok") and float(row["acc_personal_final"]) >= 0
+    assert json.loads((tmp_path / "runs/fmnist-mlp-sg2.0/ppsgd/seed0/summary.json").read_text())["rounds_done"] == 1
