@@ -265,8 +265,8 @@ def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner:
     fs = {n: v.index_select(0, owner) for n, v in (frozen or {}).items()}
     per_sample = grads_of({n: v.index_select(0, owner) for n, v in w.items()}, x, y, frozen=fs)
     factor = torch.clamp(clip / (P.global_norms(per_sample) + 1e-12), max=1.0)
-    for n, g in per_sample.items():
-        out[n].index_add_(0, owner, g * factor.reshape(-1, *([1] * (g.dim() - 1))))
+    for n, g in per_sample.items():  # scale in place: per-sample gradients are the largest tensors here
+        out[n].index_add_(0, owner, g.mul_(factor.reshape(-1, *([1] * (g.dim() - 1)))))
     return out
 
 

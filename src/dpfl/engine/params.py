@@ -56,12 +56,9 @@ def unflatten(flat: torch.Tensor, like: Mapping[str, torch.Tensor], leading: int
 
 def global_norms(stacked: Mapping[str, torch.Tensor], leading: int = 1) -> torch.Tensor:
     """L2 norm over *all* tensors together (one global norm), per leading index."""
-    sq = None
-    for t in stacked.values():
-        s = t.reshape(*t.shape[:leading], -1).pow(2).sum(-1)
-        sq = s if sq is None else sq + s
-    assert sq is not None, "empty parameter dict"
-    return sq.sqrt()
+    norms = [torch.linalg.vector_norm(t.reshape(*t.shape[:leading], -1), dim=-1) for t in stacked.values()]
+    assert norms, "empty parameter dict"
+    return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms, dim=-1), dim=-1)
 
 
 def num_parameters(params: Mapping[str, torch.Tensor], leading: int = 0) -> int:
