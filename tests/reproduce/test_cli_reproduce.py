@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import csv
-import io
-from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-from dpfl.cli import main
+from cli_runner import cli
 
 SETTING = "fmnist-logr-iid-MixGauss1-M10-rdp"
 
 
-def cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _one_line_error(code: int, err: str) -> str:

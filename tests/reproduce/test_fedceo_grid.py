@@ -8,14 +8,11 @@ Fashion-MNIST on this machine (the `fmnist` fixture skips it otherwise, as the o
 from __future__ import annotations
 
 import csv
-import io
 import json
 from collections import defaultdict
-from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-from dpfl.cli import main
 from dpfl.experiment.build import resolve_budgets
 from dpfl.experiment.config import config_to_dict, config_to_yaml, load_config
 from dpfl.reproduce import fedceo
@@ -23,6 +20,7 @@ from dpfl.reproduce.jobs import GridError
 from dpfl.reproduce.runner import OK, Outcome, run_jobs
 from dpfl.reproduce.tables import COLUMNS, columns, job_row, write_results
 from dpfl.results.run_files import read_metrics
+from cli_runner import cli
 
 SETTINGS = ["fmnist-mlp-sg1.0", "fmnist-mlp-sg1.5", "fmnist-mlp-sg2.0"]
 METHODS = ["udp_fedavg", "ppsgd", "centaur", "fedceo_theta1", "fedceo"]
@@ -37,15 +35,6 @@ def _by(jobs, *keys):
     return groups
 
 
-def cli(*args) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-        except SystemExit as e:
-            code = int(e.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize("scale", ["ci", "full"])
