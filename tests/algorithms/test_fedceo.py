@@ -244,3 +244,18 @@ def test_r6_poisson_rounds_of_zero_or_one_client_are_handled():
         assert ("threshold" in row) == (len(row["selected"]) > 0)  # nobody drawn: no smoothing, no update
     assert {0, 1} <= sizes and max(sizes) > 1
     assert all(torch.isfinite(t).all() for t in result.params.values())
+
+
+def test_p4_dpsgd_mode_reports_per_participation_and_composed_epsilons_and_no_user_level_guarantee():
+    from dpfl.algorithms.client.program import dpsgd
+    from dpfl.algorithms.client.upload import FullUpdate
+
+    alg = Algorithm("fedceo", dpsgd(0.1, 1.0, steps=3, momentum=0.5), Selection("fixed", k=3), FullUpdate(),
+                    FedCEO(lam=0.5, interval=2))
+    privacy = FederatedRun(toy(), model(), alg, rounds=4, batch_sizes=8, budgets=ClientBudget(float("inf"), 1e-5),
+                           noise_multipliers=1.2, seed=4).run().privacy
+    spent = [c["epsilon_spent"] for c in privacy["clients"]]
+    assert privacy["user_level"] is None and "sample-level" in privacy["user_level_note"]
+    assert privacy["eps_total_max"] == max(spent) and privacy["eps_total_mean"] == pytest.approx(sum(spent) / len(spent))
+    assert 0 < privacy["eps_per_participation"] < privacy["eps_total_max"]  # composition over participations
+    assert "aggregate_view" not in privacy  # no client-level view for a sample-level mechanism

@@ -148,6 +148,7 @@ def test_report_labels_heuristic_calibration_misreports_and_budget_violations(tm
 def test_report_shows_the_labelled_aggregate_view_and_the_personalised_accuracy(tmp_path):
     run = make_accounted_run(tmp_path / "udp")
     privacy = json.loads((run / "privacy.json").read_text())
+    privacy.update(eps_per_participation=0.5, eps_total_mean=2.0, eps_total_max=3.0, user_level=None)
     privacy["aggregate_view"] = {"epsilon": 1.234, "delta": 1e-5, "relation": "add_remove", "noise_multiplier": 2.0,
                                  "sample_rate": 0.1, "rounds": 5, "valid_for": "an observer of the sums only"}
     (run / "privacy.json").write_text(json.dumps(privacy))
@@ -158,3 +159,4 @@ def test_report_shows_the_labelled_aggregate_view_and_the_personalised_accuracy(
     assert "Aggregate view (NOT the guarantee against this run's server)" in report
     assert "ε = 1.234" in report and "an observer of the sums only" in report
     assert "Personalised accuracy (last):** 0.777" in report and "7 clients" in report
+    assert "One participation costs at most:** ε = 0.5" in report and "No user-level guarantee" in report

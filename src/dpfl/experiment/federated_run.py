@@ -29,7 +29,7 @@ from dpfl.engine import params as P
 from dpfl.engine.evaluation import evaluate
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, run_local
 from dpfl.engine.pooled import PooledData
-from dpfl.privacy.accountant import guarantee
+from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.calibration import calibrate_noise_multiplier, heuristic_pfa_noise
 from dpfl.privacy.ledger import PrivacyLedger
@@ -611,7 +611,25 @@ class FederatedRun:
                                   "spent more than their budgets (a non-private reference run)")
         if rounds_run and self.budgets is not None and hasattr(alg.upload, "aggregate_event"):
             out["aggregate_view"] = self._aggregate_view(rounds_run)
+        if self.ledger is not None and alg.unit == "sample":
+            out.update(self._sample_level_views())
         return out
+
+    def _sample_level_views(self) -> dict[str, Any]:
+        """Per participation and composed, and the plain statement that no user-level guarantee exists."""
+        assert self.budgets is not None
+        spent = list(self.ledger.spent_all().values()) if self.ledger is not None else []
+        cache: dict[tuple, float] = {}
+        per = []
+        for i in range(self.n_clients):
+            key = (int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), self.budgets[i].delta)
+            if key not in cache:
+                event = self._client_event(i)
+                cache[key] = epsilon(event, key[3], self.accountant) if event is not None else 0.0
+            per.append(cache[key])
+        return {"eps_per_participation": max(per), "eps_total_max": max(spent), "eps_total_mean": float(np.mean(spent)),
+                "user_level": None,
+                "user_level_note": "sample-level DP only: a client's whole dataset is not protected as a unit"}
 
     def _aggregate_view(self, rounds_run: int) -> dict[str, Any]:
         """The client-level epsilon for an observer of the aggregates only (not the run's server)."""

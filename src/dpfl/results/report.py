@@ -226,6 +226,10 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
         if spent:
             cid, eps, budget = max(spent, key=lambda t: as_number(t[1]))  # type: ignore[arg-type,return-value]
             out.append(f"- **Largest spent epsilon:** {_fmt_eps(eps)} (client {cid}, budget {_fmt_eps(budget)})")
+        if as_number(privacy.get("eps_per_participation")) is not None:
+            out.append(f"- **One participation costs at most:** ε = {_fmt_eps(privacy['eps_per_participation'])}; "
+                       f"composed over the run: mean {_fmt_eps(privacy.get('eps_total_mean'))}, "
+                       f"max {_fmt_eps(privacy.get('eps_total_max'))}. **No user-level guarantee** (sample-level DP only).")
         view = privacy.get("aggregate_view")
         if isinstance(view, Mapping):
             out.append(f"- **Aggregate view (NOT the guarantee against this run's server):** client-level "
