@@ -220,11 +220,15 @@ def central_noise_multiplier(cfg: RunConfig, budgets: list[ClientBudget]) -> flo
         raise ConfigError(f"privacy.budgets: cannot calibrate the server noise: {err}", "privacy.budgets") from None
 
 
-def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float = 0.0,
-                   lr_factor: float = 1.0) -> LocalProgram:
+def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float = 0.0, lr_factor: float = 1.0,
+                   trainable: tuple[str, ...] | None = None, epochs: float | None = None) -> LocalProgram:
+    """The configured local program; `epochs` replaces the configured length (CENTAUR's head phase)."""
     t, p = cfg.training, cfg.privacy
-    length = dict(steps=t.local_steps) if t.local_steps is not None else dict(epochs=t.local_epochs)
-    common = dict(loss=loss, momentum=t.optimizer.momentum, prox_mu=prox_mu, **length)
+    if epochs is not None:
+        length: dict[str, Any] = dict(epochs=epochs)
+    else:
+        length = dict(steps=t.local_steps) if t.local_steps is not None else dict(epochs=t.local_epochs)
+    common = dict(loss=loss, momentum=t.optimizer.momentum, prox_mu=prox_mu, trainable=trainable, **length)
     lr = t.optimizer.lr * lr_factor
     if private:
         return dpsgd(lr, p.clip, sampling=p.sampling, **common)
@@ -245,15 +249,8 @@ def _centaur(cfg: RunConfig, loss: str, head_epochs: float, private: bool) -> tu
     if not body:
         raise ConfigError(f"model: CENTAUR needs a representation below the head; {cfg.model.name!r} is only a head",
                           "model")
-    t, p = cfg.training, cfg.privacy
-    common = dict(loss=loss, momentum=t.optimizer.momentum)
-    length = dict(steps=t.local_steps) if t.local_steps is not None else dict(epochs=t.local_epochs)
-    if private:
-        phases = (dpsgd(t.optimizer.lr, p.clip, sampling=p.sampling, epochs=head_epochs, trainable=head, **common),
-                  dpsgd(t.optimizer.lr, p.clip, sampling=p.sampling, trainable=body, **common, **length))
-    else:
-        phases = (sgd(t.optimizer.lr, epochs=head_epochs, trainable=head, **common),
-                  sgd(t.optimizer.lr, trainable=body, **common, **length))
+    phases = (_local_program(cfg, loss, private=private, trainable=head, epochs=head_epochs),
+              _local_program(cfg, loss, private=private, trainable=body))
     return PhasedProgram(phases), PrivateHead(head)
 
 

@@ -420,9 +420,10 @@ class FederatedRun:
             steps += np.array(res.steps, dtype=np.int64)
             noise_sq += np.array(res.noise_sq_norm)
         deltas = P.sub(current, starts if starts is not None else P.broadcast(w, len(selected)))
+        ids = [int(i) for i in selected]
         if alg.personal is not None:  # keep the local part on the client; the rest is the shared update
-            deltas = alg.personal.shared_update(deltas, [int(i) for i in selected])
-        uploads = alg.upload.apply(deltas, [int(i) for i in selected], self.seed, r)
+            deltas = alg.personal.shared_update(deltas, ids)
+        uploads = alg.upload.apply(deltas, ids, self.seed, r)
         return LocalRound(uploads, self._view(selected, expected), self._channel(selected, steps.tolist()),
                           noise_sq.tolist(), P.num_parameters(w))
 
@@ -534,13 +535,16 @@ class FederatedRun:
         row["seconds"] = seconds
         return row
 
+    def _accuracy_on_client(self, params: P.Params, client: int) -> float | None:
+        """Accuracy of `params` on a client's own held-out split (None if it has none); model in eval mode."""
+        c = self.data.clients[client]
+        if getattr(c, "x_test", None) is None or len(c.x_test) == 0:
+            return None
+        return evaluate(self.model, params, c.x_test, c.y_test, self.algorithm.local.spec.loss)[0]
+
     def _client_accuracy(self, w: P.Params) -> dict[str, Any]:
         """The global model's accuracy on each client's held-out split (the RHDP protocol), if clients have one."""
-        accs = []
-        for c in self.data.clients:
-            if getattr(c, "x_test", None) is None or len(c.x_test) == 0:
-                return {}
-            accs.append(evaluate(self.model, w, c.x_test, c.y_test, self.algorithm.local.spec.loss)[0])
+        accs = [self._accuracy_on_client(w, c) for c in range(len(self.data.clients))]
         if not accs or any(a is None for a in accs):
             return {}
         return {"test_acc_clients": accs, "test_acc_clients_mean": float(np.mean(accs))}
@@ -558,15 +562,14 @@ class FederatedRun:
         if holder is None:
             return {}
         personal = holder.personal_models(w)
-        clients = self.data.clients
-        if not personal or any(getattr(clients[c], "x_test", None) is None or len(clients[c].x_test) == 0
-                               for c in personal):
+        if not personal:
             return {}
         self.model.eval()
-        accs = {c: evaluate(self.model, p, clients[c].x_test, clients[c].y_test, self.algorithm.local.spec.loss)[0]
-                for c, p in sorted(personal.items())}
+        accs = [self._accuracy_on_client(p, c) for c, p in sorted(personal.items())]
         self.model.train()
-        return {"acc_personal": float(np.mean(list(accs.values()))), "acc_personal_clients": len(accs)}
+        if any(a is None for a in accs):
+            return {}
+        return {"acc_personal": float(np.mean(accs)), "acc_personal_clients": len(accs)}
 
     def privacy_summary(self, stop_reason: str, rounds_run: int | None = None) -> dict[str, Any]:
         """The declared threat model and each client's budget, noise and spent epsilon."""
@@ -609,16 +612,15 @@ class FederatedRun:
                 over = [i for i in range(self.n_clients) if spent[i] > self.budgets[i].epsilon * (1 + 1e-9)]
                 out["warning"] = (f"NOT PRIVATE AS PROMISED: clients {over[:10]}{'...' if len(over) > 10 else ''} "
                                   "spent more than their budgets (a non-private reference run)")
+            if alg.unit == "sample":
+                out.update(self._sample_level_views(list(spent.values())))
         if rounds_run and self.budgets is not None and hasattr(alg.upload, "aggregate_event"):
             out["aggregate_view"] = self._aggregate_view(rounds_run)
-        if self.ledger is not None and alg.unit == "sample":
-            out.update(self._sample_level_views())
         return out
 
-    def _sample_level_views(self) -> dict[str, Any]:
+    def _sample_level_views(self, spent: list[float]) -> dict[str, Any]:
         """Per participation and composed, and the plain statement that no user-level guarantee exists."""
         assert self.budgets is not None
-        spent = list(self.ledger.spent_all().values()) if self.ledger is not None else []
         cache: dict[tuple, float] = {}
         per = []
         for i in range(self.n_clients):
