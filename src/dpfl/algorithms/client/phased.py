@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dp_accounting import ComposedDpEvent, DpEvent
 
 from dpfl.algorithms.client.program import LocalProgram
-from dpfl.engine.local_training import ClientPlan, LocalSpec
+from dpfl.engine.local_training import LocalSpec
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class PhasedProgram:
             raise ValueError("a phased program needs at least one phase")
         if len({p.private for p in self.phases}) > 1 or len({p.sampling for p in self.phases}) > 1:
             raise ValueError("all phases of a local program must share one privacy mechanism and sampling")
-        if any(p.spec.trainable is None for p in self.phases[:-1]) and len(self.phases) > 1:
+        if any(p.spec.trainable is None for p in self.phases[:-1]):
             raise ValueError("every phase but the last must name the tensors it trains (spec.trainable)")
 
     @property
@@ -45,9 +45,6 @@ class PhasedProgram:
     def steps_for(self, n_records: int, batch_size: int) -> int:
         """All phases' steps (each is a sampled-Gaussian step under DP-SGD)."""
         return sum(p.steps_for(n_records, batch_size) for p in self.phases)
-
-    def plan(self, client: int, n_records: int, batch_size: int, noise_multiplier: float) -> ClientPlan:
-        return ClientPlan(client, batch_size, self.steps_for(n_records, batch_size), noise_multiplier if self.private else 0.0)
 
     def event(self, n_records: int, batch_size: int, noise_multiplier: float) -> DpEvent | None:
         events = [e for e in (p.event(n_records, batch_size, noise_multiplier) for p in self.phases) if e is not None]
