@@ -384,14 +384,56 @@ def reproduce_robust_hdp(
 
 @reproduce_app.command("fedceo")
 def reproduce_fedceo(
-    out: _Out, scale: _Scale, seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None,
-    methods: _Methods = None,
-    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="fashion_mnist (the only one this grid "
-                                                                           "ships; the default).")] = None,
+    out: _Out,
+    scale: Annotated[str, typer.Option("--scale", help="ci (minutes: checks that it runs), reduced (the full setting "
+                                                       "with T = 50, E = 1: about an hour per seed) or full (the "
+                                                       "paper's T = 300, E = 30: days on a CPU).")],
+    seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
+    dataset: Annotated[Optional[list[str]], typer.Option(
+        "--dataset", help="fashion_mnist (the default); at --scale full also the paper's own emnist (mlp2) and "
+                          "cifar10 (lenet5), skipped when their files are missing. Repeatable or comma-separated.")
+    ] = None,
     dry_run: _DryRun = False,
+    search: Annotated[bool, typer.Option(
+        "--search", help="Instead of the comparison: choose FedCEO's lambda, theta, I per sigma_g on the clients' "
+                         "validation splits (coordinate search over the spec's grids, one seed). Writes "
+                         "OUT/search.{csv,md,json}; honours --rounds and --settings.")] = False,
 ) -> None:
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
+    if search:
+        _fedceo_search(out, scale, rounds, settings, dataset, seeds, methods, dry_run)
+        return
     _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run)
+
+
+def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optional[str],
+                   datasets: Optional[list[str]], seeds: Optional[int], methods: Optional[str], dry_run: bool) -> None:
+    from dpfl.reproduce.fedceo_search import run_search, search_grid
+    from dpfl.reproduce.runner import FAILED, RichProgress
+
+    if seeds is not None or methods or dry_run:
+        _fail("--search runs its own grid with one seed: --seeds, --methods and --dry-run do not apply (its "
+              "stage-2 runs depend on stage 1's results)")
+    if any(d != "fashion_mnist" for d in _dataset_names(datasets)):
+        _fail("--dataset: the FedCEO search runs on fashion_mnist only (the paper's datasets have its Table 2 values)")
+    command = " ".join(["dpfl reproduce fedceo --search --scale", scale, "--out", str(out)]
+                       + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings)) if v is not None])
+    try:
+        search_grid(scale, 1, rounds=rounds, settings_pattern=settings)  # bad input fails before anything runs
+        with RichProgress(errors) as progress:
+            result = run_search(scale, out, progress=progress, rounds=rounds, settings_pattern=settings,
+                                command=command)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    for sigma, c in result.chosen.items():
+        console.print(f"sigma_g {sigma}: lambda {c['lam']:g}, theta {c['theta']:g}, I {c['interval']} "
+                      f"(val acc {c['val_accuracy']:.4f}; udp_fedavg {c['udp_fedavg_val_accuracy'] or float('nan'):.4f})",
+                      highlight=False)
+    console.print("search: " + "  ".join(str(p) for p in result.paths), highlight=False)
+    failed = [r for r in result.rows if r["status"] == FAILED]
+    if failed:
+        errors.print(f"error: {len(failed)} search run(s) failed (tracebacks in {out / 'logs'})", markup=False)
+        raise typer.Exit(1)
 
 
 def _noise_table(out: Path, scale: str, settings: Optional[str], datasets: Optional[list[str]]) -> None:

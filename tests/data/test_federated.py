@@ -140,3 +140,30 @@ def test_fashion_mnist_shards(fmnist_dir, monkeypatch):
     assert fd.train_sizes.sum() == 6000 and fd.x_test.shape == (10000, 1, 28, 28)
     classes = (fd.label_counts() > 0).sum(axis=1)
     assert classes.max() <= 4 and classes.mean() < 3  # 2 shards, each straddling at most 2 classes
+
+
+def test_client_val_fraction_gives_80_10_10_and_leaves_the_test_split_alone():
+    """The validation split is cut from what the test split leaves, with its own stream (spec fedceo.md §5)."""
+    ds = _indexed(n_train=600)
+    plain = FederatedDataset.from_arrays(ds, 5, client_test_fraction=0.1, seed=3)
+    fd = FederatedDataset.from_arrays(ds, 5, client_test_fraction=0.1, client_val_fraction=0.1, seed=3)
+    assert fd.train_sizes.tolist() == [96] * 5 and fd.test_sizes.tolist() == [12] * 5
+    assert [c.n_val for c in fd.clients] == [12] * 5
+    for c, p in zip(fd.clients, plain.clients):
+        tr, te, va = (t[:, 0].long().numpy() for t in (c.x_train, c.x_test, c.x_val))
+        assert torch.equal(c.x_test, p.x_test)  # adding a validation split does not move the test split
+        assert not (set(tr) & set(va)) and not (set(te) & set(va))
+        assert sorted([*tr, *va]) == sorted(p.x_train[:, 0].long().tolist())  # carved out of the old train split
+        assert torch.equal(c.y_val, torch.from_numpy(va) % 5)  # labels follow their samples
+        rest = np.bincount(p.y_train.numpy(), minlength=5) * (12 / 108)  # stratified: each class's share, rounded
+        assert np.all(np.abs(np.bincount(c.y_val.numpy(), minlength=5) - rest) < 1)
+    assert fd.info["client_val_fraction"] == 0.1 and "client_val_fraction" not in plain.info
+    assert all(c.n_val == 0 and c.x_val.shape == (0, 1) for c in plain.clients)
+    again = FederatedDataset.from_arrays(ds, 5, client_test_fraction=0.1, client_val_fraction=0.1, seed=3)
+    assert all(torch.equal(a.x_val, b.x_val) for a, b in zip(fd.clients, again.clients))
+
+
+@pytest.mark.parametrize("test, val", [(0.5, 0.5), (0.0, 1.0), (0.2, -0.1), (0.9, 0.2)])
+def test_client_val_fraction_must_leave_training_data(test, val):
+    with pytest.raises(ValueError, match="client_val_fraction must be in"):
+        FederatedDataset.from_arrays(_indexed(), 3, client_test_fraction=test, client_val_fraction=val)

@@ -308,3 +308,32 @@ def test_pfa_plus_runs_from_a_config_with_per_client_bytes():
         assert "noise_stat_analytic" not in row  # the projection is not a weighted sum of noisy updates
     assert 0 <= result.history[-1]["test_acc_clients_mean"] <= 1
     assert len(result.history[-1]["test_acc_clients"]) == 4
+
+
+def test_validation_accuracy_is_the_global_model_on_the_union_of_validation_splits(tmp_path):
+    """data.client_val_fraction adds val_accuracy at evaluated rounds (what searches select on) and
+    summary.json's final_val_accuracy; without it neither appears."""
+    from dpfl.engine.evaluation import evaluate
+    from dpfl.experiment.run_directory import execute
+    from dpfl.results.run_files import read_summary
+
+    cfg = variant("data.client_test_fraction=0.1", "data.client_val_fraction=0.2", "training.rounds=2",
+                  "evaluation.every=1")
+    run = build_run(cfg)
+    result = run.run()
+    x = torch.cat([c.x_val for c in run.data.clients])
+    y = torch.cat([c.y_val for c in run.data.clients])
+    assert len(x) == sum(c.n_val for c in run.data.clients) > 0
+    run.model.eval()
+    acc, loss = evaluate(run.model, result.params, x, y, run.algorithm.local.spec.loss)
+    assert (result.history[-1]["val_accuracy"], result.history[-1]["val_loss"]) == (acc, loss)
+    assert all("val_accuracy" in row for row in result.history)
+    summary = execute(cfg, tmp_path / "run")
+    assert summary["final_val_accuracy"] == acc == read_summary(tmp_path / "run")["final_val_accuracy"]
+    plain = build_run(variant("training.rounds=1")).run()
+    assert "val_accuracy" not in plain.history[-1]
+
+
+def test_client_val_fraction_is_validated_with_the_test_fraction():
+    with pytest.raises(ConfigError, match="client_val_fraction"):
+        variant("data.client_test_fraction=0.5", "data.client_val_fraction=0.5")

@@ -74,7 +74,7 @@ def test_full_base_is_the_papers_protocol_and_evaluates_every_smoothing_round():
     for job in fedceo.grid("full").jobs:
         c = job.config
         assert (c.data.dataset, c.data.clients, c.data.partition) == ("fashion_mnist", 100, "iid")
-        assert (c.data.max_train_samples, c.data.client_test_fraction) == (60000, 0.1)
+        assert (c.data.max_train_samples, c.data.client_test_fraction, c.data.client_val_fraction) == (60000, 0.1, 0.1)
         assert c.data.options["normalize"] == [0.2860, 0.3530]
         assert c.model.name == "mlp2"
         t = c.training
@@ -88,6 +88,46 @@ def test_full_base_is_the_papers_protocol_and_evaluates_every_smoothing_round():
         if c.algorithm.name == "fedceo":
             interval = c.algorithm.params["interval"]
             assert all(r % every == 0 for r in range(interval, t.rounds + 1, interval))
+
+
+def test_reduced_scale_is_full_but_for_rounds_and_epochs_and_uses_the_searched_values():
+    full = {(j.setting, j.method): j.config for j in fedceo.grid("full").jobs}
+    grid = fedceo.grid("reduced")
+    assert grid.seeds == [0, 1, 2] and grid.label == "reduced"
+    for job in grid.jobs:
+        c = job.config
+        assert (c.training.rounds, c.training.local_epochs) == (50, 1)
+        f = full[(job.setting, job.method)]
+        # everything else is the full setting (the FedCEO parameters come from the search)
+        assert c.data == f.data and c.model == f.model and c.privacy == f.privacy
+        assert c.training.model_copy(update={"rounds": 300, "local_epochs": 30}) == f.training
+        if c.algorithm.name == "fedceo":
+            lam, theta, interval = fedceo.SEARCHED["reduced"][job.setting.removeprefix("fmnist-mlp-sg")]
+            p = c.algorithm.params
+            assert (p["lam"], p["interval"], p["theta"]) == (lam, interval, 1.0 if job.method == "fedceo_theta1" else theta)
+            assert 50 % interval == 0 and interval % c.evaluation.every == 0
+    assert any("chosen on the validation splits" in n for n in grid.selection)
+
+
+def test_the_papers_own_datasets_at_full_scale_use_their_table_2_rows():
+    grid = fedceo.grid("full", datasets=["emnist", "cifar10"])
+    assert [s.name for s in grid.settings] == [*(f"emnist-mlp-sg{s}" for s in fedceo.SIGMAS),
+                                               *(f"cifar10-lenet-sg{s}" for s in fedceo.SIGMAS)]
+    lenet = {"1.0": (85.0, 1.03, 15), "1.5": (10.0, 1.07, 10), "2.0": (0.6, 1.04, 10)}  # spec §4 Table 2
+    for job in grid.jobs:
+        c = job.config
+        assert (c.data.clients, c.training.rounds, c.training.local_epochs, c.training.selection.k) == (100, 300, 30, 10)
+        sigma = job.setting.rsplit("-sg", 1)[1]
+        if job.setting.startswith("cifar10"):
+            assert (c.data.dataset, c.model.name) == ("cifar10", "lenet5")
+            rows = lenet
+        else:
+            assert (c.data.dataset, c.model.name, c.data.options["normalize"]) == ("emnist", "mlp2", [0.1307, 0.3081])
+            rows = TABLE2
+        if job.method == "fedceo":
+            p = c.algorithm.params
+            assert (p["lam"], p["theta"], p["interval"]) == rows[sigma]
+    assert any("Table 2 row for this dataset" in n for n in grid.selection)
 
 
 def test_ci_base_is_the_spec_ci_scale():
@@ -134,8 +174,10 @@ def test_reductions_selections_and_usage_errors():
     assert [(j.setting, j.method) for j in grid.jobs] == [("fmnist-mlp-sg2.0", "udp_fedavg"),
                                                            ("fmnist-mlp-sg2.0", "fedceo")]
     assert len(grid.all_jobs) == 15 and {j.config.training.rounds for j in grid.all_jobs} == {50}
-    with pytest.raises(GridError, match="fashion_mnist only"):
+    with pytest.raises(GridError, match="ships fashion_mnist, emnist and cifar10"):
         fedceo.grid("full", datasets=["mnist"])
+    with pytest.raises(GridError, match="--dataset cifar10 is defined at --scale full only"):
+        fedceo.grid("reduced", datasets=["cifar10"])
     with pytest.raises(GridError, match="unknown method 'fedceo2'"):
         fedceo.grid("ci", methods=["fedceo2"])
     with pytest.raises(GridError, match="--scale"):
@@ -146,7 +188,8 @@ def test_csv_columns_only_change_for_fedceo(tmp_path):
     assert columns("pfa") == COLUMNS and columns("robust-hdp") == COLUMNS
     cols = columns("fedceo")
     assert cols.index("acc_personal_final") == cols.index("test_acc_clients_mean_final") + 1
-    assert [c for c in cols if c != "acc_personal_final"] == COLUMNS
+    assert cols.index("final_val_accuracy") == cols.index("acc_personal_final") + 1
+    assert [c for c in cols if c not in ("acc_personal_final", "final_val_accuracy")] == COLUMNS
     job = fedceo.grid("ci", methods=["ppsgd"]).jobs[0]
     row = job_row(Outcome(job, job.run_dir(tmp_path), OK), "ci", tmp_path, columns=cols)
     assert list(row) == cols and row["status"] == "not run" and row["acc_personal_final"] is None
@@ -161,7 +204,7 @@ def test_cli_dry_run_lists_the_fifteen_ci_jobs(tmp_path):
     assert {(seed, state) for _, _, seed, state in jobs} == {("0", "new")}
     assert not any(tmp_path.iterdir())
     code, _, err = cli("reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--dry-run", "--dataset", "mnist")
-    assert code == 2 and err.startswith("error: --dataset: the FedCEO grid ships fashion_mnist only")
+    assert code == 2 and err.startswith("error: --dataset: the FedCEO grid ships fashion_mnist, emnist and cifar10")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,9 @@
 Built from an ArrayDataset by partitioning its TRAIN split only; the dataset's own test split stays
 whole as the global test set, so accuracy numbers remain comparable with centralised results.
 Random streams (dpfl.seeding, keyed by the seed): the optional subsample uses (DATA, round 1), the partition
-(PARTITION, round 0, client 0), client i's train/test split (PARTITION, round 1, client i).
+(PARTITION, round 0, client 0), client i's train/test split (PARTITION, round 1, client i) and its
+train/validation split (PARTITION, round 2, client i), so adding a validation split leaves the test splits as
+they were.
 """
 
 from __future__ import annotations
@@ -22,14 +24,29 @@ from dpfl.seeding import Purpose, numpy_generator
 PARTITIONS = ("iid", "shards", "dirichlet")
 
 
+def _empty_like_rows(x: torch.Tensor) -> torch.Tensor:
+    return x[:0].clone()
+
+
 @dataclass
 class ClientData:
-    """One client's local train and test tensors."""
+    """One client's local train and test tensors, and an optional validation split (for tuning, never trained on).
+
+    ``x_val``/``y_val`` default to empty tensors shaped like the test split.
+    """
 
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.x_val is None:
+            self.x_val = _empty_like_rows(self.x_test)
+        if self.y_val is None:
+            self.y_val = _empty_like_rows(self.y_test)
 
     @property
     def n_train(self) -> int:
@@ -38,6 +55,10 @@ class ClientData:
     @property
     def n_test(self) -> int:
         return int(self.x_test.shape[0])
+
+    @property
+    def n_val(self) -> int:
+        return int(self.x_val.shape[0])
 
 
 @dataclass
@@ -87,12 +108,14 @@ class FederatedDataset:
         client_test_fraction: float = 0.0,
         seed: int = 0,
         max_train_samples: int | None = None,
+        client_val_fraction: float = 0.0,
     ) -> FederatedDataset:
         """Partition ``ds``'s train split among ``n_clients`` (``partition`` = iid | shards | dirichlet).
 
         ``max_train_samples`` first keeps a seeded random subset of the train split;
         ``client_test_fraction`` then holds out a stratified share of each client's data as its
-        local test set. ``sizes`` applies to iid only, ``alpha`` to dirichlet, ``shards_per_client``
+        local test set, and ``client_val_fraction`` (of the client's whole share, e.g. 0.1 and 0.1 for the
+        80/10/10 split) a stratified validation set from what remains. ``sizes`` applies to iid only, ``alpha`` to dirichlet, ``shards_per_client``
         to shards.
         """
         if partition not in PARTITIONS:
@@ -101,6 +124,10 @@ class FederatedDataset:
             raise ValueError(f"sizes applies to partition='iid' only, got partition={partition!r}")
         if not 0.0 <= client_test_fraction < 1.0:
             raise ValueError(f"client_test_fraction must be in [0, 1), got {client_test_fraction!r}")
+        if not 0.0 <= client_val_fraction < 1.0 or client_test_fraction + client_val_fraction >= 1.0:
+            raise ValueError("client_val_fraction must be in [0, 1) and leave training data "
+                             f"(client_test_fraction + client_val_fraction < 1), got {client_val_fraction!r} with "
+                             f"client_test_fraction {client_test_fraction!r}")
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         pool = np.arange(ds.n_train, dtype=np.int64)
@@ -123,15 +150,21 @@ class FederatedDataset:
             train_pos, test_pos = stratified_split(
                 labels[part], client_test_fraction, numpy_generator(seed, Purpose.PARTITION, 1, i)
             )
-            train_idx = torch.from_numpy(pool[part[train_pos]])
-            test_idx = torch.from_numpy(pool[part[test_pos]])
-            clients.append(
-                ClientData(ds.x_train[train_idx], ds.y_train[train_idx], ds.x_train[test_idx], ds.y_train[test_idx])
-            )
+            val_pos = np.empty(0, dtype=np.int64)
+            if client_val_fraction > 0 and len(train_pos):
+                # a fraction of the rest that makes the validation split client_val_fraction of the whole share
+                keep, held = stratified_split(labels[part[train_pos]], client_val_fraction / (1.0 - client_test_fraction),
+                                              numpy_generator(seed, Purpose.PARTITION, 2, i))
+                train_pos, val_pos = train_pos[keep], train_pos[held]
+            train_idx, test_idx, val_idx = (torch.from_numpy(pool[part[p]]) for p in (train_pos, test_pos, val_pos))
+            clients.append(ClientData(ds.x_train[train_idx], ds.y_train[train_idx], ds.x_train[test_idx],
+                                      ds.y_train[test_idx], ds.x_train[val_idx], ds.y_train[val_idx]))
         info = dict(
             dataset=ds.name, n_clients=n_clients, partition=partition, seed=int(seed),
             client_test_fraction=client_test_fraction, max_train_samples=max_train_samples,
         )
+        if client_val_fraction:
+            info["client_val_fraction"] = client_val_fraction
         if partition == "dirichlet":
             info["alpha"] = alpha
         elif partition == "shards":

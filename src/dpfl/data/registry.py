@@ -29,7 +29,8 @@ _LOADERS: dict[str, Callable[..., ArrayDataset]] = {
 DATASETS: tuple[str, ...] = tuple(_LOADERS)
 
 # FederatedDataset.from_arrays arguments that federated_dataset routes away from the loader.
-_SPLIT_OPTIONS = ("partition", "alpha", "shards_per_client", "sizes", "client_test_fraction", "max_train_samples")
+_SPLIT_OPTIONS = ("partition", "alpha", "shards_per_client", "sizes", "client_test_fraction", "max_train_samples",
+                  "client_val_fraction")
 
 
 def dataset_options(name: str) -> tuple[str, ...]:
@@ -65,7 +66,7 @@ def federated_dataset(
     """Load ``name`` and split it among ``n_clients`` in one call.
 
     Keywords of ``FederatedDataset.from_arrays`` (partition, alpha, shards_per_client, sizes,
-    client_test_fraction, max_train_samples) go to the split; the rest are dataset options.
+    client_test_fraction, client_val_fraction, max_train_samples) go to the split; the rest are dataset options.
     ``seed`` drives the split and, for ``synthetic``, the data too (one run seed, separate streams).
     """
     split_kw = {k: kw.pop(k) for k in _SPLIT_OPTIONS if k in kw}

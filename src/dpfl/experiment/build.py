@@ -119,6 +119,7 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
     """The federated dataset of `cfg.data`, split with the run seed."""
     d = cfg.data
     kw: dict[str, Any] = dict(partition=d.partition, client_test_fraction=d.client_test_fraction,
+                              client_val_fraction=d.client_val_fraction,
                               max_train_samples=d.max_train_samples, **d.options)
     if d.partition == "dirichlet":
         kw["alpha"] = d.alpha

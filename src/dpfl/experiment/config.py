@@ -375,10 +375,14 @@ class DataConfig(_Section):
     shards_per_client: int = Field(2, ge=1)
     max_train_samples: int | None = Field(None, ge=1)
     client_test_fraction: float = Field(0.0, ge=0, lt=1)
+    client_val_fraction: float = Field(0.0, ge=0, lt=1)
     options: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _options_known(self) -> DataConfig:
+        if self.client_test_fraction + self.client_val_fraction >= 1:
+            _fail("client_val_fraction", "the test and validation splits must leave training data",
+                  self.client_val_fraction, f"a fraction below 1 - client_test_fraction = {1 - self.client_test_fraction:g}")
         allowed = dataset_options(self.dataset)
         for key in self.options:
             if key == "seed":

@@ -26,6 +26,7 @@ from dpfl.algorithms.server.pfa import NoPublicClients
 from dpfl.algorithms.server.stop import StopTraining
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
+from dpfl.engine.allocator import tune_malloc
 from dpfl.engine.evaluation import evaluate
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, run_local
 from dpfl.engine.pooled import PooledData
@@ -297,6 +298,7 @@ class FederatedRun:
         exactly the rounds an uninterrupted run would have produced. `on_checkpoint` receives the state
         every `checkpoint_every` rounds and once at the end.
         """
+        tune_malloc()
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
         state = state if state is not None else self.initial_state()
@@ -524,6 +526,7 @@ class FederatedRun:
             self.model.eval()
             acc, loss = evaluate(self.model, w, self.data.x_test, self.data.y_test, self.algorithm.local.spec.loss)
             row["test_accuracy"], row["test_loss"] = acc, loss
+            row.update(self._validation_accuracy(w))
             row.update(self._client_accuracy(w))
             self.model.train()
         if "smoothing" in diagnostics or "test_accuracy" in row:
@@ -534,6 +537,17 @@ class FederatedRun:
             row["epsilon_max"] = max(row["epsilon"])
         row["seconds"] = seconds
         return row
+
+    def _validation_accuracy(self, w: P.Params) -> dict[str, Any]:
+        """The global model on the union of the clients' validation splits: what tuning selects on, never the test set."""
+        if not hasattr(self, "_val_data"):
+            clients = [c for c in self.data.clients if getattr(c, "n_val", 0)]
+            self._val_data = ((torch.cat([c.x_val for c in clients]), torch.cat([c.y_val for c in clients]))
+                              if clients else None)
+        if self._val_data is None:
+            return {}
+        acc, loss = evaluate(self.model, w, *self._val_data, self.algorithm.local.spec.loss)
+        return {"val_accuracy": acc, "val_loss": loss}
 
     def _accuracy_on_client(self, params: P.Params, client: int) -> float | None:
         """Accuracy of `params` on a client's own held-out split (None if it has none); model in eval mode."""

@@ -12,26 +12,30 @@ expected size 64, per-sample clip 1, fixed noise multiplier σ_g, lr 0.1, moment
 | fedceo | fedceo, the row's lam / theta / interval, layers all, personalize | |
 
 Settings: `fmnist-mlp-sg1.0`, `fmnist-mlp-sg1.5`, `fmnist-mlp-sg2.0` (privacy.noise_multiplier = σ_g), from
-the base configs `configs/fedceo/fmnist_mlp.yaml` (full) and `configs/fedceo/ci_fmnist_mlp.yaml` (ci).
+the base configs `configs/fedceo/{fmnist_mlp,reduced_fmnist_mlp,ci_fmnist_mlp}.yaml` (full, reduced, ci). At
+full scale `--dataset emnist` / `--dataset cifar10` add the paper's own settings (`emnist-mlp-sg*` with mlp2,
+`cifar10-lenet-sg*` with lenet5; base configs `emnist_mlp.yaml`, `cifar10_lenet.yaml`) with its Table 2 values;
+they are skipped when the files are missing.
 
-| σ_g | λ | ϑ | I (full) | I (ci) |
-|---|---|---|---|---|
-| 1.0 | 70 | 1.08 | 30 | 5 |
-| 1.5 | 0.5 | 1.04 | 20 | 5 |
-| 2.0 | 0.03 | 1.06 | 20 | 5 |
+FedCEO's λ, ϑ, I per scale:
+- full (Fashion-MNIST): the paper's EMNIST/MLP rows (same input shape and model), NOT tuned for Fashion-MNIST:
+  a search at full scale (`--scale full --search`) is 69 runs of about 2 hours each on a CPU and has not been run.
+- reduced: chosen on the clients' validation splits by `dpfl reproduce fedceo --scale reduced --search`
+  (`SEARCHED`; coordinate search, see `dpfl.reproduce.fedceo_search`).
+- ci: the paper's EMNIST/MLP λ and ϑ with I = 5.
 
-What is reduced or a placeholder:
-- **λ, ϑ, I are the paper's EMNIST/MLP values (its Table 2), NOT tuned for Fashion-MNIST.** The spec asks for a
-  Fashion-MNIST search selected on the clients' validation splits (§4); dpfl has no validation split yet,
-  so the search (`fedceo-fmnist-mlp-search`) is not shipped.
-- Dataset: Fashion-MNIST with `mlp2` (spec §5's default reproduction), not the paper's EMNIST; no CIFAR-10,
-  no LeNet-5, no non-i.i.d. or `udp` variants, no DLG study.
-- Local split: 90% train / 10% local test per client, not the spec's 80/10/10 (no validation split).
-- `full` is N = 100, K = 10, T = 300, E = 30, B = 64 with evaluation every 5 rounds (every smoothing round,
-  a multiple of I ∈ {20, 30}, and the last round are evaluated). `ci` is N = 20 (6,000 images), K = 5,
-  T = 20, E = 2, I = 5 for every σ_g, evaluation every round: a smoke test, not the paper's setting. Global
-  accuracy is on the full official test split at both scales (the spec's ci uses 2,000 test images).
-- Seeds: one (the spec's count), numbered from 0 as in every dpfl grid, not the authors' seed 2023.
+Scales:
+- `full` is the paper's N = 100, K = 10, T = 300, E = 30, B = 64 with evaluation every 5 rounds (every
+  smoothing round and the last round are evaluated).
+- `reduced` is `full` with T = 50 rounds and E = 1 local epoch (labelled REDUCED wherever it appears), 3 seeds.
+- `ci` is N = 20 (6,000 images), K = 5, T = 20, E = 2, I = 5, evaluation every round: a smoke test, not the
+  paper's setting.
+Global accuracy is on the full official test split at every scale (the spec's ci uses 2,000 test images).
+Each client's share is split 80/10/10 into train / validation / local test (spec §5).
+
+What is not reproduced:
+- No non-i.i.d. or `udp` variants, no DLG study, no CIFAR-10/MLP (App. C.2.2).
+- Seeds are numbered from 0 as in every dpfl grid, not the authors' seed 2023.
 - The noise is fixed, not calibrated: budgets are unlimited and each client's spent ε (δ = 1e-5, RDP) is
   reported; `meets_budgets` is therefore always true and says nothing.
 """
@@ -43,16 +47,31 @@ from pathlib import Path
 
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 
-__all__ = ["FEDCEO_PARAMS", "METHOD_NAMES", "SIGMAS", "SPEC", "base_config", "grid", "methods", "settings"]
+__all__ = ["FEDCEO_PARAMS", "LENET_PARAMS", "PAPER_DATASETS", "METHOD_NAMES", "SIGMAS", "SCALES", "SEARCHED", "SPEC", "base_config", "fedceo_override",
+           "fedceo_params", "grid", "methods", "settings"]
 
 PAPER = "fedceo"
+SCALES = ("ci", "reduced", "full")
 SIGMAS = ("1.0", "1.5", "2.0")
 # σ_g -> (lam, theta, interval at full scale): the paper's Table 2, EMNIST / MLP-2-layers rows (spec §4)
 FEDCEO_PARAMS = {"1.0": (70.0, 1.08, 30), "1.5": (0.5, 1.04, 20), "2.0": (0.03, 1.06, 20)}
+LENET_PARAMS = {"1.0": (85.0, 1.03, 15), "1.5": (10.0, 1.07, 10), "2.0": (0.6, 1.04, 10)}  # Table 2, CIFAR-10 / LeNet-5
+# the paper's own datasets, at full scale only (days per run; skipped when the files are missing): dataset ->
+# (setting prefix, base config, Table 2 rows, shape)
+PAPER_DATASETS = {
+    "emnist": ("emnist-mlp", "emnist_mlp.yaml", FEDCEO_PARAMS, "EMNIST letters, mlp2, i.i.d., N = 100, K = 10, E = 30"),
+    "cifar10": ("cifar10-lenet", "cifar10_lenet.yaml", LENET_PARAMS,
+                "CIFAR-10, lenet5, i.i.d., N = 100, K = 10, E = 30"),
+}
+# σ_g -> (lam, theta, interval) chosen on the validation splits by `dpfl reproduce fedceo --scale reduced --search`
+# (docs/fedceo.md has its table; the final validation accuracy of each choice is in the comment)
+SEARCHED = {"reduced": {"1.0": (70.0, 1.08, 10), "1.5": (0.5, 1.04, 10), "2.0": (0.03, 1.06, 10)}}
 CI_INTERVAL = 5
-SPEC = {"full": {"rounds": 300, "seeds": 1}, "ci": {"rounds": 20, "seeds": 1}}
-BASES = {"full": "fmnist_mlp.yaml", "ci": "ci_fmnist_mlp.yaml"}
+SPEC = {"full": {"rounds": 300, "seeds": 1}, "reduced": {"rounds": 50, "seeds": 3}, "ci": {"rounds": 20, "seeds": 1}}
+BASES = {"full": "fmnist_mlp.yaml", "reduced": "reduced_fmnist_mlp.yaml", "ci": "ci_fmnist_mlp.yaml"}
+EVAL_EVERY = {"full": 5, "reduced": 5, "ci": 1}  # the base configs' evaluation.every (checked in the tests)
 SHAPE = {"full": "N = 100 clients x 600 images, K = 10 per round, E = 30 local epochs",
+         "reduced": "N = 100 clients x 600 images, K = 10 per round, E = 1 local epoch (REDUCED from 30)",
          "ci": "N = 20 clients x 300 images, K = 5 per round, E = 2 local epochs"}
 METHOD_NAMES = ("udp_fedavg", "ppsgd", "centaur", "fedceo_theta1", "fedceo")
 PRIMARY = {"udp_fedavg": "acc_global", "fedceo_theta1": "acc_global", "fedceo": "acc_global",
@@ -62,12 +81,29 @@ UDP_FEDAVG = "DP-SGD clients + FedAvg (the paper's UDP-FedAvg in its dpsgd mode)
 ABLATION = "ablation: constant threshold"
 
 
+def _check_scale(scale: str) -> None:
+    if scale not in SPEC:
+        raise GridError(f"--scale must be one of {', '.join(SCALES)}, got {scale!r}")
+
+
 def base_config(scale: str) -> Path:
     """configs/fedceo/<base> of a scale, from a source checkout or the current directory."""
     return config_dir("fedceo") / BASES[scale]
 
 
-def _fedceo(lam: float, theta: float, interval: int) -> str:
+def fedceo_params(scale: str, sigma: str) -> tuple[float, float, int, str]:
+    """(λ, ϑ, I, where they come from) for a scale and σ_g."""
+    if scale in SEARCHED:
+        lam, theta, interval = SEARCHED[scale][sigma]
+        return lam, theta, interval, f"chosen on the validation splits by `--scale {scale} --search`"
+    lam, theta, interval = FEDCEO_PARAMS[sigma]
+    if scale == "ci":
+        return lam, theta, CI_INTERVAL, "the paper's EMNIST/MLP row, I reduced for ci; NOT tuned for Fashion-MNIST"
+    return lam, theta, interval, "the paper's EMNIST/MLP row; NOT tuned for Fashion-MNIST"
+
+
+def fedceo_override(lam: float, theta: float, interval: int) -> str:
+    """The `--set` string of a FedCEO method with these parameters."""
     return (f"algorithm={{name: fedceo, params: {{lam: {lam!r}, theta: {theta!r}, interval: {interval}, "
             "layers: all, personalize: true}}")
 
@@ -79,34 +115,52 @@ def methods(lam: float, theta: float, interval: int) -> tuple[Method, ...]:
                UDP_FEDAVG),
         Method("ppsgd", "ppsgd", ("algorithm={name: ppsgd, params: {alpha: 1.0}}",)),
         Method("centaur", "centaur", ("algorithm={name: centaur, params: {head_epochs: 1}}",)),
-        Method("fedceo_theta1", "fedceo", (_fedceo(lam, 1.0, interval),), ABLATION),
-        Method("fedceo", "fedceo", (_fedceo(lam, theta, interval),)),
+        Method("fedceo_theta1", "fedceo", (fedceo_override(lam, 1.0, interval),), ABLATION),
+        Method("fedceo", "fedceo", (fedceo_override(lam, theta, interval),)),
     )
 
 
 def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[Setting]:
-    """One setting per σ_g, e.g. ``fmnist-mlp-sg1.5``."""
-    if scale not in SPEC:
-        raise GridError(f"--scale must be 'ci' or 'full', got {scale!r}")
+    """One setting per dataset and σ_g, e.g. ``fmnist-mlp-sg1.5`` (``emnist-mlp-*``, ``cifar10-lenet-*`` at full)."""
+    _check_scale(scale)
     for dataset in datasets:
-        if dataset != "fashion_mnist":
-            raise GridError(f"--dataset: the FedCEO grid ships fashion_mnist only (got {dataset!r})")
-    base = base_config(scale)
-    every = 5 if scale == "full" else 1  # the base configs' evaluation.every (checked in the tests)
+        if dataset != "fashion_mnist" and dataset not in PAPER_DATASETS:
+            raise GridError(f"--dataset: the FedCEO grid ships fashion_mnist, emnist and cifar10 (got {dataset!r})")
+        if dataset in PAPER_DATASETS and scale != "full":
+            raise GridError(f"--dataset {dataset} is defined at --scale full only (the paper's own setting)")
+    out = []
+    for dataset in datasets:
+        if dataset in PAPER_DATASETS:
+            out += _paper_settings(dataset)
+            continue
+        base = base_config(scale)
+        for sigma in SIGMAS:
+            lam, theta, interval, source = fedceo_params(scale, sigma)
+            if interval % EVAL_EVERY[scale]:  # pragma: no cover - a guard for edits of the table
+                raise GridError(f"FedCEO interval {interval} is not a multiple of evaluation.every {EVAL_EVERY[scale]}")
+            rounds = "" if scale != "reduced" else f", T = {SPEC[scale]['rounds']} (REDUCED from 300)"
+            out.append(Setting(
+                name=f"fmnist-mlp-sg{sigma}", base=base, overrides=(f"privacy.noise_multiplier={sigma}",),
+                methods=methods(lam, theta, interval), dataset="fashion_mnist",
+                describe=(f"fashion_mnist, mlp2, i.i.d., {SHAPE[scale]}{rounds}, DP-SGD σ_g = {sigma} (B = 64, C = 1, "
+                          f"δ = 1e-5); FedCEO λ = {lam:g}, ϑ = {theta:g}, I = {interval} ({source})"),
+                meta={"sigma": sigma, "lam": f"{lam:g}", "theta": f"{theta:g}", "interval": str(interval),
+                      "source": source}))
+    return out
+
+
+def _paper_settings(dataset: str) -> list[Setting]:
+    prefix, base, rows, shape = PAPER_DATASETS[dataset]
     out = []
     for sigma in SIGMAS:
-        lam, theta, interval = FEDCEO_PARAMS[sigma]
-        if scale == "ci":
-            interval = CI_INTERVAL
-        if interval % every:  # pragma: no cover - a guard for edits of the table: smoothing rounds must be evaluated
-            raise GridError(f"FedCEO interval {interval} is not a multiple of evaluation.every {every}")
+        lam, theta, interval = rows[sigma]
         out.append(Setting(
-            name=f"fmnist-mlp-sg{sigma}", base=base, overrides=(f"privacy.noise_multiplier={sigma}",),
-            methods=methods(lam, theta, interval), dataset="fashion_mnist",
-            describe=(f"fashion_mnist, mlp2, i.i.d., {SHAPE[scale]}, DP-SGD σ_g = {sigma} (B = 64, C = 1, "
-                      f"δ = 1e-5); FedCEO λ = {lam:g}, ϑ = {theta:g}, I = {interval} (the paper's EMNIST/MLP row"
-                      f"{', I reduced for ci' if scale == 'ci' else ''}; NOT tuned for Fashion-MNIST)"),
-            meta={"sigma": sigma, "lam": f"{lam:g}", "theta": f"{theta:g}", "interval": str(interval)}))
+            name=f"{prefix}-sg{sigma}", base=config_dir("fedceo") / base,
+            overrides=(f"privacy.noise_multiplier={sigma}",), methods=methods(lam, theta, interval), dataset=dataset,
+            describe=(f"{shape}, T = 300, DP-SGD σ_g = {sigma} (B = 64, C = 1, δ = 1e-5); FedCEO λ = {lam:g}, "
+                      f"ϑ = {theta:g}, I = {interval} (the paper's Table 2 row for this dataset)"),
+            meta={"sigma": sigma, "lam": f"{lam:g}", "theta": f"{theta:g}", "interval": str(interval),
+                  "source": "the paper's Table 2 row for this dataset"}))
     return out
 
 
@@ -114,9 +168,8 @@ def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int
          rounds: int | None = None, settings_pattern: str | None = None, methods: Sequence[str] | None = None,
          extra: Sequence[str] = ()) -> Grid:
     """The jobs of `dpfl reproduce fedceo` (see the module docstring); `extra` overrides apply to every job."""
-    if scale not in SPEC:
-        raise GridError(f"--scale must be 'ci' or 'full', got {scale!r}")
-    return build_grid(PAPER, scale, settings(scale, datasets), spec_rounds=SPEC[scale]["rounds"],
-                      spec_seeds=SPEC[scale]["seeds"], seeds=seeds, rounds=rounds, settings_pattern=settings_pattern,
-                      methods=methods, extra=extra,
-                      selection=["FedCEO λ/ϑ/I: the paper's EMNIST/MLP values, NOT tuned for Fashion-MNIST"])
+    chosen = settings(scale, datasets)
+    sources = dict.fromkeys(f"FedCEO λ/ϑ/I on {s.dataset}: {s.meta['source']}" for s in chosen)
+    return build_grid(PAPER, scale, chosen, spec_rounds=SPEC[scale]["rounds"], spec_seeds=SPEC[scale]["seeds"],
+                      seeds=seeds, rounds=rounds, settings_pattern=settings_pattern, methods=methods, extra=extra,
+                      selection=list(sources))

@@ -21,7 +21,7 @@ from dpfl.reproduce.jobs import Grid, Setting
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
-__all__ = ["COLUMNS", "columns", "job_row", "mean_std", "write_results"]
+__all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "write_results"]
 
 COLUMNS = [
     "method", "setting", "seed", "scale", "status", "label", "algorithm",
@@ -32,12 +32,16 @@ COLUMNS = [
 ]
 # Columns only some papers' results.csv have: paper -> (column, the column it follows). Other papers' files
 # are unchanged. acc_personal_final: the last logged acc_personal (clients' personal models on their own
-# test splits), empty for methods without personal models.
+# test splits), empty for methods without personal models; final_val_accuracy: the last logged val_accuracy
+# (the global model on the clients' validation splits, what `--search` selects on).
 PAPER_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
-    "fedceo": (("acc_personal_final", "test_acc_clients_mean_final"),),
+    "fedceo": (("acc_personal_final", "test_acc_clients_mean_final"),
+               ("final_val_accuracy", "acc_personal_final")),
 }
 NOT_RUN = "not run"
 CI_SCALE = {"fedceo": "spec fedceo.md §9 CI scale"}  # what "ci" is, per paper (default: heterogeneous_dp.md §7.4)
+REDUCED_SCALE = {"fedceo": "the full setting with T = 50 rounds (not 300) and E = 1 local epoch (not 30): REDUCED, "
+                           "not the paper's setting"}
 MIB = float(1 << 20)
 PAPERS = {
     "pfa": "PFA: J. Liu, J. Lou, L. Xiong, J. Liu, X. Meng, \"Projected Federated Averaging with Heterogeneous "
@@ -101,12 +105,14 @@ def _from_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     acc = [as_number(r.get("test_accuracy")) for r in metrics]
     acc = [a for a in acc if a is not None]
     personal = [p for p in (as_number(r.get("acc_personal")) for r in metrics) if p is not None]
+    validated = [v for v in (as_number(r.get("val_accuracy")) for r in metrics) if v is not None]
     return {
         "rounds_run": len(metrics),
         "final_accuracy": acc[-1] if acc else None,
         "best_accuracy": max(acc) if acc else None,
         "test_acc_clients_mean_final": clients[-1] if clients else None,
         "acc_personal_final": personal[-1] if personal else None,
+        "final_val_accuracy": validated[-1] if validated else None,
         "noise_stat_round1_analytic": as_number(first.get("noise_stat_analytic")),
         "noise_stat_round1_empirical": as_number(first.get("noise_stat_empirical")),
         "uplink_mib": up / MIB if metrics else None,
@@ -147,7 +153,7 @@ def mean_std(values: Iterable[Any], fmt: str = ".4f") -> str:
     return f"{mean:{fmt}} ± {statistics.stdev(vals):{fmt}}"
 
 
-def _csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -315,14 +321,13 @@ def _fedceo_tables(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         return _md_table(header, body)
 
     personal = [m for m in methods if any(r.get("acc_personal_final") is not None for r in rows if r["method"] == m)]
-    params = "; ".join(f"σ_g = {s.meta['sigma']}: λ = {s.meta['lam']}, ϑ = {s.meta['theta']}, "
-                       f"I = {s.meta['interval']}" for s in settings if "sigma" in s.meta)
+    params = "; ".join(f"{s.name}: λ = {s.meta['lam']}, ϑ = {s.meta['theta']}, I = {s.meta['interval']} "
+                       f"({s.meta.get('source', '')})" for s in settings if "sigma" in s.meta)
     out = ["## Overview: final global accuracy acc_global (mean ± std over seeds)", "",
            "The global model on the official test split after the last round. This is the primary metric of "
            "udp_fedavg, fedceo_theta1 and fedceo; ppsgd's and centaur's primary metric is acc_personal (next "
            "table; spec §10.9), their global model is a diagnostic (PPSGD: w alone; CENTAUR: φ with the mean of "
-           f"the stored heads). FedCEO's parameters ({params}) are the paper's EMNIST/MLP values, NOT tuned for "
-           "Fashion-MNIST.", "", *table("final_accuracy", methods), ""]
+           f"the stored heads). FedCEO's parameters: {params}.", "", *table("final_accuracy", methods), ""]
     if personal:
         out += ["## Personalised accuracy acc_personal (final; mean ± std over seeds)", "",
                 "Mean over the clients holding a personal model (PPSGD: w + u_k; CENTAUR: h_k∘φ; FedCEO: the "
@@ -338,8 +343,8 @@ def _fedceo_notes(grid: Grid, rates: Sequence[tuple[str, float]], labels: Sequen
     return [
         "- Hyperparameters: one learning rate for every method (" + ", ".join(f"{m} {lr:g}" for m, lr in rates)
         + ", momentum " + ", ".join(f"{m:g}" for m in momentum) + "), as in the paper (spec §4). FedCEO's λ, ϑ, "
-        "I are the paper's EMNIST/MLP values (its Table 2), **NOT tuned for Fashion-MNIST**: placeholders until "
-        "the spec's validation-split search exists.",
+        "I: " + "; ".join(f"**{src}**" for src in dict.fromkeys(s.meta.get("source", "") for s in grid.settings))
+        + " (per setting in the next section).",
         "- Privacy: every method runs the same DP-SGD clients at its setting's fixed noise multiplier σ_g "
         "(sample-level, Poisson batches, clip 1, RDP, δ = 1e-5). Budgets are unlimited, so `meets_budgets` is "
         "vacuous; max ε spent is the largest client ε after the run (CENTAUR's head epochs are DP-SGD steps "
@@ -411,7 +416,7 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
                 metrics[o.job.key] = read_metrics(o.run_dir)
             except ValueError:
                 metrics[o.job.key] = []
-    csv_path = write_text_atomic(out / "results.csv", _csv(rows, cols))
+    csv_path = write_text_atomic(out / "results.csv", csv_text(rows, cols))
     md = _header(grid, rows, command)
     md += _fedceo_tables(grid, rows) if grid.paper == "fedceo" else _overview(grid, rows)
     if grid.paper == "robust-hdp":
@@ -436,7 +441,8 @@ def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str) -> list
     labels = list(dict.fromkeys((j.method, j.label) for j in grid.all_jobs if j.label))
     lines = [f"# Reproduction: {grid.paper}", "",
              f"- **Scale: {grid.label}**" + (f" — {CI_SCALE.get(grid.paper, 'spec §7.4 CI scale')}, a smoke test of "
-                                             "the comparison, not the paper's setting" if grid.scale == "ci" else ""),
+                                             "the comparison, not the paper's setting" if grid.scale == "ci" else "")
+             + (f" — {REDUCED_SCALE[grid.paper]}" if grid.scale == "reduced" and grid.paper in REDUCED_SCALE else ""),
              f"- Paper: {PAPERS.get(grid.paper, grid.paper)}."]
     if command:
         lines.append(f"- Command: `{command}`")

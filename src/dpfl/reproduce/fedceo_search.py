@@ -1,0 +1,169 @@
+"""`dpfl reproduce fedceo --search`: FedCEO's (λ, ϑ, I) chosen on the clients' validation splits (spec fedceo.md §4).
+
+The spec's grid is λ (per σ_g) × ϑ ∈ {1.02, 1.04, 1.06, 1.08} × I ∈ {10, 20, 30}: 120 runs per σ_g, each hours
+long at full scale. dpfl searches it **coordinate-wise** (a reduction, stated in every output):
+
+1. λ over the spec's grid for σ_g (its 9 log-spaced points, or the 10 linear ones for σ_g = 1.0, plus the paper's
+   Table 2 value), with ϑ from the paper's row for σ_g and the scale's middle I;
+2. ϑ × I over the full sub-grid at the best λ of step 1.
+
+The winner is the run with the highest final `val_accuracy`: the global model after the last round on the union
+of the clients' validation splits, never the test split. Ties go to the earlier run (grid order). A
+`udp_fedavg` run per σ_g (same clients and noise, no smoothing) is the reference the table compares with.
+One seed (0). Every run lives in OUT/runs/search-<setting>/..., so an interrupted search resumes; the outputs
+are OUT/search.csv (every run), OUT/search.md and OUT/search.json (the choice per σ_g).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpfl.reproduce import fedceo
+from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid
+from dpfl.reproduce.runner import OK, Outcome, Progress, run_jobs
+from dpfl.reproduce.tables import columns, csv_text, job_row
+from dpfl.results.run_files import write_text_atomic
+
+__all__ = ["LAMBDA_GRIDS", "THETAS", "INTERVALS", "SearchResult", "lambda_grid", "search_grid", "run_search"]
+
+THETAS = (1.02, 1.04, 1.06, 1.08)
+# I per scale: the spec's {10, 20, 30} at T = 300; scaled to T = 50 (reduced) and T = 20 (ci) so that every I
+# smooths at least once and divides T (the last round is then a smoothing round, as at full scale)
+INTERVALS = {"full": (10, 20, 30), "reduced": (5, 10, 25), "ci": (5, 10)}
+STAGE1_INTERVAL = {"full": 20, "reduced": 10, "ci": 5}
+
+
+def _log_points(lo: float, hi: float, n: int = 9) -> list[float]:
+    return [float(f"{v:.3g}") for v in np.logspace(math.log10(lo), math.log10(hi), n)]
+
+
+def lambda_grid(sigma: str) -> list[float]:
+    """The spec's λ grid for σ_g (§4: 55..100 step 5; 9 log points in [0.1, 10] / [0.01, 1]) plus Table 2's λ."""
+    grid = {"1.0": [float(v) for v in range(55, 101, 5)], "1.5": _log_points(0.1, 10), "2.0": _log_points(0.01, 1)}
+    values = grid[sigma]
+    paper = fedceo.FEDCEO_PARAMS[sigma][0]
+    return sorted(set(values) | {paper})
+
+
+LAMBDA_GRIDS = {s: lambda_grid(s) for s in fedceo.SIGMAS}
+
+
+def _name(lam: float, theta: float, interval: int) -> str:
+    return f"fedceo-lam{lam:g}-th{theta:g}-I{interval}"
+
+
+def _method(lam: float, theta: float, interval: int) -> Method:
+    return Method(_name(lam, theta, interval), "fedceo", (fedceo.fedceo_override(lam, theta, interval),))
+
+
+def search_grid(scale: str, stage: int, *, best_lam: dict[str, float] | None = None, rounds: int | None = None,
+                settings_pattern: str | None = None) -> Grid:
+    """Stage 1 (λ sweep plus the udp_fedavg reference) or stage 2 (ϑ × I at `best_lam[σ]`) as a Grid."""
+    settings = []
+    for s in fedceo.settings(scale):
+        sigma = s.meta["sigma"]
+        if stage == 1:
+            theta = fedceo.FEDCEO_PARAMS[sigma][1]
+            methods = (fedceo.methods(1.0, 1.0, 1)[0],  # udp_fedavg: the reference without smoothing
+                       *(_method(lam, theta, STAGE1_INTERVAL[scale]) for lam in LAMBDA_GRIDS[sigma]))
+        else:
+            if best_lam is None or sigma not in best_lam:
+                continue
+            methods = tuple(_method(best_lam[sigma], th, i) for th in THETAS for i in INTERVALS[scale])
+        settings.append(Setting(f"search-{s.name}", s.base, s.overrides, methods, s.dataset,
+                                describe=f"search stage {stage}: {s.describe}", meta=dict(s.meta)))
+    if not settings:
+        raise GridError("the search has no setting to run")
+    return build_grid("fedceo-search", scale, settings, spec_rounds=fedceo.SPEC[scale]["rounds"], spec_seeds=1,
+                      rounds=rounds, settings_pattern=settings_pattern and f"search-{settings_pattern}")
+
+
+@dataclass
+class SearchResult:
+    rows: list[dict[str, Any]]
+    chosen: dict[str, dict[str, Any]]
+    paths: tuple[Path, Path, Path]
+
+
+def _best(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    scored = [r for r in rows if r["status"] == OK and r.get("final_val_accuracy") is not None]
+    return max(scored, key=lambda r: r["final_val_accuracy"]) if scored else None  # max keeps the first of ties
+
+
+def run_search(scale: str, out: Path, *, progress: Progress | None = None, rounds: int | None = None,
+               settings_pattern: str | None = None, command: str = "",
+               execute: Callable[..., Any] | None = None) -> SearchResult:
+    """Run both stages (finished runs are reused), choose per σ_g, write OUT/search.{csv,md,json}.
+
+    `execute` is `run_jobs`'s (tests pass a stand-in).
+    """
+    out = Path(out)
+    cols = ["stage", "sigma", "lam", "theta", "interval", *columns("fedceo")]
+    rows: list[dict[str, Any]] = []
+
+    def run(grid: Grid, stage: int) -> None:
+        seen = {(r["setting"], r["method"]) for r in rows}
+        fresh = [j for j in grid.jobs if (j.setting, j.method) not in seen]  # stage 2 repeats stage 1's winner
+        for o in run_jobs(fresh, out, progress=progress, execute=execute):
+            row = job_row(o, grid.label, out, columns=cols)
+            setting = grid.setting(o.job.setting)
+            params = o.job.config.algorithm.params if o.job.config.algorithm.name == "fedceo" else {}
+            row.update(stage=stage, sigma=setting.meta["sigma"], lam=params.get("lam"), theta=params.get("theta"),
+                       interval=params.get("interval"))
+            rows.append(row)
+
+    first = search_grid(scale, 1, rounds=rounds, settings_pattern=settings_pattern)
+    run(first, 1)
+    best_lam = {}
+    for sigma in dict.fromkeys(r["sigma"] for r in rows):
+        winner = _best([r for r in rows if r["sigma"] == sigma and r["lam"] is not None])
+        if winner is not None:
+            best_lam[sigma] = winner["lam"]
+    if best_lam:
+        run(search_grid(scale, 2, best_lam=best_lam, rounds=rounds, settings_pattern=settings_pattern), 2)
+    chosen = {}
+    for sigma in dict.fromkeys(r["sigma"] for r in rows):
+        mine = [r for r in rows if r["sigma"] == sigma]
+        winner = _best([r for r in mine if r["lam"] is not None])
+        reference = next((r for r in mine if r["method"] == "udp_fedavg"), None)
+        if winner is not None:
+            chosen[sigma] = {"lam": winner["lam"], "theta": winner["theta"], "interval": winner["interval"],
+                             "val_accuracy": winner["final_val_accuracy"],
+                             "udp_fedavg_val_accuracy": reference and reference.get("final_val_accuracy"),
+                             "runs": len(mine)}
+    label = first.label
+    paths = (write_text_atomic(out / "search.csv", csv_text(rows, cols)),
+             write_text_atomic(out / "search.md", _markdown(rows, chosen, scale, label, command)),
+             write_text_atomic(out / "search.json", json.dumps({"scale": label, "chosen": chosen}, indent=2) + "\n"))
+    return SearchResult(rows, chosen, paths)
+
+
+def _fmt(v: Any) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+def _markdown(rows: Sequence[dict[str, Any]], chosen: dict[str, dict[str, Any]], scale: str, label: str,
+              command: str) -> str:
+    lines = ["# FedCEO hyperparameter search (spec fedceo.md §4)", "",
+             f"Scale: **{label}**. Command: `{command}`." if command else f"Scale: **{label}**.", "",
+             "Coordinate search, a REDUCTION of the spec's full λ × ϑ × I grid: (1) λ over the spec's grid for σ_g "
+             "with the paper's ϑ for σ_g and I = " f"{STAGE1_INTERVAL[scale]}; (2) ϑ ∈ {{{', '.join(map(str, THETAS))}}}"
+             f" × I ∈ {{{', '.join(map(str, INTERVALS[scale]))}}} at the best λ. Selection: the highest final "
+             "val_accuracy (the global model after the last round on the union of the clients' validation splits; "
+             "the test split is never used). One seed.", "",
+             "## Chosen", "", "| σ_g | λ | ϑ | I | val acc | udp_fedavg val acc | runs |", "|---|---|---|---|---|---|---|"]
+    for sigma, c in chosen.items():
+        lines.append(f"| {sigma} | {c['lam']:g} | {c['theta']:g} | {c['interval']} | {_fmt(c['val_accuracy'])} | "
+                     f"{_fmt(c['udp_fedavg_val_accuracy'])} | {c['runs']} |")
+    lines += ["", "## Every run", "", "| σ_g | stage | method | val acc | status |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['sigma']} | {r['stage']} | {r['method']} | {_fmt(r.get('final_val_accuracy'))} | "
+                     f"{r['status']} |")
+    return "\n".join(lines) + "\n"
