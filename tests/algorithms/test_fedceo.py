@@ -216,6 +216,28 @@ def test_m1_udp_noise_is_split_over_the_cohort_and_clipping_holds():
     assert up.event(0).noise_multiplier == pytest.approx(1.0)
 
 
+def test_m1_paper_eta_scaling_scales_the_whole_privatised_update_and_not_the_guarantee():
+    deltas = {"w": torch.randn(3, 1000) * 10, "b": torch.randn(3, 4)}
+    plain = ClippedNoisyUpdate(clip=1.0, noise_multiplier=2.0, cohort=4)
+    scaled = ClippedNoisyUpdate(clip=1.0, noise_multiplier=2.0, cohort=4, upload_scale=0.1)
+    a, b = plain.apply(deltas, [0, 1, 2], 5, 1), scaled.apply(deltas, [0, 1, 2], 5, 1)
+    assert all(torch.allclose(b[k], 0.1 * a[k]) for k in deltas)  # w' - w_0 = η(Δ̃ + ξ), same draw of ξ
+    assert scaled.event(0) == plain.event(0)
+    with pytest.raises(ValueError, match="upload_scale must be > 0"):
+        ClippedNoisyUpdate(1.0, 1.0, upload_scale=0.0)
+
+
+def test_paper_eta_scaling_from_a_config_uses_the_learning_rate_and_only_for_udp():
+    from dpfl.experiment.build import build_algorithm
+    from dpfl.experiment.config import ConfigError, load_config
+
+    cfg = load_config("configs/digits_udp.yaml", ["privacy.paper_eta_scaling=true", "training.optimizer.lr=0.05"])
+    assert build_algorithm(cfg).upload.upload_scale == 0.05
+    assert build_algorithm(load_config("configs/digits_udp.yaml")).upload.upload_scale == 1.0
+    with pytest.raises(ConfigError, match="paper_eta_scaling: applies to mechanism udp only"):
+        build_algorithm(load_config("configs/demo.yaml", ["privacy.paper_eta_scaling=true"]))
+
+
 def test_p1_p2_fedceo_and_udp_fedavg_report_the_same_guarantees_and_per_upload_is_the_weaker_view():
     poisson = Selection("poisson", rate=0.5)  # add/remove in both views, so the epsilons are comparable
     reports = [run(agg, noise=3.0, selection=poisson).run().privacy
@@ -259,3 +281,28 @@ def test_p4_dpsgd_mode_reports_per_participation_and_composed_epsilons_and_no_us
     assert privacy["eps_total_max"] == max(spent) and privacy["eps_total_mean"] == pytest.approx(sum(spent) / len(spent))
     assert 0 < privacy["eps_per_participation"] < privacy["eps_total_max"]  # composition over participations
     assert "aggregate_view" not in privacy  # no client-level view for a sample-level mechanism
+
+
+def test_per_upload_amplification_charges_everyone_every_round_and_is_labelled_an_assumption():
+    """Spec §7 Option: each round every client pays one upload at σ/√K amplified by q (not its participations)."""
+    from dp_accounting import SelfComposedDpEvent
+
+    from dpfl.experiment.build import build_run
+    from dpfl.experiment.config import ConfigError, load_config
+    from dpfl.privacy.accountant import epsilon
+    from dpfl.privacy.events import sampled_gaussian_event
+
+    poisson = ["training.selection={kind: poisson, rate: 0.25}", "training.rounds=4", "privacy.budgets=.inf"]
+    amplified = build_run(load_config("configs/digits_udp.yaml", [*poisson, "privacy.per_upload_amplification=true"]))
+    result = amplified.run()
+    upload = amplified.algorithm.upload
+    per_round = sampled_gaussian_event(upload.upload_multiplier, sampling="poisson", sample_rate=0.25)
+    expected = epsilon(SelfComposedDpEvent(per_round, 4), 1e-5)
+    assert all(e == pytest.approx(expected, rel=1e-9) for e in result.spent().values())  # participants or not
+    assert "ASSUMED" in result.privacy["per_upload_amplification"]
+    plain = build_run(load_config("configs/digits_udp.yaml", poisson)).run()
+    took_part = [i for i, e in plain.spent().items() if e > 0]
+    assert took_part and all(plain.spent()[i] > expected for i in took_part)  # no amplification: weaker
+    assert "per_upload_amplification" not in plain.privacy
+    with pytest.raises(ConfigError, match="per_upload_amplification: needs Poisson client selection"):
+        build_run(load_config("configs/digits_udp.yaml", ["privacy.per_upload_amplification=true"]))

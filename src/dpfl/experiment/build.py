@@ -294,7 +294,16 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
     if mech == "udp":
         # FedCEO Algorithm 1: the noise is split over the expected cohort (the sum carries σC)
         cohort = max(1.0, selection.expected_count(cfg.data.clients))
-        upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier, cohort)
+        scale = cfg.training.optimizer.lr if p.paper_eta_scaling else 1.0
+        if p.per_upload_amplification and selection.kind != "poisson":
+            raise ConfigError("privacy.per_upload_amplification: needs Poisson client selection "
+                              f"(training.selection.kind: poisson), got {selection.kind!r}",
+                              "privacy.per_upload_amplification")
+        upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier, cohort, upload_scale=scale,
+                                         hidden_sampling=p.per_upload_amplification)
+    elif p.paper_eta_scaling or p.per_upload_amplification:
+        option = "paper_eta_scaling" if p.paper_eta_scaling else "per_upload_amplification"
+        raise ConfigError(f"privacy.{option}: applies to mechanism udp only", f"privacy.{option}")
     elif mech == "param_noise":
         upload = ParameterNoise(params.std)
     else:

@@ -644,7 +644,10 @@ class PrivacyConfig(_Section):
     calibration: `accountant` (bisection, the default) or `pfa-heuristic` (PFA's formula; NOT a
     guarantee: the accountant's epsilon of the noise used is still what is reported). misreport: one
     client reports a false epsilon to the server. allow_budget_violation: required by max_eps, a
-    non-private reference whose results are tagged meets_budgets: false.
+    non-private reference whose results are tagged meets_budgets: false. paper_eta_scaling (udp only): upload
+    w_0 + η·(Δ̃ + ξ), FedCEO Algorithm 1's line 10 taken literally (post-processing: ε is unchanged).
+    per_upload_amplification (udp with Poisson client selection only): account each upload as amplified by
+    the client sampling, ASSUMING the server cannot tell who took part (FedCEO spec §7; labelled in privacy.json).
     """
 
     unit: Literal["sample", "client", "none"] | None = None
@@ -659,6 +662,8 @@ class PrivacyConfig(_Section):
     calibration: Literal["accountant", "pfa-heuristic"] = "accountant"
     misreport: MisreportConfig | None = None
     allow_budget_violation: bool = False
+    paper_eta_scaling: bool = False
+    per_upload_amplification: bool = False
 
     @field_validator("budgets", mode="plain")
     @classmethod

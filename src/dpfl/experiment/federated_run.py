@@ -273,9 +273,11 @@ class FederatedRun:
         return events[0] if len(events) == 1 else ComposedDpEvent(events)
 
     def _server_event(self, population: int) -> DpEvent | None:
-        """The event one round costs every client still in the population (central DP only)."""
+        """The event one round costs every client still in the population (central DP, or UDP uploads whose
+        sampling is assumed hidden from the server)."""
         if not self.algorithm.central:
-            return None
+            round_event = getattr(self.algorithm.upload, "round_event", None)
+            return round_event(self.algorithm.selection, population) if round_event is not None else None
         agg = self.algorithm.aggregator
         return self.algorithm.selection.client_level_event(agg.noise_multiplier, population)
 
@@ -630,6 +632,11 @@ class FederatedRun:
                 out.update(self._sample_level_views(list(spent.values())))
         if rounds_run and self.budgets is not None and hasattr(alg.upload, "aggregate_event"):
             out["aggregate_view"] = self._aggregate_view(rounds_run)
+        if getattr(alg.upload, "hidden_sampling", False):
+            out["per_upload_amplification"] = (
+                "ASSUMED: the server cannot tell which clients took part (Poisson client sampling hidden from it), "
+                "so each upload's σ/√K is amplified by the sampling rate. A server that receives the individual "
+                "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
         return out
 
     def _sample_level_views(self, spent: list[float]) -> dict[str, Any]:

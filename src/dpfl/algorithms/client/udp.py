@@ -28,6 +28,10 @@ class ClippedNoisyUpdate:
     """Upload Δ·min(1, C/‖Δ‖) + N(0, (σC)²/K · I), the norm over all parameters together.
 
     `cohort` is K, the number of uploads the noise is split over (1: each upload carries σC).
+    `upload_scale` multiplies the privatised update (FedCEO's `paper_eta_scaling`: η, Algorithm 1 line 10
+    literally); post-processing, so the events do not change. `hidden_sampling` (FedCEO's
+    `per_upload_amplification`) charges every client every round one upload amplified by the client sampling
+    (`round_event`) instead of charging participations: valid ONLY if the server cannot tell who took part.
     """
 
     clip: float
@@ -35,6 +39,8 @@ class ClippedNoisyUpdate:
     cohort: float = 1.0
     unit: str = "client"
     accounted: bool = True
+    upload_scale: float = 1.0
+    hidden_sampling: bool = False
 
     def __post_init__(self) -> None:
         if not self.clip > 0:
@@ -43,6 +49,8 @@ class ClippedNoisyUpdate:
             raise ValueError(f"noise multiplier must be >= 0, got {self.noise_multiplier}")
         if not self.cohort >= 1:
             raise ValueError(f"the noise is split over a cohort of >= 1 uploads, got {self.cohort}")
+        if not self.upload_scale > 0:
+            raise ValueError(f"upload_scale must be > 0, got {self.upload_scale}")
 
     @property
     def upload_multiplier(self) -> float:
@@ -55,11 +63,22 @@ class ClippedNoisyUpdate:
         flat = flat * factor[:, None]
         if self.noise_multiplier > 0:
             flat = flat + self.upload_multiplier * self.clip * upload_noise(flat.shape[1], clients, seed, round_)
+        if self.upload_scale != 1.0:
+            flat = flat * self.upload_scale
         return P.unflatten(flat, deltas)
 
     def event(self, client: int) -> DpEvent | None:
-        """One upload seen by the server: the Gaussian mechanism at σ/√K, no amplification."""
-        return gaussian_event(self.upload_multiplier)
+        """One upload seen by the server: the Gaussian mechanism at σ/√K, no amplification.
+
+        None with `hidden_sampling`: `round_event` charges every client every round instead.
+        """
+        return None if self.hidden_sampling else gaussian_event(self.upload_multiplier)
+
+    def round_event(self, selection: Selection, population: int) -> DpEvent | None:
+        """With `hidden_sampling`: one round's cost to every client, σ/√K amplified by the client sampling."""
+        if not self.hidden_sampling:
+            return None
+        return selection.client_level_event(self.upload_multiplier, population)
 
     def aggregate_event(self, selection: Selection, population: int, rounds: int) -> DpEvent:
         """`rounds` releases of the sum only (multiplier σ), amplified by the client sampling."""
@@ -71,4 +90,6 @@ class ClippedNoisyUpdate:
     def describe(self) -> str:
         split = f" split over K = {self.cohort:g} uploads (σ/√K = {self.upload_multiplier:.4g} per upload)" \
             if self.cohort != 1 else ""
-        return f"update clipped to {self.clip} + Gaussian noise (multiplier {self.noise_multiplier}{split}) on upload"
+        scaled = f", the sum scaled by {self.upload_scale:g} (paper_eta_scaling)" if self.upload_scale != 1.0 else ""
+        return (f"update clipped to {self.clip} + Gaussian noise (multiplier {self.noise_multiplier}{split}) on "
+                f"upload{scaled}")
