@@ -306,6 +306,11 @@ def _run(args) -> tuple[dict | None, int]:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    # the malloc settings every dpfl run applies (dpfl.engine.allocator); process-wide, so all three loops
+    # get them. DPFL_MALLOC_TUNING=0 measures glibc's defaults instead.
+    from dpfl.engine.allocator import tune_malloc
+
+    log(f"dpfl malloc settings: {'on' if tune_malloc() else 'off'}")
     n, steps, batch, samples = args.clients, args.steps, args.batch, args.samples
     log(f"loading data ({n} clients x {samples} samples) ...")
     xs, ys, source, why = load_client_data(n, samples, SEED)
