@@ -227,6 +227,195 @@ def privacy_noise(
                       f"{accountant.upper()}, q = {sample_rate:g}, {steps} steps)", highlight=False)
 
 
+# ---- privacy fdp ------------------------------------------------------------------------------------
+FDP_FORMATS = ("table", "csv", "json")
+FDP_FILES = ("fdp_curves.csv", "fdp_curves.json", "fdp_curves.png")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _fdp_column(curve: Any) -> str:
+    """A curve's column name: the bound for guarantees, the full paper-claimed label otherwise (never bare)."""
+    return curve.name if curve.is_guarantee else curve.label
+
+
+def _fdp_csv(report: Any) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    header, columns = ["T"], []
+    for c in report.curves:
+        header.append(f"mu[{_fdp_column(c)}]")
+        columns.append(c.mu)
+        for d in report.deltas:
+            header.append(f"eps[{_fdp_column(c)},delta={d}]")
+            columns.append(c.eps[d])
+    writer.writerow(header)
+    for i, t in enumerate(report.rounds):
+        writer.writerow([int(t)] + [repr(float(col[i])) for col in columns])
+    return buf.getvalue()
+
+
+def _fdp_json_text(report: Any) -> str:
+    return json.dumps(_json_safe(report.to_dict()), allow_nan=False, indent=2, ensure_ascii=False) + "\n"
+
+
+def _fdp_write_files(report: Any, out: Path) -> list[Path]:
+    from dpfl.results.fdp_plot import plot_fdp
+    from dpfl.results.run_files import write_text_atomic
+
+    csv_name, json_name, png_name = FDP_FILES
+    return [write_text_atomic(out / csv_name, _fdp_csv(report)),
+            write_text_atomic(out / json_name, _fdp_json_text(report)), plot_fdp(report, out / png_name)]
+
+
+def _fdp_table(report: Any, view_requested: str) -> None:
+    """Threat model, inputs and assumptions first, so no number is read without the setting it holds in."""
+    from rich.measure import Measurement
+    from rich.text import Text
+
+    from dpfl.privacy.fdp import RELEASE_TEXT, SHIFTED, VIEW_TEXT
+
+    p = report.params
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, highlight=False)
+
+    def num(v: Any) -> str:
+        return "-" if v is None else f"{v:g}" if isinstance(v, (int, float)) else str(v)
+
+    say(f"f-DP accounting of noisy {p['algo']} (Gaussian DP, record-level; dpfl privacy fdp)")
+    resolved = "" if view_requested == report.view else f" (resolved from --view {view_requested})"
+    say(f"view:    {report.view}{resolved}: {VIEW_TEXT[report.view].split(': ', 1)[1]}")
+    say(f"release: {report.release}: {RELEASE_TEXT[report.release]}")
+    say("delta:   " + ", ".join(f"{d:g}" for d in report.deltas))
+    say(f"hyperparameters: algo {p['algo']}, schedule {p['schedule']}, eta {num(p['eta'])}, K {p['K']}, "
+        f"V {num(p['V'])}, sigma {num(p['sigma'])}, m {p['m']}, honest clients {p['honest_clients']}, "
+        f"L {num(p['L'])}{' (ASSUMPTION)' if p['L'] is not None else ''}, alpha {num(p['alpha'])}, "
+        f"sensitivity {p['sensitivity']}, c {num(p['c'])}, z {num(p['z'])}, "
+        f"secure aggregation {'yes' if p['secure_aggregation'] else 'no'}"
+        + (f", paper variant {p['paper_variant']}" if p["paper_variant"] else ""))
+    say("bounds:  " + ", ".join(c.label for c in report.curves) + f"; headline guarantee: {report.headline}")
+    if SHIFTED not in {c.name for c in report.curves}:
+        say(f"         ({SHIFTED} applies only with the aggregate view, --release final and --L)")
+    say("assumptions:")
+    for a in report.assumptions:
+        say(f"  - {a}")
+    say("warnings:" + ("" if report.warnings else " none"))
+    for w in report.warnings:
+        say(f"  - {w}")
+
+    table = Table()
+    table.add_column(Text("T"), justify="right", no_wrap=True)
+    for c in report.curves:
+        style = "red" if not c.is_guarantee else None
+        table.add_column(Text(f"{_fdp_column(c)}\nμ"), justify="right", no_wrap=True, style=style)
+        for d in report.deltas:
+            table.add_column(Text(f"{_fdp_column(c)}\nε(δ={d:g})"), justify="right", no_wrap=True, style=style)
+    for i, t in enumerate(report.rounds):
+        cells = [str(int(t))]
+        for c in report.curves:
+            cells.append(f"{c.mu[i]:.6g}")
+            cells += [f"{c.eps[d][i]:.6g}" for d in report.deltas]
+        table.add_row(*cells)
+    # headers must not wrap (the paper label has to read whole): render wider than a narrow or piped console
+    need = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    Console(file=console.file, width=max(console.width, need)).print(table)
+
+    head = report.curve(report.headline)
+    at_t = int(report.rounds[-1])
+    say(f"headline guarantee: {report.headline} at T = {at_t}: mu = {head.mu[-1]:.6g}, "
+        + ", ".join(f"epsilon = {head.eps[d][-1]:.6g} at delta = {d:g}" for d in report.deltas))
+    if any(not c.is_guarantee for c in report.curves):
+        say(f"the paper-claimed (NOT a guarantee) columns evaluate the paper's theorems (variant "
+            f"{p['paper_variant']}) for comparison only: they are not privacy guarantees "
+            "(spec fdp_accounting.md §4.4)")
+
+
+@privacy_app.command("fdp")
+def privacy_fdp(
+    algo: Annotated[str, typer.Option("--algo", help="fedavg or fedprox.")],
+    eta: Annotated[float, typer.Option("--eta", help="Base learning rate η.")],
+    K: Annotated[int, typer.Option("--K", help="Local steps per round.")],
+    V: Annotated[float, typer.Option("--V", help="Gradient clipping norm.")],
+    sigma: Annotated[float, typer.Option("--sigma", help="Per-client noise std added to each upload.")],
+    m: Annotated[int, typer.Option("--m", help="Clients per round.")],
+    schedule: Annotated[str, typer.Option(help="constant, cyclic, stagewise or continuous.")] = "constant",
+    L: Annotated[Optional[float], typer.Option("--L", help="Smoothness constant (an ASSUMPTION); enables the "
+                                                           "shifted-interpolation bound.")] = None,
+    alpha: Annotated[Optional[float], typer.Option("--alpha", help="FedProx proximal coefficient.")] = None,
+    t_max: Annotated[int, typer.Option("--T-max", help="Largest T of a log:N grid.")] = 10000,
+    grid: Annotated[str, typer.Option(help="log:N (N log-spaced T up to --T-max) or a list: 1,10,100.")] = "log:60",
+    delta: Annotated[Optional[list[float]], typer.Option(help="δ for ε(δ); repeatable (default 1e-5).")] = None,
+    view: Annotated[str, typer.Option("--view", help="auto (upload, or aggregate with --secure-aggregation), upload "
+                                                     "or aggregate.")] = "auto",
+    secure_aggregation: Annotated[bool, typer.Option("--secure-aggregation", help="The deployment hides individual "
+                                                     "uploads (selects the aggregate view under --view auto).")
+                                  ] = False,
+    release: Annotated[str, typer.Option(help="transcript (every w_t is seen) or final (only w_T).")] = "transcript",
+    sensitivity: Annotated[str, typer.Option(help="exact or paper (the paper's surrogates).")] = "exact",
+    show_paper_claimed: Annotated[bool, typer.Option("--show-paper-claimed", help="Add the paper's claimed curve, "
+                                                     "labelled NOT a guarantee (needs --L).")] = False,
+    paper_variant: Annotated[Optional[str], typer.Option("--paper-variant", help="printed (default), eta-consistent "
+                                                         "or h0; only with --show-paper-claimed.")] = None,
+    c: Annotated[Optional[float], typer.Option("--c", help="Constant c of the paper's cyclic surrogate.")] = None,
+    z: Annotated[Optional[float], typer.Option("--z", help="Constant z of the paper's continuous surrogate.")] = None,
+    honest_clients: Annotated[Optional[int], typer.Option("--honest-clients", help="Clients whose noise the "
+                                                          "adversary does not know (default m).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write fdp_curves.{csv,json,png} into this directory.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
+    as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
+) -> None:
+    """μ-GDP and ε(δ) of noisy FedAvg/FedProx over T rounds, per bound, under an explicit threat model."""
+    from dpfl.privacy.fdp import RELEASES, VIEWS, fdp_report, parse_grid
+    from dpfl.privacy.fdp_bounds import PAPER_VARIANTS
+    from dpfl.privacy.fdp_sensitivity import ALGORITHMS, SCHEDULES
+
+    fmt = "json" if as_json else fmt
+    try:
+        for name, value, choices in (("algo", algo, ALGORITHMS), ("schedule", schedule, SCHEDULES),
+                                     ("view", view, VIEWS), ("release", release, RELEASES),
+                                     ("sensitivity", sensitivity, ("exact", "paper")), ("format", fmt, FDP_FORMATS)):
+            _choice(name, value, choices)
+        if paper_variant is not None:
+            _choice("paper-variant", paper_variant, PAPER_VARIANTS)
+            if not show_paper_claimed:
+                raise UserError("--paper-variant only applies with --show-paper-claimed")
+        if show_paper_claimed and L is None:
+            raise UserError("--show-paper-claimed needs the smoothness constant --L (the paper's bounds depend on it)")
+        for name, value in (("eta", eta), ("V", V), ("sigma", sigma)):
+            _positive(name, value)
+        for name, value in (("L", L), ("alpha", alpha), ("c", c), ("z", z)):
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise UserError(f"--{name} must be a finite number >= 0, got {value}")
+        if K < 1 or m < 1:
+            raise UserError(f"--K and --m must be >= 1, got K = {K}, m = {m}")
+        rounds = parse_grid(grid, t_max)
+        report = fdp_report(algo=algo, schedule=schedule, eta=eta, K=K, V=V, sigma=sigma, m=m, rounds=rounds, L=L,
+                            alpha=alpha, deltas=tuple(delta or (1e-5,)), view=view,
+                            secure_aggregation=secure_aggregation, release=release, sensitivity=sensitivity,
+                            paper=(paper_variant or "printed") if show_paper_claimed else None, c=c, z=z,
+                            honest_clients=honest_clients)
+        written = _fdp_write_files(report, out) if out is not None else []
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except OSError as e:  # --out not writable
+        _fail(f"could not write to {out}: {e}")
+    if fmt == "json":
+        _emit_json(report.to_dict())
+    elif fmt == "csv":
+        sys.stdout.write(_fdp_csv(report))
+    else:
+        _fdp_table(report, view)
+        if written:
+            console.print("files: " + "  ".join(str(p) for p in written), markup=False, highlight=False)
+
+
 # ---- data ---------------------------------------------------------------------------------------------
 @data_app.command("list")
 def data_list(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
