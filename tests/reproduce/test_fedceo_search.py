@@ -56,6 +56,8 @@ def test_stage_two_is_theta_by_interval_at_the_chosen_lambda():
     assert got == [(0.316, th, i) for th in THETAS for i in INTERVALS["reduced"]]
     with pytest.raises(GridError, match="no setting"):
         search_grid("reduced", 2, best_lam={})
+    both = search_grid("ci", 1, settings_pattern="fmnist-mlp-sg1.0, *sg2.0")  # every alternative gets the prefix
+    assert sorted({j.setting for j in both.jobs}) == ["search-fmnist-mlp-sg1.0", "search-fmnist-mlp-sg2.0"]
 
 
 def _fake_execute(score):

@@ -81,8 +81,10 @@ def search_grid(scale: str, stage: int, *, best_lam: dict[str, float] | None = N
                                 describe=f"search stage {stage}: {s.describe}", meta=dict(s.meta)))
     if not settings:
         raise GridError("the search has no setting to run")
+    pattern = ",".join(f"search-{p.strip()}" for p in settings_pattern.split(",") if p.strip()) \
+        if settings_pattern else None  # the comparison's setting names, e.g. fmnist-mlp-sg1.5
     return build_grid("fedceo-search", scale, settings, spec_rounds=fedceo.SPEC[scale]["rounds"], spec_seeds=1,
-                      rounds=rounds, settings_pattern=settings_pattern and f"search-{settings_pattern}")
+                      rounds=rounds, settings_pattern=pattern)
 
 
 @dataclass
