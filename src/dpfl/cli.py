@@ -575,7 +575,7 @@ def reproduce_robust_hdp(
 def reproduce_fedceo(
     out: _Out,
     scale: Annotated[str, typer.Option("--scale", help="ci (minutes: checks that it runs), reduced (the full setting "
-                                                       "with T = 50, E = 1: about an hour per seed) or full (the "
+                                                       "with T = 50, E = 1: about 10 minutes per seed) or full (the "
                                                        "paper's T = 300, E = 30: days on a CPU).")],
     seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
     dataset: Annotated[Optional[list[str]], typer.Option(
@@ -597,7 +597,7 @@ def reproduce_fedceo(
 
 def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optional[str],
                    datasets: Optional[list[str]], seeds: Optional[int], methods: Optional[str], dry_run: bool) -> None:
-    from dpfl.reproduce.fedceo_search import run_search, search_grid
+    from dpfl.reproduce.fedceo_search import run_search
     from dpfl.reproduce.runner import FAILED, RichProgress
 
     if seeds is not None or methods or dry_run:
@@ -608,7 +608,6 @@ def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optio
     command = " ".join(["dpfl reproduce fedceo --search --scale", scale, "--out", str(out)]
                        + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings)) if v is not None])
     try:
-        search_grid(scale, 1, rounds=rounds, settings_pattern=settings)  # bad input fails before anything runs
         with RichProgress(errors) as progress:
             result = run_search(scale, out, progress=progress, rounds=rounds, settings_pattern=settings,
                                 command=command)

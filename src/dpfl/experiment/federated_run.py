@@ -153,6 +153,9 @@ class FederatedRun:
         n = self.pooled.n_clients
         self.n_clients = n
         self.n_records = self.pooled.sizes.numpy()
+        with_val = [c for c in data.clients if getattr(c, "n_val", 0)]  # the union the searches select on
+        self.val_data = ((torch.cat([c.x_val for c in with_val]), torch.cat([c.y_val for c in with_val]))
+                         if with_val else None)
         self.batch_sizes = _per_client(batch_sizes, n, "batch_sizes", int)
         if (self.batch_sizes < 1).any():
             raise ValueError("every batch size must be >= 1")
@@ -542,13 +545,9 @@ class FederatedRun:
 
     def _validation_accuracy(self, w: P.Params) -> dict[str, Any]:
         """The global model on the union of the clients' validation splits: what tuning selects on, never the test set."""
-        if not hasattr(self, "_val_data"):
-            clients = [c for c in self.data.clients if getattr(c, "n_val", 0)]
-            self._val_data = ((torch.cat([c.x_val for c in clients]), torch.cat([c.y_val for c in clients]))
-                              if clients else None)
-        if self._val_data is None:
+        if self.val_data is None:
             return {}
-        acc, loss = evaluate(self.model, w, *self._val_data, self.algorithm.local.spec.loss)
+        acc, loss = evaluate(self.model, w, *self.val_data, self.algorithm.local.spec.loss)
         return {"val_accuracy": acc, "val_loss": loss}
 
     def _accuracy_on_client(self, params: P.Params, client: int) -> float | None:

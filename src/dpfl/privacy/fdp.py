@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpfl.privacy.fdp_bounds import PAPER_VARIANTS, composition_mu, h0_mu, paper_claimed_mu, shifted_mu
-from dpfl.privacy.fdp_sensitivity import ALGORITHMS, SCHEDULES, sensitivities, step_sizes
+from dpfl.privacy.fdp_sensitivity import sensitivities, step_sizes
 from dpfl.privacy.gdp import gdp_eps
 
 __all__ = ["COMPOSITION", "PAPER", "PAPER_LABEL", "RELEASES", "SHIFTED", "VIEWS", "FdpCurve", "FdpReport",
@@ -158,8 +158,6 @@ def fdp_report(*, algo: str, schedule: str, eta: float, K: int, V: float, sigma:
         if steps.ndim != 2 or steps.shape[0] < t_max:
             raise ValueError(f"eta_array must be [T, K] with T >= {t_max}")
         steps = steps[:t_max]
-    if algo not in ALGORITHMS:
-        raise ValueError(f"algo must be one of {', '.join(ALGORITHMS)}, got {algo!r}")
     sens = sensitivities(algo, steps, V, m, L=L, alpha=alpha, mode=sensitivity, schedule=schedule, c=c, z=z)
     if view == "upload":
         gamma_t = m * sens.gamma / sigma  # one client's local shift over its own noise σ

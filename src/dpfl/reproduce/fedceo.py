@@ -48,7 +48,7 @@ from pathlib import Path
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 
 __all__ = ["FEDCEO_PARAMS", "LENET_PARAMS", "PAPER_DATASETS", "METHOD_NAMES", "SIGMAS", "SCALES", "SEARCHED", "SPEC", "base_config", "fedceo_override",
-           "fedceo_params", "grid", "methods", "settings"]
+           "fedceo_params", "grid", "methods", "settings", "udp_fedavg"]
 
 PAPER = "fedceo"
 SCALES = ("ci", "reduced", "full")
@@ -110,11 +110,16 @@ def fedceo_override(lam: float, theta: float, interval: int) -> str:
             "layers: all, personalize: true}}")
 
 
+def udp_fedavg() -> Method:
+    """The baseline: the same DP-SGD clients with plain FedAvg (also the search's reference)."""
+    return Method("udp_fedavg", "dp_fedavg_local", ("algorithm={name: dp_fedavg_local, params: {weighting: uniform}}",),
+                  UDP_FEDAVG)
+
+
 def methods(lam: float, theta: float, interval: int) -> tuple[Method, ...]:
     """The five compared methods; only FedCEO's parameters depend on the setting."""
     return (
-        Method("udp_fedavg", "dp_fedavg_local", ("algorithm={name: dp_fedavg_local, params: {weighting: uniform}}",),
-               UDP_FEDAVG),
+        udp_fedavg(),
         Method("ppsgd", "ppsgd", ("algorithm={name: ppsgd, params: {alpha: 1.0}}",)),
         Method("centaur", "centaur", ("algorithm={name: centaur, params: {head_epochs: 1}}",)),
         Method("fedceo_theta1", "fedceo", (fedceo_override(lam, 1.0, interval),), ABLATION),
@@ -146,9 +151,13 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[S
                 methods=methods(lam, theta, interval), dataset="fashion_mnist",
                 describe=(f"fashion_mnist, mlp2, i.i.d., {SHAPE[scale]}{rounds}, DP-SGD σ_g = {sigma} (B = 64, C = 1, "
                           f"δ = 1e-5); FedCEO λ = {lam:g}, ϑ = {theta:g}, I = {interval} ({source})"),
-                meta={"sigma": sigma, "lam": f"{lam:g}", "theta": f"{theta:g}", "interval": str(interval),
-                      "source": source}))
+                meta=_meta(sigma, lam, theta, interval, source)))
     return out
+
+
+def _meta(sigma: str, lam: float, theta: float, interval: int, source: str) -> dict[str, str]:
+    """What the tables show of a setting's FedCEO parameters, and where they come from."""
+    return {"sigma": sigma, "lam": f"{lam:g}", "theta": f"{theta:g}", "interval": str(interval), "source": source}
 
 
 def _paper_settings(dataset: str) -> list[Setting]:
@@ -161,8 +170,7 @@ def _paper_settings(dataset: str) -> list[Setting]:
             overrides=(f"privacy.noise_multiplier={sigma}",), methods=methods(lam, theta, interval), dataset=dataset,
             describe=(f"{shape}, T = 300, DP-SGD σ_g = {sigma} (B = 64, C = 1, δ = 1e-5); FedCEO λ = {lam:g}, "
                       f"ϑ = {theta:g}, I = {interval} (the paper's Table 2 row for this dataset)"),
-            meta={"sigma": sigma, "lam": f"{lam:g}", "theta": f"{theta:g}", "interval": str(interval),
-                  "source": "the paper's Table 2 row for this dataset"}))
+            meta=_meta(sigma, lam, theta, interval, "the paper's Table 2 row for this dataset")))
     return out
 
 

@@ -71,7 +71,7 @@ def search_grid(scale: str, stage: int, *, best_lam: dict[str, float] | None = N
         sigma = s.meta["sigma"]
         if stage == 1:
             theta = fedceo.FEDCEO_PARAMS[sigma][1]
-            methods = (fedceo.methods(1.0, 1.0, 1)[0],  # udp_fedavg: the reference without smoothing
+            methods = (fedceo.udp_fedavg(),  # the reference without smoothing
                        *(_method(lam, theta, STAGE1_INTERVAL[scale]) for lam in LAMBDA_GRIDS[sigma]))
         else:
             if best_lam is None or sigma not in best_lam:
