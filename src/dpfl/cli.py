@@ -339,17 +339,21 @@ def _fdp_table(report: Any, view_requested: str) -> None:
 
 @privacy_app.command("fdp")
 def privacy_fdp(
-    algo: Annotated[str, typer.Option("--algo", help="fedavg or fedprox.")],
-    eta: Annotated[float, typer.Option("--eta", help="Base learning rate η.")],
-    K: Annotated[int, typer.Option("--K", help="Local steps per round.")],
-    V: Annotated[float, typer.Option("--V", help="Gradient clipping norm.")],
-    sigma: Annotated[float, typer.Option("--sigma", help="Per-client noise std added to each upload.")],
-    m: Annotated[int, typer.Option("--m", help="Clients per round.")],
+    algo: Annotated[Optional[str], typer.Option("--algo", help="fedavg or fedprox.")] = None,
+    eta: Annotated[Optional[float], typer.Option("--eta", help="Base learning rate η.")] = None,
+    K: Annotated[Optional[int], typer.Option("--K", help="Local steps per round.")] = None,
+    V: Annotated[Optional[float], typer.Option("--V", help="Gradient clipping norm.")] = None,
+    sigma: Annotated[Optional[float], typer.Option("--sigma", help="Per-client noise std added to each upload.")] = None,
+    m: Annotated[Optional[int], typer.Option("--m", help="Clients per round.")] = None,
+    from_run: Annotated[Optional[Path], typer.Option("--from-run", help="A noisy_fedavg/noisy_fedprox run directory: "
+                                                     "its config gives every setting (the grid runs to its T).")
+                        ] = None,
     schedule: Annotated[str, typer.Option(help="constant, cyclic, stagewise or continuous.")] = "constant",
     L: Annotated[Optional[float], typer.Option("--L", help="Smoothness constant (an ASSUMPTION); enables the "
                                                            "shifted-interpolation bound.")] = None,
     alpha: Annotated[Optional[float], typer.Option("--alpha", help="FedProx proximal coefficient.")] = None,
-    t_max: Annotated[int, typer.Option("--T-max", help="Largest T of a log:N grid.")] = 10000,
+    t_max: Annotated[Optional[int], typer.Option("--T-max", help="Largest T of a log:N grid (default 10000, or the "
+                                                 "run's T with --from-run).")] = None,
     grid: Annotated[str, typer.Option(help="log:N (N log-spaced T up to --T-max) or a list: 1,10,100.")] = "log:60",
     delta: Annotated[Optional[list[float]], typer.Option(help="δ for ε(δ); repeatable (default 1e-5).")] = None,
     view: Annotated[str, typer.Option("--view", help="auto (upload, or aggregate with --secure-aggregation), upload "
@@ -371,13 +375,45 @@ def privacy_fdp(
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
     as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> None:
-    """μ-GDP and ε(δ) of noisy FedAvg/FedProx over T rounds, per bound, under an explicit threat model."""
+    """μ-GDP and ε(δ) of noisy FedAvg/FedProx over T rounds, per bound, under an explicit threat model.
+
+    Either give the hyperparameters (--algo --eta --K --V --sigma --m ...) or --from-run RUN_DIR.
+    """
     from dpfl.privacy.fdp import RELEASES, VIEWS, fdp_report, parse_grid
     from dpfl.privacy.fdp_bounds import PAPER_VARIANTS
     from dpfl.privacy.fdp_sensitivity import ALGORITHMS, SCHEDULES
 
     fmt = "json" if as_json else fmt
+    if from_run is not None:
+        given = {"--algo": algo, "--eta": eta, "--K": K, "--V": V, "--sigma": sigma, "--m": m, "--L": L,
+                 "--alpha": alpha, "--c": c, "--z": z, "--honest-clients": honest_clients,
+                 "--schedule": None if schedule == "constant" else schedule, "--view": None if view == "auto" else view,
+                 "--release": None if release == "transcript" else release,
+                 "--sensitivity": None if sensitivity == "exact" else sensitivity,
+                 "--secure-aggregation": secure_aggregation or None, "--show-paper-claimed": show_paper_claimed or None}
+        clash = [name for name, value in given.items() if value is not None]
+        try:
+            _choice("format", fmt, FDP_FORMATS)
+            if clash:
+                raise UserError(f"{', '.join(clash)}: with --from-run every setting comes from the run's config")
+            if paper_variant is not None:
+                _choice("paper-variant", paper_variant, PAPER_VARIANTS)
+            from dpfl.results.fdp_from_run import fdp_report_from_run
+
+            report = fdp_report_from_run(from_run, grid, t_max, delta, paper_variant or "printed")
+            written = _fdp_write_files(report, out) if out is not None else []
+        except _user_errors() as e:
+            _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        except OSError as e:
+            _fail(f"could not write to {out}: {e}")
+        _fdp_output(report, fmt, report.view, written, from_run)
+        return
     try:
+        missing = [name for name, value in (("--algo", algo), ("--eta", eta), ("--K", K), ("--V", V),
+                                            ("--sigma", sigma), ("--m", m)) if value is None]
+        if missing:
+            raise UserError(f"missing {', '.join(missing)} (or give --from-run RUN_DIR)")
+        t_max = 10000 if t_max is None else t_max
         for name, value, choices in (("algo", algo, ALGORITHMS), ("schedule", schedule, SCHEDULES),
                                      ("view", view, VIEWS), ("release", release, RELEASES),
                                      ("sensitivity", sensitivity, ("exact", "paper")), ("format", fmt, FDP_FORMATS)):
@@ -406,12 +442,19 @@ def privacy_fdp(
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:  # --out not writable
         _fail(f"could not write to {out}: {e}")
+    _fdp_output(report, fmt, view, written)
+
+
+def _fdp_output(report: Any, fmt: str, view_requested: str, written: list[Path], run_dir: Path | None = None) -> None:
     if fmt == "json":
-        _emit_json(report.to_dict())
+        _emit_json({**report.to_dict(), **({"run": str(run_dir)} if run_dir is not None else {})})
     elif fmt == "csv":
         sys.stdout.write(_fdp_csv(report))
     else:
-        _fdp_table(report, view)
+        if run_dir is not None:
+            console.print(f"from the config of run {run_dir} (its planned cohort every round; per-client values "
+                          "of what ran are in its privacy.json)", markup=False, highlight=False)
+        _fdp_table(report, view_requested)
         if written:
             console.print("files: " + "  ".join(str(p) for p in written), markup=False, highlight=False)
 

@@ -213,7 +213,7 @@ def test_m1_udp_noise_is_split_over_the_cohort_and_clipping_holds():
     noisy = up.apply(deltas, [0, 1, 2], 0, 0)
     std = (noisy["w"] - quiet["w"]).std().item()
     assert std == pytest.approx(2.0 / 2, rel=0.01)  # σC/√K; 150,000 draws: the std's rel. error is ~0.2%
-    assert up.event(0).noise_multiplier == pytest.approx(1.0)
+    assert up.event(0, 0, 10).noise_multiplier == pytest.approx(1.0)
 
 
 def test_m1_paper_eta_scaling_scales_the_whole_privatised_update_and_not_the_guarantee():
@@ -222,7 +222,7 @@ def test_m1_paper_eta_scaling_scales_the_whole_privatised_update_and_not_the_gua
     scaled = ClippedNoisyUpdate(clip=1.0, noise_multiplier=2.0, cohort=4, upload_scale=0.1)
     a, b = plain.apply(deltas, [0, 1, 2], 5, 1), scaled.apply(deltas, [0, 1, 2], 5, 1)
     assert all(torch.allclose(b[k], 0.1 * a[k]) for k in deltas)  # w' - w_0 = η(Δ̃ + ξ), same draw of ξ
-    assert scaled.event(0) == plain.event(0)
+    assert scaled.event(0, 0, 10) == plain.event(0, 0, 10)
     with pytest.raises(ValueError, match="upload_scale must be > 0"):
         ClippedNoisyUpdate(1.0, 1.0, upload_scale=0.0)
 

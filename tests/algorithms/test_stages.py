@@ -9,7 +9,6 @@ import torch
 from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SampledWithoutReplacementDpEvent
 
 from dpfl.algorithms.algorithm import Algorithm, central_dp_fedavg, fedavg
-from dpfl.algorithms.client.param_noise import ParameterNoise
 from dpfl.algorithms.client.program import dpsgd, sgd
 from dpfl.algorithms.client.prox import fedprox
 from dpfl.algorithms.client.udp import ClippedNoisyUpdate
@@ -17,6 +16,7 @@ from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.view import ServerView
+from unaccounted_stage import UnaccountedNoise
 
 
 def stacked(rows):
@@ -117,8 +117,8 @@ def test_algorithm_declares_its_privacy_semantics():
     assert central.unit == "client" and "trusted" in central.observer
     plain = fedavg(sgd(0.1, steps=5))
     assert plain.unit is None and plain.mechanism.startswith("none")
-    noisy = Algorithm("noisy_fedavg", sgd(0.1, steps=5), upload=ParameterNoise(0.1))
-    assert not noisy.accounted and "NOT accounted" in noisy.mechanism
+    unaccounted = Algorithm("noisy", sgd(0.1, steps=5), upload=UnaccountedNoise())
+    assert not unaccounted.accounted and "NOT accounted" in unaccounted.mechanism
     with pytest.raises(ValueError, match="mixes privacy units"):
         Algorithm("bad", dpsgd(0.1, 1.0, steps=5), upload=ClippedNoisyUpdate(1.0, 1.0))
     with pytest.raises(ValueError, match="non-private local program"):

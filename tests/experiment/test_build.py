@@ -156,11 +156,13 @@ def test_central_noise_is_calibrated_for_the_selection_the_run_accounts(selectio
 
 
 def test_other_bundles():
-    noisy = variant("algorithm={name: noisy_fedavg, params: {std: 0.01, weighting: samples}}", "privacy={}")
+    noisy = variant("algorithm={name: noisy_fedavg, params: {std: 0.01, schedule: cyclic}}", "privacy={clip: 0.5}",
+                    "training.local_steps=3", "training.local_epochs=null")
     alg = build_algorithm(noisy)
-    assert isinstance(alg.upload, ParameterNoise) and alg.upload.std == 0.01 and not alg.accounted
-    assert alg.aggregator == FedAvg("samples", 1.0) and not alg.local.private
-    assert all(b.epsilon == float("inf") for b in resolve_budgets(noisy))  # no accountant: nothing to stop on
+    assert isinstance(alg.upload, ParameterNoise) and alg.upload.std == 0.01 and alg.accounted
+    assert alg.aggregator == FedAvg("uniform", 1.0) and not alg.local.private and alg.local.spec.clip == 0.5
+    assert alg.local.step_sizes[4] == pytest.approx((2.0, 1.0, 2.0 / 3))  # cyclic η/(k+1) from lr 2.0
+    assert all(b.epsilon == float("inf") for b in resolve_budgets(noisy))  # σ given: nothing to stop on
 
     prox = variant("algorithm={name: fedprox, params: {mu: 0.1}}", "training.optimizer.momentum=0.5")
     alg = build_algorithm(prox)

@@ -11,7 +11,6 @@ from dp_accounting import SelfComposedDpEvent
 from torch import nn
 
 from dpfl.algorithms.algorithm import Algorithm, central_dp_fedavg, fedavg
-from dpfl.algorithms.client.param_noise import ParameterNoise
 from dpfl.algorithms.client.program import dpsgd, sgd
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.fedavg import FedAvg
@@ -26,6 +25,7 @@ from dpfl.privacy.budgets import ClientBudget
 from dpfl.models import build_model
 from dpfl.privacy.accountant import epsilon
 from dpfl.privacy.events import dpsgd_event
+from unaccounted_stage import UnaccountedNoise
 
 
 def toy_federation(n_clients=4, n=60, seed=0):
@@ -95,7 +95,7 @@ def test_central_dp_fedavg_charges_every_client_in_the_population_each_round():
 
 def test_unaccounted_mechanism_reports_no_epsilon():
     data = toy_federation()
-    alg = Algorithm("noisy_fedavg", sgd(0.1, steps=2), upload=ParameterNoise(0.01))
+    alg = Algorithm("noisy", sgd(0.1, steps=2), upload=UnaccountedNoise(0.01))
     result = FederatedRun(data, linear_model(), alg, rounds=2, batch_sizes=8, budgets=ClientBudget(1.0, 1e-5)).run()
     assert result.ledger is None and "epsilon" not in result.history[-1]
     assert "no guarantee" in result.privacy["warning"]

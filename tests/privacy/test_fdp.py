@@ -311,7 +311,10 @@ def test_grid_parsing_and_custom_steps():
     with pytest.raises(ValueError, match="log:N"):
         parse_grid("log:x", 10)
     custom = step_sizes("stagewise", 0.01, 100, 5)
-    r = fdp_report(**{**T2, "algo": "fedavg", "schedule": "constant", "rounds": [100]}, eta_array=custom,
+    r = fdp_report(**{**T2, "algo": "fedavg", "schedule": "custom", "rounds": [100]}, eta_array=custom,
                    view="aggregate", release="final")
     assert r.params["schedule"] == "custom"
+    with pytest.raises(ValueError, match="named schedule"):
+        fdp_report(**{**T2, "algo": "fedavg", "schedule": "custom", "rounds": [10]}, eta_array=custom,
+                   paper="printed")
     assert r.curve(SHIFTED).mu[0] == pytest.approx(0.279437, abs=MU)

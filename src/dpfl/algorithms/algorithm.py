@@ -21,11 +21,14 @@ from dpfl.engine import params as P
 
 
 class UploadStage(Protocol):
+    """What leaves a client. `event(client, round_, cohort)` is the DP event of one participation in round
+    `round_` (0-based) when `cohort` uploads are averaged (None for a stage that is no mechanism)."""
+
     unit: str | None
     accounted: bool
 
     def apply(self, deltas: P.Params, clients: Any, seed: int, round_: int) -> P.Params: ...
-    def event(self, client: int) -> DpEvent | None: ...
+    def event(self, client: int, round_: int, cohort: int) -> DpEvent | None: ...
     def bytes_per_upload(self, dim: int) -> int: ...
     def describe(self) -> str: ...
 
@@ -68,6 +71,9 @@ class Algorithm:
         """Who the guarantee holds against."""
         if self.central:
             return "anyone who sees the global models (the server is trusted: it sees individual updates)"
+        if getattr(getattr(self.upload, "accounting", None), "view", None) == "aggregate":
+            return ("anyone who sees only the averaged models (individual uploads hidden by secure aggregation or a "
+                    "trusted aggregator)")
         return "the server, which sees every individual upload"
 
     @property

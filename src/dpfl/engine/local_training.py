@@ -15,10 +15,16 @@ Gradients are taken w.r.t. the trainable dict only; the frozen dict rides along 
 The result is a pure function of (start parameters, client data, plans, seed, round): each client's
 batches and noise come from its own generators keyed by (seed, round, client), so K clients run
 together give the same parameters as the same clients run one by one.
+
+Noisy-FedAvg / Noisy-FedProx (spec fdp_accounting §1.1) need per-step learning rates eta_{k,t} (a
+plan may carry its own `step_lrs`; without them every step uses `spec.lr`, bit-for-bit the old path)
+and two clipping modes: "per_example" (clip each sample's gradient, then average) and "batch" (clip
+each client's mean mini-batch gradient; no per-sample gradients, so it cannot carry DP-SGD noise).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,15 +41,22 @@ from dpfl.seeding import Purpose, derive_seed, torch_generator
 # Bound on per-sample-gradient elements held at once (floats); larger cohorts are run in chunks.
 DEFAULT_MAX_ELEMENTS = 1 << 26
 
+CLIP_MODES: tuple[str, ...] = ("per_example", "batch")
+
 
 @dataclass(frozen=True)
 class LocalSpec:
     """Hyperparameters of a local program shared by the cohort.
 
-    clip is the per-sample clipping norm C (None: no clipping, the cheap batched-gradient path).
-    With clipping, the step is DP-SGD: (sum of clipped per-sample gradients + N(0, z^2 C^2)) divided by
-    the *nominal* batch size, so the denominator reveals nothing; without it, the mean loss gradient
-    over the actual batch.
+    clip is the clipping norm C (None: no clipping, the cheap batched-gradient path: the mean loss
+    gradient over the actual batch).
+    clip_mode "per_example" (default) clips every sample's gradient to C: the step is DP-SGD, (sum of
+    clipped per-sample gradients + N(0, z^2 C^2)) divided by the *nominal* batch size under Poisson
+    sampling (the random actual size would leak), and by the actual number of records drawn under
+    "fixed"/"shuffle" sampling (data-independent sizes; "clip each, then average", so a short last
+    shuffle batch is not shrunk; fixed batches have actual = nominal). clip_mode "batch" clips each
+    client's mean loss gradient over its actual batch to C (Noisy-FedAvg's clip_V of the mini-batch
+    gradient); it has no per-sample sensitivity, so plans with noise are refused.
     prox_mu adds the FedProx term mu/2 ||w - w_start||^2; its gradient is added after clipping and
     noise, since it does not touch data.
     trainable names the parameter tensors that train (None: all). The rest are frozen and take no
@@ -58,12 +71,17 @@ class LocalSpec:
     momentum: float = 0.0
     prox_mu: float = 0.0
     trainable: tuple[str, ...] | None = None
+    clip_mode: str = "per_example"
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be > 0 or None, got {self.clip}")
+        if self.clip_mode not in CLIP_MODES:
+            raise ValueError(f"clip_mode must be one of {CLIP_MODES}, got {self.clip_mode!r}")
+        if self.clip_mode == "batch" and self.clip is None:
+            raise ValueError("clip_mode 'batch' needs a clipping norm: set clip")
         if self.sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
         if not 0 <= self.momentum < 1:
@@ -84,16 +102,31 @@ class LocalSpec:
 
 @dataclass(frozen=True)
 class ClientPlan:
-    """What one client does this round: its id, record count, batch size, steps and noise."""
+    """What one client does this round: its id, batch size, steps and noise.
+
+    step_lrs, if given, are the learning rates of its `steps` local steps (a schedule eta_{k,t} such
+    as Noisy-FedAvg's cyclic or stage-wise rates); None uses the spec's constant lr.
+    """
 
     client: int
     batch_size: int
     steps: int
     noise_multiplier: float = 0.0
+    step_lrs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:
             raise ValueError(f"client {self.client}: steps must be >= 0, got {self.steps}")
+        if self.step_lrs is not None:
+            if isinstance(self.step_lrs, (str, bytes)):
+                raise ValueError(f"client {self.client}: step_lrs must be a sequence of rates, got {self.step_lrs!r}")
+            object.__setattr__(self, "step_lrs", tuple(float(v) for v in self.step_lrs))
+            if len(self.step_lrs) != self.steps:
+                raise ValueError(
+                    f"client {self.client}: step_lrs has {len(self.step_lrs)} entries for {self.steps} steps")
+            bad = [v for v in self.step_lrs if not (math.isfinite(v) and v > 0)]
+            if bad:
+                raise ValueError(f"client {self.client}: step_lrs must be finite and > 0, got {bad}")
         if self.batch_size < 1:
             raise ValueError(f"client {self.client}: batch size must be >= 1, got {self.batch_size}")
         if self.noise_multiplier < 0:
@@ -127,6 +160,8 @@ def run_local(
     for plan in plans:
         if plan.noise_multiplier > 0 and spec.clip is None:
             raise ValueError(f"client {plan.client}: noise without clipping has no sensitivity bound; set clip")
+        if plan.noise_multiplier > 0 and spec.clip_mode == "batch":
+            raise ValueError(f"client {plan.client}: noise needs per-example clipping (DP-SGD); clip_mode is 'batch'")
         if not 0 <= plan.client < data.n_clients:
             raise ValueError(f"client id {plan.client} is outside 0..{data.n_clients - 1}")
     k = len(plans)
@@ -140,7 +175,8 @@ def run_local(
     order = sorted(range(k), key=lambda i: -plans[i].steps)
     width = max(p.batch_size for p in plans)
     # DP-SGD holds per-sample copies of all tensors and per-sample gradients of the trainable ones.
-    per_client = (dim + dim_t) * max(1, width) * (1 if spec.clip is not None else 0) + dim
+    per_sample = spec.clip is not None and spec.clip_mode == "per_example"
+    per_client = (dim + dim_t) * max(1, width) * (1 if per_sample else 0) + dim
     chunk = max(1, min(k, max_elements // max(1, per_client)))
     out = {n: torch.empty_like(t) for n, t in start_stack.items()}
     steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
@@ -203,8 +239,17 @@ def _run_chunk(
     nominal = torch.tensor([float(p.batch_size) for p in plans])
     noise_scale = torch.tensor([p.noise_multiplier * (spec.clip or 0.0) for p in plans])
     used, empties = [0] * k, [0] * k
-    grads_of = _per_sample_grad_fn(model, loss_fn) if spec.clip is not None else _batch_grad_fn(model, loss_fn)
+    per_sample = spec.clip is not None and spec.clip_mode == "per_example"
+    grads_of = _per_sample_grad_fn(model, loss_fn) if per_sample else _batch_grad_fn(model, loss_fn)
     max_steps = plans[0].steps if plans else 0
+    # Per-step rates [K, max_steps] only if some plan has a schedule (else the scalar fast path);
+    # entries past a client's last step are never read.
+    lrs = None
+    if any(p.step_lrs is not None for p in plans):
+        lrs = torch.full((k, max_steps), float(spec.lr), dtype=torch.float64)
+        for i, p in enumerate(plans):
+            if p.step_lrs is not None and p.steps:
+                lrs[i, : p.steps] = torch.tensor(p.step_lrs, dtype=torch.float64)
     active = k
     for t in range(max_steps):
         while active and plans[active - 1].steps <= t:
@@ -215,28 +260,42 @@ def _run_chunk(
             empties[i] += int(len(ix) == 0)
         wa = {n: w[n][:active] for n in names}
         fa = {n: v[:active] for n, v in frozen.items()}
-        if spec.clip is None:
+        if not per_sample:
+            # Mean loss gradient over the actual batch; in "batch" mode then clipped to C per client.
             x, y, mask = data.gather(clients[:active], idx)
             g = _batch_gradient(grads_of, wa, x, y, mask, fa)
-            counts = mask.sum(1)
+            denom = mask.sum(1).clamp(min=1).to(nominal.dtype)
+            g = {n: v / denom.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
+            if spec.clip is not None:
+                factor = torch.clamp(spec.clip / (P.global_norms(g) + 1e-12), max=1.0)
+                g = {n: v * factor.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
         else:
             x, y, owner = data.gather_packed(clients[:active], idx)
             g = _clipped_sum(grads_of, wa, x, y, owner, spec.clip, fa)
-            counts = None
-        if noise_sums is not None:
-            xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
-            noise_sums[:active] += xi
-            g = P.axpy(1.0, P.unflatten(xi * noise_scale[:active, None], wa), g)
-        denom = nominal[:active] if counts is None else counts.clamp(min=1).to(nominal.dtype)
-        g = {n: v / denom.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
+            if noise_sums is not None:
+                xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
+                noise_sums[:active] += xi
+                g = P.axpy(1.0, P.unflatten(xi * noise_scale[:active, None], wa), g)
+            # Poisson: the nominal size (the random actual size would leak). Fixed / shuffle sizes are
+            # data-independent: average the clipped gradients over the records actually drawn.
+            if spec.sampling == "poisson":
+                denom = nominal[:active]
+            else:
+                denom = torch.tensor([float(len(ix)) for ix in idx], dtype=nominal.dtype).clamp(min=1)
+            g = {n: v / denom.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
         if spec.prox_mu:
             g = P.axpy(spec.prox_mu, P.sub(wa, {n: w0[n][:active] for n in names}), g)
         if buf is not None:
             for n in g:
                 buf[n][:active].mul_(spec.momentum).add_(g[n])
             g = {n: buf[n][:active] for n in g}
-        for n in names:
-            w[n][:active].sub_(spec.lr * g[n])
+        if lrs is None:
+            for n in names:
+                w[n][:active].sub_(spec.lr * g[n])
+        else:
+            lr_t = lrs[:active, t]
+            for n in names:
+                w[n][:active].sub_(lr_t.to(g[n].dtype).reshape(-1, *([1] * (g[n].dim() - 1))) * g[n])
     noise_sq: list[float] = [0.0] * k
     if noise_sums is not None:
         noise_sq = (noise_sums.pow(2).sum(1) * noise_scale.pow(2)).tolist()

@@ -22,7 +22,7 @@ import numpy as np
 
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.client.param_noise import ParameterNoise
-from dpfl.algorithms.client.program import LocalProgram, dpsgd, sgd
+from dpfl.algorithms.client.program import LocalProgram, clipped_sgd, dpsgd, sgd
 from dpfl.algorithms.client.additive_personal import AdditivePersonal
 from dpfl.algorithms.client.phased import PhasedProgram
 from dpfl.algorithms.client.private_head import PrivateHead
@@ -57,6 +57,8 @@ from dpfl.models import build_model, model_info
 from dpfl.privacy.budget_distributions import draw_batch_sizes
 from dpfl.privacy.budgets import ClientBudget, draw_budgets
 from dpfl.privacy.calibration import calibrate_noise_multiplier
+from dpfl.privacy.fdp_run import NoisyRunAccounting
+from dpfl.privacy.fdp_sensitivity import step_sizes as fdp_step_sizes
 from dpfl.seeding import Purpose, numpy_generator
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "build_demo_config",
     "build_run",
     "central_noise_multiplier",
+    "noisy_accounting",
     "resolve_batch_sizes",
     "resolve_budgets",
 ]
@@ -138,8 +141,8 @@ def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
 
     Distributions are drawn from the run seed's budget stream (the PFA / Robust-HDP ones by name, see
     `dpfl.privacy.budget_distributions`; `rhdp20` is a fixed list and draws nothing). A param_noise run
-    without budgets gets unlimited ones: no accountant is attached to that mechanism, so there is nothing
-    to stop on.
+    (Noisy-FedAvg/FedProx) without budgets gets unlimited ones: its noise σ is given, not calibrated, so it
+    runs all its rounds and reports what it spent.
     """
     p, n = cfg.privacy, cfg.data.clients
     b = p.budgets
@@ -175,13 +178,19 @@ def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
     return [ClientBudget(e, p.delta) for e in eps]
 
 
-def resolve_batch_sizes(cfg: RunConfig) -> list[int]:
+def resolve_batch_sizes(cfg: RunConfig, data: FederatedDataset | None = None) -> list[int]:
     """One batch size per client; a distribution is drawn from the run seed's batch-size stream.
 
     ``hetero`` draws each size uniformly from {16, 32, 64, 128} (the same draw as the equivalent
-    ``{distribution: choice}``); ``rhdp20`` is the RHDP code's fixed 20-client list.
+    ``{distribution: choice}``); ``rhdp20`` is the RHDP code's fixed 20-client list; ``full`` is each
+    client's training-set size (needs `data`).
     """
     bs, n = cfg.training.batch_size, cfg.data.clients
+    if bs == "full":
+        if data is None:
+            raise ConfigError("training.batch_size: 'full' needs the data to size each client's batch",
+                              "training.batch_size")
+        return [int(v) for v in data.train_sizes]
     if isinstance(bs, int):
         return [bs] * n
     if isinstance(bs, list):
@@ -255,6 +264,31 @@ def _centaur(cfg: RunConfig, loss: str, head_epochs: float, private: bool) -> tu
     return PhasedProgram(phases), PrivateHead(head)
 
 
+def noisy_accounting(cfg: RunConfig) -> NoisyRunAccounting:
+    """The f-DP accounting of a noisy_fedavg / noisy_fedprox config: its realised step sizes η[T, K] and threat model."""
+    p, t, params = cfg.privacy, cfg.training, cfg.algorithm.params
+    assert t.local_steps is not None  # the schema requires it for these algorithms
+    schedule = params["schedule"]
+    if schedule == "custom":
+        eta = np.asarray(params["step_sizes"], dtype=np.float64)
+    else:
+        eta = fdp_step_sizes(schedule, t.optimizer.lr, t.rounds, t.local_steps)
+    fedprox = cfg.algorithm.name == "noisy_fedprox"
+    return NoisyRunAccounting(
+        "fedprox" if fedprox else "fedavg", schedule, eta, float(p.clip), params["std"],
+        view="aggregate" if p.observer == "aggregate" else "upload", release=p.release,
+        alpha=params["alpha"] if fedprox else None, smoothness_L=p.smoothness_L, honest_clients=p.honest_clients,
+        secure_aggregation=p.secure_aggregation, clip_mode=params["clip_mode"])
+
+
+def _noisy(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algorithm:
+    """Noisy-FedAvg/FedProx: clipped local steps on the schedule, parameter noise on upload, a plain mean."""
+    accounting = noisy_accounting(cfg)
+    local = clipped_sgd(accounting.step_sizes.tolist(), accounting.clip, clip_mode=params.clip_mode,
+                        sampling=params.batch_sampling, loss=loss, prox_mu=accounting.alpha or 0.0)
+    return Algorithm(cfg.algorithm.name, local, selection, ParameterNoise(accounting), FedAvg("uniform"))
+
+
 def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -> Algorithm:
     """The algorithm bundle named by `cfg.algorithm`, with the stages its privacy mechanism needs."""
     name, mech, p = cfg.algorithm.name, cfg.privacy.mechanism, cfg.privacy
@@ -268,6 +302,8 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
                                 lr_factor=personal.lr_factor if personal is not None else 1.0)
     if name == "centaur":
         local, personal = _centaur(cfg, loss, params.head_epochs, private=mech == "dpsgd")
+    if name in ("noisy_fedavg", "noisy_fedprox"):
+        return _noisy(cfg, params, loss, selection)
     if name == "dp_fedavg_central":
         if budgets is None:  # pragma: no cover - the schema requires budgets for 'central'
             raise ConfigError("privacy.budgets: required by mechanism 'central'", "privacy.budgets")
@@ -304,8 +340,6 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
     elif p.paper_eta_scaling or p.per_upload_amplification:
         option = "paper_eta_scaling" if p.paper_eta_scaling else "per_upload_amplification"
         raise ConfigError(f"privacy.{option}: applies to mechanism udp only", f"privacy.{option}")
-    elif mech == "param_noise":
-        upload = ParameterNoise(params.std)
     else:
         upload = FullUpdate()
     return Algorithm(name, local, selection, upload, aggregator, personal)
@@ -336,6 +370,9 @@ def build_run(cfg: RunConfig) -> FederatedRun:
                             **cfg.model.options)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"model: {err}", "model") from None
+    if cfg.privacy.mechanism == "param_noise" and any(True for _ in model.buffers()):
+        raise ConfigError(f"model: {cfg.model.name!r} has buffers (e.g. BatchNorm running statistics), which the "
+                          "f-DP analysis of parameter noise does not cover; use a GroupNorm model", "model")
     budgets = resolve_budgets(cfg)
     try:
         algorithm = build_algorithm(cfg, budgets)
@@ -349,7 +386,7 @@ def build_run(cfg: RunConfig) -> FederatedRun:
         return FederatedRun(
             data, model, algorithm,
             rounds=cfg.training.rounds,
-            batch_sizes=resolve_batch_sizes(cfg),
+            batch_sizes=resolve_batch_sizes(cfg, data),
             budgets=budgets,
             noise_multipliers=noise,
             accountant=cfg.privacy.accountant,

@@ -102,7 +102,7 @@ __all__ = [
 # ---- vocabulary ---------------------------------------------------------------------------------------
 
 ALGORITHMS: tuple[str, ...] = (
-    "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "fedprox",
+    "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "noisy_fedprox", "fedprox",
     "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
 )
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
@@ -114,6 +114,7 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "dp_fedavg_central": ("central",),
     "udp_fedavg": ("udp",),
     "noisy_fedavg": ("param_noise",),
+    "noisy_fedprox": ("param_noise",),
     "fedprox": ("none", "dpsgd"),
     "weiavg": ("dpsgd",),
     "min_eps": ("dpsgd",),
@@ -138,7 +139,9 @@ _OBSERVER_WHY = {
     "aggregate": "only the aggregate (global models) is protected; the server is trusted",
     "none": "the run is not private",
 }
-_NEEDS_CLIP = ("dpsgd", "udp", "central")
+_NEEDS_CLIP = ("dpsgd", "udp", "central", "param_noise")
+_NOISY = ("noisy_fedavg", "noisy_fedprox")  # Noisy-FedAvg/FedProx: f-DP accounted (spec fdp_accounting.md)
+_FDP_FIELDS = ("secure_aggregation", "release", "smoothness_L", "honest_clients")
 _NEEDS_BUDGETS = ("dpsgd", "udp", "central")
 _CALIBRATED = ("dpsgd", "central")  # mechanisms whose noise can be calibrated from the budgets
 
@@ -454,9 +457,10 @@ class BatchSizeChoice(_Section):
 
 
 _BATCH_ALLOWED = ("an integer >= 1, a list of integers (one per client), hetero (each client uniform from "
-                  f"{{{', '.join(map(str, HETERO_BATCH_SIZES))}}}), rhdp20 (the RHDP 20-client list) or "
-                  "{distribution: choice, values: [...]}")
-BatchSizeKind = Literal[BATCH_SIZE_KINDS]  # type: ignore[valid-type]
+                  f"{{{', '.join(map(str, HETERO_BATCH_SIZES))}}}), rhdp20 (the RHDP 20-client list), full (each "
+                  "client's whole training set: full-batch GD) or {distribution: choice, values: [...]}")
+_BATCH_STRINGS = (*BATCH_SIZE_KINDS, "full")  # full: every client's whole training set each step (full-batch GD)
+BatchSizeKind = Literal[_BATCH_STRINGS]  # type: ignore[valid-type]
 
 
 class TrainingConfig(_Section):
@@ -464,7 +468,8 @@ class TrainingConfig(_Section):
 
     batch_size: an integer (every client); a list (one per client); ``hetero`` (each client's size drawn
     uniformly from {16, 32, 64, 128} with the run seed, spec heterogeneous_dp.md 3.4); ``rhdp20`` (the
-    RHDP code's 20-client list, data.clients must be 20); or {distribution: choice, values, probs}.
+    RHDP code's 20-client list, data.clients must be 20); ``full`` (each client's whole training set, i.e.
+    full-batch gradient descent); or {distribution: choice, values, probs}.
     ``hetero`` draws exactly what {distribution: choice, values: [16, 32, 64, 128]} draws.
     """
 
@@ -481,7 +486,7 @@ class TrainingConfig(_Section):
         if isinstance(v, BatchSizeChoice):
             v = v.model_dump()
         if isinstance(v, str):
-            kind = next((k for k in BATCH_SIZE_KINDS if k == v.casefold()), None)
+            kind = next((k for k in _BATCH_STRINGS if k == v.casefold()), None)
             if kind is None:
                 _fail("", "unknown batch-size list or distribution", v, _BATCH_ALLOWED)
             return kind
@@ -648,6 +653,13 @@ class PrivacyConfig(_Section):
     w_0 + η·(Δ̃ + ξ), FedCEO Algorithm 1's line 10 taken literally (post-processing: ε is unchanged).
     per_upload_amplification (udp with Poisson client selection only): account each upload as amplified by
     the client sampling, ASSUMING the server cannot tell who took part (FedCEO spec §7; labelled in privacy.json).
+
+    Noisy-FedAvg/FedProx (mechanism param_noise; spec fdp_accounting.md §5) also take: secure_aggregation (the
+    deployment hides individual uploads; dpfl simulates no cryptography, this only selects the default observer
+    'aggregate'), release (transcript: every global model is seen, the default; final: only w_T, which admits the
+    shifted-interpolation bound), smoothness_L (an ASSUMED smoothness constant of every per-sample loss; needed by
+    the shifted-interpolation bound) and honest_clients (the adversary knows the noise of all other clients).
+    observer 'server' is the upload view (each noisy upload seen), 'aggregate' the view of the averages only.
     """
 
     unit: Literal["sample", "client", "none"] | None = None
@@ -664,6 +676,10 @@ class PrivacyConfig(_Section):
     allow_budget_violation: bool = False
     paper_eta_scaling: bool = False
     per_upload_amplification: bool = False
+    secure_aggregation: bool = False
+    release: Literal["transcript", "final"] = "transcript"
+    smoothness_L: float | None = Field(None, gt=0)
+    honest_clients: int | None = Field(None, ge=1)
 
     @field_validator("budgets", mode="plain")
     @classmethod
@@ -728,8 +744,31 @@ class _EpsTargetParams(_FedAvgParams):
         return v
 
 
-class _NoisyParams(_FedAvgParams):
-    std: float = Field(ge=0)
+class _NoisyParams(_Section):
+    """Noisy-FedAvg (spec fdp_accounting.md §1.1): K clipped local steps (clip norm privacy.clip, per example or
+    on the batch mean), N(0, std²) on every uploaded parameter, a plain mean. Step sizes η_{k,t} from the base
+    rate training.optimizer.lr: constant η, cyclic η/(k+1), stagewise η/(t+1), continuous η/(tK+k+1), or
+    custom `step_sizes` ([rounds][local_steps]). batch_sampling: shuffled epochs or a fresh uniform subset per
+    step (both independent of the data; no sampling amplification is claimed)."""
+
+    std: float = Field(gt=0)
+    schedule: Literal["constant", "cyclic", "stagewise", "continuous", "custom"] = "constant"
+    step_sizes: list[list[Annotated[float, Field(gt=0)]]] | None = None
+    clip_mode: Literal["per_example", "batch"] = "per_example"
+    batch_sampling: Literal["shuffle", "fixed"] = "shuffle"
+
+    @model_validator(mode="after")
+    def _custom_steps(self) -> _NoisyParams:
+        if (self.schedule == "custom") != (self.step_sizes is not None):
+            _fail("step_sizes", "give step_sizes exactly when schedule is 'custom'", self.step_sizes,
+                  "a [rounds][local_steps] list of numbers > 0 with schedule: custom, else null")
+        return self
+
+
+class _NoisyProxParams(_NoisyParams):
+    """Noisy-FedProx: Noisy-FedAvg's steps plus α(w − w_t), added after clipping (α = 0 is Noisy-FedAvg)."""
+
+    alpha: float = Field(ge=0)
 
 
 class _ProxParams(_FedAvgParams):
@@ -814,6 +853,7 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "dp_fedavg_central": _CentralParams,
     "udp_fedavg": _FedAvgParams,
     "noisy_fedavg": _NoisyParams,
+    "noisy_fedprox": _NoisyProxParams,
     "fedprox": _ProxParams,
     "weiavg": _CentralParams,
     "min_eps": _EpsTargetParams,
@@ -832,7 +872,9 @@ class AlgorithmConfig(_Section):
     """An algorithm bundle by name, with its hyperparameters in `params` (checked per algorithm).
 
     params: fedavg / dp_fedavg_local / udp_fedavg: weighting (uniform|samples), server_lr;
-    dp_fedavg_central: server_lr; noisy_fedavg: std (required) + fedavg's; fedprox: mu (required) + fedavg's;
+    dp_fedavg_central: server_lr; fedprox: mu (required) + fedavg's;
+    noisy_fedavg: std (required), schedule, step_sizes (schedule custom), clip_mode, batch_sampling;
+    noisy_fedprox: noisy_fedavg's + alpha (required, >= 0);
     weiavg (weights ∝ reported epsilon) and oracle (weights ∝ 1/true noise variance; privileged): server_lr;
     min_eps / max_eps: epsilon ('observed' or a number) + fedavg's. max_eps needs privacy.allow_budget_violation.
     pfa: split, public_fraction, public_clients, subspace, k, scope, svd_solver, lanczos_iters, weighting, server_lr.
@@ -918,6 +960,9 @@ class RunConfig(_Section):
             _fail("privacy.unit", f"mechanism {p.mechanism!r} of algorithm {alg!r} protects unit {unit!r}",
                   p.unit, unit)
         observer = MECHANISM_OBSERVER[p.mechanism]
+        if p.mechanism == "param_noise":  # the f-DP view: uploads seen (server) or only their averages
+            observer = p.observer if p.observer in ("server", "aggregate") else (
+                "aggregate" if p.secure_aggregation else "server")
         if p.observer is None:
             p.observer = observer  # type: ignore[assignment]
         elif p.observer != observer:
@@ -943,6 +988,13 @@ class RunConfig(_Section):
         if mech in ("param_noise", "none") and p.noise_multiplier is not None:
             hint = "; the noise of 'param_noise' is algorithm.params.std" if mech == "param_noise" else ""
             _fail("privacy.noise_multiplier", f"not used by {not_private}{hint}", p.noise_multiplier, "null")
+        if mech != "param_noise":
+            for name in _FDP_FIELDS:
+                if getattr(p, name) != PrivacyConfig.model_fields[name].default:
+                    _fail(f"privacy.{name}", f"only used by the f-DP accounting of {' and '.join(_NOISY)} (this run: "
+                          f"{not_private})", getattr(p, name), repr(PrivacyConfig.model_fields[name].default))
+        else:
+            self._check_noisy()
         if mech in _NEEDS_BUDGETS and p.budgets is None:
             _fail("privacy.budgets", f"required by mechanism {mech!r}", None, _BUDGETS_ALLOWED)
         if mech == "none" and p.budgets is not None:
@@ -966,6 +1018,29 @@ class RunConfig(_Section):
             what = "privacy.sampling" if mech == "dpsgd" else "training.selection.kind"
             _fail("privacy.accountant", f"'pld' cannot account fixed-size sampling (replace-one; {what} is 'fixed')",
                   p.accountant, "rdp")
+
+    def _check_noisy(self) -> None:
+        """What the f-DP analysis of Noisy-FedAvg/FedProx assumes (spec fdp_accounting.md §1.1)."""
+        t, p, alg = self.training, self.privacy, self.algorithm
+        name = alg.name
+        if t.local_steps is None:
+            _fail("training.local_steps", f"{name} needs a fixed number K of local steps (the sensitivities sum over "
+                  "them); local_epochs would give clients different K", t.local_epochs, "local_steps: an integer >= 1")
+        if t.optimizer.momentum:
+            _fail("training.optimizer.momentum", f"{name} takes plain clipped steps: the sensitivity analysis has no "
+                  "momentum", t.optimizer.momentum, "0")
+        if t.selection.kind == "poisson":
+            _fail("training.selection.kind", f"{name} runs with full participation or fixed-size cohorts (the "
+                  "accountant uses the cohort size and claims no sampling amplification)", "poisson", "all | fixed")
+        steps = alg.params.get("step_sizes")
+        if steps is not None and (len(steps) != t.rounds or any(len(row) != t.local_steps for row in steps)):
+            shape = f"[{len(steps)}][{', '.join(sorted({str(len(row)) for row in steps}))}]"
+            _fail("algorithm.params.step_sizes", f"must have training.rounds rows of training.local_steps step sizes "
+                  f"([{t.rounds}][{t.local_steps}])", shape, f"a [{t.rounds}][{t.local_steps}] list")
+        cohort = self.data.clients if t.selection.kind == "all" else t.selection.k
+        if p.honest_clients is not None and cohort is not None and p.honest_clients > cohort:
+            _fail("privacy.honest_clients", f"more than the {cohort} clients averaged per round", p.honest_clients,
+                  f"an integer in [1, {cohort}]")
 
     def _check_per_client_lengths(self) -> None:
         n = self.data.clients

@@ -266,10 +266,11 @@ class FederatedRun:
         return out
 
     # ---- events ----------------------------------------------------------------------------------
-    def _client_event(self, i: int) -> DpEvent | None:
-        """The event one round of participation costs client i (local program and upload)."""
+    def _client_event(self, i: int, r: int, cohort: int) -> DpEvent | None:
+        """The event taking part in round r (0-based), `cohort` uploads averaged, costs client i (local program and
+        upload)."""
         local = self.algorithm.local.event(int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
-        up = self.algorithm.upload.event(i) if self.algorithm.upload.accounted else None
+        up = self.algorithm.upload.event(i, r, cohort) if self.algorithm.upload.accounted else None
         events = [e for e in (local, up) if e is not None]
         if not events:
             return None
@@ -338,7 +339,7 @@ class FederatedRun:
         stop_reason = stop_reason or "rounds"
         if on_checkpoint is not None:
             on_checkpoint(self._state(r, w, retired, history, stop_reason))
-        return RunResult(w, history, self.ledger, self.noise, stop_reason, self.privacy_summary(stop_reason, r))
+        return RunResult(w, history, self.ledger, self.noise, stop_reason, self.privacy_summary(stop_reason, r, history))
 
     def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]], stop: str | None) -> RunState:
         ledger = self.ledger.to_dict() if self.ledger is not None else None
@@ -356,7 +357,7 @@ class FederatedRun:
         dim = P.num_parameters(w)
         active = np.array([i for i in range(self.n_clients) if i not in retired], dtype=np.int64)
         server_event = self._server_event(len(active))
-        eligible = self._eligible(active, server_event)
+        eligible = self._eligible(active, server_event, r)
         retired.update(int(i) for i in set(active.tolist()) - set(eligible.tolist()))
         if len(eligible) < alg.selection.min_candidates():
             return None
@@ -418,7 +419,7 @@ class FederatedRun:
         current, stacked = (starts, True) if starts is not None else (w, False)
         steps, noise_sq = np.zeros(len(selected), dtype=np.int64), np.zeros(len(selected))
         for index, phase in enumerate(getattr(alg.local, "phases", (alg.local,))):  # CENTAUR: head, then body
-            plans = [phase.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
+            plans = [phase.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
                      for i in selected]
             seed = self.seed if index == 0 else derive_seed(self.seed, PHASE_KEY, index)  # fresh batches and noise
             res = run_local(self.model, phase.spec, plans, self.pooled, current, seed=seed, round_=r,
@@ -496,8 +497,13 @@ class FederatedRun:
         return {"noise_stat_empirical": float((w.pow(2) * n_sq).sum() / scale),
                 "noise_stat_analytic": float((w.pow(2) * local.channel.update_noise_variance(view, local.dim)).sum() / scale)}
 
-    def _eligible(self, active: np.ndarray, server_event: DpEvent | None) -> np.ndarray:
-        """Clients whose next round (if they take part) keeps them within budget."""
+    def _eligible(self, active: np.ndarray, server_event: DpEvent | None, r: int) -> np.ndarray:
+        """Clients whose round r (if they take part) keeps them within budget.
+
+        Where the event depends on the number of uploads averaged (Noisy-FedAvg's aggregate view, everyone taking
+        part), a retirement makes the cohort smaller and the others' events stronger: re-check until no one else
+        retires, so every recorded event was checked against the budget.
+        """
         if self.ledger is None or not self.enforce_budgets:
             return active
         if self.heuristic_steps is not None:  # PFA semantics: a client may spend its T* steps
@@ -505,12 +511,27 @@ class FederatedRun:
             fits = [int(i) for i in active if self.steps_done[i]
                     + local.steps_for(int(self.n_records[i]), int(self.batch_sizes[i])) <= self.heuristic_steps[i]]
             return np.array(fits, dtype=np.int64)
-        keep = []
-        for i in active:
-            event = server_event if server_event is not None else self._client_event(int(i))
-            if event is None or not self.ledger.would_exceed(int(i), event):
-                keep.append(int(i))
-        return np.array(keep, dtype=np.int64)
+        candidates = [int(i) for i in active]
+        while True:
+            cohort = self._cohort_size(len(candidates))
+            keep = []
+            for i in candidates:
+                event = server_event if server_event is not None else self._client_event(i, r, cohort)
+                if event is None or not self.ledger.would_exceed(i, event):
+                    keep.append(i)
+            if len(keep) == len(candidates) or self._cohort_size(len(keep)) == cohort:
+                return np.array(keep, dtype=np.int64)
+            candidates = keep
+
+    def _cohort_size(self, eligible: int) -> int:
+        """Uploads averaged in a round with `eligible` candidates: all of them, k, or the Poisson expectation."""
+        sel = self.algorithm.selection
+        if sel.kind == "all":
+            return max(1, eligible)
+        if sel.kind == "fixed":
+            assert sel.k is not None
+            return sel.k
+        return max(1, round(sel.expected_count(eligible)))
 
     def _record(self, r: int, selected: np.ndarray, eligible: np.ndarray, server_event: DpEvent | None) -> None:
         if self.ledger is None:
@@ -518,7 +539,7 @@ class FederatedRun:
         if server_event is not None:
             self.ledger.record_many([int(i) for i in eligible], r, server_event)
         for i in selected:
-            event = self._client_event(int(i))
+            event = self._client_event(int(i), r, len(selected))
             if event is not None:
                 self.ledger.record(int(i), r, event)
         self.ledger.close_round(r)
@@ -586,8 +607,10 @@ class FederatedRun:
             return {}
         return {"acc_personal": float(np.mean(accs)), "acc_personal_clients": len(accs)}
 
-    def privacy_summary(self, stop_reason: str, rounds_run: int | None = None) -> dict[str, Any]:
-        """The declared threat model and each client's budget, noise and spent epsilon."""
+    def privacy_summary(self, stop_reason: str, rounds_run: int | None = None,
+                        history: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """The declared threat model and each client's budget, noise and spent epsilon (`history`: the rounds run,
+        whose participants the f-DP report of Noisy-FedAvg/FedProx needs)."""
         alg = self.algorithm
         out: dict[str, Any] = {
             "algorithm": alg.name,
@@ -627,7 +650,14 @@ class FederatedRun:
                 over = [i for i in range(self.n_clients) if spent[i] > self.budgets[i].epsilon * (1 + 1e-9)]
                 out["warning"] = (f"NOT PRIVATE AS PROMISED: clients {over[:10]}{'...' if len(over) > 10 else ''} "
                                   "spent more than their budgets (a non-private reference run)")
-            if alg.unit == "sample":
+            fdp = getattr(alg.upload, "accounting", None)
+            if fdp is not None:
+                out["fdp"] = self._fdp_report(fdp, history)
+                out["epsilon_spent_meaning"] = (
+                    f"epsilon_spent is the {self.accountant} accountant's epsilon of the ledger's per-round Gaussian "
+                    "events (the composition bound; budgets are enforced on it); fdp gives the exact GDP conversion "
+                    "and, where it applies, the shifted-interpolation bound")
+            elif alg.unit == "sample":
                 out.update(self._sample_level_views(list(spent.values())))
         if rounds_run and self.budgets is not None and hasattr(alg.upload, "aggregate_event"):
             out["aggregate_view"] = self._aggregate_view(rounds_run)
@@ -638,6 +668,16 @@ class FederatedRun:
                 "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
         return out
 
+    def _fdp_report(self, accounting: Any, history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The f-DP block of privacy.json from who actually took part in each round (spec fdp_accounting.md §6)."""
+        assert self.budgets is not None
+        part = np.zeros((self.n_clients, len(history)), dtype=bool)
+        for t, row in enumerate(history):
+            part[row["selected"], t] = True
+        cohorts = [max(1, len(row["selected"])) for row in history]
+        deltas = [sorted({self.budgets[i].delta, 1.0 / (10 * int(self.n_records[i]))}) for i in range(self.n_clients)]
+        return accounting.report(part, cohorts, deltas, len(history))
+
     def _sample_level_views(self, spent: list[float]) -> dict[str, Any]:
         """Per participation and composed, and the plain statement that no user-level guarantee exists."""
         assert self.budgets is not None
@@ -646,7 +686,7 @@ class FederatedRun:
         for i in range(self.n_clients):
             key = (int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), self.budgets[i].delta)
             if key not in cache:
-                event = self._client_event(i)
+                event = self._client_event(i, 0, 1)  # DP-SGD's event depends on neither
                 cache[key] = epsilon(event, key[3], self.accountant) if event is not None else 0.0
             per.append(cache[key])
         return {"eps_per_participation": max(per), "eps_total_max": max(spent), "eps_total_mean": float(np.mean(spent)),

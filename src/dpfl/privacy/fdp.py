@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpfl.privacy.fdp_bounds import PAPER_VARIANTS, composition_mu, h0_mu, paper_claimed_mu, shifted_mu
-from dpfl.privacy.fdp_sensitivity import sensitivities, step_sizes
+from dpfl.privacy.fdp_sensitivity import SCHEDULES, sensitivities, step_sizes
 from dpfl.privacy.gdp import gdp_eps
 
 __all__ = ["COMPOSITION", "PAPER", "PAPER_LABEL", "RELEASES", "SHIFTED", "VIEWS", "FdpCurve", "FdpReport",
@@ -129,7 +129,8 @@ def fdp_report(*, algo: str, schedule: str, eta: float, K: int, V: float, sigma:
                honest_clients: int | None = None, eta_array: np.ndarray | None = None) -> FdpReport:
     """μ and ε(δ) at each of `rounds` for every applicable bound (see the module docstring).
 
-    `eta_array` [T, K] replaces the named schedule (a run's realised or custom steps; T >= max(rounds)).
+    `eta_array` [T, K] gives the steps (a run's realised or custom steps; T >= max(rounds)); `schedule` then only
+    names them ("custom" allowed, which admits only the paper variant h0).
     `paper` (printed | eta-consistent | h0) adds the paper-claimed curve, which needs L.
     """
     rounds = np.asarray(sorted({int(t) for t in rounds}), dtype=np.int64)
@@ -141,6 +142,9 @@ def fdp_report(*, algo: str, schedule: str, eta: float, K: int, V: float, sigma:
         raise ValueError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
     if paper is not None and paper not in PAPER_VARIANTS:
         raise ValueError(f"paper variant must be one of {', '.join(PAPER_VARIANTS)}, got {paper!r}")
+    if paper not in (None, "h0") and schedule not in SCHEDULES:
+        raise ValueError(f"the paper's {paper} formulas need a named schedule ({', '.join(SCHEDULES)}), got "
+                         f"{schedule!r}; variant h0 applies the paper's method to any steps")
     if paper is not None and L is None:
         raise ValueError("the paper-claimed curve needs the smoothness constant L (--L)")
     deltas = tuple(float(d) for d in deltas)
@@ -172,7 +176,7 @@ def fdp_report(*, algo: str, schedule: str, eta: float, K: int, V: float, sigma:
     curves = [FdpCurve(name, LABELS[name], name != PAPER, mu, {d: np.array([gdp_eps(float(v), d) for v in mu])
                                                                for d in deltas}) for name, mu in mus.items()]
     headline = SHIFTED if SHIFTED in mus else COMPOSITION
-    params = {"algo": algo, "schedule": "custom" if eta_array is not None else schedule, "eta": eta, "K": K, "V": V,
+    params = {"algo": algo, "schedule": schedule, "eta": eta, "K": K, "V": V,
               "sigma": sigma, "m": m, "honest_clients": m_h, "L": L, "alpha": alpha, "sensitivity": sensitivity,
               "paper_variant": paper, "c": c, "z": z, "secure_aggregation": secure_aggregation}
     return FdpReport(view, release, rounds, deltas, curves, headline, params,

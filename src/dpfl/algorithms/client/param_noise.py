@@ -1,8 +1,9 @@
-"""Parameter noise: Gaussian noise of a fixed std added to the uploaded parameters (Noisy-FedAvg).
+"""Parameter noise: Noisy-FedAvg/FedProx's upload w_{i,K,t} + N(0, σ² I) on every uploaded tensor.
 
-The guarantee of this mechanism depends on the sensitivity of the whole local trajectory to one
-record, which needs the f-DP analysis of `specs/fdp_accounting.md`; no such accountant is attached
-here, so runs using it report *no* epsilon (`accounted = False`) rather than a wrong one.
+The guarantee depends on how far one record can move the whole clipped local trajectory, which the f-DP
+accountant (`dpfl.privacy.fdp_run`) bounds from the run's step sizes, clip norm and cohort: round t is one Gaussian
+mechanism per participating client (`event`), composed in the run's per-client ledger, and the final report adds
+the shifted-interpolation bound where it applies.
 """
 
 from __future__ import annotations
@@ -14,31 +15,38 @@ from dp_accounting import DpEvent
 
 from dpfl.algorithms.client.upload import upload_noise
 from dpfl.engine import params as P
+from dpfl.privacy.fdp_run import NoisyRunAccounting
 
 
 @dataclass(frozen=True)
 class ParameterNoise:
-    """Upload w_local + N(0, std² I), i.e. the update plus the same noise."""
+    """Upload the update plus N(0, σ² I): the server, which knows w_t, receives w_{i,K,t} + n_{i,t}.
 
-    std: float
+    `noise_offset` shifts the noise streams (the sensitivity experiment's independent-noise coupling); runs use 0.
+    """
+
+    accounting: NoisyRunAccounting
     unit: str | None = "sample"
-    accounted: bool = False
+    accounted: bool = True
+    noise_offset: int = 0
 
-    def __post_init__(self) -> None:
-        if self.std < 0:
-            raise ValueError(f"parameter noise std must be >= 0, got {self.std}")
+    @property
+    def std(self) -> float:
+        return self.accounting.sigma
 
     def apply(self, deltas: P.Params, clients: Sequence[int], seed: int, round_: int) -> P.Params:
         flat = P.flatten(deltas)
-        if self.std > 0:
-            flat = flat + self.std * upload_noise(flat.shape[1], clients, seed, round_)
-        return P.unflatten(flat, deltas)
+        ids = [c + self.noise_offset for c in clients]
+        return P.unflatten(flat + self.std * upload_noise(flat.shape[1], ids, seed, round_), deltas)
 
-    def event(self, client: int) -> DpEvent | None:
-        return None
+    def event(self, client: int, round_: int, cohort: int) -> DpEvent | None:
+        """Round `round_` of a participating client, `cohort` uploads averaged (the view decides the noise left)."""
+        return self.accounting.event(round_, cohort)
 
     def bytes_per_upload(self, dim: int) -> int:
         return 4 * dim
 
     def describe(self) -> str:
-        return f"Gaussian noise (std {self.std}) on uploaded parameters"
+        a = self.accounting
+        return (f"Gaussian noise (std {a.sigma}) on every uploaded parameter after {a.clip_mode.replace('_', '-')} "
+                f"clipped local steps (V = {a.clip}); f-DP accounted, {a.view} view")

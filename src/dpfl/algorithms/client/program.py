@@ -20,13 +20,15 @@ class LocalProgram:
 
     Exactly one of `steps` (per round) and `epochs` is set; an epoch is ceil(n_i / b_i) steps.
     `private` means sample-level DP-SGD: each step is the sampled Gaussian mechanism on the client's
-    records, with the client's own noise multiplier.
+    records, with the client's own noise multiplier. `step_sizes` ([rounds][steps]) replaces spec.lr by a
+    per-round, per-step learning rate η_{k,t} (Noisy-FedAvg's schedules); it needs a fixed `steps`.
     """
 
     spec: LocalSpec
     steps: int | None = None
     epochs: float | None = None
     private: bool = False
+    step_sizes: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.epochs is None):
@@ -39,6 +41,11 @@ class LocalProgram:
             raise ValueError("a private local program needs a clipping norm")
         if self.private and self.spec.sampling == "shuffle":
             raise ValueError("DP-SGD needs 'poisson' or 'fixed' sampling: shuffled epochs have no sampled-Gaussian analysis")
+        if self.step_sizes is not None:
+            rows = tuple(tuple(float(v) for v in row) for row in self.step_sizes)
+            object.__setattr__(self, "step_sizes", rows)
+            if self.steps is None or not rows or any(len(row) != self.steps for row in rows):
+                raise ValueError(f"step_sizes must be [rounds][steps] with a fixed number of steps ({self.steps})")
 
     def steps_for(self, n_records: int, batch_size: int) -> int:
         """Local steps per round for a client with n_records records and batch size batch_size."""
@@ -47,8 +54,15 @@ class LocalProgram:
         assert self.epochs is not None
         return max(1, math.ceil(self.epochs * math.ceil(n_records / batch_size)))
 
-    def plan(self, client: int, n_records: int, batch_size: int, noise_multiplier: float) -> ClientPlan:
-        return ClientPlan(client, batch_size, self.steps_for(n_records, batch_size), noise_multiplier if self.private else 0.0)
+    def plan(self, client: int, n_records: int, batch_size: int, noise_multiplier: float, round_: int) -> ClientPlan:
+        """What `client` runs in round `round_` (0-based)."""
+        lrs = None
+        if self.step_sizes is not None:
+            if not 0 <= round_ < len(self.step_sizes):
+                raise ValueError(f"round {round_} has no step sizes (the schedule covers {len(self.step_sizes)} rounds)")
+            lrs = self.step_sizes[round_]
+        return ClientPlan(client, batch_size, self.steps_for(n_records, batch_size),
+                          noise_multiplier if self.private else 0.0, step_lrs=lrs)
 
     def event(self, n_records: int, batch_size: int, noise_multiplier: float) -> DpEvent | None:
         """The sample-level DP event of one round of this program for one client (None if not private)."""
@@ -82,3 +96,17 @@ def dpsgd(lr: float, clip: float, *, steps: int | None = None, epochs: float | N
     spec = LocalSpec(lr=lr, loss=loss, clip=clip, sampling=sampling, momentum=momentum, prox_mu=prox_mu,
                      trainable=trainable)
     return LocalProgram(spec, steps, epochs, private=True)
+
+
+def clipped_sgd(step_sizes, clip: float, *, clip_mode: str = "per_example", sampling: str = "shuffle",
+                loss: str = "cross_entropy", prox_mu: float = 0.0) -> LocalProgram:
+    """Noisy-FedAvg/FedProx's local steps: w ← w − η_{k,t}(clip_V(g) + α(w − w_t)), no noise inside.
+
+    `step_sizes` is η[rounds][K]; the gradient is clipped per example (then averaged) or on the batch mean. Not
+    `private` by itself: the upload noise (`ParameterNoise`) is the mechanism, and clipping bounds its sensitivity.
+    """
+    rows = tuple(tuple(float(v) for v in row) for row in step_sizes)
+    if not rows or not rows[0]:
+        raise ValueError("step_sizes must be a non-empty [rounds][steps] array")
+    spec = LocalSpec(lr=rows[0][0], loss=loss, clip=clip, clip_mode=clip_mode, sampling=sampling, prox_mu=prox_mu)
+    return LocalProgram(spec, steps=len(rows[0]), step_sizes=rows)

@@ -67,7 +67,7 @@ class ClippedNoisyUpdate:
             flat = flat * self.upload_scale
         return P.unflatten(flat, deltas)
 
-    def event(self, client: int) -> DpEvent | None:
+    def event(self, client: int, round_: int, cohort: int) -> DpEvent | None:
         """One upload seen by the server: the Gaussian mechanism at σ/√K, no amplification.
 
         None with `hidden_sampling`: `round_event` charges every client every round instead.

@@ -39,7 +39,7 @@ class FullUpdate:
     def apply(self, deltas: P.Params, clients: Sequence[int], seed: int, round_: int) -> P.Params:
         return deltas
 
-    def event(self, client: int) -> DpEvent | None:
+    def event(self, client: int, round_: int, cohort: int) -> DpEvent | None:
         return None
 
     def bytes_per_upload(self, dim: int) -> int:
