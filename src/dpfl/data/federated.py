@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from dpfl.data.arrays import ArrayDataset
-from dpfl.data.partition import dirichlet, iid, label_shards
+from dpfl.data.partition import dirichlet, dirichlet_quota, iid, label_shards
 from dpfl.data.splits import stratified_split
 from dpfl.seeding import Purpose, numpy_generator
 
-PARTITIONS = ("iid", "shards", "dirichlet")
+PARTITIONS = ("iid", "shards", "dirichlet", "dirichlet_quota")
 
 
 def _empty_like_rows(x: torch.Tensor) -> torch.Tensor:
@@ -109,17 +109,21 @@ class FederatedDataset:
         seed: int = 0,
         max_train_samples: int | None = None,
         client_val_fraction: float = 0.0,
+        samples_per_client: int | None = None,
     ) -> FederatedDataset:
-        """Partition ``ds``'s train split among ``n_clients`` (``partition`` = iid | shards | dirichlet).
+        """Partition ``ds``'s train split among ``n_clients`` (``partition`` = iid | shards | dirichlet | dirichlet_quota).
 
         ``max_train_samples`` first keeps a seeded random subset of the train split;
         ``client_test_fraction`` then holds out a stratified share of each client's data as its
         local test set, and ``client_val_fraction`` (of the client's whole share, e.g. 0.1 and 0.1 for the
-        80/10/10 split) a stratified validation set from what remains. ``sizes`` applies to iid only, ``alpha`` to dirichlet, ``shards_per_client``
-        to shards.
+        80/10/10 split) a stratified validation set from what remains. ``sizes`` applies to iid only, ``alpha`` to dirichlet and dirichlet_quota, ``shards_per_client``
+        to shards; ``samples_per_client`` (dirichlet_quota only) is each client's quota, default
+        floor(train samples / clients).
         """
         if partition not in PARTITIONS:
             raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
+        if samples_per_client is not None and partition != "dirichlet_quota":
+            raise ValueError(f"samples_per_client applies to partition='dirichlet_quota' only, got {partition!r}")
         if sizes is not None and partition != "iid":
             raise ValueError(f"sizes applies to partition='iid' only, got partition={partition!r}")
         if not 0.0 <= client_test_fraction < 1.0:
@@ -143,6 +147,9 @@ class FederatedDataset:
             parts = iid(len(pool), n_clients, rng, sizes=sizes)
         elif partition == "shards":
             parts = label_shards(labels, n_clients, shards_per_client, rng)
+        elif partition == "dirichlet_quota":
+            quota = len(pool) // n_clients if samples_per_client is None else samples_per_client
+            parts = dirichlet_quota(labels, n_clients, alpha, quota, rng)
         else:
             parts = dirichlet(labels, n_clients, alpha, rng)
         clients = []

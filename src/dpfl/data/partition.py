@@ -111,6 +111,39 @@ def dirichlet(
     return [np.sort(p).astype(np.int64) for p in _repair(parts, min_size)]
 
 
+def dirichlet_quota(labels: np.ndarray, n_clients: int, alpha: float, quota: int,
+                    rng: RngLike = None) -> list[np.ndarray]:
+    """Label skew with equal sizes (spec fdp_accounting.md §8): each client draws class proportions
+    p ~ Dir(alpha·1_C), then fills its `quota` one sample at a time: a class from p renormalised over the
+    classes that still have samples, a sample of it uniformly without replacement. Clients fill in turn."""
+    labels = _check_labels(labels)
+    _check_int("n_clients", n_clients, 1)
+    _check_int("quota", quota, 1)
+    if not (isinstance(alpha, (int, float, np.floating, np.integer)) and np.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+    if n_clients * quota > labels.shape[0]:
+        raise ValueError(f"{n_clients} clients x {quota} samples need {n_clients * quota} samples, only "
+                         f"{labels.shape[0]} available")
+    gen = _generator(rng)
+    classes = np.unique(labels)
+    left = [list(gen.permutation(np.flatnonzero(labels == k))) for k in classes]
+    parts = []
+    for _ in range(n_clients):
+        p = gen.dirichlet(np.full(len(classes), float(alpha)))
+        if not np.all(np.isfinite(p)) or p.sum() <= 0:  # tiny alpha can underflow to all zeros
+            p = np.zeros(len(classes))
+            p[gen.integers(len(classes))] = 1.0
+        mine = []
+        for _ in range(quota):
+            w = np.array([p[c] if left[c] else 0.0 for c in range(len(classes))])
+            if w.sum() <= 0:  # the client's classes are used up: renormalise over what remains, uniformly
+                w = np.array([1.0 if left[c] else 0.0 for c in range(len(classes))])
+            c = int(gen.choice(len(classes), p=w / w.sum()))
+            mine.append(left[c].pop())
+        parts.append(np.sort(np.asarray(mine, dtype=np.int64)))
+    return parts
+
+
 def _dirichlet_draw(
     members: list[np.ndarray], n_clients: int, alpha: float, gen: np.random.Generator
 ) -> list[np.ndarray]:

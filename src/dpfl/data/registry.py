@@ -30,7 +30,7 @@ DATASETS: tuple[str, ...] = tuple(_LOADERS)
 
 # FederatedDataset.from_arrays arguments that federated_dataset routes away from the loader.
 _SPLIT_OPTIONS = ("partition", "alpha", "shards_per_client", "sizes", "client_test_fraction", "max_train_samples",
-                  "client_val_fraction")
+                  "client_val_fraction", "samples_per_client")
 
 
 def dataset_options(name: str) -> tuple[str, ...]:

@@ -124,8 +124,10 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
     kw: dict[str, Any] = dict(partition=d.partition, client_test_fraction=d.client_test_fraction,
                               client_val_fraction=d.client_val_fraction,
                               max_train_samples=d.max_train_samples, **d.options)
-    if d.partition == "dirichlet":
+    if d.partition in ("dirichlet", "dirichlet_quota"):
         kw["alpha"] = d.alpha
+    if d.partition == "dirichlet_quota" and d.samples_per_client is not None:
+        kw["samples_per_client"] = d.samples_per_client
     elif d.partition == "shards":
         kw["shards_per_client"] = d.shards_per_client
     try:

@@ -368,13 +368,19 @@ def _check_probs(probs: list[float] | None, values: list[Any]) -> None:
 
 
 class DataConfig(_Section):
-    """Which dataset and how it is split among clients (`dpfl.data.federated_dataset`)."""
+    """Which dataset and how it is split among clients (`dpfl.data.federated_dataset`).
+
+    partition: iid; shards; dirichlet (each class split among clients by Dir(alpha)); dirichlet_quota (each
+    client draws class proportions from Dir(alpha) and fills `samples_per_client` samples, default all / clients;
+    spec fdp_accounting.md §8).
+    """
 
     dataset: DatasetName
     root: str | None = None
     clients: int = Field(ge=1)
-    partition: Literal["iid", "shards", "dirichlet"] = "iid"
+    partition: Literal["iid", "shards", "dirichlet", "dirichlet_quota"] = "iid"
     alpha: float = Field(0.5, gt=0)
+    samples_per_client: int | None = Field(None, ge=1)
     shards_per_client: int = Field(2, ge=1)
     max_train_samples: int | None = Field(None, ge=1)
     client_test_fraction: float = Field(0.0, ge=0, lt=1)
@@ -383,6 +389,8 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _options_known(self) -> DataConfig:
+        if self.samples_per_client is not None and self.partition != "dirichlet_quota":
+            _fail("samples_per_client", "only used by partition 'dirichlet_quota'", self.samples_per_client, "null")
         if self.client_test_fraction + self.client_val_fraction >= 1:
             _fail("client_val_fraction", "the test and validation splits must leave training data",
                   self.client_val_fraction, f"a fraction below 1 - client_test_fraction = {1 - self.client_test_fraction:g}")
