@@ -166,6 +166,38 @@ def test_bad_input_is_one_error_line_with_exit_code_2(args, tmp_path):
 def test_required_options_are_required():
     code, _, err = fdp("--algo", "fedavg", "--eta", "0.01")
     _assert_one_line_error(code, err)
+    assert "--from-run" in err
+
+
+NOISY_RUN = ("--set", "training.rounds=12", "--set", "privacy.secure_aggregation=true", "--set",
+             "privacy.release=final", "--set", "privacy.smoothness_L=1", "--set",
+             "algorithm.params.schedule=stagewise")
+
+
+def test_from_run_uses_the_runs_config_and_matches_its_privacy_json(tmp_path):
+    run_dir = tmp_path / "run"
+    code, _, err = cli("run", "configs/fdp/digits_noisy_fedavg.yaml", "--out", run_dir, *NOISY_RUN)
+    assert code == 0, err
+    got = fdp_json("--from-run", run_dir, "--grid", "1,6,12", "--out", tmp_path / "curves")
+    assert got["run"] == str(run_dir) and got["view"] == "aggregate" and got["release"] == "final"
+    assert got["rounds"] == [1, 6, 12] and got["params"]["schedule"] == "stagewise" and got["params"]["m"] == 10
+    by = curves(got)
+    assert by["paper-claimed"]["label"] == PAPER_LABEL and not by["paper-claimed"]["is_guarantee"]
+    privacy = json.loads((run_dir / "privacy.json").read_text())["fdp"]
+    for bound in ("composition", "shifted-interpolation"):  # full participation: the plan is what ran
+        assert by[bound]["mu"][-1] == pytest.approx(privacy["clients"][0]["bounds"][bound]["mu"], rel=1e-12)
+    assert got["headline"]["bound"] == privacy["headline"] == "shifted-interpolation"
+    assert (tmp_path / "curves" / "fdp_curves.png").stat().st_size > 0
+    code, out, _ = fdp("--from-run", run_dir)
+    assert code == 0 and f"from the config of run {run_dir}" in " ".join(out.split())
+
+    for args, message in ((("--algo", "fedavg"), "--algo"), (("--grid", "1,20"), "beyond the run's 12 rounds")):
+        code, _, err = fdp("--from-run", run_dir, *args)
+        _assert_one_line_error(code, err)
+        assert message in err
+    code, _, err = fdp("--from-run", tmp_path)
+    _assert_one_line_error(code, err)
+    assert "not a run directory" in err
 
 
 def test_log_grid_runs_up_to_t_max():

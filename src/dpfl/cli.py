@@ -111,6 +111,15 @@ def _print_outcome(out: Path, summary: dict[str, Any]) -> None:
         console.print(table)
         if len(privacy["clients"]) > 50:
             console.print(f"... {len(privacy['clients']) - 50} more clients in privacy.json")
+        fdp = privacy.get("fdp")
+        if fdp and fdp.get("clients"):
+            eps = ", ".join(f"epsilon {v:.4g} at delta {d}" for d, v in fdp["epsilon_max"].items())
+            console.print(f"f-DP ({fdp['view']} view, release {fdp['release']}): largest mu {fdp['mu_max']:.4g}, "
+                          f"{eps} (bound: {fdp['headline']}, exact GDP conversion; spent ε above: the "
+                          f"{privacy['accountant']} accountant on the same Gaussians)", markup=False, highlight=False)
+            if fdp.get("paper_claimed"):
+                console.print(f"{fdp['paper_claimed']['label']}: mu {fdp['paper_claimed']['mu']:.4g}", markup=False,
+                              highlight=False)
     else:
         console.print(f"privacy: {privacy.get('warning', 'not private: no epsilon is reported')}")
     console.print(f"run directory: {out}  (report: {out / 'report.md'})")

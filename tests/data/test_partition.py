@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpfl.data import dirichlet, iid, label_shards
+from dpfl.data.partition import dirichlet_quota
 
 
 def _assert_disjoint(parts, n):
@@ -137,3 +138,27 @@ def test_dirichlet_always_partitions_with_min_size(labels, n_clients, alpha, see
         parts = dirichlet(labels, n_clients, alpha, seed, min_size=2, max_tries=5)
     _assert_partition(parts, len(labels))
     assert min(len(p) for p in parts) >= 2
+
+
+def test_dirichlet_quota_gives_equal_disjoint_skewed_shares():
+    labels = np.repeat(np.arange(10), 100)
+    parts = dirichlet_quota(labels, 8, 0.1, 60, rng=3)
+    assert [len(p) for p in parts] == [60] * 8
+    joined = np.concatenate(parts)
+    assert len(np.unique(joined)) == len(joined)  # without replacement across clients
+    top_share = [np.bincount(labels[p], minlength=10).max() / 60 for p in parts]
+    assert np.mean(top_share) > 0.5  # Dir(0.1): most of a client's quota from one class
+    iid_like = dirichlet_quota(labels, 8, 1000.0, 60, rng=3)
+    assert np.mean([np.bincount(labels[p], minlength=10).max() / 60 for p in iid_like]) < 0.3
+    again = dirichlet_quota(labels, 8, 0.1, 60, rng=3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_dirichlet_quota_renormalises_when_a_class_runs_out_and_checks_sizes():
+    labels = np.array([0] * 5 + [1] * 95)
+    parts = dirichlet_quota(labels, 2, 0.1, 50, rng=0)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(100))  # everything used, nothing twice
+    with pytest.raises(ValueError, match="need 120 samples"):
+        dirichlet_quota(labels, 2, 0.1, 60)
+    with pytest.raises(ValueError, match="alpha"):
+        dirichlet_quota(labels, 2, 0.0, 10)

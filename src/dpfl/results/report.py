@@ -237,11 +237,36 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
                        f"({view.get('relation')}, multiplier {_fmt_g(view.get('noise_multiplier'))} on the sum, "
                        f"client rate {_fmt_g(view.get('sample_rate'))}, {view.get('rounds')} rounds), valid only for "
                        f"{view.get('valid_for')}")
+        out += _fdp_lines(privacy.get("fdp"))
         out.append("")
         out.append("Every epsilon here is the one the accountant computed for the run as it ran "
                    "(privacy.json, metrics.jsonl). Whatever the server does with the noisy uploads (aggregation, "
                    "projection, denoising) is post-processing and does not change the guarantee; it is not "
                    "re-accounted.")
+    return out
+
+
+def _fdp_lines(fdp: Any) -> list[str]:
+    """Noisy-FedAvg/FedProx: the f-DP guarantee per bound for the worst client, the threat model, the paper's claim
+    labelled as NOT a guarantee."""
+    if not isinstance(fdp, Mapping) or not fdp.get("clients"):
+        return []
+    worst = max(fdp["clients"], key=lambda c: as_number(c.get("mu")) or 0.0)
+    eps = ", ".join(f"ε = {_fmt_eps(v)} at δ = {_fmt_g(float(d))}" for d, v in (worst.get("epsilon") or {}).items())
+    out = [f"- **f-DP guarantee (Gaussian DP, exact conversion):** μ = {_fmt_g(worst.get('mu'))}, {eps} "
+           f"(bound: {worst.get('headline')}; client {worst.get('client')}, {worst.get('rounds_participated')} rounds "
+           "taken part in)",
+           f"- **f-DP view:** {fdp.get('view_meaning')}; release: {fdp.get('release_meaning')}"]
+    for name, b in (worst.get("bounds") or {}).items():
+        out.append(f"  - {(fdp.get('labels') or {}).get(name, name)}: μ = {_fmt_g(b.get('mu'))}")
+    for a in fdp.get("assumptions") or []:
+        out.append(f"  - assumption: {a}")
+    for w in fdp.get("warnings") or []:
+        out.append(f"  - warning: {w}")
+    claimed = fdp.get("paper_claimed")
+    if isinstance(claimed, Mapping):
+        out.append(f"- **{claimed.get('label')}:** μ = {_fmt_g(claimed.get('mu'))} ({claimed.get('setting')}); shown "
+                   "for comparison only, see docs/fdp.md for why it is not a valid guarantee")
     return out
 
 
