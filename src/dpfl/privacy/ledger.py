@@ -270,6 +270,8 @@ class PrivacyLedger:
             raise ValueError(f"client {c} has no epsilon budget; pass budgets= to PrivacyLedger")
         if not tol >= 0.0:
             raise ValueError(f"tol must be >= 0, got {tol}")
+        if budget == float("inf"):  # nothing exceeds an unlimited budget: skip the accountant
+            return False
         return self.epsilon_if(c, extra_event) > budget * (1.0 + tol)
 
     def guarantee(self, client_id: int) -> Guarantee:
