@@ -78,6 +78,11 @@ def test_report_per_client_headline_and_labels():
     assert claimed["label"] == PAPER_LABEL and claimed["is_guarantee"] is False
     assert any("did NOT declare secure_aggregation" in a for a in rep["assumptions"])
     assert accounting("upload").report(np.ones((1, 5), bool), [3] * 5, [[1e-5]], 5)["paper_claimed"] is None
+    assert any("partial participation" in w for w in rep["warnings"])
+    assert not any("partial" in w for w in acc.report(np.ones((2, 10), bool), [2] * 10, [[1e-5]] * 2, 10)["warnings"])
+    steep = NoisyRunAccounting("fedavg", "cyclic", step_sizes("cyclic", 0.5, 3, K), V, SIGMA, view="upload",
+                               smoothness_L=4.0)
+    assert any("ηL <= 1" in w for w in steep.warnings())
 
 
 def test_fedprox_and_validation():

@@ -150,7 +150,9 @@ class NoisyRunAccounting:
             "clients": clients,
             "params": self.params(),
             "assumptions": self.assumptions(),
-            "warnings": self.warnings(),
+            "warnings": self.warnings() + ([] if part.all() else [
+                "partial participation: each client is charged for the rounds it took part in, with the cohort size "
+                "of those rounds; no amplification by client sampling is claimed"]),
             "paper_claimed": self.paper_claimed(rounds_run, cohorts),
         }
 
@@ -182,6 +184,10 @@ class NoisyRunAccounting:
             out.append("no smoothness constant L: the shifted-interpolation bound is skipped (composition only)")
         if self.algo == "fedprox" and self.alpha and float(self.step_sizes.max()) * self.alpha > 1:
             out.append("η·α > 1: the paper's FedProx surrogates do not apply (the exact sensitivities use |1 − ηα|)")
+        if (self.smoothness_L is not None and self.schedule in ("cyclic", "continuous")
+                and float(self.step_sizes.max()) * self.smoothness_L > 1):
+            out.append(f"η·L > 1: the paper's {self.schedule} formulas need ηL <= 1 (its claimed value is not even "
+                       "self-consistent here)")
         return out
 
     def paper_claimed(self, rounds_run: int, cohorts: Sequence[int]) -> dict[str, Any] | None:
