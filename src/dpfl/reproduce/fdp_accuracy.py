@@ -50,6 +50,7 @@ from typing import Any
 
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 from dpfl.reproduce.runner import FAILED, FINISHED, INCOMPLETE, LOGS_DIR, OK, PARTIAL, SKIPPED, Outcome, job_state
+from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.run_files import as_float, as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
 __all__ = ["CHANCE_MARGIN", "CLIENTS", "COLUMNS", "DATASETS", "DEFAULT_DATASETS", "KT_PAIRS", "LOSS_BLOWUP",
@@ -382,24 +383,6 @@ def _fdp(privacy: Mapping[str, Any] | None, delta: float) -> dict[str, Any]:
             "mu": as_float(fdp.get("mu_max")), "epsilon": eps}
 
 
-def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
-    return buf.getvalue()
-
-
-def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    esc = [[str(c).replace("|", "\\|") for c in row] for row in [list(header), *body]]
-    return ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in header) + "|",
-            *["| " + " | ".join(r) + " |" for r in esc[1:]]]
-
-
 def _g(x: Any, fmt: str = ".4g") -> str:
     v = as_float(x) if x is not None else None
     return "n/a" if v is None else f"{v:{fmt}}"
@@ -429,7 +412,7 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
     by_key = {o.job.key: o for o in outcomes}
     ordered = [by_key[j.key] for j in grid.all_jobs if j.key in by_key]
     rows = [job_row(o, grid.label, out, metas.get(o.job.setting)) for o in ordered]
-    csv_path = write_text_atomic(out / "results.csv", _csv(rows))
+    csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
     md_path = write_text_atomic(out / "results.md", "\n".join(_markdown(grid, rows, command)).rstrip() + "\n")
     return csv_path, md_path
 
@@ -521,7 +504,7 @@ def _dataset_tables(grid: Grid, dataset: str, chosen: Sequence[Setting],
         cells = [cell(by_setting[index[(m, k, t, sg)]]) if (m, k, t, sg) in index else "—" for sg in sigmas]
         pivot.append([str(m), str(k), str(t), *cells])
     lines = [title, "", f"Final test accuracy (mean ± std over seeds; \"diverged\" as defined above){rounds}.", "",
-             *_md_table(["m", "K", "T", *[f"σ = {sg}" for sg in sigmas]], pivot), "",
+             *md_table(["m", "K", "T", *[f"σ = {sg}" for sg in sigmas]], pivot), "",
              "Accuracy and privacy per configuration (μ and ε from the accountant; the same for every seed):", ""]
     body = []
     for s in chosen:
@@ -536,6 +519,6 @@ def _dataset_tables(grid: Grid, dataset: str, chosen: Sequence[Setting],
         n_div = sum(bool(r.get("diverged")) for r in ok)
         body.append([s.meta["m"], s.meta["K"], s.meta["T"], s.meta["sigma"], seeds, cell(rs), f"{n_div}/{len(ok)}",
                      mu, f"{eps} (δ = {delta})", bound, view])
-    lines += _md_table(["m", "K", "T", "σ", "seeds ok", "final test acc", "diverged", "μ", "ε", "bound", "view"],
+    lines += md_table(["m", "K", "T", "σ", "seeds ok", "final test acc", "diverged", "μ", "ε", "bound", "view"],
                        body)
     return lines + [""]

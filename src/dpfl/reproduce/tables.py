@@ -162,8 +162,9 @@ def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = COLUMNS
     return buf.getvalue()
 
 
-def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    esc = [[c.replace("|", "\\|") for c in row] for row in [list(header), *body]]
+def md_table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> list[str]:
+    """A markdown table (cells as text, `|` escaped)."""
+    esc = [[str(c).replace("|", "\\|") for c in row] for row in [list(header), *body]]
     return ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in header) + "|",
             *["| " + " | ".join(r) + " |" for r in esc[1:]]]
 
@@ -230,7 +231,7 @@ def _setting_section(setting: Setting, rows: Sequence[Mapping[str, Any]], plots:
         body.append([_method_cell(m, labels[m]), seeds, *[fn(ok) for _, fn in _SETTING_COLUMNS]])
     header = ["method", "seeds ok", *[name for name, _ in _SETTING_COLUMNS]]
     keep = [i for i in range(len(header)) if i < 2 or any(row[i] != "n/a" for row in body)]
-    lines += _md_table([header[i] for i in keep], [[row[i] for i in keep] for row in body])
+    lines += md_table([header[i] for i in keep], [[row[i] for i in keep] for row in body])
     for title, path in plots.items():
         lines += ["", f"![{title}]({path.relative_to(out).as_posix()})"]
     return lines + [""]
@@ -248,7 +249,7 @@ def _overview(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
             cells.append(mean_std(r["final_accuracy"] for r in _ok(mine)) if mine else "—")
         body.append([s, *cells])
     title = "## Overview: final test accuracy (mean ± std over seeds)"
-    return [title, "", *_md_table(["setting", *methods], body), ""]
+    return [title, "", *md_table(["setting", *methods], body), ""]
 
 
 def _noise_tables(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -272,7 +273,7 @@ def _noise_tables(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
                 "has no such statistic (PFA projects, np_fedavg adds no noise). It depends on the noise the "
                 "clients were calibrated to, hence on the planned number of rounds: compare it only between "
                 "runs of the same scale.", "",
-                *_md_table(["setting", *methods], body), ""]
+                *md_table(["setting", *methods], body), ""]
     return out
 
 
@@ -298,7 +299,7 @@ def _misreport_tables(grid: Grid, rows: Sequence[Mapping[str, Any]], metrics: Ma
                 f"{s.describe}. Honest runs are the main setting {honest} (same data, budgets and seeds). "
                 "Difference = lying − honest final accuracy, paired by seed. \"Same curve\": the accuracy of "
                 "every evaluated round is identical with and without the lie.", "",
-                *_md_table(["method", "honest final acc", "misreport final acc", "difference", "paired seeds",
+                *md_table(["method", "honest final acc", "misreport final acc", "difference", "paired seeds",
                             "same curve"], body), ""]
     return out
 
@@ -318,7 +319,7 @@ def _fedceo_tables(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
                 mine = [r for r in rows if r["setting"] == s.name and r["method"] == m]
                 cells.append(mean_std(r.get(key) for r in _ok(mine)) if mine else "—")
             body.append([_method_cell(m, labels[m]), *cells])
-        return _md_table(header, body)
+        return md_table(header, body)
 
     personal = [m for m in methods if any(r.get("acc_personal_final") is not None for r in rows if r["method"] == m)]
     params = "; ".join(f"{s.name}: λ = {s.meta['lam']}, ϑ = {s.meta['theta']}, I = {s.meta['interval']} "
