@@ -681,6 +681,9 @@ def reproduce_fdp_sensitivity(
     seeds: _Seeds = None, rounds: _Rounds = None,
     coupled_only: Annotated[bool, typer.Option("--coupled-only", help="Skip the independent-noise neighbour run "
                                                                       "(a quarter less work).")] = False,
+    settings: Annotated[Optional[str], typer.Option(
+        "--settings", help="Comma-separated glob patterns of setting names, e.g. 'fedavg,fedprox-*' (full scale also "
+                           "has fedavg-m10, fedavg-K1, fedavg-V1, ...).")] = None,
 ) -> None:
     """Empirical sensitivity of Noisy-FedAvg/FedProx (spec fdp_accounting.md §7): ‖w_t − w′_t‖ per round for
     neighbouring datasets with shared seeds. Writes OUT/sensitivity.{csv,json,md,png}."""
@@ -690,7 +693,7 @@ def reproduce_fdp_sensitivity(
         console.print(message, markup=False, highlight=False)
 
     try:
-        result = run_sensitivity(scale, out, seeds=seeds, rounds=rounds, progress=say,
+        result = run_sensitivity(scale, out, seeds=seeds, rounds=rounds, progress=say, settings_pattern=settings,
                                  couplings=("coupled",) if coupled_only else ("coupled", "independent"))
     except ControlPairError as e:  # not a user error: the runs were not deterministic
         errors.print(f"error: {e}", markup=False, highlight=False)

@@ -244,10 +244,13 @@ def test_cli_runs_the_ci_scale_and_reports_its_files(tmp_path):
     from cli_runner import cli
 
     code, out, err = cli("reproduce", "fdp-sensitivity", "--scale", "ci", "--out", tmp_path, "--rounds", "3",
-                         "--coupled-only")
+                         "--coupled-only", "--settings", "fedavg,fedprox-a1")
     assert code == 0, err
     assert "sensitivity:" in out and (tmp_path / "sensitivity.md").is_file()
     rows = list(csv.DictReader(io.StringIO((tmp_path / "sensitivity.csv").read_text())))
     assert {r["coupling"] for r in rows} == {"coupled"} and {r["round"] for r in rows} == {"1", "2", "3"}
+    assert {r["setting"] for r in rows} == {"fedavg", "fedprox-a1"}
+    code, _, err = cli("reproduce", "fdp-sensitivity", "--scale", "ci", "--out", tmp_path / "y", "--settings", "nope*")
+    assert code == 2 and "matches no setting" in err and not (tmp_path / "y").exists()
     code, _, err = cli("reproduce", "fdp-sensitivity", "--scale", "huge", "--out", tmp_path / "x")
     assert code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()

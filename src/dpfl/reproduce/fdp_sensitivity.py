@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import fnmatch
 import io
 import math
 import threading
@@ -511,12 +512,14 @@ class SensitivityResult:
 
 def run_sensitivity(scale: str, out: Path, *, seeds: int | None = None, rounds: int | None = None,
                     progress: Callable[[str], None] | None = None, replacement: str = "test_other_class",
-                    client: int = 0, record: int = 0, couplings: Sequence[str] = COUPLINGS) -> SensitivityResult:
+                    client: int = 0, record: int = 0, couplings: Sequence[str] = COUPLINGS,
+                    settings_pattern: str | None = None) -> SensitivityResult:
     """Run every setting of `scale` for `seeds` seeds (default: the scale's) and `rounds` rounds (default: the
     scale's); write OUT/sensitivity.{csv,json,md,png} after each setting and seed. Not resumable.
 
     The neighbours replace training record `record` of client `client` (`replacement`, see `make_neighbour`);
     `couplings` chooses the neighbour runs (both by default; ("coupled",) saves a quarter of the work).
+    `settings_pattern`: comma-separated glob patterns of setting names (e.g. "fedavg,fedprox-*") to run a subset.
     Raises ValueError for a bad argument (before anything runs) and ControlPairError if a control pair is apart.
     """
     _check_scale(scale)
@@ -536,6 +539,12 @@ def run_sensitivity(scale: str, out: Path, *, seeds: int | None = None, rounds: 
     say = progress or (lambda _msg: None)
     choice = choose_dataset(scale)
     settings = sensitivity_settings(scale)
+    if settings_pattern:
+        patterns = [p.strip() for p in settings_pattern.split(",") if p.strip()]
+        settings = [st for st in settings if any(fnmatch.fnmatchcase(st.name, p) for p in patterns)]
+        if not settings:
+            raise ValueError(f"--settings {settings_pattern!r} matches no setting of scale {scale}; settings: "
+                             + ", ".join(st.name for st in sensitivity_settings(scale)))
     configs = {(s.name, seed): setting_config(scale, s, seed=seed, rounds=rounds, choice=choice)
                for s in settings for seed in range(n_seeds)}  # every config is validated before anything runs
     T = next(iter(configs.values())).training.rounds
