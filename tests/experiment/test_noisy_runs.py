@@ -126,6 +126,7 @@ def test_aggregate_view_retirement_rechecks_the_smaller_cohort():
     result = build_run(cfg).run()
     # round 3: client 0 retires; with 3 left, client 1's event no longer fits, so it retires too
     assert [len(r["selected"]) for r in result.history] == [4, 4, 2, 2]
+    assert result.privacy["fdp"]["uploads_averaged"] == [4, 4, 2, 2]
     assert result.privacy["meets_budgets"]
     others = result.privacy["fdp"]["clients"][2]
     assert others["mu"] == pytest.approx(math.sqrt(2 * mu_at(4) ** 2 + 2 * mu_at(2) ** 2), rel=1e-12)
