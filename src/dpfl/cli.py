@@ -393,15 +393,17 @@ def privacy_fdp(
     from dpfl.privacy.fdp_sensitivity import ALGORITHMS, SCHEDULES
 
     fmt = "json" if as_json else fmt
-    if from_run is not None:
-        given = {"--algo": algo, "--eta": eta, "--K": K, "--V": V, "--sigma": sigma, "--m": m, "--L": L,
-                 "--alpha": alpha, "--c": c, "--z": z, "--honest-clients": honest_clients,
-                 "--schedule": None if schedule == "constant" else schedule, "--view": None if view == "auto" else view,
-                 "--release": None if release == "transcript" else release,
-                 "--sensitivity": None if sensitivity == "exact" else sensitivity,
-                 "--secure-aggregation": secure_aggregation or None, "--show-paper-claimed": show_paper_claimed or None}
-        clash = [name for name, value in given.items() if value is not None]
-        try:
+    try:
+        if from_run is not None:
+            given = {"--algo": algo, "--eta": eta, "--K": K, "--V": V, "--sigma": sigma, "--m": m, "--L": L,
+                     "--alpha": alpha, "--c": c, "--z": z, "--honest-clients": honest_clients,
+                     "--schedule": None if schedule == "constant" else schedule,
+                     "--view": None if view == "auto" else view,
+                     "--release": None if release == "transcript" else release,
+                     "--sensitivity": None if sensitivity == "exact" else sensitivity,
+                     "--secure-aggregation": secure_aggregation or None,
+                     "--show-paper-claimed": show_paper_claimed or None}
+            clash = [name for name, value in given.items() if value is not None]
             _choice("format", fmt, FDP_FORMATS)
             if clash:
                 raise UserError(f"{', '.join(clash)}: with --from-run every setting comes from the run's config")
@@ -410,48 +412,42 @@ def privacy_fdp(
             from dpfl.results.fdp_from_run import fdp_report_from_run
 
             report = fdp_report_from_run(from_run, grid, t_max, delta, paper_variant or "printed")
-            written = _fdp_write_files(report, out) if out is not None else []
-        except _user_errors() as e:
-            _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-        except OSError as e:
-            _fail(f"could not write to {out}: {e}")
-        _fdp_output(report, fmt, report.view, written, from_run)
-        return
-    try:
-        missing = [name for name, value in (("--algo", algo), ("--eta", eta), ("--K", K), ("--V", V),
-                                            ("--sigma", sigma), ("--m", m)) if value is None]
-        if missing:
-            raise UserError(f"missing {', '.join(missing)} (or give --from-run RUN_DIR)")
-        t_max = 10000 if t_max is None else t_max
-        for name, value, choices in (("algo", algo, ALGORITHMS), ("schedule", schedule, SCHEDULES),
-                                     ("view", view, VIEWS), ("release", release, RELEASES),
-                                     ("sensitivity", sensitivity, ("exact", "paper")), ("format", fmt, FDP_FORMATS)):
-            _choice(name, value, choices)
-        if paper_variant is not None:
-            _choice("paper-variant", paper_variant, PAPER_VARIANTS)
-            if not show_paper_claimed:
-                raise UserError("--paper-variant only applies with --show-paper-claimed")
-        if show_paper_claimed and L is None:
-            raise UserError("--show-paper-claimed needs the smoothness constant --L (the paper's bounds depend on it)")
-        for name, value in (("eta", eta), ("V", V), ("sigma", sigma)):
-            _positive(name, value)
-        for name, value in (("L", L), ("alpha", alpha), ("c", c), ("z", z)):
-            if value is not None and not (value >= 0 and math.isfinite(value)):
-                raise UserError(f"--{name} must be a finite number >= 0, got {value}")
-        if K < 1 or m < 1:
-            raise UserError(f"--K and --m must be >= 1, got K = {K}, m = {m}")
-        rounds = parse_grid(grid, t_max)
-        report = fdp_report(algo=algo, schedule=schedule, eta=eta, K=K, V=V, sigma=sigma, m=m, rounds=rounds, L=L,
-                            alpha=alpha, deltas=tuple(delta or (1e-5,)), view=view,
-                            secure_aggregation=secure_aggregation, release=release, sensitivity=sensitivity,
-                            paper=(paper_variant or "printed") if show_paper_claimed else None, c=c, z=z,
-                            honest_clients=honest_clients)
+        else:
+            missing = [name for name, value in (("--algo", algo), ("--eta", eta), ("--K", K), ("--V", V),
+                                                ("--sigma", sigma), ("--m", m)) if value is None]
+            if missing:
+                raise UserError(f"missing {', '.join(missing)} (or give --from-run RUN_DIR)")
+            for name, value, choices in (("algo", algo, ALGORITHMS), ("schedule", schedule, SCHEDULES),
+                                         ("view", view, VIEWS), ("release", release, RELEASES),
+                                         ("sensitivity", sensitivity, ("exact", "paper")),
+                                         ("format", fmt, FDP_FORMATS)):
+                _choice(name, value, choices)
+            if paper_variant is not None:
+                _choice("paper-variant", paper_variant, PAPER_VARIANTS)
+                if not show_paper_claimed:
+                    raise UserError("--paper-variant only applies with --show-paper-claimed")
+            if show_paper_claimed and L is None:
+                raise UserError("--show-paper-claimed needs the smoothness constant --L (the paper's bounds depend "
+                                "on it)")
+            for name, value in (("eta", eta), ("V", V), ("sigma", sigma)):
+                _positive(name, value)
+            for name, value in (("L", L), ("alpha", alpha), ("c", c), ("z", z)):
+                if value is not None and not (value >= 0 and math.isfinite(value)):
+                    raise UserError(f"--{name} must be a finite number >= 0, got {value}")
+            if K < 1 or m < 1:
+                raise UserError(f"--K and --m must be >= 1, got K = {K}, m = {m}")
+            rounds = parse_grid(grid, 10000 if t_max is None else t_max)
+            report = fdp_report(algo=algo, schedule=schedule, eta=eta, K=K, V=V, sigma=sigma, m=m, rounds=rounds,
+                                L=L, alpha=alpha, deltas=tuple(delta or (1e-5,)), view=view,
+                                secure_aggregation=secure_aggregation, release=release, sensitivity=sensitivity,
+                                paper=(paper_variant or "printed") if show_paper_claimed else None, c=c, z=z,
+                                honest_clients=honest_clients)
         written = _fdp_write_files(report, out) if out is not None else []
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:  # --out not writable
         _fail(f"could not write to {out}: {e}")
-    _fdp_output(report, fmt, view, written)
+    _fdp_output(report, fmt, view if from_run is None else report.view, written, from_run)
 
 
 def _fdp_output(report: Any, fmt: str, view_requested: str, written: list[Path], run_dir: Path | None = None) -> None:

@@ -71,6 +71,7 @@ __all__ = [
     "build_run",
     "central_noise_multiplier",
     "noisy_accounting",
+    "refuse_unaccounted_buffers",
     "resolve_batch_sizes",
     "resolve_budgets",
 ]
@@ -126,10 +127,10 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
                               max_train_samples=d.max_train_samples, **d.options)
     if d.partition in ("dirichlet", "dirichlet_quota"):
         kw["alpha"] = d.alpha
-    if d.partition == "dirichlet_quota" and d.samples_per_client is not None:
-        kw["samples_per_client"] = d.samples_per_client
     elif d.partition == "shards":
         kw["shards_per_client"] = d.shards_per_client
+    if d.samples_per_client is not None:  # the schema allows it with dirichlet_quota only
+        kw["samples_per_client"] = d.samples_per_client
     try:
         return federated_dataset(d.dataset, d.clients, root=Path(d.root) if d.root else None, seed=cfg.seed, **kw)
     except (DatasetNotFoundError, ChecksumError):
@@ -266,6 +267,13 @@ def _centaur(cfg: RunConfig, loss: str, head_epochs: float, private: bool) -> tu
     return PhasedProgram(phases), PrivateHead(head)
 
 
+def refuse_unaccounted_buffers(cfg: RunConfig, model: Any) -> None:
+    """Parameter noise covers parameters only: a model with buffers (BatchNorm statistics) is refused."""
+    if cfg.privacy.mechanism == "param_noise" and any(True for _ in model.buffers()):
+        raise ConfigError(f"model: {cfg.model.name!r} has buffers (e.g. BatchNorm running statistics), which the "
+                          "f-DP analysis of parameter noise does not cover; use a GroupNorm model", "model")
+
+
 def noisy_accounting(cfg: RunConfig) -> NoisyRunAccounting:
     """The f-DP accounting of a noisy_fedavg / noisy_fedprox config: its realised step sizes η[T, K] and threat model."""
     p, t, params = cfg.privacy, cfg.training, cfg.algorithm.params
@@ -286,7 +294,7 @@ def noisy_accounting(cfg: RunConfig) -> NoisyRunAccounting:
 def _noisy(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algorithm:
     """Noisy-FedAvg/FedProx: clipped local steps on the schedule, parameter noise on upload, a plain mean."""
     accounting = noisy_accounting(cfg)
-    local = clipped_sgd(accounting.step_sizes.tolist(), accounting.clip, clip_mode=params.clip_mode,
+    local = clipped_sgd(accounting.step_sizes, accounting.clip, clip_mode=params.clip_mode,
                         sampling=params.batch_sampling, loss=loss, prox_mu=accounting.alpha or 0.0)
     return Algorithm(cfg.algorithm.name, local, selection, ParameterNoise(accounting), FedAvg("uniform"))
 
@@ -298,14 +306,14 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
     loss = model_info(cfg.model.name).loss
     sel = cfg.training.selection
     selection = Selection(sel.kind, sel.k, sel.rate)
+    if name in ("noisy_fedavg", "noisy_fedprox"):
+        return _noisy(cfg, params, loss, selection)
     mu = getattr(params, "mu", 0.0)
     personal: Any = AdditivePersonal(params.alpha) if name == "ppsgd" else None
     local: Any = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=mu,
                                 lr_factor=personal.lr_factor if personal is not None else 1.0)
     if name == "centaur":
         local, personal = _centaur(cfg, loss, params.head_epochs, private=mech == "dpsgd")
-    if name in ("noisy_fedavg", "noisy_fedprox"):
-        return _noisy(cfg, params, loss, selection)
     if name == "dp_fedavg_central":
         if budgets is None:  # pragma: no cover - the schema requires budgets for 'central'
             raise ConfigError("privacy.budgets: required by mechanism 'central'", "privacy.budgets")
@@ -372,9 +380,7 @@ def build_run(cfg: RunConfig) -> FederatedRun:
                             **cfg.model.options)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"model: {err}", "model") from None
-    if cfg.privacy.mechanism == "param_noise" and any(True for _ in model.buffers()):
-        raise ConfigError(f"model: {cfg.model.name!r} has buffers (e.g. BatchNorm running statistics), which the "
-                          "f-DP analysis of parameter noise does not cover; use a GroupNorm model", "model")
+    refuse_unaccounted_buffers(cfg, model)
     budgets = resolve_budgets(cfg)
     try:
         algorithm = build_algorithm(cfg, budgets)

@@ -945,6 +945,12 @@ class RunConfig(_Section):
             _fail("", "the ray backend is not available yet", v, "local")
         return v
 
+    @property
+    def planned_cohort(self) -> int | None:
+        """Uploads averaged per round as planned: every client, or k of a fixed cohort (None under Poisson)."""
+        sel = self.training.selection
+        return self.data.clients if sel.kind == "all" else sel.k
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         self._resolve_threat_model()
@@ -1045,7 +1051,7 @@ class RunConfig(_Section):
             shape = f"[{len(steps)}][{', '.join(sorted({str(len(row)) for row in steps}))}]"
             _fail("algorithm.params.step_sizes", f"must have training.rounds rows of training.local_steps step sizes "
                   f"([{t.rounds}][{t.local_steps}])", shape, f"a [{t.rounds}][{t.local_steps}] list")
-        cohort = self.data.clients if t.selection.kind == "all" else t.selection.k
+        cohort = self.planned_cohort
         if p.honest_clients is not None and cohort is not None and p.honest_clients > cohort:
             _fail("privacy.honest_clients", f"more than the {cohort} clients averaged per round", p.honest_clients,
                   f"an integer in [1, {cohort}]")

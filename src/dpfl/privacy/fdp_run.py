@@ -99,7 +99,7 @@ class NoisyRunAccounting:
         if len(m_t) != T or T > self.rounds or (T and m_t.min() < 1):
             raise ValueError(f"need one cohort size >= 1 per round run (<= {self.rounds}), got {len(m_t)} for {T}")
         s = np.array([self.noise_left(int(c)) for c in m_t])
-        shift = self.gamma_one[:T] / (1.0 if self.view == "upload" else m_t)
+        shift = np.array([self.shift(t, int(c)) for t, c in enumerate(m_t)])
         gamma = np.where(part, shift / s, 0.0)
         if self.rho is None:
             return gamma, None

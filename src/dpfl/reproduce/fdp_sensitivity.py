@@ -69,7 +69,8 @@ import torch
 from dpfl.data import available, dataset_options, load_dataset
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
-from dpfl.experiment.build import build_algorithm, build_data, noisy_accounting, resolve_batch_sizes, resolve_budgets
+from dpfl.experiment.build import (build_algorithm, build_data, noisy_accounting, refuse_unaccounted_buffers,
+                                   resolve_batch_sizes, resolve_budgets)
 from dpfl.experiment.config import RunConfig, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
 from dpfl.models import build_model
@@ -339,17 +340,6 @@ class PairResult:
         return float(np.max(ratio))
 
 
-def _cohort(cfg: RunConfig, data: FederatedDataset) -> int:
-    """m: the uploads averaged per round (full participation or a fixed-size cohort)."""
-    sel = cfg.training.selection
-    if sel.kind == "all":
-        return data.n_clients
-    if sel.kind == "fixed" and sel.k is not None:
-        return int(sel.k)
-    raise ValueError("training.selection.kind: the experiment needs full participation or fixed cohorts, "
-                     f"got {sel.kind!r}")
-
-
 def _smoothness(smoothness: float | str | None, cfg: RunConfig, *datasets: FederatedDataset) -> float | None:
     if smoothness is None:
         return None
@@ -365,8 +355,7 @@ def _smoothness(smoothness: float | str | None, cfg: RunConfig, *datasets: Feder
 def _make_run(cfg: RunConfig, data: FederatedDataset, *, eval_every: int, noise_offset: int = 0) -> FederatedRun:
     """A FederatedRun of `cfg` on `data` with a fresh model of the run seed's initialisation; not accounted."""
     model = build_model(cfg.model.name, tuple(data.input_shape), data.n_classes, seed=cfg.seed, **cfg.model.options)
-    if any(True for _ in model.buffers()):
-        raise ValueError(f"model {cfg.model.name!r} has buffers, which parameter noise does not cover")
+    refuse_unaccounted_buffers(cfg, model)
     budgets = resolve_budgets(cfg)
     algorithm = build_algorithm(cfg, budgets)
     upload = replace(algorithm.upload, accounted=False, noise_offset=noise_offset)
@@ -462,7 +451,8 @@ def measure_pair(cfg: RunConfig, *, data: FederatedDataset | None = None, smooth
     control = copy.deepcopy(base)
     L = _smoothness(smoothness, cfg, base, neighbour)
     accounting = noisy_accounting(cfg)
-    m = _cohort(cfg, base)
+    m = cfg.planned_cohort  # all clients or a fixed k: the schema refuses Poisson selection for noisy algorithms
+    assert m is not None
     sens = sensitivities(accounting.algo, accounting.step_sizes, accounting.clip, m, L=L,
                          alpha=accounting.alpha if accounting.algo == "fedprox" else None)
     bound = recursion_bound(sens.gamma, sens.rho) if sens.rho is not None else None

@@ -31,8 +31,8 @@ def fdp_report_from_run(run_dir: Path, grid: str = "log:60", t_max: int | None =
         raise ConfigError(f"{run_dir}: f-DP curves exist for {' and '.join(NOISY)} runs; this run is "
                           f"{cfg.algorithm.name!r}", "algorithm.name")
     acc = noisy_accounting(cfg)
-    sel = cfg.training.selection
-    cohort = cfg.data.clients if sel.kind == "all" else int(sel.k or 1)
+    cohort = cfg.planned_cohort  # the schema refuses Poisson selection for these algorithms
+    assert cohort is not None
     horizon = acc.rounds if t_max is None else int(t_max)
     if horizon > acc.rounds:
         raise ValueError(f"--T-max {horizon} is beyond the run's {acc.rounds} rounds (its step sizes end there)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from dp_accounting import DpEvent
 
 from dpfl.engine.local_training import ClientPlan, LocalSpec
@@ -105,8 +106,8 @@ def clipped_sgd(step_sizes, clip: float, *, clip_mode: str = "per_example", samp
     `step_sizes` is η[rounds][K]; the gradient is clipped per example (then averaged) or on the batch mean. Not
     `private` by itself: the upload noise (`ParameterNoise`) is the mechanism, and clipping bounds its sensitivity.
     """
-    rows = tuple(tuple(float(v) for v in row) for row in step_sizes)
-    if not rows or not rows[0]:
+    eta = np.asarray(step_sizes, dtype=np.float64)
+    if eta.ndim != 2 or eta.size == 0:
         raise ValueError("step_sizes must be a non-empty [rounds][steps] array")
-    spec = LocalSpec(lr=rows[0][0], loss=loss, clip=clip, clip_mode=clip_mode, sampling=sampling, prox_mu=prox_mu)
-    return LocalProgram(spec, steps=len(rows[0]), step_sizes=rows)
+    spec = LocalSpec(lr=float(eta[0, 0]), loss=loss, clip=clip, clip_mode=clip_mode, sampling=sampling, prox_mu=prox_mu)
+    return LocalProgram(spec, steps=eta.shape[1], step_sizes=eta.tolist())
