@@ -1,0 +1,60 @@
+"""The `data` section: which dataset and how it is split among clients."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dpfl.data import DATASETS, dataset_options
+from dpfl.experiment.config.base import _Section
+from dpfl.experiment.config.errors import _fail
+from dpfl.experiment.config.limits import MAX_CLIENTS, _at_most
+
+DatasetName = Literal[DATASETS]  # type: ignore[valid-type]
+
+
+class DataConfig(_Section):
+    """Which dataset and how it is split among clients (`dpfl.data.federated_dataset`).
+
+    partition: iid; shards; dirichlet (each class split among clients by Dir(alpha)); dirichlet_quota (each
+    client draws class proportions from Dir(alpha) and fills `samples_per_client` samples, default all / clients;
+    spec fdp_accounting.md §8).
+
+    clients: 1 to 1,000,000 (`MAX_CLIENTS`, above the records of every dataset dpfl loads; a split needs at
+    least one training record per client, which `dpfl.data` checks against the dataset itself).
+    """
+
+    dataset: DatasetName
+    root: str | None = None
+    clients: int = Field(ge=1)
+    partition: Literal["iid", "shards", "dirichlet", "dirichlet_quota"] = "iid"
+    alpha: float = Field(0.5, gt=0)
+    samples_per_client: int | None = Field(None, ge=1)
+    shards_per_client: int = Field(2, ge=1)
+    max_train_samples: int | None = Field(None, ge=1)
+    client_test_fraction: float = Field(0.0, ge=0, lt=1)
+    client_val_fraction: float = Field(0.0, ge=0, lt=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("clients")
+    @classmethod
+    def _clients_limit(cls, v: int) -> int:
+        return _at_most(v, MAX_CLIENTS, "clients")
+
+    @model_validator(mode="after")
+    def _options_known(self) -> DataConfig:
+        if self.samples_per_client is not None and self.partition != "dirichlet_quota":
+            _fail("samples_per_client", "only used by partition 'dirichlet_quota'", self.samples_per_client, "null")
+        if self.client_test_fraction + self.client_val_fraction >= 1:
+            _fail("client_val_fraction", "the test and validation splits must leave training data",
+                  self.client_val_fraction, f"a fraction below 1 - client_test_fraction = {1 - self.client_test_fraction:g}")
+        allowed = dataset_options(self.dataset)
+        for key in self.options:
+            if key == "seed":
+                _fail("options.seed", "the dataset seed is the run's top-level seed; set `seed` instead",
+                      self.options[key], ", ".join(a for a in allowed if a != "seed") or "none")
+            if key not in allowed:
+                _fail(f"options.{key}", f"unknown option for dataset {self.dataset!r}", self.options[key],
+                      ", ".join(a for a in allowed if a != "seed") or "none")
+        return self

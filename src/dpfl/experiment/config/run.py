@@ -1,0 +1,207 @@
+"""`RunConfig`: one run, its sections, and the checks that span sections.
+
+The declared threat model (unit, observer, mechanism, sampling) is filled in from the algorithm when left
+out and must agree with it when given; privacy fields a mechanism does not use are refused; the f-DP
+assumptions of Noisy-FedAvg/FedProx are checked; per-client lists must have one entry per client.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dpfl.experiment.config.algorithm import AlgorithmConfig
+from dpfl.experiment.config.base import _Section
+from dpfl.experiment.config.budgets import _BUDGETS_ALLOWED, Rhdp20Budgets, _has_unlimited
+from dpfl.experiment.config.data import DataConfig
+from dpfl.experiment.config.errors import _fail
+from dpfl.experiment.config.limits import MAX_NOISY_STEPS
+from dpfl.experiment.config.model import ModelConfig
+from dpfl.experiment.config.privacy import PrivacyConfig
+from dpfl.experiment.config.training import CheckpointConfig, EvaluationConfig, TrainingConfig
+from dpfl.experiment.config.vocabulary import (
+    _CALIBRATED,
+    _FDP_FIELDS,
+    _NEEDS_BUDGETS,
+    _NEEDS_CLIP,
+    _NOISY,
+    _OBSERVER_WHY,
+    ALGORITHM_MECHANISMS,
+    MECHANISM_OBSERVER,
+    MECHANISM_UNIT,
+)
+from dpfl.privacy.budget_distributions import RHDP_BATCH20, RHDP_EPS20
+
+
+class RunConfig(_Section):
+    """One run. See configs/*.yaml for examples and `config_to_yaml` for every field with its value."""
+
+    name: str = Field("run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    seed: int = Field(0, ge=0)
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: Literal["local", "ray"] = "local"
+    data: DataConfig
+    model: ModelConfig
+    algorithm: AlgorithmConfig
+    training: TrainingConfig
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @field_validator("device")
+    @classmethod
+    def _device_available(cls, v: str) -> str:
+        if v == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                _fail("", "cuda is not available on this machine", v, "cpu")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_available(cls, v: str) -> str:
+        if v == "ray":
+            _fail("", "the ray backend is not available yet", v, "local")
+        return v
+
+    @property
+    def planned_cohort(self) -> int | None:
+        """Uploads averaged per round as planned: every client, or k of a fixed cohort (None under Poisson)."""
+        sel = self.training.selection
+        return self.data.clients if sel.kind == "all" else sel.k
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        self._resolve_threat_model()
+        self._check_privacy_fields()
+        self._check_per_client_lengths()
+        return self
+
+    # The declared threat model must be the one the algorithm provides; missing parts are filled in.
+    def _resolve_threat_model(self) -> None:
+        p, alg = self.privacy, self.algorithm.name
+        allowed = ALGORITHM_MECHANISMS[alg]
+        if p.mechanism is None:
+            p.mechanism = allowed[0]
+        elif p.mechanism not in allowed:
+            _fail("privacy.mechanism", f"algorithm {alg!r} runs with mechanism {' or '.join(map(repr, allowed))}",
+                  p.mechanism, ", ".join(allowed))
+        unit = MECHANISM_UNIT[p.mechanism]
+        if p.unit is None:
+            p.unit = unit  # type: ignore[assignment]
+        elif p.unit != unit:
+            _fail("privacy.unit", f"mechanism {p.mechanism!r} of algorithm {alg!r} protects unit {unit!r}",
+                  p.unit, unit)
+        observer = MECHANISM_OBSERVER[p.mechanism]
+        if p.mechanism == "param_noise":  # the f-DP view: uploads seen (server) or only their averages
+            observer = p.observer if p.observer in ("server", "aggregate") else (
+                "aggregate" if p.secure_aggregation else "server")
+        if p.observer is None:
+            p.observer = observer  # type: ignore[assignment]
+        elif p.observer != observer:
+            _fail("privacy.observer", f"with algorithm {alg!r} and mechanism {p.mechanism!r} the guarantee "
+                  f"holds against observer {observer!r} ({_OBSERVER_WHY[observer]})", p.observer, observer)
+
+    def _check_privacy_fields(self) -> None:
+        p, alg, mech = self.privacy, self.algorithm.name, self.privacy.mechanism
+        not_private = f"algorithm {alg!r} with mechanism {mech!r}"
+        if mech == "dpsgd":
+            if p.sampling is None:
+                p.sampling = "poisson"
+        elif p.sampling is not None:
+            _fail("privacy.sampling", f"record sampling is only used by mechanism 'dpsgd' (this run: {mech!r}); "
+                  "client sampling is training.selection", p.sampling, "null")
+        if mech in _NEEDS_CLIP and p.clip is None:
+            _fail("privacy.clip", f"required by mechanism {mech!r}", None, "a number > 0")
+        if mech not in _NEEDS_CLIP and p.clip is not None:
+            _fail("privacy.clip", f"not used by {not_private}", p.clip, "null")
+        if mech == "udp" and p.noise_multiplier is None:
+            _fail("privacy.noise_multiplier", "required by mechanism 'udp' (its calibration is not available yet)",
+                  None, "a number >= 0")
+        if mech in ("param_noise", "none") and p.noise_multiplier is not None:
+            hint = "; the noise of 'param_noise' is algorithm.params.std" if mech == "param_noise" else ""
+            _fail("privacy.noise_multiplier", f"not used by {not_private}{hint}", p.noise_multiplier, "null")
+        if mech != "param_noise":
+            for name in _FDP_FIELDS:
+                if getattr(p, name) != PrivacyConfig.model_fields[name].default:
+                    _fail(f"privacy.{name}", f"only used by the f-DP accounting of {' and '.join(_NOISY)} (this run: "
+                          f"{not_private})", getattr(p, name), repr(PrivacyConfig.model_fields[name].default))
+        else:
+            self._check_noisy()
+        if mech in _NEEDS_BUDGETS and p.budgets is None:
+            _fail("privacy.budgets", f"required by mechanism {mech!r}", None, _BUDGETS_ALLOWED)
+        if mech == "none" and p.budgets is not None:
+            _fail("privacy.budgets", f"{not_private} is not private, so budgets have no effect", p.budgets, "null")
+        if mech in _CALIBRATED and p.noise_multiplier is None and _has_unlimited(p.budgets):
+            _fail("privacy.budgets", "unlimited (.inf) budgets cannot calibrate noise; give "
+                  "privacy.noise_multiplier or finite budgets", p.budgets, "finite numbers > 0")
+        if p.calibration == "pfa-heuristic" and (mech != "dpsgd" or p.noise_multiplier is not None):
+            _fail("privacy.calibration", "the PFA heuristic calibrates DP-SGD noise from the budgets (mechanism 'dpsgd', "
+                  "no explicit noise_multiplier)", p.calibration, "accountant")
+        if alg == "max_eps" and not p.allow_budget_violation:
+            _fail("privacy.allow_budget_violation", "max_eps calibrates everyone to the largest epsilon, violating the "
+                  "smaller budgets: it is a non-private reference and must be allowed explicitly", False, "true")
+        if alg in ("min_eps", "max_eps") and p.noise_multiplier is not None:
+            _fail("privacy.noise_multiplier", f"{alg} calibrates the noise itself", p.noise_multiplier, "null")
+        if p.misreport is not None and p.misreport.client >= self.data.clients:
+            _fail("privacy.misreport.client", f"no such client (data.clients is {self.data.clients})",
+                  p.misreport.client, f"an integer in [0, {self.data.clients - 1}]")
+        sel = self.training.selection.kind
+        if p.accountant == "pld" and ((mech == "dpsgd" and p.sampling == "fixed") or (mech == "central" and sel == "fixed")):
+            what = "privacy.sampling" if mech == "dpsgd" else "training.selection.kind"
+            _fail("privacy.accountant", f"'pld' cannot account fixed-size sampling (replace-one; {what} is 'fixed')",
+                  p.accountant, "rdp")
+
+    def _check_noisy(self) -> None:
+        """What the f-DP analysis of Noisy-FedAvg/FedProx assumes (spec fdp_accounting.md §1.1)."""
+        t, p, alg = self.training, self.privacy, self.algorithm
+        name = alg.name
+        if t.local_steps is None:
+            _fail("training.local_steps", f"{name} needs a fixed number K of local steps (the sensitivities sum over "
+                  "them); local_epochs would give clients different K", t.local_epochs, "local_steps: an integer >= 1")
+        if t.rounds * t.local_steps > MAX_NOISY_STEPS:
+            _fail("training.local_steps", f"{name} keeps one step size per local step: training.rounds x "
+                  f"training.local_steps = {t.rounds} x {t.local_steps} is above dpfl's limit of {MAX_NOISY_STEPS}",
+                  t.local_steps, f"at most {MAX_NOISY_STEPS // t.rounds} with {t.rounds} rounds")
+        if t.optimizer.momentum:
+            _fail("training.optimizer.momentum", f"{name} takes plain clipped steps: the sensitivity analysis has no "
+                  "momentum", t.optimizer.momentum, "0")
+        if t.selection.kind == "poisson":
+            _fail("training.selection.kind", f"{name} runs with full participation or fixed-size cohorts (the "
+                  "accountant uses the cohort size and claims no sampling amplification)", "poisson", "all | fixed")
+        steps = alg.params.get("step_sizes")
+        if steps is not None and (len(steps) != t.rounds or any(len(row) != t.local_steps for row in steps)):
+            shape = f"[{len(steps)}][{', '.join(sorted({str(len(row)) for row in steps}))}]"
+            _fail("algorithm.params.step_sizes", f"must have training.rounds rows of training.local_steps step sizes "
+                  f"([{t.rounds}][{t.local_steps}])", shape, f"a [{t.rounds}][{t.local_steps}] list")
+        cohort = self.planned_cohort
+        if p.honest_clients is not None and cohort is not None and p.honest_clients > cohort:
+            _fail("privacy.honest_clients", f"more than the {cohort} clients averaged per round", p.honest_clients,
+                  f"an integer in [1, {cohort}]")
+
+    def _check_per_client_lengths(self) -> None:
+        n = self.data.clients
+        sel = self.training.selection
+        if sel.kind == "fixed" and sel.k is not None and sel.k > n:
+            _fail("training.selection.k", f"more clients than data.clients ({n})", sel.k, f"an integer in [1, {n}]")
+        bs = self.training.batch_size
+        if isinstance(bs, list) and len(bs) != n:
+            _fail("training.batch_size", f"has {len(bs)} entries for {n} clients (data.clients)", bs,
+                  f"one integer per client ({n})")
+        if bs == "rhdp20" and n != len(RHDP_BATCH20):
+            _fail("training.batch_size", f"the rhdp20 list has {len(RHDP_BATCH20)} clients, data.clients is {n}", bs,
+                  f"hetero, an integer, a list of {n} integers or {{distribution: choice, ...}}")
+        public = self.algorithm.params.get("public_clients") if self.algorithm.name in ("pfa", "pfa_plus") else None
+        for i, client in enumerate(public or ()):
+            if client >= n:
+                _fail(f"algorithm.params.public_clients.{i}", f"no such client (data.clients is {n})", client,
+                      f"an integer in [0, {n - 1}]")
+        b = self.privacy.budgets
+        if isinstance(b, list) and len(b) != n:
+            _fail("privacy.budgets", f"has {len(b)} entries for {n} clients (data.clients)", b,
+                  f"one epsilon per client ({n}), a number or a distribution")
+        if isinstance(b, Rhdp20Budgets) and n != len(RHDP_EPS20[b.dist]):
+            _fail("privacy.budgets", f"rhdp20 lists have {len(RHDP_EPS20[b.dist])} clients; for {n} clients use "
+                  f"distribution {b.dist} (sampled)", b, f"{{distribution: {b.dist}}} or data.clients: 20")

@@ -1,0 +1,58 @@
+"""The config's words: algorithm and mechanism names, and what each mechanism protects from whom.
+
+`ALGORITHM_MECHANISMS` lists the mechanisms each algorithm runs with (the first is the default);
+`MECHANISM_UNIT` / `MECHANISM_OBSERVER` give the unit protected and the observer the guarantee holds
+against (the runner's Algorithm.unit / .observer, in config words). `RunConfig` resolves the declared
+threat model with these tables.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ALGORITHMS: tuple[str, ...] = (
+    "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "noisy_fedprox", "fedprox",
+    "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
+)
+MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
+
+# Which privacy mechanisms each algorithm runs with; the first is the default when none is declared.
+ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
+    "fedavg": ("none",),
+    "dp_fedavg_local": ("dpsgd",),
+    "dp_fedavg_central": ("central",),
+    "udp_fedavg": ("udp",),
+    "noisy_fedavg": ("param_noise",),
+    "noisy_fedprox": ("param_noise",),
+    "fedprox": ("none", "dpsgd"),
+    "weiavg": ("dpsgd",),
+    "min_eps": ("dpsgd",),
+    "max_eps": ("dpsgd",),
+    "oracle": ("dpsgd",),
+    "pfa": ("dpsgd",),
+    "pfa_plus": ("dpsgd",),
+    "robust_hdp": ("dpsgd",),
+    "fedceo": ("dpsgd", "udp"),
+    "ppsgd": ("dpsgd", "udp"),
+    "centaur": ("dpsgd", "udp"),
+}
+# What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
+MECHANISM_UNIT: dict[str, str] = {
+    "dpsgd": "sample", "udp": "client", "central": "client", "param_noise": "sample", "none": "none",
+}
+MECHANISM_OBSERVER: dict[str, str] = {
+    "dpsgd": "server", "udp": "server", "central": "aggregate", "param_noise": "server", "none": "none",
+}
+_OBSERVER_WHY = {
+    "server": "the server sees every individual upload",
+    "aggregate": "only the aggregate (global models) is protected; the server is trusted",
+    "none": "the run is not private",
+}
+_NEEDS_CLIP = ("dpsgd", "udp", "central", "param_noise")
+_NOISY = ("noisy_fedavg", "noisy_fedprox")  # Noisy-FedAvg/FedProx: f-DP accounted (spec fdp_accounting.md)
+_FDP_FIELDS = ("secure_aggregation", "release", "smoothness_L", "honest_clients")
+_NEEDS_BUDGETS = ("dpsgd", "udp", "central")
+_CALIBRATED = ("dpsgd", "central")  # mechanisms whose noise can be calibrated from the budgets
+
+AlgorithmName = Literal[ALGORITHMS]  # type: ignore[valid-type]
+Mechanism = Literal[MECHANISMS]  # type: ignore[valid-type]
