@@ -2,11 +2,13 @@
 
 User errors (bad config, bad arguments, missing data, an existing run directory) print one line to
 stderr and exit with code 2; only bugs show a traceback.
+
+This module holds the commands, their options and the checks of their arguments; what they print lives
+in ``dpfl.results`` (``outcome``: a finished run; ``fdp_output``: f-DP curves; ``json_output``: --json).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -17,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from dpfl.results.json_output import emit_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Differentially private federated learning with per-client privacy ledgers.")
@@ -50,22 +54,6 @@ def _user_errors():
     return (UserError, ValueError, FileNotFoundError, DatasetNotFoundError)
 
 
-def _json_safe(obj: Any) -> Any:
-    """Strict JSON: non-finite numbers become the strings "inf", "-inf", "nan" (as in privacy.json's ledger)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
-def _emit_json(obj: Any) -> None:
-    """Exactly one JSON object on stdout, so scripts can read it."""
-    sys.stdout.write(json.dumps(_json_safe(obj), allow_nan=False, default=str) + "\n")
-
-
 # ---- run and demo -----------------------------------------------------------------------------------
 def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
     from dpfl.experiment.run_directory import execute
@@ -89,42 +77,6 @@ def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
         return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start)
 
 
-def _fmt(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _print_outcome(out: Path, summary: dict[str, Any]) -> None:
-    from dpfl.results.run_files import read_privacy
-
-    privacy = read_privacy(out)
-    console.print(f"\n[bold]{summary.get('name', out.name)}[/]: {summary['rounds_done']} rounds "
-                  f"(stop: {summary['stop_reason']}), final accuracy {_fmt(summary.get('final_accuracy'))}, "
-                  f"best {_fmt(summary.get('best_accuracy'))}")
-    if privacy.get("accounted"):
-        console.print(f"guarantee: {privacy['unit']}-level DP against {privacy['observer']}; "
-                      f"{privacy['mechanism']}; accountant {privacy['accountant']}", highlight=False)
-        table = Table("client", "records", "budget ε", "δ", "noise z", "spent ε")
-        for c in privacy["clients"][:50]:
-            z = c.get("noise_multiplier")
-            table.add_row(str(c["client"]), str(c["records"]), f"{c['epsilon_budget']:.3f}", f"{c['delta']:.0e}",
-                          "-" if z is None else f"{z:.3f}", f"{c['epsilon_spent']:.3f}")
-        console.print(table)
-        if len(privacy["clients"]) > 50:
-            console.print(f"... {len(privacy['clients']) - 50} more clients in privacy.json")
-        fdp = privacy.get("fdp")
-        if fdp and fdp.get("clients"):
-            eps = ", ".join(f"epsilon {v:.4g} at delta {d}" for d, v in fdp["epsilon_max"].items())
-            console.print(f"f-DP ({fdp['view']} view, release {fdp['release']}): largest mu {fdp['mu_max']:.4g}, "
-                          f"{eps} (bound: {fdp['headline']}, exact GDP conversion; spent ε above: the "
-                          f"{privacy['accountant']} accountant on the same Gaussians)", markup=False, highlight=False)
-            if fdp.get("paper_claimed"):
-                console.print(f"{fdp['paper_claimed']['label']}: mu {fdp['paper_claimed']['mu']:.4g}", markup=False,
-                              highlight=False)
-    else:
-        console.print(f"privacy: {privacy.get('warning', 'not private: no epsilon is reported')}")
-    console.print(f"run directory: {out}  (report: {out / 'report.md'})")
-
-
 @app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
@@ -134,12 +86,13 @@ def run(
 ) -> None:
     """Run a federated experiment described by a YAML config."""
     from dpfl.experiment.config import load_config
+    from dpfl.results.outcome import print_outcome
 
     try:
         cfg = load_config(config, list(set_ or []))
         out = out or Path("runs") / cfg.name
         summary = _run_with_progress(cfg, out, resume)
-        _print_outcome(out, summary)
+        print_outcome(out, console, summary)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
@@ -148,12 +101,13 @@ def run(
 def demo(out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/demo-<time>).")] = None) -> None:
     """A short private run on scikit-learn's bundled digits with a different budget per client."""
     from dpfl.experiment.build import build_demo_config
+    from dpfl.results.outcome import print_outcome
 
     try:
         cfg = build_demo_config()
         out = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
         summary = _run_with_progress(cfg, out, resume=False)
-        _print_outcome(out, summary)
+        print_outcome(out, console, summary)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0])
 
@@ -199,7 +153,7 @@ def privacy_epsilon(
     out = {"epsilon": eps, "delta": delta, "noise_multiplier": noise_multiplier, "sample_rate": sample_rate,
            "steps": steps, "accountant": accountant, "mechanism": "Poisson-sampled Gaussian", "relation": "add_remove"}
     if as_json:
-        _emit_json(out)
+        emit_json(out)
     else:
         console.print(f"epsilon = {eps:.6g} at delta = {delta:g} ({accountant.upper()}, Poisson sampling q = {sample_rate:g}, "
                       f"noise multiplier {noise_multiplier:g}, {steps} steps, add/remove neighbours)", highlight=False)
@@ -230,120 +184,16 @@ def privacy_noise(
     out = {"noise_multiplier": z, "epsilon": achieved, "target_epsilon": epsilon_, "delta": delta,
            "sample_rate": sample_rate, "steps": steps, "accountant": accountant}
     if as_json:
-        _emit_json(out)
+        emit_json(out)
     else:
         console.print(f"noise multiplier = {z:.6g} (gives epsilon = {achieved:.6g} <= {epsilon_:g} at delta = {delta:g}, "
                       f"{accountant.upper()}, q = {sample_rate:g}, {steps} steps)", highlight=False)
 
 
 # ---- privacy fdp ------------------------------------------------------------------------------------
-FDP_FORMATS = ("table", "csv", "json")
-FDP_FILES = ("fdp_curves.csv", "fdp_curves.json", "fdp_curves.png")
-
-
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise UserError(f"--{name} must be one of {', '.join(choices)}, got {value!r}")
-
-
-def _fdp_column(curve: Any) -> str:
-    """A curve's column name: the bound for guarantees, the full paper-claimed label otherwise (never bare)."""
-    return curve.name if curve.is_guarantee else curve.label
-
-
-def _fdp_csv(report: Any) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    header, columns = ["T"], []
-    for c in report.curves:
-        header.append(f"mu[{_fdp_column(c)}]")
-        columns.append(c.mu)
-        for d in report.deltas:
-            header.append(f"eps[{_fdp_column(c)},delta={d}]")
-            columns.append(c.eps[d])
-    writer.writerow(header)
-    for i, t in enumerate(report.rounds):
-        writer.writerow([int(t)] + [repr(float(col[i])) for col in columns])
-    return buf.getvalue()
-
-
-def _fdp_json_text(report: Any) -> str:
-    return json.dumps(_json_safe(report.to_dict()), allow_nan=False, indent=2, ensure_ascii=False) + "\n"
-
-
-def _fdp_write_files(report: Any, out: Path) -> list[Path]:
-    from dpfl.results.fdp_plot import plot_fdp
-    from dpfl.results.run_files import write_text_atomic
-
-    csv_name, json_name, png_name = FDP_FILES
-    return [write_text_atomic(out / csv_name, _fdp_csv(report)),
-            write_text_atomic(out / json_name, _fdp_json_text(report)), plot_fdp(report, out / png_name)]
-
-
-def _fdp_table(report: Any, view_requested: str) -> None:
-    """Threat model, inputs and assumptions first, so no number is read without the setting it holds in."""
-    from rich.measure import Measurement
-    from rich.text import Text
-
-    from dpfl.privacy.fdp import RELEASE_TEXT, SHIFTED, VIEW_TEXT
-
-    p = report.params
-
-    def say(text: str) -> None:
-        console.print(text, markup=False, highlight=False)
-
-    def num(v: Any) -> str:
-        return "-" if v is None else f"{v:g}" if isinstance(v, (int, float)) else str(v)
-
-    say(f"f-DP accounting of noisy {p['algo']} (Gaussian DP, record-level; dpfl privacy fdp)")
-    resolved = "" if view_requested == report.view else f" (resolved from --view {view_requested})"
-    say(f"view:    {report.view}{resolved}: {VIEW_TEXT[report.view].split(': ', 1)[1]}")
-    say(f"release: {report.release}: {RELEASE_TEXT[report.release]}")
-    say("delta:   " + ", ".join(f"{d:g}" for d in report.deltas))
-    say(f"hyperparameters: algo {p['algo']}, schedule {p['schedule']}, eta {num(p['eta'])}, K {p['K']}, "
-        f"V {num(p['V'])}, sigma {num(p['sigma'])}, m {p['m']}, honest clients {p['honest_clients']}, "
-        f"L {num(p['L'])}{' (ASSUMPTION)' if p['L'] is not None else ''}, alpha {num(p['alpha'])}, "
-        f"sensitivity {p['sensitivity']}, c {num(p['c'])}, z {num(p['z'])}, "
-        f"secure aggregation {'yes' if p['secure_aggregation'] else 'no'}"
-        + (f", paper variant {p['paper_variant']}" if p["paper_variant"] else ""))
-    say("bounds:  " + ", ".join(c.label for c in report.curves) + f"; headline guarantee: {report.headline}")
-    if SHIFTED not in {c.name for c in report.curves}:
-        say(f"         ({SHIFTED} applies only with the aggregate view, --release final and --L)")
-    say("assumptions:")
-    for a in report.assumptions:
-        say(f"  - {a}")
-    say("warnings:" + ("" if report.warnings else " none"))
-    for w in report.warnings:
-        say(f"  - {w}")
-
-    table = Table()
-    table.add_column(Text("T"), justify="right", no_wrap=True)
-    for c in report.curves:
-        style = "red" if not c.is_guarantee else None
-        table.add_column(Text(f"{_fdp_column(c)}\nμ"), justify="right", no_wrap=True, style=style)
-        for d in report.deltas:
-            table.add_column(Text(f"{_fdp_column(c)}\nε(δ={d:g})"), justify="right", no_wrap=True, style=style)
-    for i, t in enumerate(report.rounds):
-        cells = [str(int(t))]
-        for c in report.curves:
-            cells.append(f"{c.mu[i]:.6g}")
-            cells += [f"{c.eps[d][i]:.6g}" for d in report.deltas]
-        table.add_row(*cells)
-    # headers must not wrap (the paper label has to read whole): render wider than a narrow or piped console
-    need = Measurement.get(console, console.options.update_width(10_000), table).maximum
-    Console(file=console.file, width=max(console.width, need)).print(table)
-
-    head = report.curve(report.headline)
-    at_t = int(report.rounds[-1])
-    say(f"headline guarantee: {report.headline} at T = {at_t}: mu = {head.mu[-1]:.6g}, "
-        + ", ".join(f"epsilon = {head.eps[d][-1]:.6g} at delta = {d:g}" for d in report.deltas))
-    if any(not c.is_guarantee for c in report.curves):
-        say(f"the paper-claimed (NOT a guarantee) columns evaluate the paper's theorems (variant "
-            f"{p['paper_variant']}) for comparison only: they are not privacy guarantees "
-            "(spec fdp_accounting.md §4.4)")
 
 
 @privacy_app.command("fdp")
@@ -391,6 +241,7 @@ def privacy_fdp(
     from dpfl.privacy.fdp import RELEASES, VIEWS, fdp_report, parse_grid
     from dpfl.privacy.fdp_bounds import PAPER_VARIANTS
     from dpfl.privacy.fdp_sensitivity import ALGORITHMS, SCHEDULES
+    from dpfl.results.fdp_output import FDP_FORMATS, print_fdp, write_fdp_files
 
     fmt = "json" if as_json else fmt
     try:
@@ -442,26 +293,12 @@ def privacy_fdp(
                                 secure_aggregation=secure_aggregation, release=release, sensitivity=sensitivity,
                                 paper=(paper_variant or "printed") if show_paper_claimed else None, c=c, z=z,
                                 honest_clients=honest_clients)
-        written = _fdp_write_files(report, out) if out is not None else []
+        written = write_fdp_files(report, out) if out is not None else []
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:  # --out not writable
         _fail(f"could not write to {out}: {e}")
-    _fdp_output(report, fmt, view if from_run is None else report.view, written, from_run)
-
-
-def _fdp_output(report: Any, fmt: str, view_requested: str, written: list[Path], run_dir: Path | None = None) -> None:
-    if fmt == "json":
-        _emit_json({**report.to_dict(), **({"run": str(run_dir)} if run_dir is not None else {})})
-    elif fmt == "csv":
-        sys.stdout.write(_fdp_csv(report))
-    else:
-        if run_dir is not None:
-            console.print(f"from the config of run {run_dir} (its planned cohort every round; per-client values "
-                          "of what ran are in its privacy.json)", markup=False, highlight=False)
-        _fdp_table(report, view_requested)
-        if written:
-            console.print("files: " + "  ".join(str(p) for p in written), markup=False, highlight=False)
+    print_fdp(report, fmt, console, view if from_run is None else report.view, written, from_run)
 
 
 # ---- data ---------------------------------------------------------------------------------------------
@@ -472,7 +309,7 @@ def data_list(as_json: Annotated[bool, typer.Option("--json", help="Print one JS
 
     rows = available()
     if as_json:
-        _emit_json({"datasets": [{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in rows]})
+        emit_json({"datasets": [{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in rows]})
         return
     table = Table("dataset", "available", "where", "fetchable")
     for r in rows:
@@ -522,7 +359,7 @@ def compare(
     except _user_errors() as e:
         _fail(str(e).splitlines()[0])
     if as_json:
-        _emit_json({"runs": rows, "plot": None if plot is None else str(plot)})
+        emit_json({"runs": rows, "plot": None if plot is None else str(plot)})
         return
     console.print(format_table(rows), highlight=False, markup=False)
     if plot is not None:

@@ -1,0 +1,66 @@
+"""What a finished run prints: its summary line, then the guarantee and a per-client privacy table.
+
+Kept out of the CLI so that any front end (``dpfl run``, ``dpfl demo``, a notebook, a script) shows a run
+the same way, from the run directory's own files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from dpfl.results.run_files import PRIVACY_FILE, REPORT_FILE, RunDirError, read_privacy, read_summary
+
+__all__ = ["MAX_CLIENT_ROWS", "print_outcome"]
+
+MAX_CLIENT_ROWS = 50  # the rest is in privacy.json: a terminal is no place for 10,000 rows
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def print_outcome(run_dir: str | os.PathLike[str], console: Console,
+                  summary: Optional[dict[str, Any]] = None) -> None:
+    """Print a finished run to ``console``: name, rounds, stop reason and accuracy; then, for an accounted run,
+    the guarantee (unit, observer, mechanism, accountant), each client's budget and spend and the f-DP headline;
+    for a non-private run, its warning; then where the run directory and report are.
+
+    ``summary`` is the run's summary (what ``execute`` returned); by default it is read from summary.json.
+    """
+    out = Path(run_dir)
+    if summary is None:
+        summary = read_summary(out)
+        if summary is None:
+            raise RunDirError(out, "has no summary.json: the run did not finish")
+    privacy = read_privacy(out)
+    console.print(f"\n[bold]{summary.get('name', out.name)}[/]: {summary['rounds_done']} rounds "
+                  f"(stop: {summary['stop_reason']}), final accuracy {_fmt(summary.get('final_accuracy'))}, "
+                  f"best {_fmt(summary.get('best_accuracy'))}")
+    if privacy.get("accounted"):
+        console.print(f"guarantee: {privacy['unit']}-level DP against {privacy['observer']}; "
+                      f"{privacy['mechanism']}; accountant {privacy['accountant']}", highlight=False)
+        table = Table("client", "records", "budget ε", "δ", "noise z", "spent ε")
+        for c in privacy["clients"][:MAX_CLIENT_ROWS]:
+            z = c.get("noise_multiplier")
+            table.add_row(str(c["client"]), str(c["records"]), f"{c['epsilon_budget']:.3f}", f"{c['delta']:.0e}",
+                          "-" if z is None else f"{z:.3f}", f"{c['epsilon_spent']:.3f}")
+        console.print(table)
+        if len(privacy["clients"]) > MAX_CLIENT_ROWS:
+            console.print(f"... {len(privacy['clients']) - MAX_CLIENT_ROWS} more clients in {PRIVACY_FILE}")
+        fdp = privacy.get("fdp")
+        if fdp and fdp.get("clients"):
+            eps = ", ".join(f"epsilon {v:.4g} at delta {d}" for d, v in fdp["epsilon_max"].items())
+            console.print(f"f-DP ({fdp['view']} view, release {fdp['release']}): largest mu {fdp['mu_max']:.4g}, "
+                          f"{eps} (bound: {fdp['headline']}, exact GDP conversion; spent ε above: the "
+                          f"{privacy['accountant']} accountant on the same Gaussians)", markup=False, highlight=False)
+            if fdp.get("paper_claimed"):
+                console.print(f"{fdp['paper_claimed']['label']}: mu {fdp['paper_claimed']['mu']:.4g}", markup=False,
+                              highlight=False)
+    else:
+        console.print(f"privacy: {privacy.get('warning', 'not private: no epsilon is reported')}")
+    console.print(f"run directory: {out}  (report: {out / REPORT_FILE})")

@@ -1,0 +1,92 @@
+"""What a finished run prints (`dpfl run` / `dpfl demo`): results.outcome.print_outcome on hand-written run dirs."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from dpfl.results.outcome import MAX_CLIENT_ROWS, print_outcome
+from dpfl.results.run_files import RunDirError
+from .fakes import budget, make_accounted_run, make_unaccounted_run, spent_epsilon
+
+
+def render(run_dir: Path, summary=None) -> str:
+    buf = io.StringIO()
+    print_outcome(run_dir, Console(file=buf, width=200, soft_wrap=True), summary)
+    return buf.getvalue()
+
+
+def test_accounted_run_prints_summary_guarantee_and_one_row_per_client(tmp_path):
+    run = make_accounted_run(tmp_path / "run", n_clients=4)
+    text = render(run)
+    lines = text.splitlines()
+    assert lines[0] == ""  # a blank line separates the outcome from the progress bar
+    assert lines[1] == "dp-fedavg-test: 5 rounds (stop: rounds), final accuracy 0.850, best 0.850"
+    assert lines[2] == ("guarantee: sample-level DP against the server, which sees every individual upload; "
+                        "DP-SGD (poisson sampling, per-sample clip 1.0); accountant rdp")
+    header = next(line for line in lines if "budget ε" in line)
+    assert [h.strip() for h in header.strip("┃│ ").replace("┃", "│").split("│")] == \
+        ["client", "records", "budget ε", "δ", "noise z", "spent ε"]
+    for c in range(4):
+        row = next(line for line in lines if line.startswith("│") and line.strip("│ ").startswith(f"{c} "))
+        cells = [x.strip() for x in row.strip("│").split("│")]
+        assert cells == [str(c), str(100 + 10 * c), f"{budget(c):.3f}", "1e-05", f"{1.1 + 0.01 * c:.3f}",
+                         f"{spent_epsilon(c, 5):.3f}"]
+    assert "more clients" not in text and "f-DP" not in text and "privacy:" not in text
+    assert lines[-1] == f"run directory: {run}  (report: {run / 'report.md'})"
+
+
+def test_the_summary_given_is_printed_instead_of_summary_json(tmp_path):
+    run = make_accounted_run(tmp_path / "run", n_clients=2)
+    summary = {**json.loads((run / "summary.json").read_text()), "name": "from-execute", "final_accuracy": None}
+    assert render(run, summary).splitlines()[1].startswith("from-execute: 5 rounds (stop: rounds), final accuracy -,")
+    del summary["name"]
+    assert render(run, summary).splitlines()[1].startswith("run: 5 rounds")  # the directory's name
+
+
+def test_many_clients_are_cut_to_the_first_rows(tmp_path):
+    run = make_accounted_run(tmp_path / "run", n_clients=MAX_CLIENT_ROWS + 7)
+    text = render(run)
+    assert "... 7 more clients in privacy.json" in text
+    rows = [line for line in text.splitlines() if line.startswith("│")]
+    assert len(rows) == MAX_CLIENT_ROWS
+
+
+def test_fdp_headline_and_paper_claimed_curve_are_printed(tmp_path):
+    run = make_accounted_run(tmp_path / "run", n_clients=2)
+    privacy = json.loads((run / "privacy.json").read_text())
+    privacy["fdp"] = {"view": "upload", "release": "transcript", "mu_max": 0.123456, "headline": "composition",
+                      "epsilon_max": {"1e-05": 1.23456}, "clients": [{"client": 0}, {"client": 1}],
+                      "paper_claimed": {"label": "paper-claimed (NOT a guarantee)", "mu": 0.0123456}}
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    text = render(run)
+    assert ("f-DP (upload view, release transcript): largest mu 0.1235, epsilon 1.235 at delta 1e-05 (bound: "
+            "composition, exact GDP conversion; spent ε above: the rdp accountant on the same Gaussians)") in text
+    assert "paper-claimed (NOT a guarantee): mu 0.01235" in text
+
+
+def test_unaccounted_run_prints_its_warning_and_no_table(tmp_path):
+    run = make_unaccounted_run(tmp_path / "run")
+    lines = render(run).splitlines()
+    assert lines[1] == "udp-unaccounted: 5 rounds (stop: rounds), final accuracy 0.850, best 0.850"
+    assert lines[2] == "privacy: a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported"
+    assert not any("budget ε" in line or line.startswith("guarantee") for line in lines)
+    assert lines[3].startswith("run directory: ") and len(lines) == 4
+
+
+def test_non_private_run_without_warning_says_so(tmp_path):
+    run = make_unaccounted_run(tmp_path / "run")
+    privacy = json.loads((run / "privacy.json").read_text())
+    del privacy["warning"]
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    assert "privacy: not private: no epsilon is reported" in render(run).splitlines()
+
+
+def test_an_unfinished_run_is_a_run_dir_error(tmp_path):
+    run = make_accounted_run(tmp_path / "run", complete=False)
+    with pytest.raises(RunDirError, match="did not finish"):
+        render(run)
