@@ -83,3 +83,63 @@ def test_registered_distribution_must_return_positive_epsilons():
             draw_budgets("test-bad", 2, np.random.default_rng(0))
     finally:
         BUDGET_DISTRIBUTIONS.pop("test-bad")
+
+
+# ---- the registry has no import cycle, and is complete whichever module is imported first ----------------
+REGISTERED = ["fixed", "list", "uniform", "choice",
+              "Uniform", "Gauss", "Pareto", "MixGauss1", "MixGauss2", "MixGauss3", "MixGauss4", "MixGauss3-code",
+              *(f"Dist{i}" for i in range(1, 10)), "rhdp20"]
+BUDGET_MODULES = ["dpfl.privacy.budget_registry", "dpfl.privacy.budget_distributions", "dpfl.privacy.budgets",
+                  "dpfl.privacy"]
+
+
+@pytest.mark.parametrize("first", BUDGET_MODULES)
+def test_registry_is_complete_whichever_module_is_imported_first(first):
+    """A fresh interpreter imports ``first`` before anything else of dpfl; every public name is where it was."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import dpfl
+
+    code = "\n".join([
+        "import json, sys",
+        f"import {first}",
+        "from dpfl.privacy.budgets import (BUDGET_DISTRIBUTIONS, ClientBudget, budget_distribution_name,",
+        "                                  draw_budgets, register_budget_distribution)",
+        "from dpfl.privacy.budget_registry import BUDGET_DISTRIBUTIONS as registry",
+        "import dpfl.privacy as p",
+        "assert registry is BUDGET_DISTRIBUTIONS is p.BUDGET_DISTRIBUTIONS",
+        "assert p.draw_budgets is draw_budgets and p.register_budget_distribution is register_budget_distribution",
+        "assert p.ClientBudget is ClientBudget and budget_distribution_name('mixgauss1') == 'MixGauss1'",
+        "print(json.dumps(list(BUDGET_DISTRIBUTIONS)))",
+    ])
+    src = str(Path(dpfl.__file__).resolve().parents[1])  # the dpfl under test, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == REGISTERED
+
+
+def test_budget_modules_do_not_import_each_other_in_a_cycle():
+    """budget_registry imports nothing of dpfl; budget_distributions registers into it without importing budgets
+    (which imports budget_distributions): an import of budgets from there would bring the cycle back."""
+    import ast
+    import importlib
+
+    def dpfl_imports(module: str) -> set[str]:
+        tree = ast.parse(open(importlib.import_module(module).__file__, encoding="utf-8").read())
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        return {n for n in names if n.startswith("dpfl")}
+
+    assert dpfl_imports("dpfl.privacy.budget_registry") == set()
+    assert not {n for n in dpfl_imports("dpfl.privacy.budget_distributions")
+                if n.startswith("dpfl.privacy.budgets") or n == "dpfl.privacy"}
+    assert "dpfl.privacy.budget_distributions" in dpfl_imports("dpfl.privacy.budgets")

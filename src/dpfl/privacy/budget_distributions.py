@@ -1,8 +1,13 @@
-"""The heterogeneous budget distributions of PFA and Robust-HDP (spec heterogeneous_dp.md section 3).
+"""The per-client budget distributions: generic ones, and those of PFA and Robust-HDP (spec heterogeneous_dp.md
+section 3).
 
-Registered into ``dpfl.privacy.budgets.BUDGET_DISTRIBUTIONS`` (importing ``dpfl.privacy.budgets`` is
-enough), so ``draw_budgets(name, n_clients, rng, **params)`` draws them; names are looked up exactly,
-then case-insensitively (``draw_budgets("mixgauss1", ...)`` is ``MixGauss1``).
+Each registers itself into ``BUDGET_DISTRIBUTIONS`` (``dpfl.privacy.budget_registry``, re-exported by
+``dpfl.privacy.budgets``, which imports this module), so ``draw_budgets(name, n_clients, rng, **params)``
+draws them; names are looked up exactly, then case-insensitively (``draw_budgets("mixgauss1", ...)`` is
+``MixGauss1``). They are registered in this order: the generic ones, then the named ones in table order.
+
+Generic: ``fixed`` (``value``), ``list`` (``values``, one per client, verbatim), ``uniform`` (U(``low``,
+``high``)) and ``choice`` (``values`` with probabilities ``probs``).
 
 PFA (Liu et al., PVLDB 2022, Table 1), section 3.1:
 
@@ -33,12 +38,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Union
 
 import numpy as np
 
-from dpfl.privacy.budgets import register_budget_distribution
+from dpfl.privacy.budget_registry import register_budget_distribution
 
 __all__ = [
     "BATCH_SIZE_KINDS",
@@ -192,6 +197,46 @@ def _positive_finite(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0.0 < float(value) < math.inf):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
+
+
+@register_budget_distribution("fixed")
+def _fixed(n_clients: int, rng: np.random.Generator, *, value: float) -> np.ndarray:
+    """Every client gets ``value``."""
+    return np.full(n_clients, _positive_finite("value", value))
+
+
+@register_budget_distribution("list")
+def _list(n_clients: int, rng: np.random.Generator, *, values: Sequence[float]) -> np.ndarray:
+    """Client i gets ``values[i]`` (verbatim; length must be n_clients)."""
+    vals = [_positive_finite(f"values[{i}]", v) for i, v in enumerate(values)]
+    if len(vals) != n_clients:
+        raise ValueError(f"values has {len(vals)} entries, expected n_clients={n_clients}")
+    return np.asarray(vals, dtype=np.float64)
+
+
+@register_budget_distribution("uniform")
+def _uniform(n_clients: int, rng: np.random.Generator, *, low: float, high: float) -> np.ndarray:
+    """Independent U(low, high) draws, 0 < low <= high."""
+    lo, hi = _positive_finite("low", low), _positive_finite("high", high)
+    if lo > hi:
+        raise ValueError(f"low must be <= high, got low={lo}, high={hi}")
+    return rng.uniform(lo, hi, size=n_clients)
+
+
+@register_budget_distribution("choice")
+def _choice(
+    n_clients: int, rng: np.random.Generator, *, values: Sequence[float], probs: Sequence[float] | None = None
+) -> np.ndarray:
+    """Independent draws from ``values`` with probabilities ``probs`` (uniform if None)."""
+    vals = np.asarray([_positive_finite(f"values[{i}]", v) for i, v in enumerate(values)])
+    if vals.size == 0:
+        raise ValueError("values must not be empty")
+    p = None
+    if probs is not None:
+        p = np.asarray(probs, dtype=np.float64)
+        if p.shape != vals.shape or np.any(~np.isfinite(p)) or np.any(p < 0) or abs(p.sum() - 1.0) > 1e-9:
+            raise ValueError(f"probs must be {vals.size} non-negative numbers summing to 1, got {list(probs)}")
+    return rng.choice(vals, size=n_clients, p=p)
 
 
 def _redraw_until_above(draw: Callable[[], np.ndarray], threshold: float, name: str, n_clients: int,
