@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.results.plots import plot_compare
-from dpfl.results.run_files import PRIVACY_FILE, as_float, as_number, read_metrics, read_privacy, read_summary
+from dpfl.results.run_files import (CONFIG_FILE, PRIVACY_FILE, as_float, as_number, read_config_text, read_metrics,
+                                    read_privacy, read_summary)
 
 __all__ = ["COMPARE_PLOT", "COLUMNS", "compare_runs", "run_row", "format_table"]
 
@@ -31,11 +32,16 @@ def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[
     come from summary.json (epsilon_max: summary, else the largest ``epsilon_spent`` in privacy.json);
     an incomplete run's from what is there: last evaluated and best accuracy in metrics.jsonl, rounds
     recorded, stop_reason ``"incomplete"``, epsilon_max of the last metrics row.
+
+    A damaged file of the run (``config.yaml`` included, although no column comes from it) is a
+    :class:`~dpfl.results.run_files.RunDirError` naming it: a damaged run is reported, never compared.
     """
     d = Path(run_dir)
     metrics = read_metrics(d)
     summary = read_summary(d)
     privacy = read_privacy(d) if (d / PRIVACY_FILE).exists() or summary is not None else None
+    if (d / CONFIG_FILE).exists():
+        read_config_text(d)  # checked only: a cut or garbled config.yaml means the directory is damaged
     evaluated = [(r["round"], as_number(r.get("test_accuracy"))) for r in metrics]
     evaluated = [(r, a) for r, a in evaluated if a is not None]
     row: dict[str, Any] = {

@@ -8,7 +8,11 @@ experiment layer needs:
   fsync, ``os.replace``; a reader sees the old file or the new one, never half of one.
 - :func:`append_jsonl`: one line per call, flushed and fsynced before returning.
 - :func:`truncate_jsonl`: on resume, keep the rows the checkpoint knows about and drop any partial
-  line left by a killed writer.
+  line left by a killed writer. It refuses (and changes nothing) when a complete line is damaged: a
+  damaged middle line is not the trace of a kill, and cutting there could destroy good rows.
+
+A damaged file is never repaired or rewritten by a reader: the error says what is wrong and what the
+user can do (usually: delete the file and resume, which rebuilds it from ``checkpoint.pt``).
 
 JSON numbers: Python's ``json`` writes ``Infinity``/``NaN`` for non-finite floats and reads them back;
 the privacy ledger writes them as the strings ``"inf"``/``"nan"``. :func:`as_float` accepts both.
@@ -19,9 +23,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 __all__ = [
     "CONFIG_FILE",
@@ -43,6 +50,9 @@ __all__ = [
     "write_text_atomic",
     "append_jsonl",
     "truncate_jsonl",
+    "complete_jsonl_rows",
+    "canonical_json",
+    "stale_temp_files",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -114,8 +124,35 @@ def _read_text(d: Path, name: str) -> str:
         raise RunDirError(d, "missing (is this a dpfl run directory?)", name)
     try:
         return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunDirError(d, f"cannot be read: {e}", name) from e
+    except UnicodeDecodeError as e:
+        raise _damaged(d, name, f"corrupt: not UTF-8 text ({_one_line(e)})") from e
+    except OSError as e:
+        raise RunDirError(d, f"cannot be read: {_one_line(e)}", name) from e
+
+
+def _rebuild_hint(d: Path, name: str) -> str:
+    """What the user can do about a damaged ``name`` (one clause, no newline)."""
+    if name == CONFIG_FILE:
+        return ("nothing was changed; the run's saved config is lost: restore config.yaml from a copy, or re-run "
+                "the experiment into a new --out")
+    also = "" if name == SUMMARY_FILE else " (and summary.json, if present)"
+    return (f"nothing was changed; if checkpoint.pt is still there, delete {name}{also} and resume with "
+            f"`dpfl run CONFIG --out {d} --resume` to rebuild it from the checkpoint, otherwise the run must be re-run")
+
+
+def _damaged(d: Path, name: str, problem: str) -> RunDirError:
+    return RunDirError(d, f"{problem}; {_rebuild_hint(d, name)}", name)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or _one_line(e)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
 
 
 def _read_json_object(d: Path, name: str) -> dict[str, Any]:
@@ -123,9 +160,10 @@ def _read_json_object(d: Path, name: str) -> dict[str, Any]:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise RunDirError(d, f"corrupt JSON ({e})", name) from e
+        what = "corrupt: empty" if not text.strip() else f"corrupt: not valid JSON ({e})"
+        raise _damaged(d, name, what) from e
     if not isinstance(obj, dict):
-        raise RunDirError(d, f"expected a JSON object, found {type(obj).__name__}", name)
+        raise _damaged(d, name, f"corrupt: expected a JSON object, found {type(obj).__name__}")
     return obj
 
 
@@ -150,13 +188,12 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except json.JSONDecodeError as e:
             if i == len(lines) + 1:  # trailing partial line
                 break
-            raise RunDirError(d, f"line {i} is not valid JSON ({e})", METRICS_FILE) from e
+            raise _damaged(d, METRICS_FILE, f"corrupt: line {i} is not valid JSON ({e})") from e
         if not isinstance(row, dict) or not isinstance(row.get("round"), int) or isinstance(row["round"], bool):
-            raise RunDirError(d, f"line {i} is not a metrics row (a JSON object with an integer 'round')",
-                              METRICS_FILE)
+            raise _damaged(d, METRICS_FILE,
+                           f"corrupt: line {i} is not a metrics row (a JSON object with an integer 'round')")
         if rows and row["round"] <= rows[-1]["round"]:
-            raise RunDirError(d, f"line {i}: round {row['round']} follows round {rows[-1]['round']}",
-                              METRICS_FILE)
+            raise _damaged(d, METRICS_FILE, f"corrupt: line {i}: round {row['round']} follows round {rows[-1]['round']}")
         rows.append(row)
     return rows
 
@@ -166,10 +203,10 @@ def read_privacy(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     d = _require_run_dir(run_dir)
     obj = _read_json_object(d, PRIVACY_FILE)
     if not isinstance(obj.get("accounted"), bool):
-        raise RunDirError(d, "has no boolean 'accounted' field", PRIVACY_FILE)
+        raise _damaged(d, PRIVACY_FILE, "corrupt: has no boolean 'accounted' field")
     clients = obj.get("clients")
     if clients is not None and not (isinstance(clients, list) and all(isinstance(c, dict) for c in clients)):
-        raise RunDirError(d, "'clients' must be a list of objects", PRIVACY_FILE)
+        raise _damaged(d, PRIVACY_FILE, "corrupt: 'clients' must be a list of objects")
     return obj
 
 
@@ -182,9 +219,24 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def read_config_text(run_dir: str | os.PathLike[str]) -> str:
-    """The resolved config saved with the run, as text."""
+    """The resolved config saved with the run, as text.
+
+    Checked, not interpreted: it must be a YAML mapping that ends with a newline (dpfl writes it whole,
+    so a missing final newline means the file was cut short). Whether it is a valid dpfl config is the
+    experiment layer's question (``dpfl run --resume`` validates it).
+    """
     d = _require_run_dir(run_dir)
-    return _read_text(d, CONFIG_FILE)
+    text = _read_text(d, CONFIG_FILE)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise _damaged(d, CONFIG_FILE, f"corrupt: not valid YAML ({_yaml_problem(e)})") from e
+    if not isinstance(data, dict):
+        what = "empty" if data is None else f"not a mapping of fields (a {type(data).__name__})"
+        raise _damaged(d, CONFIG_FILE, f"corrupt: {what}")
+    if not text.endswith("\n"):
+        raise _damaged(d, CONFIG_FILE, "corrupt: truncated (no final newline; dpfl writes config.yaml whole)")
+    return text
 
 
 # ---------------------------------------------------------------------------------------- writers
@@ -265,10 +317,43 @@ def append_jsonl(path: str | os.PathLike[str], row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def _complete_lines(path: Path, data: bytes) -> list[tuple[int, dict[str, Any]]]:
+    """(end offset, row) of every newline-terminated line of ``data``; ``ValueError`` naming the first
+    complete line that is not a JSON object (empty lines included: the writer never writes one)."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    start = 0
+    while True:
+        nl = data.find(b"\n", start)
+        if nl < 0:
+            return out
+        i = len(out) + 1
+        try:
+            row = json.loads(data[start:nl].decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            problem = "is empty" if not data[start:nl].strip() else f"is not valid JSON ({_one_line(e)})"
+            raise ValueError(f"{path}: line {i} {problem}; it is complete (not the trace of a killed append), "
+                             "so the file is damaged") from e
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {i} is not a JSON object; the file is damaged")
+        out.append((nl + 1, row))
+        start = nl + 1
+
+
+def complete_jsonl_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of the newline-terminated lines of a JSONL file (a trailing partial line, the trace of a
+    killed append, is left out). ``ValueError`` if a complete line is damaged; ``[]`` for a missing file."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [row for _, row in _complete_lines(path, path.read_bytes())]
+
+
 def truncate_jsonl(path: str | os.PathLike[str], n_rows: int) -> None:
     """Keep the first ``n_rows`` complete lines of ``path`` and drop everything after them, including
     a trailing partial line. ``ValueError`` if fewer than ``n_rows`` complete lines exist (the file and
-    the checkpoint disagree). A missing file is accepted when ``n_rows`` is 0 (it is created empty).
+    the checkpoint disagree) or if any complete line is not a JSON object (a damaged file: cutting it
+    could destroy good rows); the file is then left untouched. A missing file is accepted when
+    ``n_rows`` is 0 (it is created empty).
     """
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
@@ -280,16 +365,32 @@ def truncate_jsonl(path: str | os.PathLike[str], n_rows: int) -> None:
         raise FileNotFoundError(f"{path} does not exist; cannot keep {n_rows} rows")
     with open(path, "rb+") as f:
         data = f.read()
-        end = 0
-        for i in range(n_rows):
-            nl = data.find(b"\n", end)
-            if nl < 0:
-                raise ValueError(f"{path} has only {i} complete lines; cannot keep {n_rows}")
-            end = nl + 1
+        lines = _complete_lines(path, data)  # refuses before anything is cut
+        if len(lines) < n_rows:
+            raise ValueError(f"{path} has only {len(lines)} complete lines; cannot keep {n_rows}")
+        end = lines[n_rows - 1][0] if n_rows else 0
         if end != len(data):
             f.truncate(end)
             f.flush()
             os.fsync(f.fileno())
+
+
+def canonical_json(obj: Any) -> str:
+    """``obj`` as the JSON text a reader of the run files would get back, with sorted keys: two rows are
+    the same row exactly when their canonical texts are equal (numpy/torch values as lists, NaN as NaN)."""
+    return json.dumps(json.loads(json.dumps(obj, default=_json_default)), sort_keys=True)
+
+
+_TEMP = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{8}\.tmp$")  # write_bytes_atomic's mkstemp names
+
+
+def stale_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Temporary files that :func:`write_bytes_atomic` left in ``directory`` when its process died before
+    the rename (``.NAME.XXXXXXXX.tmp``). Safe to delete once no writer is running."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return [p for p in sorted(d.iterdir()) if _TEMP.match(p.name) and p.is_file()]
 
 
 def _finite(x: Any) -> float | None:
