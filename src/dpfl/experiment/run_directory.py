@@ -7,12 +7,24 @@ Layout and formats: `dpfl/results/FORMATS.md`. The rules that keep a directory h
 - checkpoints and JSON files are written atomically (temp file + rename), and `metrics.jsonl` is cut
   back to the checkpoint's round on resume, so a crash at any point leaves a resumable directory;
 - resuming with a config that differs from the saved one is refused.
+
+Resume (`execute(..., resume=True)`) reads and checks every file of the directory BEFORE it changes
+anything: a damaged file (garbage or truncated `checkpoint.pt`, `config.yaml`, `privacy.json`,
+`summary.json`, a damaged complete line of `metrics.jsonl`) or a checkpoint that belongs to another run
+is a `RunDirectoryError` / `RunDirError` (both `ValueError`s: one line in the CLI, exit code 2) that names
+the file and what the user can do, and the directory is left byte for byte as it was. Only the traces a
+killed writer leaves are repaired silently: a partial last line of `metrics.jsonl`, rows after the
+checkpoint's round, temporary files of interrupted atomic writes. Resuming a finished run (summary.json
+present: the training is complete) trains nothing and rewrites `report.md` and `plots/`, which a kill
+after `summary.json` may have left missing or stale.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,33 +32,58 @@ from typing import Any
 import torch
 
 from dpfl.experiment.build import build_run
-from dpfl.experiment.config import RunConfig, config_to_yaml, load_config
+from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
 from dpfl.results.report import write_report
 from dpfl.results.traffic import traffic_report
-from dpfl.results.run_files import (append_jsonl, read_summary, truncate_jsonl, write_bytes_atomic, write_json_atomic,
-                                    write_text_atomic)
+from dpfl.results.run_files import (PLOTS_DIR, append_jsonl, canonical_json, complete_jsonl_rows, read_config_text,
+                                    read_metrics, read_privacy, read_summary, stale_temp_files, truncate_jsonl,
+                                    write_bytes_atomic, write_json_atomic, write_text_atomic)
 
 CONFIG, METRICS, PRIVACY, SUMMARY, CHECKPOINT = "config.yaml", "metrics.jsonl", "privacy.json", "summary.json", "checkpoint.pt"
+# Extra checkpoint key: sha256 of the config.yaml the checkpoint was written under (RunState ignores it).
+FINGERPRINT = "dpfl_config_sha256"
+_STATE_KEYS = ("round", "params", "retired", "ledger", "history", "stop_reason", "steps_done")
 
 
 class RunDirectoryError(ValueError):
-    """A user error about the run directory (exists already, nothing to resume, config changed)."""
+    """A user error about the run directory (exists already, nothing to resume, config changed, a damaged
+    file, a checkpoint of another run)."""
 
 
 def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
             on_round: Callable[[dict[str, Any]], None] | None = None,
-            on_start: Callable[[FederatedRun, int], None] | None = None) -> dict[str, Any]:
-    """Run `cfg` into `out` (or continue it with `resume`) and return the summary."""
+            on_start: Callable[[FederatedRun, int], None] | None = None,
+            build: Callable[[], FederatedRun] | None = None) -> dict[str, Any]:
+    """Run `cfg` into `out` (or continue it with `resume`) and return the summary.
+
+    `build` makes the FederatedRun (default `build_run(cfg)`; `dpfl.run` passes the user's data and model objects).
+    """
     out = Path(out)
-    state = _prepare(cfg, out) if resume else _refuse_existing(out)
-    if isinstance(state, dict):  # resume of a finished run: nothing to do
-        return state
-    run = build_run(cfg)  # data, model, calibration: user errors surface before anything is written
-    if not resume:
+    build = build or (lambda: build_run(cfg))
+    if resume:
+        found = _inspect(cfg, out)  # reads and checks every file; changes nothing
+        if found.summary is not None:  # the training is complete: only the report may be missing
+            _remove_stale_temps(out)
+            write_report(out)
+            return found.summary
+        run = build()
+        state = _check_state(found.checkpoint, run, out, found.fingerprint) if found.checkpoint is not None else None
+        _check_metrics(out, state)
+        # Everything checked: only now repair what a kill leaves behind.
+        _remove_stale_temps(out)
+        _restore_metrics(out, state)
+        fingerprint = found.fingerprint
+    else:
+        _refuse_existing(out)
+        run = build()  # data, model, calibration: user errors surface before anything is written
         out.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / CONFIG, config_to_yaml(cfg))
-    truncate_jsonl(out / METRICS, state.round if state is not None else 0)
+        _remove_stale_temps(out)
+        text = config_to_yaml(cfg)
+        write_text_atomic(out / CONFIG, text)
+        fingerprint = _sha256(text.encode("utf-8"))
+        truncate_jsonl(out / METRICS, 0)
+        state = None
     if on_start is not None:
         on_start(run, state.round if state is not None else 0)
     started = time.perf_counter()
@@ -56,32 +93,233 @@ def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
         if on_round is not None:
             on_round(row)
 
-    result = run.run(record, state=state, on_checkpoint=lambda s: _save_checkpoint(out / CHECKPOINT, s),
+    result = run.run(record, state=state, on_checkpoint=lambda s: _save_checkpoint(out / CHECKPOINT, s, fingerprint),
                      checkpoint_every=cfg.checkpoint.every)
     return _finish(cfg, out, run, result, time.perf_counter() - started)
 
 
+# ---------------------------------------------------------------------------------------- fresh runs
 def _refuse_existing(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    leftovers = set(stale_temp_files(out))  # a kill while config.yaml was written leaves only a temp file
+    if out.exists() and (not out.is_dir() or any(p not in leftovers for p in out.iterdir())):
         hint = "it is a finished run" if (out / SUMMARY).exists() else "resume it with --resume"
         raise RunDirectoryError(f"{out} already exists and is not empty ({hint}, or choose another --out)")
     return None
 
 
-def _prepare(cfg: RunConfig, out: Path) -> RunState | dict[str, Any] | None:
-    if not (out / CONFIG).exists():
-        raise RunDirectoryError(f"nothing to resume: {out / CONFIG} does not exist")
-    saved = load_config(out / CONFIG)
+# ---------------------------------------------------------------------------------------- resume: checks
+class _Found:
+    """What `_inspect` read: the summary of a finished run, or the raw checkpoint (None: start over)."""
+
+    def __init__(self, fingerprint: str, summary: dict[str, Any] | None, checkpoint: dict[str, Any] | None):
+        self.fingerprint, self.summary, self.checkpoint = fingerprint, summary, checkpoint
+
+
+def _inspect(cfg: RunConfig, out: Path) -> _Found:
+    """Read and check every file of `out` against `cfg`; raise before anything is written."""
+    path = out / CONFIG
+    if not path.is_file():
+        what = "does not exist" if not out.exists() else f"has no {CONFIG}"
+        raise RunDirectoryError(f"nothing to resume: {out} {what} (start the run without --resume)")
+    raw = path.read_bytes()
+    read_config_text(out)  # readable, a YAML mapping, not cut short (RunDirError with a hint otherwise)
+    try:
+        saved = load_config(path)
+    except ValueError as e:
+        detail = " ".join(str(e).split())
+        detail = detail[len(f"{path}: "):] if detail.startswith(f"{path}: ") else detail
+        raise RunDirectoryError(
+            f"{path}: corrupt: not a valid dpfl config ({detail}); nothing was changed; without its saved config the "
+            "run cannot be resumed: restore config.yaml from a copy, or re-run the experiment into a new --out") from None
     if config_to_yaml(saved) != config_to_yaml(cfg):
-        raise RunDirectoryError(f"the config differs from the one saved in {out / CONFIG}; a resumed run must use the same config")
-    summary = read_summary(out)
+        where = _first_difference(config_to_dict(saved), config_to_dict(cfg))
+        note = ("" if config_to_yaml(saved).encode("utf-8") == raw else
+                f"; note: {CONFIG} is not in the form dpfl writes it (edited, cut short, or written by another dpfl "
+                "version): if it was damaged, the run cannot be resumed")
+        raise RunDirectoryError(f"the config differs from the one saved in {path} ({where}); a resumed run must use "
+                                f"the same config{note}")
+    summary = read_summary(out)  # RunDirError (names the file, says what to do) if damaged
+    if (out / METRICS).exists() or summary is not None:
+        read_metrics(out)  # a finished run needs its metrics: a missing file is an error there
+    if (out / PRIVACY).exists() or summary is not None:
+        read_privacy(out)
     if summary is not None:
-        return summary
-    if not (out / CHECKPOINT).exists():
-        return None  # killed before the first checkpoint: start over in place
-    return RunState.from_dict(torch.load(out / CHECKPOINT, weights_only=True))
+        return _Found(_sha256(raw), summary, None)
+    checkpoint = _load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    return _Found(_sha256(raw), None, checkpoint)
 
 
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    problem = _archive_problem(path)
+    data: Any = None
+    if problem is None:
+        try:
+            data = torch.load(path, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - a damaged payload raises many types (pickle, zip, EOF...)
+            problem = f"cannot be loaded: {type(e).__name__}: {' '.join(str(e).split())[:100]}"
+    if problem is not None:
+        raise RunDirectoryError(
+            f"{path}: corrupt: {problem}; nothing was changed; delete checkpoint.pt to restart the run from round 0 "
+            "in place (`--resume` again), or re-run into a new --out")
+    if not isinstance(data, dict) or any(k not in data for k in _STATE_KEYS):
+        missing = [k for k in _STATE_KEYS if not isinstance(data, dict) or k not in data]
+        raise RunDirectoryError(
+            f"{path}: corrupt: not a dpfl checkpoint (missing {', '.join(missing)}); nothing was changed; delete "
+            "checkpoint.pt to restart the run from round 0 in place (`--resume` again), or re-run into a new --out")
+    return data
+
+
+def _archive_problem(path: Path) -> str | None:
+    """What is wrong with `path` as a torch.save archive (a zip file), before torch sees it."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return "not a checkpoint archive (garbage, or cut short)"
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:
+        return f"a damaged archive ({type(e).__name__}: {' '.join(str(e).split())[:100]})"
+    return None if bad is None else f"a damaged archive (bad checksum in {bad})"
+
+
+def _not_this_run(out: Path, why: str) -> RunDirectoryError:
+    return RunDirectoryError(
+        f"{out / CHECKPOINT}: does not belong to this run ({why}); nothing was changed; put back this run's "
+        "checkpoint, or delete checkpoint.pt to restart the run from round 0 in place (`--resume` again)")
+
+
+def _check_state(data: dict[str, Any], run: FederatedRun, out: Path, fingerprint: str) -> RunState:
+    """The checkpoint as a RunState, after checking that it fits `run` (a checkpoint of another config
+    copied in must be refused here, not crash mid-round or, worse, continue someone else's run)."""
+    stamp = data.get(FINGERPRINT)
+    if stamp is not None and stamp != fingerprint:
+        raise _not_this_run(out, f"it was written under another config than this directory's {CONFIG}")
+    r = data["round"]
+    if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r <= run.rounds:
+        raise _not_this_run(out, f"round {r!r} is not in 0..{run.rounds}")
+    history = data["history"]
+    if not isinstance(history, list) or len(history) != r or any(
+            not isinstance(row, dict) or row.get("round") != i + 1 for i, row in enumerate(history)):
+        raise _not_this_run(out, f"its history is not the rows of rounds 1..{r}")
+    fresh = run.initial_state()
+    params = data["params"]
+    if not isinstance(params, dict) or list(params) != list(fresh.params):
+        raise _not_this_run(out, "its model parameters are not this model's")
+    for name, t in fresh.params.items():
+        got = params[name]
+        if not isinstance(got, torch.Tensor) or got.shape != t.shape or got.dtype != t.dtype:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise _not_this_run(out, f"parameter {name} is {shape}, this model's is {tuple(t.shape)}")
+    n = len(fresh.steps_done)
+    steps, retired = data["steps_done"], data["retired"]
+    if not isinstance(steps, list) or len(steps) != n:
+        raise _not_this_run(out, f"it has {len(steps) if isinstance(steps, list) else '?'} clients, this run has {n}")
+    if not isinstance(retired, list) or any(not isinstance(c, int) or not 0 <= c < n for c in retired):
+        raise _not_this_run(out, "its retired clients are not clients of this run")
+    if data["stop_reason"] is not None and not isinstance(data["stop_reason"], str):
+        raise _not_this_run(out, "its stop reason is not a string")
+    _check_ledger(data["ledger"], run, out)
+    _check_component_state(run.algorithm.aggregator, data.get("aggregator_state"), "aggregator", out)
+    personal = run.algorithm.personal
+    if personal is not None:
+        _check_component_state(personal, data.get("client_state"), "client", out)
+    elif data.get("client_state") is not None:
+        raise _not_this_run(out, "it holds client state, this algorithm keeps none")
+    return RunState.from_dict(data)
+
+
+def _check_ledger(ledger: Any, run: FederatedRun, out: Path) -> None:
+    if (ledger is None) != (run.ledger is None):
+        raise _not_this_run(out, "it has a privacy ledger and this run is not accounted" if ledger is not None
+                            else "it has no privacy ledger and this run is accounted: the spent budgets would be lost")
+    if ledger is None:
+        return
+    from dpfl.privacy.ledger import PrivacyLedger
+
+    try:
+        restored = PrivacyLedger.from_dict(ledger).to_dict()
+    except Exception as e:  # noqa: BLE001 - any malformed payload
+        raise _not_this_run(out, f"its privacy ledger cannot be read: {' '.join(str(e).split())[:120]}") from None
+    expected = run.ledger.to_dict()
+    for key in ("clients", "deltas", "budgets", "accountant", "unit"):
+        if canonical_json(restored.get(key)) != canonical_json(expected.get(key)):
+            raise _not_this_run(out, f"its privacy ledger has other {key} than this run's")
+
+
+def _check_component_state(component: Any, state: Any, what: str, out: Path) -> None:
+    """A stateful aggregator / client component gets a state it can load (loading it twice is harmless:
+    `run()` loads the same state again)."""
+    if not hasattr(component, "load_state_dict"):
+        if state is not None:
+            raise _not_this_run(out, f"it holds {what} state, this algorithm keeps none")
+        return
+    if not isinstance(state, dict):
+        raise _not_this_run(out, f"it holds no {what} state, this algorithm needs its ({type(component).__name__})")
+    try:
+        component.load_state_dict(state)
+    except Exception as e:  # noqa: BLE001 - KeyError, TypeError, ... from another algorithm's state
+        raise _not_this_run(out, f"its {what} state does not fit {type(component).__name__} "
+                                 f"({type(e).__name__}: {' '.join(str(e).split())[:100]})") from None
+
+
+def _check_metrics(out: Path, state: RunState | None) -> None:
+    """metrics.jsonl must agree with the checkpoint: its first rows are the checkpoint's history (rows past
+    the checkpoint are re-run, a partial last line is the trace of a kill; fewer rows are rebuilt)."""
+    try:
+        rows = complete_jsonl_rows(out / METRICS)
+    except ValueError as e:  # read_metrics (in _inspect) already explains most damage; this is the rest
+        raise RunDirectoryError(f"{' '.join(str(e).split())}; nothing was changed; delete {METRICS} and resume to "
+                                f"rebuild it from {CHECKPOINT}") from None
+    history = state.history if state is not None else []
+    for i, (row, kept) in enumerate(zip(rows, history), start=1):
+        if canonical_json(_untimed(row)) != canonical_json(_untimed(kept)):
+            raise RunDirectoryError(
+                f"{out / METRICS}: line {i} differs from the round-{i} row recorded in {CHECKPOINT}: the two files are "
+                f"not from the same run; nothing was changed; move one away: without {METRICS} it is rebuilt from "
+                f"the checkpoint, without {CHECKPOINT} the run restarts from round 0 in place")
+
+
+def _untimed(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row without its wall-clock fields (`seconds`, `prox_seconds`): two executions of the same
+    rounds agree on everything else, bit for bit."""
+    return {k: v for k, v in row.items() if k != "seconds" and not k.endswith("_seconds")}
+
+
+# ---------------------------------------------------------------------------------------- resume: repairs
+def _remove_stale_temps(out: Path) -> None:
+    """Temporary files of atomic writes interrupted by a kill (never renamed: nobody reads them)."""
+    for directory in (out, out / PLOTS_DIR):
+        for path in stale_temp_files(directory):
+            path.unlink(missing_ok=True)
+
+
+def _restore_metrics(out: Path, state: RunState | None) -> None:
+    """Make metrics.jsonl hold exactly the checkpoint's rows: cut the rows after it and a partial last
+    line, and write back from the checkpoint any row the file lacks (e.g. a deleted metrics.jsonl)."""
+    n = state.round if state is not None else 0
+    path = out / METRICS
+    have = min(len(complete_jsonl_rows(path)), n)
+    truncate_jsonl(path, have)
+    for row in (state.history[have:n] if state is not None else []):
+        append_jsonl(path, row)
+
+
+def _first_difference(saved: Any, given: Any, where: str = "") -> str:
+    if isinstance(saved, dict) and isinstance(given, dict):
+        for key in list(saved) + [k for k in given if k not in saved]:
+            sub = f"{where}.{key}" if where else str(key)
+            if key not in saved or key not in given:
+                return f"{sub}: only in the {'given' if key not in saved else 'saved'} config"
+            if saved[key] != given[key]:
+                return _first_difference(saved[key], given[key], sub)
+    return f"{where or 'config'}: saved {_short(saved)}, given {_short(given)}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---------------------------------------------------------------------------------------- the end
 def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, seconds: float) -> dict[str, Any]:
     privacy = dict(result.privacy)
     if result.ledger is not None:
@@ -108,7 +346,11 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
     return summary
 
 
-def _save_checkpoint(path: Path, state: RunState) -> None:
+def _save_checkpoint(path: Path, state: RunState, fingerprint: str) -> None:
     buffer = io.BytesIO()
-    torch.save(state.to_dict(), buffer)
+    torch.save({**state.to_dict(), FINGERPRINT: fingerprint}, buffer)
     write_bytes_atomic(path, buffer.getvalue())
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
