@@ -141,9 +141,12 @@ def test_central_noise_is_calibrated_for_the_selection_the_run_accounts(selectio
     cfg = variant("algorithm={name: dp_fedavg_central, params: {server_lr: 0.5}}",
                   "privacy={clip: 0.7, budgets: [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}",
                   f"training.selection={selection}", "training.rounds=20")
-    alg = build_algorithm(cfg, resolve_budgets(cfg))
+    assert build_algorithm(cfg).aggregator.noise_multiplier is None  # calibrated when the run is built
+    run = build_run(cfg)
+    alg = run.algorithm
     agg = alg.aggregator
     assert isinstance(agg, CentralDPFedAvg) and (agg.clip, agg.server_lr) == (0.7, 0.5)
+    assert run.calibrated is not None and run.calibrated.mechanism == "central" and run.calibrated.common
     assert not alg.local.private and alg.unit == "client" and "trusted" in alg.observer
     event = alg.selection.client_level_event(agg.noise_multiplier, 10)
     expected = {"full": "GaussianDpEvent", "poisson": "PoissonSampledDpEvent",
@@ -152,7 +155,7 @@ def test_central_noise_is_calibrated_for_the_selection_the_run_accounts(selectio
     spent = epsilon(SelfComposedDpEvent(event, 20), 1e-5)
     assert 0.99 * 2.0 <= spent <= 2.0  # the smallest budget, exactly spent over the planned rounds
     explicit = variant("privacy.noise_multiplier=3.0", base=cfg)
-    assert build_algorithm(explicit, resolve_budgets(explicit)).aggregator.noise_multiplier == 3.0
+    assert build_algorithm(explicit).aggregator.noise_multiplier == 3.0
 
 
 def test_other_bundles():

@@ -233,8 +233,8 @@ def test_bad_delta(delta):
 
 
 def test_bad_accountant_and_orders():
-    with pytest.raises(ValueError, match=r"accountant must be one of \('rdp', 'pld'\), got 'gdp'"):
-        epsilon(gaussian_event(1.0), 1e-5, "gdp")
+    with pytest.raises(ValueError, match=r"accountant must be one of \('rdp', 'pld', 'gdp'\), got 'zcdp'"):
+        epsilon(gaussian_event(1.0), 1e-5, "zcdp")
     with pytest.raises(ValueError, match="orders must be finite numbers > 1"):
         epsilon(gaussian_event(1.0), 1e-5, orders=[1.0, 2.0])
     with pytest.raises(ValueError, match="empty"):
@@ -269,3 +269,34 @@ def test_curve_cache_computes_each_leaf_once_and_evicts():
     assert len(cache) == 2
     cache.curve(leaf, orders)
     assert cache.misses == 4  # the first leaf was evicted
+
+
+# -- the exact GDP accountant (unsampled Gaussian compositions only) --------------------------------------
+def test_gdp_accountant_is_the_exact_composition():
+    """G_mu1 x ... x G_muk = G_sqrt(sum mu^2) exactly; the conversion is gdp_eps; RDP is never below it."""
+    from dpfl.privacy.accountant import gdp_mu
+    from dpfl.privacy.gdp import gdp_eps
+
+    parts = [gaussian_event(2.0), dpa.SelfComposedDpEvent(gaussian_event(4.0), 12), dpa.NoOpDpEvent()]
+    event = dpa.ComposedDpEvent(parts)
+    mu = math.sqrt(0.5**2 + 12 * 0.25**2)
+    assert gdp_mu(event) == pytest.approx(mu, rel=1e-15)
+    for delta in (1e-3, 1e-5, 1e-8):
+        exact = epsilon(event, delta, "gdp")
+        assert exact == pytest.approx(gdp_eps(mu, delta), rel=1e-12)
+        assert epsilon(event, delta, "rdp") >= exact  # RDP's conversion is lossy, never tighter
+        # PLD (pessimistic discretisation 1e-4) agrees with the exact value to its resolution
+        assert epsilon(event, delta, "pld") == pytest.approx(exact, abs=max(1e-3 * exact, 1e-3))
+        assert delta_for(event, exact, "gdp") == pytest.approx(delta, rel=1e-6)
+
+
+def test_gdp_accountant_refuses_sampled_events_and_handles_no_noise():
+    with pytest.raises(ValueError, match="exact only for compositions of Gaussian"):
+        epsilon(sampled_gaussian_event(1.0, sampling="poisson", sample_rate=0.1), 1e-5, "gdp")
+    with pytest.raises(ValueError, match="exact only for compositions of Gaussian"):
+        epsilon(dpa.ComposedDpEvent([gaussian_event(1.0),
+                                      sampled_gaussian_event(1.0, sampling="fixed", population=10, sample_size=2)]),
+                1e-5, "gdp")
+    assert epsilon(gaussian_event(0.0), 1e-5, "gdp") == math.inf
+    assert delta_for(gaussian_event(0.0), 3.0, "gdp") == 1.0
+    assert epsilon(dpa.NoOpDpEvent(), 1e-5, "gdp") == 0.0

@@ -88,7 +88,8 @@ def test_unreachable_target_is_a_clear_error():
         (dict(target_epsilon=0.0, delta=1e-5), r"target_epsilon must be in \(0, inf\), got 0.0"),
         (dict(target_epsilon=math.inf, delta=1e-5), "target_epsilon"),
         (dict(target_epsilon=1.0, delta=1e-5, rel_tol=0.5), "rel_tol"),
-        (dict(target_epsilon=1.0, delta=1e-5, accountant="gdp"), "accountant must be one of"),
+        (dict(target_epsilon=1.0, delta=1e-5, accountant="zcdp"), "accountant must be one of"),
+        (dict(target_epsilon=1.0, delta=1e-5, accountant="gdp"), "exact only for compositions of Gaussian"),
         (dict(target_epsilon=1.0, delta=1e-5, sample_rate=None), "sample_rate"),
     ],
 )

@@ -7,7 +7,7 @@ import dp_accounting as dpa
 import pytest
 
 import dpfl.privacy.ledger as ledger_module
-from dpfl.privacy import PrivacyLedger, dpsgd_event, epsilon, gaussian_event
+from dpfl.privacy import PrivacyLedger, dpsgd_event, epsilon, gaussian_event, sampled_gaussian_event
 
 POISSON = dpsgd_event(1.1, 20, sampling="poisson", sample_rate=0.02)
 POISSON_B = dpsgd_event(0.9, 10, sampling="poisson", sample_rate=0.05)
@@ -188,7 +188,7 @@ def test_metadata_from_events_and_user():
         (dict(client_ids=[0], deltas={0: 1e-5, 4: 1e-5}), r"deltas names unknown clients \[4\]"),
         (dict(client_ids=[0], deltas=1.0), r"deltas must be a number in \(0, 1\), got 1.0"),
         (dict(client_ids=[0], deltas=1e-5, budgets={0: -1.0}), r"budgets\[0\] must be a number > 0"),
-        (dict(client_ids=[0], deltas=1e-5, accountant="gdp"), "accountant must be one of"),
+        (dict(client_ids=[0], deltas=1e-5, accountant="zcdp"), "accountant must be one of"),
         (dict(client_ids=[0], deltas=1e-5, unit="record"), r"unit must be one of \('sample', 'client'\)"),
         (dict(client_ids=["a"], deltas=1e-5), "client ids must be integers"),
     ],
@@ -209,3 +209,16 @@ def test_record_validation():
     with pytest.raises(ValueError, match="DpEvent"):
         led.record(0, 0, "gaussian")
     assert led.spent_all() == {0: 0.0, 1: 0.0}
+
+
+def test_gdp_ledger_refuses_sampled_events_and_is_exact_for_gaussians():
+    from dpfl.privacy.gdp import gdp_eps
+
+    ledger = PrivacyLedger([0, 1], deltas=1e-5, budgets=2.0, accountant="gdp", unit="sample")
+    with pytest.raises(ValueError, match="exact only for compositions of Gaussian"):
+        ledger.record(0, 0, sampled_gaussian_event(1.0, sampling="poisson", sample_rate=0.1))
+    for r in range(3):
+        ledger.record_many([0, 1], r, gaussian_event(5.0))
+        ledger.close_round(r)
+    assert ledger.spent(0) == pytest.approx(gdp_eps(math.sqrt(3) / 5.0, 1e-5), rel=1e-12)
+    assert PrivacyLedger.from_dict(ledger.to_dict()).spent_all() == ledger.spent_all()

@@ -88,6 +88,14 @@ class Algorithm:
             parts.append(f"server-side Gaussian on the clipped sum (clip {self.aggregator.clip})")
         return "; ".join(parts) or "none (not private)"
 
+    def uncalibrated_stage(self) -> str | None:
+        """The stage ('upload' or 'aggregator') whose noise is unset, to be calibrated from the budgets."""
+        for name in ("upload", "aggregator"):
+            stage = getattr(self, name)
+            if hasattr(stage, "with_noise") and stage.noise is None:
+                return name
+        return None
+
     @property
     def accounted(self) -> bool:
         """False when some privacy mechanism runs for which no accountant is attached."""

@@ -1,7 +1,8 @@
 """Dataset names -> loaders, with option checking, and the one-call federated dataset.
 
 Each loader takes keyword options; an unknown option is an error naming the allowed ones, so a
-typo in a config (``normalise=``) fails instead of being silently ignored.
+typo in a config (``normalise=``) fails instead of being silently ignored. ``register_dataset`` adds a
+user's own loader under a name, so configs (and ``dpfl.run``) can use it like a built-in dataset.
 """
 
 from __future__ import annotations
@@ -26,7 +27,32 @@ _LOADERS: dict[str, Callable[..., ArrayDataset]] = {
     "synthetic": make_classification,
 }
 
-DATASETS: tuple[str, ...] = tuple(_LOADERS)
+DATASETS: tuple[str, ...] = tuple(_LOADERS)  # the built-in datasets; `dataset_names()` adds registered ones
+PROVIDED = "provided"  # a dataset passed as an object to dpfl.run(data=...): no loader, never a registered name
+
+
+def register_dataset(name: str, loader: Callable[..., ArrayDataset], *, replace: bool = False) -> None:
+    """Make `loader` available as dataset `name` (in configs: ``data: {dataset: name, options: {...}}``).
+
+    ``loader(**options)`` returns an `ArrayDataset` (train/test tensors; the train split is partitioned among
+    clients, the test split is the global test set). Its keyword-only parameters are the dataset's options;
+    a parameter named ``seed`` receives the run seed, one named ``root`` the config's ``data.root``.
+    Built-in names cannot be replaced; a registered name only with ``replace=True``.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a dataset name must be an identifier (letters, digits, _), got {name!r}")
+    if name in DATASETS or name == PROVIDED:
+        raise ValueError(f"{name!r} is a built-in dataset name; choose another name")
+    if name in _LOADERS and not replace:
+        raise ValueError(f"dataset {name!r} is already registered; pass replace=True to replace it")
+    if not callable(loader):
+        raise ValueError(f"loader must be callable, got {type(loader).__name__}")
+    _LOADERS[name] = loader
+
+
+def dataset_names() -> tuple[str, ...]:
+    """Every dataset name a config may use: the built-in ones, then the registered ones."""
+    return tuple(_LOADERS)
 
 # FederatedDataset.from_arrays arguments that federated_dataset routes away from the loader.
 _SPLIT_OPTIONS = ("partition", "alpha", "shards_per_client", "sizes", "client_test_fraction", "max_train_samples",
@@ -56,8 +82,11 @@ def load_dataset(name: str, root: str | Path | None = None, **options) -> ArrayD
         )
     takes_root = "root" in inspect.signature(loader).parameters
     if root is not None and not takes_root:
-        raise ValueError(f"dataset {name!r} is built in and reads no files, so root must be None, got {root!r}")
-    return loader(root=root, **options) if takes_root else loader(**options)
+        raise ValueError(f"dataset {name!r} reads no files, so root must be None, got {root!r}")
+    ds = loader(root=root, **options) if takes_root else loader(**options)
+    if not isinstance(ds, ArrayDataset):
+        raise ValueError(f"the loader of dataset {name!r} must return a dpfl.data.ArrayDataset, got {type(ds).__name__}")
+    return ds
 
 
 def federated_dataset(
@@ -77,6 +106,8 @@ def federated_dataset(
 
 
 def _loader(name: str) -> Callable[..., ArrayDataset]:
+    if name == PROVIDED:
+        raise ValueError(f"dataset {PROVIDED!r} is data passed as an object to dpfl.run(data=...); it has no loader")
     if name not in _LOADERS:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
+        raise ValueError(f"dataset must be one of {', '.join(_LOADERS)}, got {name!r}")
     return _LOADERS[name]

@@ -36,6 +36,21 @@ LOSSES: dict[str, LossFn] = {
 }
 
 
+def register_loss(name: str, fn: LossFn, *, replace: bool = False) -> None:
+    """Make ``fn(output [B, ...], target [B]) -> loss [B]`` (one value per sample, no reduction) loss `name`.
+
+    The engine computes per-sample gradients of it under vmap, so it must be written with batch-safe torch
+    operations (no `.item()`, no data-dependent Python control flow).
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a loss name must be an identifier, got {name!r}")
+    if name in LOSSES and not replace:
+        raise ValueError(f"loss {name!r} is already registered; pass replace=True to replace it")
+    if not callable(fn):
+        raise ValueError(f"a loss must be callable, got {type(fn).__name__}")
+    LOSSES[name] = fn
+
+
 def per_sample_loss(name: str) -> LossFn:
     """The loss `name` returning one value per sample (no reduction)."""
     try:

@@ -15,10 +15,13 @@ not on this machine raises `dpfl.data.DatasetNotFoundError` unchanged (its messa
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch import nn
 
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.client.param_noise import ParameterNoise
@@ -39,6 +42,7 @@ from dpfl.algorithms.server.robust_hdp import RobustHDP
 from dpfl.data import federated_dataset
 from dpfl.data.errors import ChecksumError, DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
+from dpfl.data.registry import PROVIDED
 from dpfl.experiment.config import (
     ALGORITHM_PARAMS,
     BatchSizeChoice,
@@ -54,9 +58,9 @@ from dpfl.experiment.config import (
 )
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.models import build_model, model_info
+from dpfl.models.registry import BUILTIN_MODELS
 from dpfl.privacy.budget_distributions import draw_batch_sizes
 from dpfl.privacy.budgets import ClientBudget, draw_budgets
-from dpfl.privacy.calibration import calibrate_noise_multiplier
 from dpfl.privacy.fdp_run import NoisyRunAccounting
 from dpfl.privacy.fdp_sensitivity import step_sizes as fdp_step_sizes
 from dpfl.seeding import Purpose, numpy_generator
@@ -69,12 +73,13 @@ __all__ = [
     "build_data",
     "build_demo_config",
     "build_run",
-    "central_noise_multiplier",
     "noisy_accounting",
     "refuse_unaccounted_buffers",
     "resolve_batch_sizes",
     "resolve_budgets",
 ]
+
+PROVIDED_MODEL = "provided"  # a model passed as an object to dpfl.run(model=...)
 
 # Dedicated streams for per-client draws made when a run is built: (purpose, round key). The partition
 # uses rounds 0 and 1 of Purpose.PARTITION; these keys are far from any round a run reaches.
@@ -208,31 +213,6 @@ def resolve_batch_sizes(cfg: RunConfig, data: FederatedDataset | None = None) ->
     return [int(v) for v in rng.choice(np.asarray(bs.values), size=n, p=bs.probs)]
 
 
-def central_noise_multiplier(cfg: RunConfig, budgets: list[ClientBudget]) -> float:
-    """The server's noise multiplier for central DP-FedAvg: explicit, or calibrated from the smallest budget.
-
-    The calibrated event is the one the runner records each round (`Selection.client_level_event`):
-    Poisson selection -> Poisson sampled Gaussian; fixed K -> sampled without replacement from all
-    clients; all clients -> the plain Gaussian (sampling 'full', no amplification), over `rounds` rounds.
-    """
-    p, sel = cfg.privacy, cfg.training.selection
-    if p.noise_multiplier is not None:
-        return p.noise_multiplier
-    eps_min = min(b.epsilon for b in budgets)
-    delta = min(b.delta for b in budgets)
-    kw: dict[str, Any]
-    if sel.kind == "poisson":
-        kw = dict(sampling="poisson", sample_rate=sel.rate)
-    elif sel.kind == "fixed":
-        kw = dict(sampling="fixed", population=cfg.data.clients, sample_size=sel.k)
-    else:
-        kw = dict(sampling="full")
-    try:
-        return calibrate_noise_multiplier(eps_min, delta, steps=cfg.training.rounds, accountant=p.accountant, **kw)
-    except ValueError as err:
-        raise ConfigError(f"privacy.budgets: cannot calibrate the server noise: {err}", "privacy.budgets") from None
-
-
 def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float = 0.0, lr_factor: float = 1.0,
                    trainable: tuple[str, ...] | None = None, epochs: float | None = None) -> LocalProgram:
     """The configured local program; `epochs` replaces the configured length (CENTAUR's head phase)."""
@@ -248,13 +228,21 @@ def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float =
     return sgd(lr, **common)
 
 
-def _centaur(cfg: RunConfig, loss: str, head_epochs: float, private: bool) -> tuple[PhasedProgram, PrivateHead]:
-    """CENTAUR's two-phase local program (head, then representation) and its client-side heads."""
+def _model_facts(cfg: RunConfig, model: nn.Module | None) -> tuple[str, list[str], str | None]:
+    """(loss, parameter names, head module) of the run's model: the built module's own, else the registry's."""
+    if model is not None:
+        info = model_info(cfg.model.name) if cfg.model.name != PROVIDED_MODEL else None
+        head = getattr(model, "head_name", None) or (info.head if info is not None else None)
+        return getattr(model, "loss_kind", "cross_entropy"), [n for n, _ in model.named_parameters()], head or None
     info = model_info(cfg.model.name)
-    head_module = info.head
     # parameter names do not depend on the input shape: read them off a small instance
-    names = [n for n, _ in build_model(cfg.model.name, info.small_shape, info.reference_classes,
-                                       **cfg.model.options).named_parameters()]
+    small = build_model(cfg.model.name, info.small_shape, info.reference_classes, **cfg.model.options)
+    return info.loss, [n for n, _ in small.named_parameters()], info.head or None
+
+
+def _centaur(cfg: RunConfig, loss: str, head_epochs: float, private: bool, names: list[str],
+             head_module: str | None) -> tuple[PhasedProgram, PrivateHead]:
+    """CENTAUR's two-phase local program (head, then representation) and its client-side heads."""
     if head_module is None or not any(n.startswith(head_module + ".") for n in names):
         raise ConfigError(f"model: CENTAUR needs a model with a head (mlp2, lenet5), got {cfg.model.name!r}", "model")
     head = tuple(n for n in names if n.startswith(head_module + "."))
@@ -265,6 +253,39 @@ def _centaur(cfg: RunConfig, loss: str, head_epochs: float, private: bool) -> tu
     phases = (_local_program(cfg, loss, private=private, trainable=head, epochs=head_epochs),
               _local_program(cfg, loss, private=private, trainable=body))
     return PhasedProgram(phases), PrivateHead(head)
+
+
+def model_is_users(cfg: RunConfig) -> bool:
+    """True for a model passed as an object or registered with `register_model` (not one of dpfl's own)."""
+    return cfg.model.name == PROVIDED_MODEL or cfg.model.name not in BUILTIN_MODELS
+
+
+def check_model_contract(model: nn.Module, data: FederatedDataset, *, user: bool) -> None:
+    """A user's model must keep the engine's contract: checked once, with a one-line reason if it does not.
+
+    No buffers (BatchNorm's running statistics mix the records of a batch, so per-sample gradients, and with
+    them DP-SGD's guarantee, would be wrong) and an output of one row of `n_classes` scores per sample.
+    """
+    if not user:
+        return
+    buffers = [n for n, _ in model.named_buffers()]
+    if buffers:
+        raise ConfigError(f"model: has buffers {buffers[:3]} (e.g. BatchNorm statistics), which mix the records of a "
+                          "batch and break per-sample gradients; use GroupNorm/LayerNorm or none", "model")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError("model: has no trainable parameters", "model")
+    x = data.clients[0].x_train[:2]
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except Exception as err:  # noqa: BLE001 - any failure of the user's forward is reported in one line
+        raise ConfigError(f"model: its forward pass fails on a batch of shape {tuple(x.shape)}: "
+                          f"{type(err).__name__}: {err}".splitlines()[0], "model") from None
+    classes = max(1, data.n_classes)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(x), classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"model: must map a batch [B, {', '.join(map(str, data.input_shape))}] to scores [B, "
+                          f"{classes}] (one per class), got {got}", "model")
 
 
 def refuse_unaccounted_buffers(cfg: RunConfig, model: Any) -> None:
@@ -299,11 +320,15 @@ def _noisy(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algo
     return Algorithm(cfg.algorithm.name, local, selection, ParameterNoise(accounting), FedAvg("uniform"))
 
 
-def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -> Algorithm:
-    """The algorithm bundle named by `cfg.algorithm`, with the stages its privacy mechanism needs."""
+def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm:
+    """The algorithm bundle named by `cfg.algorithm`, with the stages its privacy mechanism needs.
+
+    `model`: the run's built model (its loss and parameter names); default: the registry's facts of `cfg.model`.
+    A noise the config leaves unset stays None in its stage: `FederatedRun` calibrates it from the budgets.
+    """
     name, mech, p = cfg.algorithm.name, cfg.privacy.mechanism, cfg.privacy
     params = ALGORITHM_PARAMS[name].model_validate(cfg.algorithm.params)
-    loss = model_info(cfg.model.name).loss
+    loss, names, head_module = _model_facts(cfg, model)
     sel = cfg.training.selection
     selection = Selection(sel.kind, sel.k, sel.rate)
     if name in ("noisy_fedavg", "noisy_fedprox"):
@@ -313,12 +338,11 @@ def build_algorithm(cfg: RunConfig, budgets: list[ClientBudget] | None = None) -
     local: Any = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=mu,
                                 lr_factor=personal.lr_factor if personal is not None else 1.0)
     if name == "centaur":
-        local, personal = _centaur(cfg, loss, params.head_epochs, private=mech == "dpsgd")
-    if name == "dp_fedavg_central":
-        if budgets is None:  # pragma: no cover - the schema requires budgets for 'central'
-            raise ConfigError("privacy.budgets: required by mechanism 'central'", "privacy.budgets")
-        z = central_noise_multiplier(cfg, budgets)
-        return Algorithm(name, local, selection, FullUpdate(), CentralDPFedAvg(p.clip, z, params.server_lr))
+        local, personal = _centaur(cfg, loss, params.head_epochs, private=mech == "dpsgd", names=names,
+                                   head_module=head_module)
+    if name == "dp_fedavg_central":  # the server's noise: given, or calibrated by FederatedRun from the budgets
+        return Algorithm(name, local, selection, FullUpdate(),
+                         CentralDPFedAvg(p.clip, p.noise_multiplier, params.server_lr))
     if name == "oracle":
         aggregator: Any = OracleAverage(params.server_lr)
     elif name == "robust_hdp":
@@ -368,28 +392,42 @@ def _calibration_target(cfg: RunConfig) -> str | float:
     return float(eps)
 
 
-def build_run(cfg: RunConfig) -> FederatedRun:
-    """A FederatedRun for `cfg`; call ``.run(checkpoint_every=cfg.checkpoint.every)`` on it."""
+def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn.Module | None = None) -> FederatedRun:
+    """A FederatedRun for `cfg`; call ``.run(checkpoint_every=cfg.checkpoint.every)`` on it.
+
+    `data` / `model`: the user's own objects (`dpfl.run`), for configs whose data section is
+    ``{dataset: provided}`` / whose model is ``{name: provided}``; the model is copied, never trained in place.
+    """
     if cfg.device != "cpu":
         raise ConfigError(f"device: the engine runs on cpu only for now (got {cfg.device!r}; allowed: cpu)", "device")
     if cfg.backend != "local":  # pragma: no cover - the schema rejects other backends
         raise ConfigError(f"backend: not available yet (got {cfg.backend!r}; allowed: local)", "backend")
-    data = build_data(cfg)
-    try:
-        model = build_model(cfg.model.name, tuple(data.input_shape), data.n_classes, seed=cfg.seed,
-                            **cfg.model.options)
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"model: {err}", "model") from None
+    if (cfg.data.dataset == PROVIDED) != (data is not None):
+        raise ConfigError(f"data: dataset {PROVIDED!r} means the data is passed as an object (dpfl.run(config, "
+                          "data=...)); any other dataset is loaded from the config", "data")
+    if (cfg.model.name == PROVIDED_MODEL) != (model is not None):
+        raise ConfigError(f"model: name {PROVIDED_MODEL!r} means the model is passed as an object (dpfl.run(config, "
+                          "model=...)); any other name is built from the registry", "model")
+    data = data if data is not None else build_data(cfg)
+    if model is not None:
+        model = copy.deepcopy(model)
+    else:
+        try:
+            model = build_model(cfg.model.name, tuple(data.input_shape), data.n_classes, seed=cfg.seed,
+                                **cfg.model.options)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"model: {err}", "model") from None
+    check_model_contract(model, data, user=model_is_users(cfg))
     refuse_unaccounted_buffers(cfg, model)
     budgets = resolve_budgets(cfg)
     try:
-        algorithm = build_algorithm(cfg, budgets)
+        algorithm = build_algorithm(cfg, model)
     except ValueError as err:
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"algorithm: {err}", "algorithm") from None
-    calibrating = cfg.privacy.mechanism == "dpsgd" and cfg.privacy.noise_multiplier is None
     noise = cfg.privacy.noise_multiplier if cfg.privacy.mechanism == "dpsgd" else None
+    calibrating = (cfg.privacy.mechanism == "dpsgd" and noise is None) or algorithm.uncalibrated_stage() is not None
     try:
         return FederatedRun(
             data, model, algorithm,
@@ -405,8 +443,9 @@ def build_run(cfg: RunConfig) -> FederatedRun:
             misreport=({cfg.privacy.misreport.client: cfg.privacy.misreport.factor}
                        if cfg.privacy.misreport is not None else None),
             calibration=cfg.privacy.calibration,
+            participation=getattr(cfg.privacy, "participation", "expected"),  # TEMP until the config field lands
         )
     except ValueError as err:
         where = "privacy.budgets" if calibrating else "config"
-        what = "cannot calibrate the clients' noise: " if calibrating else ""
+        what = "cannot calibrate the noise: " if calibrating else ""
         raise ConfigError(f"{where}: {what}{err}", where) from None

@@ -32,7 +32,7 @@ from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, run_local
 from dpfl.engine.pooled import PooledData
 from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import ClientBudget
-from dpfl.privacy.calibration import calibrate_noise_multiplier, heuristic_pfa_noise
+from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun, calibrate_run, calibration_targets
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.seeding import derive_seed
 
@@ -104,8 +104,13 @@ class FederatedRun:
 
     budgets: one ClientBudget per client (or one for all); required for any private algorithm. These
     are the *true* budgets: calibration and accounting use them.
-    noise_multipliers: per client (or one); None calibrates each client's multiplier so that its
-    expected participation over `rounds` spends exactly its calibration target.
+    noise_multipliers: the DP-SGD multipliers per client (or one); None calibrates each client's multiplier so
+    that its planned participation over `rounds` spends exactly its calibration target. A stage built
+    without noise (central DP-FedAvg's server, UDP uploads, Noisy-FedAvg's parameter noise) is calibrated
+    from the budgets too; every noise-from-budget decision is `dpfl.privacy.run_calibration.calibrate_run`.
+    participation: "expected" (rounds x participation rate, the PFA spec's T*: a client drawn more often
+    retires when its budget is reached, and a fixed-K run may stop early with stop_reason "budget") or
+    "worst_case" (every round: nobody retires before the last round, at the price of more noise).
     calibrate_to: "own" (each client its own budget), "min" / "max" (everyone the smallest / largest
     *reported* epsilon: PFA's Minimum-ε and Maximum-ε baselines) or a number (everyone that epsilon).
     allow_budget_violation: needed for targets above some budget (Maximum-ε): budgets are then not
@@ -137,6 +142,7 @@ class FederatedRun:
         allow_budget_violation: bool = False,
         misreport: Mapping[int, float] | None = None,
         calibration: str = "accountant",
+        participation: str = "expected",
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -170,7 +176,9 @@ class FederatedRun:
         self.calibrate_to, self.enforce_budgets = calibrate_to, not allow_budget_violation
         if calibration not in ("accountant", "pfa-heuristic"):
             raise ValueError(f"calibration must be 'accountant' or 'pfa-heuristic', got {calibration!r}")
-        self.calibration = calibration
+        if participation not in PARTICIPATIONS:
+            raise ValueError(f"participation must be one of {', '.join(PARTICIPATIONS)}, got {participation!r}")
+        self.calibration, self.participation = calibration, participation
         self.heuristic_steps: np.ndarray | None = None  # T*_i under the heuristic
         self.steps_done = np.zeros(self.n_clients, dtype=np.int64)
         self.ledger: PrivacyLedger | None = None
@@ -182,7 +190,9 @@ class FederatedRun:
                 accountant=accountant,
                 unit=algorithm.unit,
             )
+        self.calibrated: CalibratedNoise | None = None  # what the noise was calibrated for, if it was
         self.noise = self._noise_multipliers(noise_multipliers)
+        self._calibrate_stage()
 
     # ---- calibration -----------------------------------------------------------------------------
     def _reported_epsilons(self, misreport: Mapping[int, float]) -> np.ndarray:
@@ -198,35 +208,37 @@ class FederatedRun:
             reported[int(client)] = true[int(client)] * float(factor)
         return reported
 
-    def _calibration_targets(self) -> np.ndarray:
-        """The epsilon each client's noise is calibrated to."""
-        assert self.budgets is not None
-        own = np.array([b.epsilon for b in self.budgets], dtype=float)
-        target = self.calibrate_to
-        if target == "own":
-            return own
-        if target in ("min", "max"):
-            common = float(self.eps_reported.min() if target == "min" else self.eps_reported.max())
-        elif isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0:
-            common = float(target)
-        else:
-            raise ValueError(f"calibrate_to must be 'own', 'min', 'max' or an epsilon > 0, got {target!r}")
-        over = [i for i in range(self.n_clients) if common > own[i] * (1 + 1e-9)]
-        if over and self.enforce_budgets:
-            raise ValueError(f"calibrating everyone to epsilon {common:g} exceeds the budgets of clients {over[:10]}"
-                             f"{'...' if len(over) > 10 else ''}; this is a non-private reference: set allow_budget_violation")
-        return np.full(self.n_clients, common)
-
-    def _expected_participations(self) -> np.ndarray:
-        """Per client: expected rounds of participation, counting re-draws for a required group (PFA)."""
+    def _participation_rates(self) -> list[float]:
+        """Per client: the probability of taking part in a round, counting re-draws for a required group (PFA)."""
         n, sel, agg = self.n_clients, self.algorithm.selection, self.algorithm.aggregator
         required = getattr(agg, "public_clients", None) if hasattr(agg, "accepts_selection") else None
         if not required:
-            return np.full(n, self.rounds * sel.participation_rate(n))
+            return [sel.participation_rate(n)] * n
         members = set(required)
-        return np.array([self.rounds * sel.participation_rate_given(n, len(members), i in members) for i in range(n)])
+        return [sel.participation_rate_given(n, len(members), i in members) for i in range(n)]
+
+    def planned_run(self, mechanism: str) -> PlannedRun:
+        """The run as planned, for the calibration of `mechanism`'s noise (dpfl.privacy.run_calibration)."""
+        assert self.budgets is not None
+        alg, sel = self.algorithm, self.algorithm.selection
+        kw: dict[str, Any] = {}
+        if mechanism == "dpsgd":
+            local = alg.local
+            kw = dict(records=self.n_records.tolist(), batch_sizes=self.batch_sizes.tolist(),
+                      local_steps=[local.steps_for(int(m), int(b)) for m, b in zip(self.n_records, self.batch_sizes)],
+                      local_sampling=local.sampling, participation_rates=self._participation_rates(),
+                      targets=calibration_targets(list(self.budgets), self.eps_reported, self.calibrate_to,
+                                                  self.enforce_budgets),
+                      method=self.calibration)
+        elif mechanism == "udp":
+            kw = dict(upload_cohort=alg.upload.cohort, hidden_sampling=alg.upload.hidden_sampling)
+        elif mechanism == "param_noise":
+            kw = dict(noisy=alg.upload.accounting)
+        return PlannedRun(mechanism, list(self.budgets), self.rounds, accountant=self.accountant, selection=sel.kind,
+                          k=sel.k, rate=sel.rate, participation=self.participation, **kw)
 
     def _noise_multipliers(self, given: float | Sequence[float] | None) -> np.ndarray:
+        """The clients' DP-SGD noise multipliers: given, or calibrated from their budgets."""
         n = self.n_clients
         if not self.algorithm.local.private:
             return np.zeros(n)
@@ -235,35 +247,21 @@ class FederatedRun:
             if (z < 0).any():
                 raise ValueError("noise multipliers must be >= 0")
             return z
-        assert self.budgets is not None
-        unlimited = [i for i, b in enumerate(self.budgets) if b.epsilon == float("inf")]
-        if unlimited:
-            raise ValueError(f"clients {unlimited} have unlimited budgets, so no noise can be calibrated for them; "
-                             "pass noise_multipliers explicitly")
-        local = self.algorithm.local
-        participations = self._expected_participations()
-        targets = self.targets = self._calibration_targets()
-        out = np.empty(n)
-        cache: dict[tuple, float] = {}
-        for i in range(n):
-            b, m = int(self.batch_sizes[i]), int(self.n_records[i])
-            steps = max(1, int(round(participations[i] * local.steps_for(m, b))))
-            if self.calibration == "pfa-heuristic":
-                if self.heuristic_steps is None:
-                    self.heuristic_steps = np.zeros(n, dtype=np.int64)
-                self.heuristic_steps[i] = steps
-                out[i] = heuristic_pfa_noise(float(targets[i]), self.budgets[i].delta, min(1.0, b / m), steps)
-                continue
-            key = (float(targets[i]), self.budgets[i].delta, b, m, steps)
-            if key not in cache:
-                if local.sampling == "poisson":
-                    cache[key] = calibrate_noise_multiplier(
-                        key[0], key[1], steps=steps, sampling="poisson", sample_rate=min(1.0, b / m), accountant=self.accountant)
-                else:
-                    cache[key] = calibrate_noise_multiplier(
-                        key[0], key[1], steps=steps, sampling="fixed", population=m, sample_size=b, accountant=self.accountant)
-            out[i] = cache[key]
-        return out
+        self.calibrated = calibrate_run(self.planned_run("dpsgd"))
+        if self.calibration == "pfa-heuristic":
+            self.heuristic_steps = self.calibrated.steps
+        return self.calibrated.noise
+
+    def _calibrate_stage(self) -> None:
+        """Give the stage whose noise is unset (central server, client uploads, parameter noise) its noise."""
+        name = self.algorithm.uncalibrated_stage()
+        if name is None:
+            return
+        if self.budgets is None:
+            raise ValueError(f"algorithm {self.algorithm.name!r}: no noise given and no budgets to calibrate it from")
+        stage = getattr(self.algorithm, name)
+        self.calibrated = calibrate_run(self.planned_run(stage.mechanism))
+        self.algorithm = replace(self.algorithm, **{name: stage.with_noise(float(self.calibrated.noise[0]))})
 
     # ---- events ----------------------------------------------------------------------------------
     def _client_event(self, i: int, r: int, cohort: int) -> DpEvent | None:
@@ -643,20 +641,18 @@ class FederatedRun:
                                     "epsilon_heuristic what the formula claims")
                 for c in out["clients"]:
                     i = c["client"]
-                    c["epsilon_heuristic"] = float(self.targets[i]) * float(
+                    c["epsilon_heuristic"] = float(self.calibrated.targets[i]) * float(
                         np.sqrt(min(1.0, self.steps_done[i] / self.heuristic_steps[i])))
             out["meets_budgets"] = all(spent[i] <= self.budgets[i].epsilon * (1 + 1e-9) for i in range(self.n_clients))
             if not out["meets_budgets"]:
                 over = [i for i in range(self.n_clients) if spent[i] > self.budgets[i].epsilon * (1 + 1e-9)]
                 out["warning"] = (f"NOT PRIVATE AS PROMISED: clients {over[:10]}{'...' if len(over) > 10 else ''} "
                                   "spent more than their budgets (a non-private reference run)")
+            if self.calibrated is not None:
+                out["noise_calibration"] = self.calibrated.summary()
             fdp = getattr(alg.upload, "accounting", None)
             if fdp is not None:
                 out["fdp"] = self._fdp_report(fdp, history)
-                out["epsilon_spent_meaning"] = (
-                    f"epsilon_spent is the {self.accountant} accountant's epsilon of the ledger's per-round Gaussian "
-                    "events (the composition bound; budgets are enforced on it); fdp gives the exact GDP conversion "
-                    "and, where it applies, the shifted-interpolation bound")
             elif alg.unit == "sample":
                 out.update(self._sample_level_views(list(spent.values())))
         if rounds_run and self.budgets is not None and hasattr(alg.upload, "aggregate_event"):
@@ -666,7 +662,53 @@ class FederatedRun:
                 "ASSUMED: the server cannot tell which clients took part (Poisson client sampling hidden from it), "
                 "so each upload's σ/√K is amplified by the sampling rate. A server that receives the individual "
                 "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
+        if "clients" in out:
+            out["guarantee"] = self._guarantee(out)
+            for c, eps in zip(out["clients"], out["guarantee"].pop("per_client")):
+                c["epsilon_guarantee"] = eps
         return out
+
+    def _guarantee(self, privacy: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's ONE epsilon per client, which number it is, and why any other epsilon in privacy.json differs.
+
+        Accounted runs: the per-client ledger's epsilon, except for Noisy-FedAvg/FedProx, whose guarantee is the
+        f-DP block's headline bound (spec fdp_accounting.md §4.5): the exact GDP conversion of the composition, or the
+        shifted-interpolation bound where it applies (aggregate view, final release, an ASSUMED smoothness L).
+        """
+        assert self.budgets is not None
+        spent = [c["epsilon_spent"] for c in privacy["clients"]]
+        others: list[dict[str, Any]] = []
+        fdp = privacy.get("fdp")
+        if fdp is None:
+            per_client = spent
+            source = f"the per-client ledger ({self.accountant} accountant): epsilon_spent"
+        else:
+            per_client = [c["epsilon"][str(self.budgets[c["client"]].delta)] for c in fdp["clients"]]
+            head = fdp["headline"]
+            source = f"the f-DP block's headline bound, {fdp['labels'][head]}, converted exactly to (epsilon, delta)"
+            same = head == "composition" and self.accountant == "gdp"
+            if not same:
+                if head == "composition":
+                    why = (f"the ledger composes the same per-round Gaussians with the {self.accountant} accountant, "
+                           "whose conversion to (epsilon, delta) is not exact, so it is larger; budgets are enforced "
+                           "on it, which is conservative")
+                else:
+                    why = ("the ledger composes the per-round Gaussians (the composition bound, on which budgets are "
+                           f"enforced, {self.accountant} accountant); the shifted-interpolation bound is smaller "
+                           "because only the final model is released and the loss is ASSUMED smooth "
+                           f"(L = {fdp['params']['smoothness_L']:g})")
+                others.append({"field": "clients[].epsilon_spent", "epsilon_max": max(spent), "why_it_differs": why})
+        if "aggregate_view" in privacy:
+            others.append({"field": "aggregate_view.epsilon", "epsilon_max": privacy["aggregate_view"]["epsilon"],
+                           "why_it_differs": "a different observer: one who sees only the sum of each round's uploads, "
+                                             "not the run's server"})
+        if "eps_per_participation" in privacy:
+            others.append({"field": "eps_per_participation", "epsilon_max": privacy["eps_per_participation"],
+                           "why_it_differs": "one round of one client only, not the whole run"})
+        return {"epsilon_max": max(per_client), "source": source, "unit": self.algorithm.unit,
+                "observer": self.algorithm.observer, "per_client": per_client, "other_epsilons": others,
+                "note": "each client's guarantee is clients[].epsilon_guarantee at its own delta; the other epsilons "
+                        "listed are computed for the run too but are not its guarantee"}
 
     def _fdp_report(self, accounting: Any, history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """The f-DP block of privacy.json from who actually took part in each round (spec fdp_accounting.md §6)."""

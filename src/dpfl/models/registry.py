@@ -76,6 +76,7 @@ class ModelInfo:
 class _Entry:
     info: ModelInfo
     builder: Callable[..., nn.Module]
+    user: bool = False  # registered with `register_model`: built by its own code under a seeded RNG
 
 
 def _info(**kw: Any) -> ModelInfo:
@@ -342,6 +343,8 @@ def build_model(
     seed_ = None if seed is None else _as_int(seed)
     if seed is not None and (seed_ is None or seed_ < 0):
         raise ValueError(f"model {name!r}: seed must be a non-negative integer or None, got {seed!r}")
+    if entry.user:
+        return _build_user_model(entry, shape, classes, seed_, options)
     init = options.pop("init", "default")
     if init not in info.inits:
         raise ValueError(f"model {name!r}: unknown init {init!r}; allowed: {list(info.inits)}")
@@ -366,6 +369,30 @@ def build_model(
     return init_parameters(model, scheme, generator)
 
 
+def _build_user_model(entry: _Entry, shape: tuple[int, ...], classes: int, seed: int | None,
+                      options: dict[str, Any]) -> nn.Module:
+    """A `register_model` builder's module, its random draws seeded from the run seed (global RNG untouched)."""
+    name = entry.info.name
+    if options.pop("init", "default") != "default":
+        raise ValueError(f"model {name!r} is initialised by its own builder: init must be 'default'")
+    unknown = sorted(set(options) - set(entry.info.options))
+    if unknown:
+        raise ValueError(f"model {name!r}: unknown option(s) {unknown}; it accepts {sorted(entry.info.options)}")
+    kwargs = {**entry.info.options, **options}
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=torch_generator(seed, Purpose.INIT))))
+        try:
+            model = entry.builder(shape, classes, **kwargs)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"model {name!r} could not be built for input shape {shape} and {classes} classes: "
+                             f"{err}") from None
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model {name!r}: its builder must return a torch.nn.Module, got {type(model).__name__}")
+    model.loss_kind = entry.info.loss  # type: ignore[assignment]
+    return model.to("cpu").train()
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable scalar parameters of `model`."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -383,5 +410,41 @@ def _builder_for(name: str) -> Callable[..., nn.Module]:
     return build
 
 
-MODELS: Mapping[str, Callable[..., nn.Module]] = MappingProxyType({n: _builder_for(n) for n in _ENTRIES})
-"""Registered names -> builders with `build_model`'s signature minus the name (read-only)."""
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {n: _builder_for(n) for n in _ENTRIES}
+MODELS: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(_BUILDERS)
+"""Registered names -> builders with `build_model`'s signature minus the name (read-only; includes the models
+registered with `register_model`)."""
+BUILTIN_MODELS: tuple[str, ...] = tuple(_ENTRIES)
+
+
+def register_model(name: str, builder: Callable[..., nn.Module], *, loss: LossKind | str = "cross_entropy",
+                   description: str = "", head: str | None = None, options: Mapping[str, Any] | None = None,
+                   replace: bool = False) -> None:
+    """Make ``builder(input_shape, n_classes, **options) -> nn.Module`` available as model `name`.
+
+    Configs then use ``model: {name: ..., options: {...}}``. `loss` is a name in `dpfl.engine.losses.LOSSES`
+    (see `register_loss` there); `head` names the output layer's module (CENTAUR-style private heads);
+    `options` maps each builder option to its default. The builder runs under a torch RNG seeded from the run
+    seed (same seed, same weights; the global RNG is left as it was). The engine's contract applies: no
+    buffers (BatchNorm breaks per-sample gradients, hence DP-SGD), no in-place ops on inputs, vmap-safe.
+    """
+    from dpfl.engine.losses import LOSSES
+
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a model name must be an identifier (letters, digits, _), got {name!r}")
+    if name in BUILTIN_MODELS or name == "provided":
+        raise ValueError(f"{name!r} is a built-in model name; choose another name")
+    if name in _ENTRIES and not replace:
+        raise ValueError(f"model {name!r} is already registered; pass replace=True to replace it")
+    if not callable(builder):
+        raise ValueError(f"builder must be callable, got {type(builder).__name__}")
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; allowed: {sorted(LOSSES)} (register one with register_loss)")
+    info = ModelInfo(
+        name=name, description=description or f"user-registered model {name!r}", spec="user-registered",
+        loss=loss, accepts="what its builder accepts", input_rank=None, reference_shape=(), reference_classes=0,
+        reference_params=0, small_shape=(), head=head or "", default_init="builder", inits=("default",),
+        options=MappingProxyType(dict(options or {})),
+    )
+    _ENTRIES[name] = _Entry(info, builder, user=True)
+    _BUILDERS[name] = _builder_for(name)

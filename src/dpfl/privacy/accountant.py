@@ -10,6 +10,11 @@ This is the only place where dpfl turns events into (epsilon, delta); nothing re
   with value discretisation interval ``PLD_VALUE_DISCRETIZATION`` = 1e-4 (dp_accounting's default):
   epsilon is resolved to about 1e-4 and is typically 5-15% below RDP for DP-SGD. PLD supports only
   add/remove adjacency here: fixed-size (without-replacement) sampling raises ValueError.
+* ``"gdp"``: exact, for compositions of Gaussian mechanisms without sampling only (parameter noise,
+  client-level uploads, central DP with every client every round). Composing G_mu_1, ..., G_mu_k is exactly
+  G_mu with mu^2 = sum mu_i^2 (Dong, Roth, Su 2022), and mu-GDP converts to (epsilon, delta) exactly
+  (``gdp.gdp_eps``), so this is the tightest epsilon of such a run. Sampled events raise ValueError: for
+  them GDP is only a central-limit approximation, which dpfl never reports.
 
 The neighbouring relation is read off the event (``events.neighboring_relation``), so an epsilon for
 fixed-size sampling is always computed under replace-one; ``guarantee`` returns it labelled.
@@ -28,11 +33,12 @@ from dp_accounting.pld import pld_privacy_accountant as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from dpfl.privacy.events import REPLACE_ONE, neighboring_relation
+from dpfl.privacy.gdp import gdp_delta, gdp_eps
 from dpfl.privacy.orders import normalize_orders
 from dpfl.privacy.rdp_curves import RDP_CURVES
 
-Accountant = Literal["rdp", "pld"]
-ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
+Accountant = Literal["rdp", "pld", "gdp"]
+ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld", "gdp")
 PLD_VALUE_DISCRETIZATION = 1e-4
 
 __all__ = [
@@ -40,7 +46,9 @@ __all__ = [
     "PLD_VALUE_DISCRETIZATION",
     "Accountant",
     "Guarantee",
+    "check_gdp_supports",
     "check_pld_supports",
+    "gdp_mu",
     "delta_for",
     "epsilon",
     "guarantee",
@@ -66,6 +74,31 @@ def check_pld_supports(event: dpa.DpEvent) -> None:
             "accountant='pld' does not support fixed-size sampling (SampledWithoutReplacementDpEvent, "
             "replace-one adjacency); use accountant='rdp' or Poisson sampling"
         )
+
+
+def gdp_mu(event: dpa.DpEvent) -> float:
+    """mu of ``event`` as a composition of plain Gaussian mechanisms (exact; inf if one has no noise).
+
+    Raises ValueError for any sampled or other event: GDP is exact only without sampling.
+    """
+    if isinstance(event, dpa.NoOpDpEvent):
+        return 0.0
+    if isinstance(event, dpa.GaussianDpEvent):
+        z = float(event.noise_multiplier)
+        return math.inf if z == 0.0 else 1.0 / z
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return math.sqrt(int(event.count)) * gdp_mu(event.event)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return math.sqrt(math.fsum(gdp_mu(e) ** 2 for e in event.events))
+    raise ValueError(
+        f"accountant='gdp' is exact only for compositions of Gaussian mechanisms without sampling; got "
+        f"{type(event).__name__}: use accountant='rdp' or 'pld' for sampled mechanisms"
+    )
+
+
+def check_gdp_supports(event: dpa.DpEvent) -> None:
+    """Raise ValueError for events the exact GDP accountant cannot account (anything sampled)."""
+    gdp_mu(event)
 
 
 def _pld_accountant(event: dpa.DpEvent, discretization: float) -> pld_lib.PLDAccountant:
@@ -103,6 +136,9 @@ def epsilon(
     delta = _check_delta(delta)
     if accountant == "rdp":
         return rdp_epsilon_and_order(event, delta, orders)[0]
+    if accountant == "gdp":
+        mu = gdp_mu(event)
+        return math.inf if math.isinf(mu) else gdp_eps(mu, delta)
     return float(_pld_accountant(event, pld_discretization).get_epsilon(delta))
 
 
@@ -122,6 +158,9 @@ def delta_for(
     if accountant == "rdp":
         ords = normalize_orders(orders)
         return float(rdp_lib.compute_delta(ords, RDP_CURVES.curve(event, ords), eps)[0])
+    if accountant == "gdp":
+        mu = gdp_mu(event)
+        return 1.0 if math.isinf(mu) else gdp_delta(eps, mu)
     return float(_pld_accountant(event, pld_discretization).get_delta(eps))
 
 

@@ -19,7 +19,7 @@ from dpfl.privacy.accountant import ACCOUNTANTS, Accountant, check_pld_supports,
 from dpfl.privacy.events import Sampling, dpsgd_event
 from dpfl.privacy.orders import normalize_orders
 
-__all__ = ["calibrate_noise_multiplier", "heuristic_pfa_noise"]
+__all__ = ["calibrate_event", "calibrate_noise_multiplier", "heuristic_pfa_noise"]
 
 _MIN_NOISE = 1e-6
 _WINDOW = 4  # orders kept on each side of the optimal order while bisecting (see _rdp_search)
@@ -112,6 +112,47 @@ def _rdp_search(
     return _bisect(lambda z: full(z)[0], target, lo, hi, rel_tol)
 
 
+def calibrate_event(
+    make: Callable[[float], dpa.DpEvent],
+    target_epsilon: float,
+    delta: float,
+    *,
+    accountant: Accountant = "rdp",
+    what: str = "this mechanism",
+    rel_tol: float = 1e-6,
+    max_noise: float = 1e4,
+    orders: Sequence[float] | None = None,
+) -> float:
+    """Smallest noise z (relative precision ``rel_tol``) with epsilon(make(z)) <= target_epsilon.
+
+    ``make(z)`` builds the whole run's event at noise z; its epsilon must decrease in z. The answer never
+    exceeds the target: every accepted z was checked against the accountant. RDP bisects on a window of
+    orders (see ``_rdp_search``); PLD starts from the RDP answer (PLD is tighter); GDP (exact, unsampled
+    Gaussians only) bisects directly. ``what`` names the setting in error messages.
+    """
+    target = _positive("target_epsilon", target_epsilon)
+    delta = _positive("delta", delta, upper=1.0)
+    rel_tol = _positive("rel_tol", rel_tol, upper=0.1)
+    max_noise = _positive("max_noise", max_noise)
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    probe = make(1.0)  # validate the event's arguments before any accounting
+    if accountant == "pld":
+        check_pld_supports(probe)
+    if accountant == "gdp":
+        gdp = lambda z: epsilon(make(z), delta, "gdp")  # noqa: E731
+        lo, hi = _bracket(gdp, target, 1.0, max_noise, what)
+        return _bisect(gdp, target, lo, hi, rel_tol)
+    ords = normalize_orders(orders)
+    z_rdp = _rdp_search(make, target, delta, ords, rel_tol, max_noise, what)
+    if accountant == "rdp":
+        return z_rdp
+    # PLD is tighter than RDP, so its answer is at most z_rdp: start there to keep the bracket short.
+    pld = lambda z: epsilon(make(z), delta, "pld")  # noqa: E731
+    lo, hi = _bracket(pld, target, z_rdp, max_noise, what)
+    return _bisect(pld, target, lo, hi, rel_tol)
+
+
 def calibrate_noise_multiplier(
     target_epsilon: float,
     delta: float,
@@ -133,35 +174,20 @@ def calibrate_noise_multiplier(
     ~1e-6). Bracketing doubles/halves from z=1, then bisects. Raises ValueError if even ``max_noise``
     does not reach the target. ``accountant="pld"`` (Poisson/full only) is about 1 s per evaluation.
     """
-    target = _positive("target_epsilon", target_epsilon)
-    delta = _positive("delta", delta, upper=1.0)
-    rel_tol = _positive("rel_tol", rel_tol, upper=0.1)
-    max_noise = _positive("max_noise", max_noise)
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
 
     def make(z: float) -> dpa.DpEvent:
         return dpsgd_event(
             z, steps, sampling=sampling, sample_rate=sample_rate, population=population, sample_size=sample_size
         )
 
-    probe = make(1.0)  # validate the sampling arguments before any accounting
-    if accountant == "pld":
-        check_pld_supports(probe)
     what = (
         f"delta={delta:g}, steps={steps}, sampling={sampling!r}"
         + (f", sample_rate={sample_rate:g}" if sample_rate is not None else "")
         + (f", sample_size={sample_size}/population={population}" if population is not None else "")
         + f", accountant={accountant!r}"
-    )
-    ords = normalize_orders(orders)
-    z_rdp = _rdp_search(make, target, delta, ords, rel_tol, max_noise, what)
-    if accountant == "rdp":
-        return z_rdp
-    # PLD is tighter than RDP, so its answer is at most z_rdp: start there to keep the bracket short.
-    pld = lambda z: epsilon(make(z), delta, "pld")  # noqa: E731
-    lo, hi = _bracket(pld, target, z_rdp, max_noise, what)
-    return _bisect(pld, target, lo, hi, rel_tol)
+    ) if isinstance(delta, numbers.Real) else "this mechanism"
+    return calibrate_event(make, target_epsilon, delta, accountant=accountant, what=what, rel_tol=rel_tol,
+                           max_noise=max_noise, orders=orders)
 
 
 def heuristic_pfa_noise(epsilon: float, delta: float, sample_rate: float, steps: float) -> float:

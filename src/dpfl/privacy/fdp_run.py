@@ -43,7 +43,7 @@ class NoisyRunAccounting:
     schedule: str  # a named schedule, or custom
     step_sizes: np.ndarray  # η[T, K] as the run uses them
     clip: float  # V
-    sigma: float
+    sigma: float | None  # None until calibrated from the budgets (`dpfl.privacy.run_calibration`)
     view: str
     release: str = "transcript"
     alpha: float | None = None
@@ -61,7 +61,7 @@ class NoisyRunAccounting:
             raise ValueError(f"view must be 'upload' or 'aggregate' (resolved), got {self.view!r}")
         if self.release not in RELEASES:
             raise ValueError(f"release must be one of {', '.join(RELEASES)}, got {self.release!r}")
-        if not self.sigma > 0:
+        if self.sigma is not None and not self.sigma > 0:
             raise ValueError(f"σ must be > 0, got {self.sigma!r}")
         steps = np.asarray(self.step_sizes, dtype=np.float64)
         object.__setattr__(self, "step_sizes", steps)
@@ -76,6 +76,8 @@ class NoisyRunAccounting:
 
     def noise_left(self, cohort: int) -> float:
         """s: the noise std the observer cannot remove in a round averaging `cohort` uploads."""
+        if self.sigma is None:
+            raise ValueError("σ is not set yet: it is calibrated from the budgets when the run starts")
         if self.view == "upload":
             return self.sigma
         honest = cohort if self.honest_clients is None else min(self.honest_clients, cohort)

@@ -25,7 +25,7 @@ from typing import Any
 
 import dp_accounting as dpa
 
-from dpfl.privacy.accountant import ACCOUNTANTS, Accountant, Guarantee, check_pld_supports, epsilon
+from dpfl.privacy.accountant import ACCOUNTANTS, Accountant, Guarantee, check_gdp_supports, check_pld_supports, epsilon
 from dpfl.privacy.events import ADD_REMOVE, describe_event, neighboring_relation
 from dpfl.privacy.orders import normalize_orders
 from dpfl.privacy.serialization import decode_float, encode_float, event_from_dict, event_to_dict
@@ -159,6 +159,8 @@ class PrivacyLedger:
         """The event's neighbouring relation, if this ledger's accountant can account it."""
         if self.accountant == "pld":
             check_pld_supports(event)
+        elif self.accountant == "gdp":
+            check_gdp_supports(event)
         return neighboring_relation(event)
 
     def _check_relation(self, client_id: int, relation: str) -> None:

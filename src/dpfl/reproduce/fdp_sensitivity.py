@@ -357,7 +357,7 @@ def _make_run(cfg: RunConfig, data: FederatedDataset, *, eval_every: int, noise_
     model = build_model(cfg.model.name, tuple(data.input_shape), data.n_classes, seed=cfg.seed, **cfg.model.options)
     refuse_unaccounted_buffers(cfg, model)
     budgets = resolve_budgets(cfg)
-    algorithm = build_algorithm(cfg, budgets)
+    algorithm = build_algorithm(cfg)
     upload = replace(algorithm.upload, accounted=False, noise_offset=noise_offset)
     algorithm = replace(algorithm, upload=upload)
     return FederatedRun(data, model, algorithm, rounds=cfg.training.rounds, batch_sizes=resolve_batch_sizes(cfg, data),

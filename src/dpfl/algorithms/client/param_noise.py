@@ -9,7 +9,7 @@ the shifted-interpolation bound where it applies.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dp_accounting import DpEvent
 
@@ -23,16 +23,27 @@ class ParameterNoise:
     """Upload the update plus N(0, σ² I): the server, which knows w_t, receives w_{i,K,t} + n_{i,t}.
 
     `noise_offset` shifts the noise streams (the sensitivity experiment's independent-noise coupling); runs use 0.
+    An accounting whose σ is None is calibrated from the clients' budgets when the run starts (`mechanism`).
     """
 
     accounting: NoisyRunAccounting
     unit: str | None = "sample"
     accounted: bool = True
     noise_offset: int = 0
+    mechanism = "param_noise"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
 
     @property
     def std(self) -> float:
+        if self.accounting.sigma is None:
+            raise ValueError("the parameter-noise std is not calibrated yet (run it through FederatedRun)")
         return self.accounting.sigma
+
+    @property
+    def noise(self) -> float | None:
+        return self.accounting.sigma
+
+    def with_noise(self, noise: float) -> ParameterNoise:
+        return replace(self, accounting=replace(self.accounting, sigma=float(noise)))
 
     def apply(self, deltas: P.Params, clients: Sequence[int], seed: int, round_: int) -> P.Params:
         flat = P.flatten(deltas)

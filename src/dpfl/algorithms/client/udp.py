@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dp_accounting import DpEvent, SelfComposedDpEvent
 
@@ -32,20 +32,22 @@ class ClippedNoisyUpdate:
     literally); post-processing, so the events do not change. `hidden_sampling` (FedCEO's
     `per_upload_amplification`) charges every client every round one upload amplified by the client sampling
     (`round_event`) instead of charging participations: valid ONLY if the server cannot tell who took part.
+    `noise_multiplier` None: calibrated from the clients' budgets when the run starts (`mechanism` 'udp').
     """
 
     clip: float
-    noise_multiplier: float
+    noise_multiplier: float | None
     cohort: float = 1.0
     unit: str = "client"
     accounted: bool = True
     upload_scale: float = 1.0
     hidden_sampling: bool = False
+    mechanism = "udp"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
 
     def __post_init__(self) -> None:
         if not self.clip > 0:
             raise ValueError(f"update clip must be > 0, got {self.clip}")
-        if self.noise_multiplier < 0:
+        if self.noise_multiplier is not None and not self.noise_multiplier >= 0:
             raise ValueError(f"noise multiplier must be >= 0, got {self.noise_multiplier}")
         if not self.cohort >= 1:
             raise ValueError(f"the noise is split over a cohort of >= 1 uploads, got {self.cohort}")
@@ -53,15 +55,24 @@ class ClippedNoisyUpdate:
             raise ValueError(f"upload_scale must be > 0, got {self.upload_scale}")
 
     @property
+    def noise(self) -> float | None:
+        return self.noise_multiplier
+
+    def with_noise(self, noise: float) -> ClippedNoisyUpdate:
+        return replace(self, noise_multiplier=float(noise))
+
+    @property
     def upload_multiplier(self) -> float:
         """σ/√K: the multiplier of one upload's Gaussian relative to the clip norm."""
+        if self.noise_multiplier is None:
+            raise ValueError("the upload noise multiplier is not calibrated yet (run it through FederatedRun)")
         return self.noise_multiplier / math.sqrt(self.cohort)
 
     def apply(self, deltas: P.Params, clients: Sequence[int], seed: int, round_: int) -> P.Params:
         flat = P.flatten(deltas)
         factor = (self.clip / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
         flat = flat * factor[:, None]
-        if self.noise_multiplier > 0:
+        if self.upload_multiplier > 0:
             flat = flat + self.upload_multiplier * self.clip * upload_noise(flat.shape[1], clients, seed, round_)
         if self.upload_scale != 1.0:
             flat = flat * self.upload_scale

@@ -9,7 +9,7 @@ the population, sampled as the selection samples (see `Selection.client_level_ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,20 +20,32 @@ from dpfl.seeding import Purpose, torch_generator
 
 @dataclass(frozen=True)
 class CentralDPFedAvg:
+    """`noise_multiplier` None: calibrated from the clients' budgets when the run starts (`mechanism` 'central')."""
+
     clip: float
-    noise_multiplier: float
+    noise_multiplier: float | None
     server_lr: float = 1.0
+    mechanism = "central"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
 
     def __post_init__(self) -> None:
         if not self.clip > 0:
             raise ValueError(f"central DP-FedAvg clip must be > 0, got {self.clip}")
-        if self.noise_multiplier < 0:
+        if self.noise_multiplier is not None and not self.noise_multiplier >= 0:
             raise ValueError(f"noise multiplier must be >= 0, got {self.noise_multiplier}")
         if not self.server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {self.server_lr}")
 
+    @property
+    def noise(self) -> float | None:
+        return self.noise_multiplier
+
+    def with_noise(self, noise: float) -> CentralDPFedAvg:
+        return replace(self, noise_multiplier=float(noise))
+
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
         expected_clients = view.expected_clients
+        if self.noise_multiplier is None:
+            raise ValueError("the server's noise multiplier is not calibrated yet (run it through FederatedRun)")
         if not expected_clients > 0:
             raise ValueError("central DP-FedAvg needs a positive expected number of clients")
         flat = P.flatten(uploads) if len(view) else torch.zeros(0, P.num_parameters(global_params))
