@@ -43,10 +43,13 @@ def config(**changes):
     return validate_config(cfg)
 
 
-def test_privacy_json_composition_equals_the_accountant_on_the_realised_schedule():
+@pytest.mark.parametrize("accountant", ["gdp", "rdp"])
+def test_privacy_json_composition_equals_the_accountant_on_the_realised_schedule(accountant):
     """Spec T13: a 3-round run's μ_comp is the accountant's on the same schedule; the ledger composes the same
-    Gaussians (its RDP ε is never below the exact GDP ε)."""
-    cfg = config()
+    Gaussians: exactly the same ε with the default (exact GDP) ledger, never below it with RDP. Either way the
+    run's one guarantee is the f-DP headline, and a ledger that differs is listed with the reason."""
+    cfg = config(privacy={"clip": 1.0, "accountant": accountant}) if accountant == "rdp" else config()
+    assert cfg.privacy.accountant == accountant  # gdp is the default for noisy runs
     result = build_run(cfg).run()
     fdp = result.privacy["fdp"]
     ref = fdp_report(algo="fedavg", schedule="stagewise", eta=0.1, K=2, V=1.0, sigma=0.5, m=4, rounds=[3])
@@ -56,9 +59,18 @@ def test_privacy_json_composition_equals_the_accountant_on_the_realised_schedule
         assert c["mu"] == pytest.approx(ref.curve(COMPOSITION).mu[-1], rel=1e-12)
         assert c["epsilon"]["1e-05"] == pytest.approx(ref.curve(COMPOSITION).eps[1e-5][-1], rel=1e-9)
     shifts = 2 * 1.0 * step_sizes("stagewise", 0.1, 3, 2).sum(axis=1)  # one client's shift per round
-    ledger = epsilon(ComposedDpEvent([GaussianDpEvent(0.5 / s) for s in shifts]), 1e-5)
+    ledger = epsilon(ComposedDpEvent([GaussianDpEvent(0.5 / s) for s in shifts]), 1e-5, accountant)
     assert result.spent()[0] == pytest.approx(ledger, rel=1e-9)
-    assert ledger >= fdp["epsilon_max"]["1e-05"]
+    exact = fdp["epsilon_max"]["1e-05"]
+    guarantee = result.privacy["guarantee"]
+    assert guarantee["epsilon_max"] == exact and "composition" in guarantee["source"]
+    assert [c["epsilon_guarantee"] for c in result.privacy["clients"]] == [c["epsilon"]["1e-05"] for c in fdp["clients"]]
+    if accountant == "gdp":
+        assert ledger == pytest.approx(exact, rel=1e-9) and guarantee["other_epsilons"] == []
+    else:
+        assert ledger > exact
+        (other,) = guarantee["other_epsilons"]
+        assert other["field"] == "clients[].epsilon_spent" and "not exact" in other["why_it_differs"]
     assert fdp["paper_claimed"] is None  # no L: the paper's formulas cannot be evaluated
 
 
@@ -98,7 +110,7 @@ def test_noisy_fedprox_takes_alpha_after_clipping_and_the_aggregate_final_view_g
 
 def test_budgets_stop_the_run_and_cohorts_charge_only_participants():
     per_round = 2 * 1.0 * 0.1 * 2 / 0.5  # constant steps: every round is G_μ1 with μ1 = 2VKη/σ (upload view)
-    eps = [epsilon(ComposedDpEvent([GaussianDpEvent(1 / per_round)] * k), 1e-5) for k in (2, 3)]
+    eps = [epsilon(ComposedDpEvent([GaussianDpEvent(1 / per_round)] * k), 1e-5, "gdp") for k in (2, 3)]
     cfg = config(algorithm__params={"std": 0.5}, training__rounds=5, privacy={"clip": 1.0, "budgets": sum(eps) / 2})
     result = build_run(cfg).run()
     assert result.stop_reason == "budget" and len(result.history) == 2 and result.privacy["meets_budgets"]
@@ -118,8 +130,8 @@ def test_aggregate_view_retirement_rechecks_the_smaller_cohort():
     """Everyone takes part: when a client retires, the average of the others hides in less noise, so their
     events get stronger; every recorded event must still fit its budget."""
     mu_at = lambda m: 2 * 1.0 * 0.1 * 2 / (0.5 * math.sqrt(m))  # noqa: E731 - aggregate view, constant steps
-    two = epsilon(ComposedDpEvent([GaussianDpEvent(1 / mu_at(4))] * 2), 1e-5) * 1.001  # 2 rounds of 4 fit
-    three = epsilon(ComposedDpEvent([GaussianDpEvent(1 / mu_at(4))] * 3), 1e-5) * 1.001  # 3 of 4, not 2 of 4 + 1 of 3
+    two = epsilon(ComposedDpEvent([GaussianDpEvent(1 / mu_at(4))] * 2), 1e-5, "gdp") * 1.001  # 2 rounds of 4 fit
+    three = epsilon(ComposedDpEvent([GaussianDpEvent(1 / mu_at(4))] * 3), 1e-5, "gdp") * 1.001  # 3 of 4, not 2 of 4 + 1 of 3
     budgets = [two, three, 50.0, 50.0]
     cfg = config(algorithm__params={"std": 0.5}, training__rounds=4,
                  privacy={"clip": 1.0, "secure_aggregation": True, "budgets": budgets})

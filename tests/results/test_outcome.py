@@ -65,8 +65,23 @@ def test_fdp_headline_and_paper_claimed_curve_are_printed(tmp_path):
     (run / "privacy.json").write_text(json.dumps(privacy))
     text = render(run)
     assert ("f-DP (upload view, release transcript): largest mu 0.1235, epsilon 1.235 at delta 1e-05 (bound: "
-            "composition, exact GDP conversion; spent ε above: the rdp accountant on the same Gaussians)") in text
+            "composition, exact GDP conversion)") in text
     assert "paper-claimed (NOT a guarantee): mu 0.01235" in text
+
+
+def test_the_one_guarantee_is_printed_with_why_other_epsilons_differ(tmp_path):
+    run = make_accounted_run(tmp_path / "run", n_clients=2)
+    privacy = json.loads((run / "privacy.json").read_text())
+    for c in privacy["clients"]:
+        c["epsilon_guarantee"] = c["epsilon_spent"] / 2
+    privacy["guarantee"] = {"epsilon_max": 0.75, "source": "the f-DP block's headline bound",
+                            "other_epsilons": [{"field": "clients[].epsilon_spent", "epsilon_max": 1.5,
+                                                "why_it_differs": "RDP's conversion is not exact"}]}
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    text = render(run)
+    assert "guarantee ε" in text  # the column appears only when it differs from the spent epsilon
+    assert "the run's guarantee: epsilon <= 0.75 for every client" in text and "headline bound" in text
+    assert "also computed, not the guarantee: clients[].epsilon_spent (largest 1.5): RDP's conversion" in text
 
 
 def test_unaccounted_run_prints_its_warning_and_no_table(tmp_path):

@@ -31,6 +31,7 @@ from dpfl.algorithms.client.phased import PhasedProgram
 from dpfl.algorithms.client.private_head import PrivateHead
 from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.algorithms.client.upload import FullUpdate
+from dpfl.algorithms.registry import AGGREGATORS, LOCAL_PROGRAMS
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
@@ -45,6 +46,7 @@ from dpfl.data.federated import FederatedDataset
 from dpfl.data.registry import PROVIDED
 from dpfl.experiment.config import (
     ALGORITHM_PARAMS,
+    PROVIDED_MODEL,
     BatchSizeChoice,
     ChoiceBudgets,
     ConfigError,
@@ -78,8 +80,6 @@ __all__ = [
     "resolve_batch_sizes",
     "resolve_budgets",
 ]
-
-PROVIDED_MODEL = "provided"  # a model passed as an object to dpfl.run(model=...)
 
 # Dedicated streams for per-client draws made when a run is built: (purpose, round key). The partition
 # uses rounds 0 and 1 of Purpose.PARTITION; these keys are far from any round a run reaches.
@@ -223,9 +223,50 @@ def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float =
         length = dict(steps=t.local_steps) if t.local_steps is not None else dict(epochs=t.local_epochs)
     common = dict(loss=loss, momentum=t.optimizer.momentum, prox_mu=prox_mu, trainable=trainable, **length)
     lr = t.optimizer.lr * lr_factor
+    if cfg.algorithm.local is not None:
+        return _registered_local(cfg, lr, private, common)
     if private:
         return dpsgd(lr, p.clip, sampling=p.sampling, **common)
     return sgd(lr, **common)
+
+
+def _registered_local(cfg: RunConfig, lr: float, private: bool, common: dict[str, Any]) -> LocalProgram:
+    """A user-registered local program, checked to be accounted exactly as the config's mechanism says."""
+    stage, p = cfg.algorithm.local, cfg.privacy
+    assert stage is not None
+    where = "algorithm.local"
+    kwargs = dict(lr=lr, loss=common["loss"], steps=common.get("steps"), epochs=common.get("epochs"),
+                  momentum=common["momentum"], prox_mu=common["prox_mu"], private=private,
+                  clip=p.clip if private else None, sampling=p.sampling if private else None)
+    try:
+        program = LOCAL_PROGRAMS[stage.name](**kwargs, **stage.params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: local program {stage.name!r} could not be built: {err}", where) from None
+    if not isinstance(program, LocalProgram):
+        raise ConfigError(f"{where}: local program {stage.name!r} must return a LocalProgram (dpfl's sgd or dpsgd), "
+                          f"got {type(program).__name__}", where)
+    if program.private != private:
+        need = "DP-SGD (dpfl's dpsgd)" if private else "non-private (dpfl's sgd)"
+        raise ConfigError(f"{where}: mechanism {p.mechanism!r} needs a {need} local program; {stage.name!r} is "
+                          f"{'private' if program.private else 'not private'}", where)
+    if private and (program.spec.clip != p.clip or program.spec.sampling != p.sampling):
+        raise ConfigError(f"{where}: {stage.name!r} clips at {program.spec.clip} with {program.spec.sampling} "
+                          f"sampling; the run is accounted for privacy.clip {p.clip} and {p.sampling} sampling", where)
+    return program
+
+
+def _registered_aggregator(cfg: RunConfig) -> Any:
+    """A user-registered aggregator (post-processing of what the server received)."""
+    stage, where = cfg.algorithm.aggregator, "algorithm.aggregator"
+    assert stage is not None
+    try:
+        aggregator = AGGREGATORS[stage.name](**stage.params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: aggregator {stage.name!r} could not be built: {err}", where) from None
+    if not callable(getattr(aggregator, "aggregate", None)):
+        raise ConfigError(f"{where}: {stage.name!r} must return an object with aggregate(global_params, uploads, "
+                          f"view, seed, round_), got {type(aggregator).__name__}", where)
+    return aggregator
 
 
 def _model_facts(cfg: RunConfig, model: nn.Module | None) -> tuple[str, list[str], str | None]:
@@ -315,9 +356,18 @@ def noisy_accounting(cfg: RunConfig) -> NoisyRunAccounting:
 def _noisy(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algorithm:
     """Noisy-FedAvg/FedProx: clipped local steps on the schedule, parameter noise on upload, a plain mean."""
     accounting = noisy_accounting(cfg)
+    if accounting.sigma is not None:  # sigma given: every round's event must be computable before anything runs
+        cohort = cfg.planned_cohort or 1
+        try:
+            for t in range(accounting.rounds):
+                accounting.event(t, cohort)
+        except (ValueError, ZeroDivisionError, OverflowError) as err:
+            raise ConfigError(f"algorithm.params: the f-DP accounting of these settings fails (std, privacy.clip, "
+                              f"step sizes): {err}", "algorithm.params") from None
     local = clipped_sgd(accounting.step_sizes, accounting.clip, clip_mode=params.clip_mode,
                         sampling=params.batch_sampling, loss=loss, prox_mu=accounting.alpha or 0.0)
-    return Algorithm(cfg.algorithm.name, local, selection, ParameterNoise(accounting), FedAvg("uniform"))
+    aggregator = _registered_aggregator(cfg) if cfg.algorithm.aggregator is not None else FedAvg("uniform")
+    return Algorithm(cfg.algorithm.name, local, selection, ParameterNoise(accounting), aggregator)
 
 
 def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm:
@@ -376,6 +426,8 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
         raise ConfigError(f"privacy.{option}: applies to mechanism udp only", f"privacy.{option}")
     else:
         upload = FullUpdate()
+    if cfg.algorithm.aggregator is not None:  # the schema allows it only where aggregation is post-processing
+        aggregator = _registered_aggregator(cfg)
     return Algorithm(name, local, selection, upload, aggregator, personal)
 
 
@@ -443,7 +495,7 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
             misreport=({cfg.privacy.misreport.client: cfg.privacy.misreport.factor}
                        if cfg.privacy.misreport is not None else None),
             calibration=cfg.privacy.calibration,
-            participation=getattr(cfg.privacy, "participation", "expected"),  # TEMP until the config field lands
+            participation=cfg.privacy.participation,
         )
     except ValueError as err:
         where = "privacy.budgets" if calibrating else "config"

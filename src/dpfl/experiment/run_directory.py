@@ -337,13 +337,21 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
         "rounds_done": len(result.history),
         "rounds_planned": run.rounds,
         "stop_reason": result.stop_reason,
-        "epsilon_max": max(result.spent().values()) if result.ledger is not None else None,
+        "epsilon_max": _guarantee_max(result),
         "traffic": traffic_report(result.history),
         "seconds": seconds,
     }
     write_json_atomic(out / SUMMARY, summary)
     write_report(out)
     return summary
+
+
+def _guarantee_max(result: RunResult) -> float | None:
+    """The run's one epsilon (privacy.json `guarantee`): the largest client guarantee, None if not accounted."""
+    guarantee = result.privacy.get("guarantee")
+    if guarantee is not None:
+        return guarantee["epsilon_max"]
+    return max(result.spent().values()) if result.ledger is not None else None
 
 
 def _save_checkpoint(path: Path, state: RunState, fingerprint: str) -> None:

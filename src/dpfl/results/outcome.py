@@ -44,20 +44,30 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
     if privacy.get("accounted"):
         console.print(f"guarantee: {privacy['unit']}-level DP against {privacy['observer']}; "
                       f"{privacy['mechanism']}; accountant {privacy['accountant']}", highlight=False)
-        table = Table("client", "records", "budget ε", "δ", "noise z", "spent ε")
-        for c in privacy["clients"][:MAX_CLIENT_ROWS]:
+        clients = privacy["clients"]
+        # the guarantee column only where it is not the ledger's spent epsilon (Noisy-FedAvg/FedProx's f-DP bound)
+        both = any(c.get("epsilon_guarantee", c["epsilon_spent"]) != c["epsilon_spent"] for c in clients)
+        table = Table("client", "records", "budget ε", "δ", "noise z", "spent ε", *(["guarantee ε"] if both else []))
+        for c in clients[:MAX_CLIENT_ROWS]:
             z = c.get("noise_multiplier")
             table.add_row(str(c["client"]), str(c["records"]), f"{c['epsilon_budget']:.3f}", f"{c['delta']:.0e}",
-                          "-" if z is None else f"{z:.3f}", f"{c['epsilon_spent']:.3f}")
+                          "-" if z is None else f"{z:.3f}", f"{c['epsilon_spent']:.3f}",
+                          *([f"{c['epsilon_guarantee']:.3f}"] if both else []))
         console.print(table)
+        guarantee = privacy.get("guarantee")
+        if guarantee:
+            console.print(f"the run's guarantee: epsilon <= {guarantee['epsilon_max']:.4g} for every client (each at "
+                          f"its own budget's delta); it is {guarantee['source']}", markup=False, highlight=False)
+            for other in guarantee.get("other_epsilons") or []:
+                console.print(f"  also computed, not the guarantee: {other['field']} (largest "
+                              f"{other['epsilon_max']:.4g}): {other['why_it_differs']}", markup=False, highlight=False)
         if len(privacy["clients"]) > MAX_CLIENT_ROWS:
             console.print(f"... {len(privacy['clients']) - MAX_CLIENT_ROWS} more clients in {PRIVACY_FILE}")
         fdp = privacy.get("fdp")
         if fdp and fdp.get("clients"):
             eps = ", ".join(f"epsilon {v:.4g} at delta {d}" for d, v in fdp["epsilon_max"].items())
             console.print(f"f-DP ({fdp['view']} view, release {fdp['release']}): largest mu {fdp['mu_max']:.4g}, "
-                          f"{eps} (bound: {fdp['headline']}, exact GDP conversion; spent ε above: the "
-                          f"{privacy['accountant']} accountant on the same Gaussians)", markup=False, highlight=False)
+                          f"{eps} (bound: {fdp['headline']}, exact GDP conversion)", markup=False, highlight=False)
             if fdp.get("paper_claimed"):
                 console.print(f"{fdp['paper_claimed']['label']}: mu {fdp['paper_claimed']['mu']:.4g}", markup=False,
                               highlight=False)

@@ -46,6 +46,7 @@ _UNIT_WORDS = {
 _ACCOUNTANT_WORDS = {
     "rdp": "RDP (Rényi differential privacy), converted to (ε, δ)",
     "pld": "PLD (privacy loss distribution), giving (ε, δ) directly",
+    "gdp": "GDP (Gaussian DP): exact composition of the Gaussian mechanisms and exact conversion to (ε, δ)",
 }
 _LOCAL_SAMPLING_WORDS = {
     "poisson": "Poisson sampling of records (each record joins each batch independently)",
@@ -221,11 +222,14 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
     out += _calibration_lines(privacy)
     if accounted:
         clients = privacy.get("clients") or []
-        spent = [(c.get("client"), c.get("epsilon_spent"), c.get("epsilon_budget"))
-                 for c in clients if as_number(c.get("epsilon_spent")) is not None]
+        key = "epsilon_guarantee" if clients and "epsilon_guarantee" in clients[0] else "epsilon_spent"
+        spent = [(c.get("client"), c.get(key), c.get("epsilon_budget"))
+                 for c in clients if as_number(c.get(key)) is not None]
         if spent:
             cid, eps, budget = max(spent, key=lambda t: as_number(t[1]))  # type: ignore[arg-type,return-value]
-            out.append(f"- **Largest spent epsilon:** {_fmt_eps(eps)} (client {cid}, budget {_fmt_eps(budget)})")
+            out.append(f"- **The run's guarantee (largest over clients):** ε = {_fmt_eps(eps)} (client {cid}, budget "
+                       f"{_fmt_eps(budget)})")
+        out += _guarantee_lines(privacy.get("guarantee"))
         if as_number(privacy.get("eps_per_participation")) is not None:
             out.append(f"- **One participation costs at most:** ε = {_fmt_eps(privacy['eps_per_participation'])}; "
                        f"composed over the run: mean {_fmt_eps(privacy.get('eps_total_mean'))}, "
@@ -243,6 +247,17 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
                    "(privacy.json, metrics.jsonl). Whatever the server does with the noisy uploads (aggregation, "
                    "projection, denoising) is post-processing and does not change the guarantee; it is not "
                    "re-accounted.")
+    return out
+
+
+def _guarantee_lines(guarantee: Any) -> list[str]:
+    """Which epsilon is the guarantee, and why every other epsilon privacy.json holds differs from it."""
+    if not isinstance(guarantee, Mapping):
+        return []
+    out = [f"  - it is {guarantee.get('source')}"]
+    for other in guarantee.get("other_epsilons") or []:
+        out.append(f"  - also computed, NOT the guarantee: `{other.get('field')}` (largest "
+                   f"{_fmt_eps(other.get('epsilon_max'))}): {other.get('why_it_differs')}")
     return out
 
 
@@ -277,10 +292,17 @@ def _calibration_lines(privacy: Mapping[str, Any]) -> list[str]:
         out.append("- **Oracle run:** the aggregator read the clients' true noise multipliers (privileged); it is an "
                    "upper reference, not a method a real server could run")
     calibration, target = privacy.get("calibration"), privacy.get("calibrated_to")
+    planned = privacy.get("noise_calibration")
     if calibration == "pfa-heuristic":
         out.append(f"- **Noise calibration:** PFA's heuristic formula — **not a DP guarantee**. {privacy.get('heuristic', '')}")
+    elif isinstance(planned, Mapping):
+        out.append(f"- **Noise calibration:** {planned.get('what')}, by bisection against the "
+                   f"{planned.get('accountant')} accountant (the target is never exceeded), planned for "
+                   f"{planned.get('participation_meaning')}")
     elif calibration is not None:
         out.append("- **Noise calibration:** bisection against the accountant (the target is never exceeded)")
+    elif privacy.get("accounted"):
+        out.append("- **Noise:** given in the config, not calibrated from the budgets")
     if target not in (None, "own"):
         words = {"min": "the smallest reported epsilon (Minimum-ε)", "max": "the largest reported epsilon (Maximum-ε)"}
         out.append(f"- **Calibrated to:** {words.get(str(target), f'epsilon {target}')} for every client")

@@ -40,7 +40,7 @@ Layout (one idea per module; arrows point down, no cycles):
 
 from __future__ import annotations
 
-from dpfl.experiment.config.algorithm import ALGORITHM_PARAMS, AlgorithmConfig
+from dpfl.experiment.config.algorithm import ALGORITHM_PARAMS, AlgorithmConfig, StageConfig
 from dpfl.experiment.config.budgets import (
     BUDGET_DISTRIBUTION_MODELS,
     Budgets,
@@ -51,10 +51,10 @@ from dpfl.experiment.config.budgets import (
     Rhdp20Budgets,
     UniformBudgets,
 )
-from dpfl.experiment.config.data import DataConfig, DatasetName
+from dpfl.experiment.config.data import DataConfig
 from dpfl.experiment.config.errors import ConfigError
 from dpfl.experiment.config.loading import config_to_dict, config_to_yaml, load_config, validate_config
-from dpfl.experiment.config.model import ModelConfig, ModelName
+from dpfl.experiment.config.model import PROVIDED_MODEL, ModelConfig
 from dpfl.experiment.config.overrides import apply_overrides, parse_override
 from dpfl.experiment.config.privacy import MisreportConfig, PrivacyConfig
 from dpfl.experiment.config.run import RunConfig
@@ -87,6 +87,7 @@ __all__ = [
     "MECHANISM_OBSERVER",
     "MECHANISM_UNIT",
     "AlgorithmConfig",
+    "StageConfig",
     "AlgorithmName",
     "BatchSizeChoice",
     "BatchSizeKind",
@@ -95,13 +96,12 @@ __all__ = [
     "ChoiceBudgets",
     "ConfigError",
     "DataConfig",
-    "DatasetName",
     "EvaluationConfig",
     "FixedBudgets",
     "Mechanism",
     "MisreportConfig",
     "ModelConfig",
-    "ModelName",
+    "PROVIDED_MODEL",
     "NamedBudgets",
     "OptimizerConfig",
     "ParetoBudgets",

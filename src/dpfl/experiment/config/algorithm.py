@@ -48,9 +48,10 @@ class _NoisyParams(_Section):
     on the batch mean), N(0, std²) on every uploaded parameter, a plain mean. Step sizes η_{k,t} from the base
     rate training.optimizer.lr: constant η, cyclic η/(k+1), stagewise η/(t+1), continuous η/(tK+k+1), or
     custom `step_sizes` ([rounds][local_steps]). batch_sampling: shuffled epochs or a fresh uniform subset per
-    step (both independent of the data; no sampling amplification is claimed)."""
+    step (both independent of the data; no sampling amplification is claimed). std: null calibrates it from
+    privacy.budgets (dpfl.privacy.run_calibration)."""
 
-    std: float = Field(gt=0)
+    std: float | None = Field(None, gt=0)
     schedule: Literal["constant", "cyclic", "stagewise", "continuous", "custom"] = "constant"
     step_sizes: list[list[Annotated[float, Field(gt=0)]]] | None = None
     clip_mode: Literal["per_example", "batch"] = "per_example"
@@ -184,6 +185,24 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
 }
 
 
+class StageConfig(_Section):
+    """A user-registered stage (`dpfl.register_aggregator` / `dpfl.register_local_program`) and its params."""
+
+    name: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+def _registered(kind: str, v: StageConfig | None) -> StageConfig | None:
+    from dpfl.algorithms.registry import AGGREGATORS, LOCAL_PROGRAMS
+
+    table = AGGREGATORS if kind == "aggregator" else LOCAL_PROGRAMS
+    if v is not None and v.name not in table:
+        how = "dpfl.register_aggregator" if kind == "aggregator" else "dpfl.register_local_program"
+        _fail("name", f"no {kind.replace('_', ' ')} of this name is registered (register one with {how} before "
+              "the config is validated)", v.name, ", ".join(sorted(table)) or "none registered")
+    return v
+
+
 class AlgorithmConfig(_Section):
     """An algorithm bundle by name, with its hyperparameters in `params` (checked per algorithm).
 
@@ -199,10 +218,26 @@ class AlgorithmConfig(_Section):
     fedceo: lam (required), theta (>= 1), interval, layers (all | last n), personalize, personal_staleness
     (any | last), prox_dtype, rfft. ppsgd: alpha (> 0, local / global step size).
     centaur: head_epochs (> 0; needs a model with a head: mlp2, lenet5).
+
+    aggregator / local: optional user-registered stages replacing the bundle's aggregator (any bundle whose
+    guarantee holds against a server that sees each upload) or its local program (not for noisy_fedavg,
+    noisy_fedprox, ppsgd, centaur); see `dpfl.algorithms.registry`.
     """
 
     name: AlgorithmName
     params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    aggregator: StageConfig | None = None
+    local: StageConfig | None = None
+
+    @field_validator("aggregator")
+    @classmethod
+    def _aggregator_registered(cls, v: StageConfig | None) -> StageConfig | None:
+        return _registered("aggregator", v)
+
+    @field_validator("local")
+    @classmethod
+    def _local_registered(cls, v: StageConfig | None) -> StageConfig | None:
+        return _registered("local_program", v)
 
     @field_validator("params")
     @classmethod

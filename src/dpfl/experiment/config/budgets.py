@@ -135,3 +135,12 @@ def _has_unlimited(budgets: Any) -> bool:
     if isinstance(budgets, list):
         return any(math.isinf(e) for e in budgets)
     return False
+
+
+def _all_unlimited(budgets: Any) -> bool:
+    """Every client unlimited: a noise shared by everyone has no finite budget to be calibrated to."""
+    if isinstance(budgets, float):
+        return math.isinf(budgets)
+    if isinstance(budgets, list):
+        return all(math.isinf(e) for e in budgets)
+    return False

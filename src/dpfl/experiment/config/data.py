@@ -6,12 +6,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dpfl.data import DATASETS, dataset_options
+from dpfl.data.registry import PROVIDED, dataset_names, dataset_options
 from dpfl.experiment.config.base import _Section
-from dpfl.experiment.config.errors import _fail
+from dpfl.experiment.config.errors import _allowed, _fail
 from dpfl.experiment.config.limits import MAX_CLIENTS, _at_most
 
-DatasetName = Literal[DATASETS]  # type: ignore[valid-type]
 
 
 class DataConfig(_Section):
@@ -25,7 +24,7 @@ class DataConfig(_Section):
     least one training record per client, which `dpfl.data` checks against the dataset itself).
     """
 
-    dataset: DatasetName
+    dataset: str
     root: str | None = None
     clients: int = Field(ge=1)
     partition: Literal["iid", "shards", "dirichlet", "dirichlet_quota"] = "iid"
@@ -36,6 +35,14 @@ class DataConfig(_Section):
     client_test_fraction: float = Field(0.0, ge=0, lt=1)
     client_val_fraction: float = Field(0.0, ge=0, lt=1)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_known(cls, v: str) -> str:
+        """A built-in or registered (`dpfl.register_dataset`) name, or 'provided' (data passed to dpfl.run)."""
+        if v != PROVIDED and v not in dataset_names():
+            _fail("", "not an allowed value", v, _allowed(dataset_names()))
+        return v
 
     @field_validator("clients")
     @classmethod
@@ -49,6 +56,9 @@ class DataConfig(_Section):
         if self.client_test_fraction + self.client_val_fraction >= 1:
             _fail("client_val_fraction", "the test and validation splits must leave training data",
                   self.client_val_fraction, f"a fraction below 1 - client_test_fraction = {1 - self.client_test_fraction:g}")
+        if self.dataset == PROVIDED:
+            self._check_provided()
+            return self
         allowed = dataset_options(self.dataset)
         for key in self.options:
             if key == "seed":
@@ -58,3 +68,12 @@ class DataConfig(_Section):
                 _fail(f"options.{key}", f"unknown option for dataset {self.dataset!r}", self.options[key],
                       ", ".join(a for a in allowed if a != "seed") or "none")
         return self
+
+    def _check_provided(self) -> None:
+        """Data passed as an object is already split among clients: nothing here may try to split it."""
+        for name in ("root", "partition", "alpha", "shards_per_client", "max_train_samples", "client_test_fraction",
+                     "client_val_fraction", "options"):
+            default = DataConfig.model_fields[name].get_default(call_default_factory=True)
+            if getattr(self, name) != default:
+                _fail(name, f"dataset {PROVIDED!r} is passed as an object, already split among clients; this "
+                      "field does not apply", getattr(self, name), repr(default))

@@ -93,6 +93,12 @@ def _repr_chunks(value: Any, open_: set[int]) -> Iterator[str]:
         open_.discard(id(value))
 
 
+def _allowed(names: tuple[str, ...]) -> str:
+    """pydantic's wording for a Literal's values, for names known only at validation time: 'a', 'b' or 'c'."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
 def _fail(field: str, problem: str, got: Any = ..., allowed: str | None = None, more: int = 0) -> NoReturn:
     """Raise a validation error for `field` (a dotted path relative to where the validator runs)."""
     raise PydanticCustomError(

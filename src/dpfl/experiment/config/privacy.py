@@ -33,8 +33,14 @@ class PrivacyConfig(_Section):
     with it. sampling: the record sampling of DP-SGD. clip: the clipping norm (per sample for dpsgd, per
     update for udp and central). noise_multiplier: explicit, or null to calibrate it from the budgets; 0 (no
     noise) or in [1e-6, 1e6], the range dpfl's accountants compute reliably in float64.
+    accountant: rdp, pld, or gdp (exact, for unsampled Gaussian mechanisms only: Noisy-FedAvg/FedProx, udp
+    without per_upload_amplification, central with every client every round); null resolves to gdp for
+    Noisy-FedAvg/FedProx and rdp otherwise.
     calibration: `accountant` (bisection, the default) or `pfa-heuristic` (PFA's formula; NOT a
-    guarantee: the accountant's epsilon of the noise used is still what is reported). misreport: one
+    guarantee: the accountant's epsilon of the noise used is still what is reported). participation (when the
+    noise is calibrated under sampled client selection): `expected` (rounds x participation rate; a client
+    drawn more often retires on its budget, and a fixed-K run may stop early with stop_reason budget) or
+    `worst_case` (a participation in every round: the run never stops early, with more noise). misreport: one
     client reports a false epsilon to the server. allow_budget_violation: required by max_eps, a
     non-private reference whose results are tagged meets_budgets: false. paper_eta_scaling (udp only): upload
     w_0 + η·(Δ̃ + ξ), FedCEO Algorithm 1's line 10 taken literally (post-processing: ε is unchanged).
@@ -57,8 +63,9 @@ class PrivacyConfig(_Section):
     noise_multiplier: float | None = Field(None, ge=0)
     budgets: Budgets | None = None
     delta: float = Field(1e-5, gt=0, lt=1)
-    accountant: Literal["rdp", "pld"] = "rdp"
+    accountant: Literal["rdp", "pld", "gdp"] | None = None
     calibration: Literal["accountant", "pfa-heuristic"] = "accountant"
+    participation: Literal["expected", "worst_case"] = "expected"
     misreport: MisreportConfig | None = None
     allow_budget_violation: bool = False
     paper_eta_scaling: bool = False

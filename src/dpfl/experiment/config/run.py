@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dpfl.experiment.config.algorithm import AlgorithmConfig
 from dpfl.experiment.config.base import _Section
-from dpfl.experiment.config.budgets import _BUDGETS_ALLOWED, Rhdp20Budgets, _has_unlimited
+from dpfl.experiment.config.budgets import _BUDGETS_ALLOWED, Rhdp20Budgets, _all_unlimited, _has_unlimited
 from dpfl.experiment.config.data import DataConfig
 from dpfl.experiment.config.errors import _fail
 from dpfl.experiment.config.limits import MAX_NOISY_STEPS
@@ -27,6 +27,7 @@ from dpfl.experiment.config.vocabulary import (
     _NEEDS_CLIP,
     _NOISY,
     _OBSERVER_WHY,
+    _OWN_LOCAL,
     ALGORITHM_MECHANISMS,
     MECHANISM_OBSERVER,
     MECHANISM_UNIT,
@@ -76,6 +77,8 @@ class RunConfig(_Section):
     def _consistent(self) -> RunConfig:
         self._resolve_threat_model()
         self._check_privacy_fields()
+        self._check_calibration()
+        self._check_stages()
         self._check_per_client_lengths()
         return self
 
@@ -117,9 +120,6 @@ class RunConfig(_Section):
             _fail("privacy.clip", f"required by mechanism {mech!r}", None, "a number > 0")
         if mech not in _NEEDS_CLIP and p.clip is not None:
             _fail("privacy.clip", f"not used by {not_private}", p.clip, "null")
-        if mech == "udp" and p.noise_multiplier is None:
-            _fail("privacy.noise_multiplier", "required by mechanism 'udp' (its calibration is not available yet)",
-                  None, "a number >= 0")
         if mech in ("param_noise", "none") and p.noise_multiplier is not None:
             hint = "; the noise of 'param_noise' is algorithm.params.std" if mech == "param_noise" else ""
             _fail("privacy.noise_multiplier", f"not used by {not_private}{hint}", p.noise_multiplier, "null")
@@ -134,9 +134,6 @@ class RunConfig(_Section):
             _fail("privacy.budgets", f"required by mechanism {mech!r}", None, _BUDGETS_ALLOWED)
         if mech == "none" and p.budgets is not None:
             _fail("privacy.budgets", f"{not_private} is not private, so budgets have no effect", p.budgets, "null")
-        if mech in _CALIBRATED and p.noise_multiplier is None and _has_unlimited(p.budgets):
-            _fail("privacy.budgets", "unlimited (.inf) budgets cannot calibrate noise; give "
-                  "privacy.noise_multiplier or finite budgets", p.budgets, "finite numbers > 0")
         if p.calibration == "pfa-heuristic" and (mech != "dpsgd" or p.noise_multiplier is not None):
             _fail("privacy.calibration", "the PFA heuristic calibrates DP-SGD noise from the budgets (mechanism 'dpsgd', "
                   "no explicit noise_multiplier)", p.calibration, "accountant")
@@ -153,6 +150,54 @@ class RunConfig(_Section):
             what = "privacy.sampling" if mech == "dpsgd" else "training.selection.kind"
             _fail("privacy.accountant", f"'pld' cannot account fixed-size sampling (replace-one; {what} is 'fixed')",
                   p.accountant, "rdp")
+
+    def _noise_given(self) -> bool:
+        """Whether the config fixes the noise itself (else it is calibrated from the budgets)."""
+        p = self.privacy
+        if p.mechanism == "param_noise":
+            return self.algorithm.params.get("std") is not None
+        return p.noise_multiplier is not None
+
+    def _check_calibration(self) -> None:
+        """Noise from budgets: something to calibrate from, an accountant that can, participation where it applies."""
+        p, mech, sel = self.privacy, self.privacy.mechanism, self.training.selection.kind
+        if p.accountant is None:
+            p.accountant = "gdp" if mech == "param_noise" else "rdp"  # type: ignore[assignment]
+        if p.accountant == "gdp":
+            unsampled = (mech == "param_noise" or (mech == "udp" and not p.per_upload_amplification)
+                         or (mech == "central" and sel == "all"))
+            if not unsampled:
+                _fail("privacy.accountant", "'gdp' is exact only for Gaussian mechanisms without sampling (Noisy-FedAvg/"
+                      "FedProx, udp without per_upload_amplification, central with selection 'all'); this run's "
+                      "events are sampled", p.accountant, "rdp or pld")
+        if mech not in _CALIBRATED or self._noise_given():
+            if p.participation != "expected":
+                why = "the noise is given, not calibrated" if mech in _CALIBRATED else f"mechanism {mech!r} adds no noise"
+                _fail("privacy.participation", f"only used when the noise is calibrated from the budgets ({why})",
+                      p.participation, "expected")
+            if mech == "param_noise" and p.budgets is None:
+                return  # sigma given, no budgets: unlimited budgets, the run reports what it spent
+            return
+        what = "algorithm.params.std" if mech == "param_noise" else "privacy.noise_multiplier"
+        if p.budgets is None:
+            _fail("privacy.budgets", f"required to calibrate the noise (or give {what})", None, _BUDGETS_ALLOWED)
+        if _has_unlimited(p.budgets) if mech == "dpsgd" else _all_unlimited(p.budgets):
+            _fail("privacy.budgets", f"unlimited (.inf) budgets cannot calibrate noise; give {what} or finite budgets",
+                  p.budgets, "finite numbers > 0")
+        if mech == "central" and p.participation != "expected":
+            _fail("privacy.participation", "central DP charges every client every round: participation does not apply",
+                  p.participation, "expected")
+
+    def _check_stages(self) -> None:
+        """User-registered stages may replace only what keeps the run's guarantee as accounted."""
+        alg, mech, observer = self.algorithm, self.privacy.mechanism, self.privacy.observer
+        if alg.aggregator is not None and mech != "none" and observer != "server":
+            _fail("algorithm.aggregator", f"with mechanism {mech!r} the guarantee holds against an observer of the "
+                  "aggregate only, so the aggregation is part of the mechanism and cannot be replaced",
+                  alg.aggregator.name, "null")
+        if alg.local is not None and alg.name in _OWN_LOCAL:
+            _fail("algorithm.local", f"algorithm {alg.name!r} builds its own local program (its analysis depends on "
+                  "it)", alg.local.name, "null")
 
     def _check_noisy(self) -> None:
         """What the f-DP analysis of Noisy-FedAvg/FedProx assumes (spec fdp_accounting.md §1.1)."""

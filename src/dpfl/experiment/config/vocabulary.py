@@ -52,7 +52,8 @@ _NEEDS_CLIP = ("dpsgd", "udp", "central", "param_noise")
 _NOISY = ("noisy_fedavg", "noisy_fedprox")  # Noisy-FedAvg/FedProx: f-DP accounted (spec fdp_accounting.md)
 _FDP_FIELDS = ("secure_aggregation", "release", "smoothness_L", "honest_clients")
 _NEEDS_BUDGETS = ("dpsgd", "udp", "central")
-_CALIBRATED = ("dpsgd", "central")  # mechanisms whose noise can be calibrated from the budgets
+_CALIBRATED = ("dpsgd", "central", "udp", "param_noise")  # mechanisms whose noise can be calibrated from budgets
+_OWN_LOCAL = ("noisy_fedavg", "noisy_fedprox", "ppsgd", "centaur")  # bundles that build their own local program
 
 AlgorithmName = Literal[ALGORITHMS]  # type: ignore[valid-type]
 Mechanism = Literal[MECHANISMS]  # type: ignore[valid-type]
