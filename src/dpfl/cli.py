@@ -77,18 +77,37 @@ def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
         return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start)
 
 
+def _import_plugins(modules: list[str]) -> None:
+    """Import the user's registration modules (`dpfl.register_*` calls) before the config is validated."""
+    import importlib
+    import os
+
+    if modules and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - any failure of the user's module is theirs to fix: one line
+            raise UserError(f"--import {name}: {type(err).__name__}: {err}".splitlines()[0]) from None
+
+
 @app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set training.rounds=5 (repeatable).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<name>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a killed run from its last checkpoint.")] = False,
+    import_: Annotated[Optional[list[str]], typer.Option(
+        "--import", help="Import this Python module first (repeatable; the current directory is searched), so the "
+                         "datasets, models, losses, aggregators and local programs it registers can be named in the "
+                         "config.")] = None,
 ) -> None:
     """Run a federated experiment described by a YAML config."""
     from dpfl.experiment.config import load_config
     from dpfl.results.outcome import print_outcome
 
     try:
+        _import_plugins(import_ or [])
         cfg = load_config(config, list(set_ or []))
         out = out or Path("runs") / cfg.name
         summary = _run_with_progress(cfg, out, resume)

@@ -1,0 +1,41 @@
+"""docs/api.md runs as written: its python blocks are executed in order as one script."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import dpfl.algorithms.registry as stage_registry
+import dpfl.data.registry as data_registry
+import dpfl.engine.losses as losses
+import dpfl.models.registry as model_registry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def clean_registries():
+    """The page registers datasets, models and stages: leave the process's registries as they were."""
+    tables = [data_registry._LOADERS, model_registry._ENTRIES, model_registry._BUILDERS, losses.LOSSES,
+              stage_registry.AGGREGATORS, stage_registry.LOCAL_PROGRAMS]
+    saved = [dict(t) for t in tables]
+    yield
+    for table, before in zip(tables, saved):
+        table.clear()
+        table.update(before)
+
+
+def test_the_api_page_runs_as_written(tmp_path, monkeypatch, clean_registries):
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "api.md").read_text(encoding="utf-8"), re.S)
+    assert len(blocks) >= 8
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    namespace: dict = {"__name__": "docs_api"}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/api.md block {i + 1}", "exec"), namespace)  # noqa: S102 - our own docs
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == ["api-demo", "api-dict", "api-hospitals", "api-moons"]  # failed runs leave nothing behind
+    for name in runs:
+        assert (tmp_path / "runs" / name / "summary.json").is_file()
