@@ -15,29 +15,16 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import dpfl
-import dpfl.algorithms.registry as stage_registry
-import dpfl.data.registry as data_registry
-import dpfl.models.registry as model_registry
 from cli_runner import cli
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("clean_registries")
 CONFIG = {
     "name": "api",
     "algorithm": {"name": "dp_fedavg_local"},
     "training": {"rounds": 3, "local_steps": 2, "batch_size": 8, "optimizer": {"lr": 0.5}},
     "privacy": {"clip": 1.0, "budgets": 4.0},
 }
-
-
-@pytest.fixture(autouse=True)
-def clean_registries():
-    tables = [data_registry._LOADERS, model_registry._ENTRIES, model_registry._BUILDERS,
-              stage_registry.AGGREGATORS, stage_registry.LOCAL_PROGRAMS]
-    saved = [dict(t) for t in tables]
-    yield
-    for table, before in zip(tables, saved):
-        table.clear()
-        table.update(before)
 
 
 def toy_data(n_clients: int = 3, seed: int = 0) -> dpfl.FederatedDataset:

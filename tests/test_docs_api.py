@@ -5,26 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
-import dpfl.algorithms.registry as stage_registry
-import dpfl.data.registry as data_registry
-import dpfl.engine.losses as losses
-import dpfl.models.registry as model_registry
-
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def clean_registries():
-    """The page registers datasets, models and stages: leave the process's registries as they were."""
-    tables = [data_registry._LOADERS, model_registry._ENTRIES, model_registry._BUILDERS, losses.LOSSES,
-              stage_registry.AGGREGATORS, stage_registry.LOCAL_PROGRAMS]
-    saved = [dict(t) for t in tables]
-    yield
-    for table, before in zip(tables, saved):
-        table.clear()
-        table.update(before)
 
 
 def test_the_api_page_runs_as_written(tmp_path, monkeypatch, clean_registries):

@@ -3,13 +3,11 @@ every mechanism spends at most each client's budget, and worst-case participatio
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
 from dpfl.experiment.build import build_run
-from dpfl.experiment.config import validate_config
+from config_variants import variant
 
 BASE = {
     "name": "calibrated", "seed": 1,
@@ -24,14 +22,7 @@ BASE = {
 
 
 def config(**changes):
-    cfg = copy.deepcopy(BASE)
-    for path, value in changes.items():
-        *head, last = path.split("__")
-        node = cfg
-        for key in head:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return validate_config(cfg)
+    return variant(BASE, **changes)
 
 
 def participations(history, n):

@@ -192,6 +192,9 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(kind):
     assert resumed.spent() == full.spent()
     for n in full.params:
         assert torch.equal(resumed.params[n], full.params[n])
+    forgetful = type(states[0]).from_dict({**mid, "ledger": None})  # what the clients spent must not be lost
+    with pytest.raises(ValueError, match="has no privacy ledger but this run is accounted"):
+        make().run(state=forgetful)
 
 
 def _hetero_run(**kw):

@@ -16,6 +16,7 @@ from dpfl.algorithms.client.upload import upload_noise
 from dpfl.engine import params as P
 from dpfl.engine.local_training import run_local
 from dpfl.experiment.build import build_run, noisy_accounting
+from config_variants import variant
 from dpfl.experiment.config import ConfigError, validate_config
 from dpfl.privacy.accountant import epsilon
 from dpfl.privacy.fdp import COMPOSITION, SHIFTED, fdp_report
@@ -33,14 +34,7 @@ BASE = {
 
 
 def config(**changes):
-    cfg = copy.deepcopy(BASE)
-    for path, value in changes.items():
-        *head, last = path.split("__")
-        node = cfg
-        for key in head:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return validate_config(cfg)
+    return variant(BASE, **changes)
 
 
 @pytest.mark.parametrize("accountant", ["gdp", "rdp"])

@@ -310,6 +310,8 @@ class FederatedRun:
             if self.ledger is None:
                 raise ValueError("the checkpoint has a privacy ledger but this run is not accounted")
             self.ledger = PrivacyLedger.from_dict(state.ledger)
+        elif self.ledger is not None and state.round > 0:  # resuming would forget what the clients spent
+            raise ValueError(f"the state after round {state.round} has no privacy ledger but this run is accounted")
         if hasattr(self.algorithm.aggregator, "load_state_dict"):
             self.algorithm.aggregator.load_state_dict(state.aggregator_state)
         if self.algorithm.personal is not None:
