@@ -493,7 +493,7 @@ class FederatedRun:
             return {}
         w, view, lr = weights.to(torch.float64), local.view, spec.lr
         n_sq = torch.tensor(local.noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
-        scale = local.dim * lr**2
+        scale = local.dim * lr * lr  # not lr**2: a float power overflows with an exception, a product to inf
         return {"noise_stat_empirical": float((w.pow(2) * n_sq).sum() / scale),
                 "noise_stat_analytic": float((w.pow(2) * local.channel.update_noise_variance(view, local.dim)).sum() / scale)}
 
