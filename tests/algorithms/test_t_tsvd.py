@@ -6,6 +6,7 @@ References are written independently in NumPy (np.fft along the client axis, per
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -419,7 +420,7 @@ def test_bias_shrink_per_frequency(K):
 # ---- input validation -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("thr", [-1.0, -1e-300, float("nan"), float("inf"), -float("inf"), None, "x"])
+@pytest.mark.parametrize("thr", [-1.0, -1e-300, float("nan"), -float("inf"), None, "x"])
 def test_invalid_threshold_raises(thr):
     x = _x("wide", 3)
     with pytest.raises(ValueError):
@@ -478,6 +479,55 @@ def test_t11_theta_one_is_constant_and_smoothing_rounds():
     assert [t for t in range(1, 13) if is_smoothing_round(t, 4)] == [4, 8, 12]
     assert [smoothing_index(t, 4) for t in (3, 4, 7, 8)] == [0, 1, 1, 2]
     assert all(is_smoothing_round(t, 1) for t in range(1, 5))
+
+
+# ---- a threshold past the float range (FedCEO's growing schedule) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("j", "lam", "theta"),
+    [(31, 1.0, 1e10), (1024, 1.0, 2.0), (1023, 0.25, 2.0), (2000, 0.5, 1.5), (10**400, 1.0, 1.05), (5, 1e-320, 1e100)],
+)
+def test_t11_threshold_past_the_float_range_is_inf_not_an_exception(j, lam, theta):
+    assert threshold(j, lam, theta) == math.inf  # raised OverflowError (theta**j) before
+
+
+def test_t11_threshold_is_unchanged_below_the_float_range_and_monotone():
+    assert threshold(1023, 0.5, 2.0) == 2.0**1023  # the largest power of two: still finite and exact
+    assert threshold(30, 1.0, 1e10) == 1e300 / 2.0
+    assert threshold(10**400, 0.5, 1.0) == 1.0  # ϑ = 1 stays constant for any j
+    thrs = [threshold(j, 0.03, 2.0) for j in range(1, 1100)]
+    assert all(b >= a for a, b in zip(thrs, thrs[1:]))
+    assert math.isfinite(thrs[1010]) and thrs[-1] == math.inf
+
+
+@pytest.mark.parametrize("rfft", [False, True])
+@pytest.mark.parametrize(("name", "K"), [("wide", 3), ("tall", 4), ("row", 1), ("wide", 10)])
+def test_infinite_threshold_is_the_limit_zero(name, K, rfft):
+    """thr ≥ ‖X̄_0‖_2 already gives Y = 0 exactly (§2.4); thr = inf is that limit, without an SVD."""
+    x = _x(name, K, scale=1e3)
+    y, frac, imag = t_tsvd_with_stats(x, math.inf, rfft=rfft)
+    assert torch.equal(y, torch.zeros_like(x)) and (frac, imag) == (1.0, 0.0)
+    big = float(spectral_norms(x.numpy()).max()) * (1 + 1e-9)  # a finite threshold past every singular value
+    y_big, frac_big, _ = t_tsvd_with_stats(x, big, rfft=rfft)
+    np.testing.assert_array_equal(y_big.numpy(), y.numpy())
+    assert frac_big == frac
+    for thr in (1e300, sys.float_info.max):
+        np.testing.assert_array_equal(t_tsvd(x, thr, rfft=rfft).numpy(), 0.0)
+    assert torch.equal(svt(x[:, :, 0], math.inf), torch.zeros_like(x[:, :, 0]))
+    stacked = x.permute(2, 0, 1).contiguous()
+    assert torch.equal(smooth_stack(stacked, threshold(1024, 1.0, 2.0), rfft=rfft), torch.zeros_like(stacked))
+
+
+def test_fedceo_schedule_past_the_float_range_smooths_to_zero():
+    """The server's threshold at round 1024 of ϑ = 2 is inf: T-tSVD's limit, every model (and the mean) 0."""
+    from dpfl.algorithms.server.fedceo import FedCEO, _smooth
+
+    server = FedCEO(lam=1.0, theta=2.0, interval=1)
+    assert server.threshold_at(1022) == 2.0**1023 / 2.0 and server.threshold_at(1023) == math.inf
+    stacked = _x("wide", 4).permute(2, 0, 1).contiguous()
+    smoothed, zeroed = _smooth(stacked, server.threshold_at(5000), True, torch.float64)
+    assert torch.equal(smoothed, torch.zeros_like(stacked)) and zeroed == 1.0
 
 
 @pytest.mark.parametrize(

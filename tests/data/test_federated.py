@@ -167,3 +167,49 @@ def test_client_val_fraction_gives_80_10_10_and_leaves_the_test_split_alone():
 def test_client_val_fraction_must_leave_training_data(test, val):
     with pytest.raises(ValueError, match="client_val_fraction must be in"):
         FederatedDataset.from_arrays(_indexed(), 3, client_test_fraction=test, client_val_fraction=val)
+
+
+# ---- more clients than training records (config fuzzer) -------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"partition": "shards", "shards_per_client": 1}, {"partition": "dirichlet", "alpha": 0.5},
+     {"partition": "dirichlet_quota", "alpha": 0.5}, {"client_test_fraction": 0.2}],
+)
+def test_more_clients_than_records_is_one_short_line_up_front(kwargs):
+    """Before: iid handed most of 10^4 clients an empty share (no error), the others failed later or deep
+    in the partitioner; a million clients took ~90 s and the engine then listed every empty client."""
+    with pytest.raises(ValueError) as err:
+        FederatedDataset.from_arrays(_indexed(n_train=50), 10_000, **kwargs)
+    msg = str(err.value)
+    assert msg == ("n_clients=10000 exceeds the 50 training records of dataset 'indexed': "
+                   "every client needs at least one record")
+
+
+def test_more_clients_than_records_counts_the_subsample():
+    with pytest.raises(ValueError, match=r"n_clients=120 exceeds the 100 training records .*max_train_samples=100"):
+        FederatedDataset.from_arrays(_indexed(), 120, max_train_samples=100)
+    # a max_train_samples above the data is no limit
+    with pytest.raises(ValueError, match=r"exceeds the 300 training records of dataset 'indexed': every"):
+        FederatedDataset.from_arrays(_indexed(), 301, max_train_samples=10**6)
+
+
+def test_a_million_clients_on_digits_fails_at_once():
+    with pytest.raises(ValueError, match=r"^n_clients=1000000 exceeds the \d+ training records of dataset 'digits'") as err:
+        federated_dataset("digits", 10**6)
+    assert len(str(err.value)) < 200 and "\n" not in str(err.value)
+
+
+def test_as_many_clients_as_records_and_explicit_empty_sizes_still_work():
+    fd = FederatedDataset.from_arrays(_indexed(n_train=30), 30)
+    assert fd.train_sizes.tolist() == [1] * 30
+    # iid with explicit sizes may leave clients empty (the rule: one size per client, >= 0, sum <= records)
+    fd = FederatedDataset.from_arrays(_indexed(n_train=3), 5, sizes=[1, 1, 1, 0, 0])
+    assert fd.train_sizes.tolist() == [1, 1, 1, 0, 0]
+    with pytest.raises(ValueError, match="sizes must sum to at most n=3"):
+        FederatedDataset.from_arrays(_indexed(n_train=3), 5, sizes=[1, 1, 1, 1, 0])
+
+
+@pytest.mark.parametrize("n_clients", [0, -3, True, 2.0, None])
+def test_bad_n_clients(n_clients):
+    with pytest.raises(ValueError, match="n_clients must be an int >= 1"):
+        FederatedDataset.from_arrays(_indexed(), n_clients)

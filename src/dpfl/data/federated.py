@@ -134,13 +134,24 @@ class FederatedDataset:
                              f"client_test_fraction {client_test_fraction!r}")
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if not isinstance(n_clients, (int, np.integer)) or isinstance(n_clients, bool) or n_clients < 1:
+            raise ValueError(f"n_clients must be an int >= 1, got {n_clients!r}")
+        if max_train_samples is not None and (
+            not isinstance(max_train_samples, (int, np.integer)) or isinstance(max_train_samples, bool)
+            or max_train_samples < 1
+        ):
+            raise ValueError(f"max_train_samples must be an int >= 1 or None, got {max_train_samples!r}")
+        available = ds.n_train if max_train_samples is None else min(ds.n_train, int(max_train_samples))
+        # Before any per-client work. Only iid with explicit ``sizes`` may leave clients empty (a size of 0);
+        # its rule (one size per client, sizes >= 0, summing to at most the records) is checked by ``iid``.
+        if sizes is None and n_clients > available:
+            limited = f" (max_train_samples={max_train_samples})" if available < ds.n_train else ""
+            raise ValueError(f"n_clients={n_clients} exceeds the {available} training records of dataset "
+                             f"{ds.name!r}{limited}: every client needs at least one record")
         pool = np.arange(ds.n_train, dtype=np.int64)
-        if max_train_samples is not None:
-            if not isinstance(max_train_samples, (int, np.integer)) or max_train_samples < 1:
-                raise ValueError(f"max_train_samples must be an int >= 1 or None, got {max_train_samples!r}")
-            if max_train_samples < ds.n_train:
-                chosen = numpy_generator(seed, Purpose.DATA, 1).choice(ds.n_train, max_train_samples, replace=False)
-                pool = np.sort(chosen)
+        if max_train_samples is not None and max_train_samples < ds.n_train:
+            chosen = numpy_generator(seed, Purpose.DATA, 1).choice(ds.n_train, max_train_samples, replace=False)
+            pool = np.sort(chosen)
         labels = ds.y_train.numpy()[pool]
         rng = numpy_generator(seed, Purpose.PARTITION)
         if partition == "iid":

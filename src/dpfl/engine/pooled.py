@@ -8,6 +8,12 @@ from dataclasses import dataclass
 import torch
 
 
+def _head(ids: Sequence[int], limit: int = 10) -> str:
+    """At most ``limit`` ids for an error message: ``[0, 1, ..., 9, ...]`` (a million ids would be megabytes)."""
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return f"[{shown}, ...]" if len(ids) > limit else f"[{shown}]"
+
+
 @dataclass(frozen=True)
 class PooledData:
     """Concatenated client records; client `i` owns rows `offsets[i] : offsets[i] + sizes[i]`."""
@@ -23,8 +29,8 @@ class PooledData:
             raise ValueError("need the same non-zero number of feature and label tensors")
         sizes = torch.tensor([len(x) for x in xs], dtype=torch.int64)
         if (sizes < 1).any():
-            empty = torch.nonzero(sizes < 1).flatten().tolist()
-            raise ValueError(f"clients {empty} have no training records")
+            empty = torch.nonzero(sizes < 1).flatten()
+            raise ValueError(f"{len(empty)} of {len(sizes)} clients have no training records: {_head(empty.tolist())}")
         offsets = torch.cumsum(sizes, 0) - sizes
         return cls(torch.cat(list(xs)), torch.cat(list(ys)), offsets, sizes)
 

@@ -26,15 +26,22 @@ turns into epsilon = 0). Every value returned here is therefore an upper bound c
   range) is replaced by the unsampled Gaussian bound ``alpha / (2 z^2)``.
 * ``z > z_switch``: ``min(curve(z_switch), B(z))`` per order. ``curve(z_switch)`` is valid for every
   larger z because adding independent Gaussian noise is post-processing (RDP never increases with z), and
-  it makes the curve continuous and non-increasing across the switch. ``B`` is a bound that is stable for
-  large z: the unsampled Gaussian ``alpha / (2 z^2)`` (sampling only amplifies privacy) for plain and
-  fixed-size leaves; for Poisson leaves the same ``A_alpha`` as dp_accounting but written as
-  ``log1p(sum_{i>=2} Binomial(alpha, q)[i] * expm1(i (i - 1) / (2 z^2)))`` (non-negative terms, so no
-  cancellation) at integer orders, and at a fractional order the chord between its two integer
-  neighbours (``log A_alpha`` is convex in alpha, ``log A_1 = 0``). ``B`` carries a relative margin of
-  1e-9 against rounding and is never below the smallest positive float.
-  ``z_switch`` is 1e150 for plain Gaussians (exact formula until ``z**2`` overflows), 1e4 for fixed-size
-  sampling, and ``1e3 sqrt(q)`` for Poisson sampling (where dp_accounting's relative error is ~3e-10).
+  it makes the curve continuous and non-increasing across the switch. ``B`` is dp_accounting's own bound
+  evaluated so that it stays accurate for large z, capped by the unsampled Gaussian ``alpha / (2 z^2)``
+  (sampling only amplifies privacy; for plain Gaussians that is ``B`` itself):
+  - Poisson: the same ``A_alpha`` as dp_accounting, written as
+    ``log1p(sum_{i>=2} Binomial(alpha, q)[i] * expm1(i (i - 1) / (2 z^2)))`` (non-negative terms, so no
+    cancellation) at integer orders; at a fractional order the chord between its two integer neighbours
+    (``log A_alpha`` is convex in alpha and ``log A_1 = 0``, so the chord lies above it).
+  - Fixed size: Wang-Balle-Kasiviswanathan's Theorem 27 exactly as dp_accounting's exact branch writes it,
+    but with its forward differences of ``exp(x (x + 1) / (2 z^2))`` computed as positive Gaussian
+    integrals (``_log_forward_differences``) instead of by differencing numbers that all round to 1 (in
+    dp_accounting that cancellation makes the bound *rise* with z from z ~ 8 on); fractional orders by its
+    interpolation (Corollary 10).
+  ``B`` carries a relative margin of 1e-9 against rounding and is never below the smallest positive float.
+  ``z_switch`` (the event's multiplier) is 1e150 for plain Gaussians (exact formula until ``z**2``
+  overflows), 4 for fixed-size sampling (nominal z = 8: dp_accounting's bound is still monotone and
+  agrees with ``B`` to 1e-9), and ``1e3 sqrt(q)`` for Poisson sampling (dp_accounting's relative error ~3e-10).
 
 Hence epsilon is +inf as z -> 0, tends to 0 (or to the conversion's floor for a tiny delta) as z -> inf,
 never raises on a finite z >= 0, and is non-increasing in z across the float range.
@@ -61,11 +68,13 @@ __all__ = ["RDP_CURVES", "Z_NO_PRIVACY", "RdpCurveCache", "leaf_key", "rdp_curve
 
 Z_NO_PRIVACY = 1e-100  # below: +inf RDP (see the module docstring)
 Z_SWITCH_GAUSSIAN = 1e150  # dp_accounting's alpha / (2 z**2) until z**2 overflows (~1.3e154)
-Z_SWITCH_FIXED = 1e4  # dp_accounting's without-replacement bound loses ~1e-16 z^2 relative, raises at ~3e8
+Z_SWITCH_FIXED = 4.0  # dp_accounting's without-replacement bound: its forward differences cancel above ~7
 POISSON_SWITCH_SCALE = 1e3  # dp_accounting's Poisson series up to z = 1e3 sqrt(q): relative error ~3e-10
 STABLE_MARGIN = 1e-9  # relative margin on the large-z bounds, against rounding
 MAX_STABLE_ORDER = 100_000  # above: the Poisson large-z bound uses the unsampled Gaussian (a finite sum per order)
+MAX_STABLE_WOR_ORDER = 2048  # above: the fixed-size large-z bound uses the unsampled Gaussian (quadrature cost)
 _TINY = float(np.nextafter(0.0, 1.0))
+_DX = 0.05  # trapezoid step for the forward differences: the integrand's peaks have width ~1, error ~exp(-8000)
 
 _NEIGHBOR_REL = {
     "add_remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
@@ -171,8 +180,14 @@ class RdpCurveCache:
         kind, q, z, _, m = leaf_key(event)
         if kind == "other":
             return _dp_accounting_curve(event, orders, relation)
+        if not z >= 0.0:  # NaN or negative: dpfl's events never carry one (events.py validates)
+            raise ValueError(f"noise multiplier must be >= 0, got {z} in {event!r}")
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"sampling probability must be in [0, 1], got {q} in {event!r}")
         if (kind == "poisson" and q == 0.0) or (kind == "fixed" and m == 0):
             return np.zeros(len(orders))  # nobody is sampled: the output does not depend on the data
+        if z == math.inf:
+            return np.zeros(len(orders))  # infinite noise: the output does not depend on the data
         if z < Z_NO_PRIVACY:
             # Includes z = 0 (no noise: the output reveals the sample; dp_accounting returns inf for the
             # Poisson and Gaussian cases and divides by zero in the without-replacement bound).
@@ -185,10 +200,12 @@ class RdpCurveCache:
                 curve = np.where(bad, _gaussian_bound(orders, z), curve)
             return curve
         reference = self.leaf_curve(_with_noise(event, z_switch), orders, relation)
-        if kind == "poisson" and q < 1.0:
+        if q == 1.0 or kind == "gaussian":
+            bound = _gaussian_bound(orders, z)
+        elif kind == "poisson":
             bound = _poisson_bound(q, z, orders)
         else:
-            bound = _gaussian_bound(orders, z)  # exact for plain Gaussians, a valid bound for fixed-size sampling
+            bound = _wor_bound(q, z, orders)
         return np.minimum(reference, bound)
 
 
@@ -218,7 +235,18 @@ def _with_noise(event: dpa.DpEvent, z: float) -> dpa.DpEvent:
 
 
 def _round_up(values: np.ndarray) -> np.ndarray:
-    return np.maximum(values * (1.0 + STABLE_MARGIN), _TINY)
+    """Relative margin for rounding, plus a few subnormal steps (absorbed by any normal value)."""
+    return np.maximum(values, 0.0) * (1.0 + STABLE_MARGIN) + 8 * _TINY
+
+
+def _log_expm1(x: np.ndarray, log_x: np.ndarray) -> np.ndarray:
+    """log(expm1(x)) for x > 0 given both x and log x (x may have underflowed to 0)."""
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+        return np.where(
+            x > 1.0,
+            x + np.log1p(-np.exp(-x)),
+            np.where(x > 1e-5, np.log(np.expm1(x)), log_x + np.log1p(x / 2.0 + x * x / 6.0)),
+        )
 
 
 def _gaussian_bound(orders: Sequence[float], z: float) -> np.ndarray:
@@ -239,14 +267,9 @@ def _log_a_integer(q: float, z: float, order: int) -> float:
         + i * math.log(q) + (order - i) * math.log1p(-q)
     )
     log_x = np.log(i * (i - 1.0) / 2.0) - 2.0 * math.log(z)  # x = i (i - 1) / (2 z^2), kept in log space
-    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+    with np.errstate(under="ignore"):
         x = np.exp(log_x)
-        log_expm1 = np.where(
-            x > 1.0,
-            x + np.log1p(-np.exp(-x)),
-            np.where(x > 1e-5, np.log(np.expm1(x)), log_x + np.log1p(x / 2.0 + x * x / 6.0)),
-        )
-    log_s = float(special.logsumexp(log_pmf + log_expm1))
+    log_s = float(special.logsumexp(log_pmf + _log_expm1(x, log_x)))
     return log_s + math.log1p(math.exp(-log_s)) if log_s > 0.0 else math.log1p(math.exp(log_s))
 
 
@@ -269,6 +292,81 @@ def _poisson_bound(q: float, z: float, orders: Sequence[float]) -> np.ndarray:
         t = alpha - k
         value = at(k) if t == 0.0 else (1.0 - t) * at(k) + t * at(k + 1)  # chord of the convex log A
         out[j] = value / (alpha - 1.0)
+    return np.minimum(_round_up(out), gaussian)
+
+
+def _log_forward_differences(sigma: float, k_max: int) -> np.ndarray:
+    """log of the even forward differences Delta^k f(-1), k = 0, 2, ..., of f(x) = exp(x (x + 1) / (2 sigma^2)).
+
+    dp_accounting forms these by differencing values that all round to ~1 for a large sigma, so they
+    cancel to noise. Here, with c = 1 / (2 sigma^2) and Y ~ N(0, 2c), f(x) = exp(-c/4) E[exp((x + 1/2) Y)],
+    so Delta^k f(-1) = exp(-c/4) E[exp(-Y/2) (e^Y - 1)^k]: for even k a positive integrand, integrated by the
+    trapezoid rule in log space (spectrally accurate for this smooth, Gaussian-tailed integrand).
+    Returns an array indexed by k (odd entries unused).
+    """
+    s = 1.0 / sigma  # Y = s X with X ~ N(0, 1)
+    log_s = -math.log(sigma)
+    ks = np.arange(0, k_max + 1, 2, dtype=np.float64)
+    upper = max(math.sqrt(k_max), k_max * s) + math.sqrt(k_max) + 40.0
+    x = np.arange(-(math.sqrt(k_max) + 40.0), upper, _DX)
+    sx = s * x
+    with np.errstate(divide="ignore", under="ignore", over="ignore", invalid="ignore"):
+        mid = np.clip(sx, -50.0, 50.0)
+        log_abs_expm1 = np.where(  # log |e^{sx} - 1|, with s x possibly subnormal or large
+            np.abs(sx) < 1e-5,
+            log_s + np.log(np.abs(x)) + sx / 2.0,
+            np.where(sx > 1.0, sx + np.log1p(-np.exp(-np.maximum(sx, 1.0))), np.log(np.abs(np.expm1(mid)))),
+        )
+        log_integrand = (-sx / 2.0 - x * x / 2.0)[None, :] + ks[:, None] * log_abs_expm1[None, :]
+        log_integrand[0] = -x * x / 2.0 - sx / 2.0  # k = 0 (0 * log 0)
+    log_c = -math.log(2.0) + 2.0 * log_s
+    out = np.full(k_max + 1, -np.inf)
+    out[::2] = special.logsumexp(log_integrand, axis=1) + math.log(_DX / math.sqrt(2.0 * math.pi)) - math.exp(log_c) / 4.0
+    out[0] = 0.0
+    return out
+
+
+def _wor_log_a_integer(q: float, sigma: float, order: int, log_deltas: np.ndarray) -> float:
+    """dp_accounting's without-replacement bound (Wang, Balle, Kasiviswanathan 2019, Thm 27) at an integer
+    order, every term in log space: the same expression as ``_compute_rdp_sample_wor_gaussian_int``'s exact
+    branch (also used above its order 256, where dp_accounting switches to the looser Stirling branch)."""
+    log_c = -math.log(2.0) - 2.0 * math.log(sigma)
+    c = math.exp(log_c)
+    log_f2 = math.log(2.0) + log_c  # func(2) = 2 c
+    f2 = math.exp(log_f2)
+    log_f2m1 = float(_log_expm1(np.array(f2), np.array(log_f2)))
+    i = np.arange(2, order + 1, dtype=np.float64)
+    log_comb = special.gammaln(order + 1.0) - special.gammaln(i + 1.0) - special.gammaln(order - i + 1.0)
+    lo = log_deltas[(2 * np.floor(i / 2.0)).astype(int)]
+    hi = log_deltas[(2 * np.ceil(i / 2.0)).astype(int)]
+    cgf = c * (i - 1.0) * i  # cgf(i - 1)
+    s = np.minimum(math.log(4.0) + 0.5 * (lo + hi), math.log(2.0) + cgf)
+    s[0] = min(math.log(4.0) + log_f2m1, f2 + math.log(2.0))  # i = 2
+    log_s = float(special.logsumexp(s + i * math.log(q) + log_comb))
+    return log_s + math.log1p(math.exp(-log_s)) if log_s > 0.0 else math.log1p(math.exp(log_s))
+
+
+def _wor_bound(q: float, sigma: float, orders: Sequence[float]) -> np.ndarray:
+    """Per-order without-replacement RDP bound for large sigma (integer orders as dp_accounting, fractional
+    ones by its own interpolation, Corollary 10 of WBK19); the unsampled Gaussian above MAX_STABLE_WOR_ORDER."""
+    gaussian = _gaussian_bound(orders, sigma)
+    top = max((math.ceil(a) for a in orders if a <= MAX_STABLE_WOR_ORDER), default=1)
+    log_deltas = _log_forward_differences(sigma, top + 1 + (top + 1) % 2)
+    log_a: dict[int, float] = {1: 0.0}
+
+    def at(k: int) -> float:
+        if k not in log_a:
+            log_a[k] = _wor_log_a_integer(q, sigma, k, log_deltas)
+        return log_a[k]
+
+    out = np.empty(len(orders))
+    for j, alpha in enumerate(orders):
+        if alpha > MAX_STABLE_WOR_ORDER:
+            out[j] = gaussian[j]
+            continue
+        k = math.floor(alpha)
+        t = alpha - k
+        out[j] = (at(k) if t == 0.0 else (1.0 - t) * at(k) + t * at(k + 1)) / (alpha - 1.0)
     return np.minimum(_round_up(out), gaussian)
 
 

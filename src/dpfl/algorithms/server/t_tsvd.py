@@ -10,17 +10,23 @@ so removing the high-frequency (inter-client disagreement) part of each client's
 post-processing step. The DC slice is the client sum, hence the mean of the output is the FedAvg mean
 soft-thresholded at thr/K (§2.4).
 
-The schedule (§2.3) is thr_j = ϑ^j / (2λ) at the j-th smoothing round t = j·I.
+The schedule (§2.3) is thr_j = ϑ^j / (2λ) at the j-th smoothing round t = j·I. It grows without bound for
+ϑ > 1 (ϑ = 2 passes the largest float at j = 1024); a threshold beyond the float range is +inf, which is the
+limit of the operator: once thr ≥ ‖X̄_0‖_2 ≥ every slice's largest singular value, every singular value is
+shrunk to 0 and T-tSVD returns Y = 0 (spec §2.4, Prop. 3.2's second case), so `t_tsvd(X, inf)` is the zero
+tensor (and `svt(M, inf)` the zero matrix).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import sys
 
 import torch
 
 _COMPLEX_OF = {torch.float64: torch.complex128, torch.float32: torch.complex64}
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
 
 
 # ---- fold / unfold (§2.1) ---------------------------------------------------------------------------
@@ -68,8 +74,8 @@ def _as_float(name: str, v) -> float:
 
 def _check_thr(thr: float) -> float:
     t = _as_float("thr", thr)
-    if not (math.isfinite(t) and t >= 0.0):
-        raise ValueError(f"thr must be a finite number >= 0, got {thr!r}")
+    if not t >= 0.0:  # NaN or negative; +inf is the limit (every singular value shrunk to 0)
+        raise ValueError(f"thr must be a number >= 0 (+inf: shrink everything to 0), got {thr!r}")
     return t
 
 
@@ -96,6 +102,8 @@ def svt(matrices: torch.Tensor, thr: float) -> torch.Tensor:
         raise ValueError(f"svt needs matrices [..., n1, n2], got shape {tuple(matrices.shape)}")
     if thr == 0.0:
         return matrices.clone()
+    if thr == math.inf:
+        return torch.zeros_like(matrices)
     return _svt(matrices, thr)[0]
 
 
@@ -128,6 +136,8 @@ def t_tsvd_with_stats(
         raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
     if thr == 0.0:  # every singular value kept unchanged: the identity
         return x.clone(), 0.0, 0.0
+    if thr == math.inf:  # every singular value shrunk to 0 (the limit of a growing threshold): Y = 0
+        return torch.zeros_like(x), (1.0 if x.shape[2] * min(x.shape[0], x.shape[1]) else 0.0), 0.0
 
     n1, n2, K = x.shape
     xw = x.to(dtype=dtype)
@@ -178,17 +188,26 @@ def _check_pos_int(name: str, v: int) -> int:
 
 
 def threshold(j: int, lam: float, theta: float) -> float:
-    """thr_j = ϑ^j / (2λ) for the j-th smoothing (j >= 1): τ_j = λ/ϑ^j shrinks, so smoothing grows with j."""
+    """thr_j = ϑ^j / (2λ) for the j-th smoothing (j >= 1): τ_j = λ/ϑ^j shrinks, so smoothing grows with j.
+
+    Never raises for valid arguments: a threshold beyond the float range is +inf (decided in log space,
+    log thr_j = j log ϑ − log 2λ), which `t_tsvd` maps to the zero tensor, the operator's limit.
+    """
     j = _check_pos_int("j", j)
     lam, theta = _as_float("lam", lam), _as_float("theta", theta)
     if not (math.isfinite(lam) and lam > 0.0):
         raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
     if not (math.isfinite(theta) and theta >= 1.0):
         raise ValueError(f"theta must be a finite number >= 1, got {theta!r}")
-    thr = theta**j / (2.0 * lam)
-    if not math.isfinite(thr):
-        raise ValueError(f"threshold overflows for j={j}, lam={lam}, theta={theta}")
-    return thr
+    if theta == 1.0:
+        return 1.0 / (2.0 * lam)  # the ϑ = 1 ablation: constant (also for a j too large for a float)
+    try:
+        log_thr = j * math.log(theta) - math.log(2.0) - math.log(lam)
+        if log_thr > _LOG_FLOAT_MAX:
+            return math.inf
+        return theta**j / (2.0 * lam)  # the division itself rounds to inf if it overflows
+    except OverflowError:  # j too large for a float, or ϑ^j just past the range
+        return math.inf
 
 
 def is_smoothing_round(t: int, interval: int) -> bool:
