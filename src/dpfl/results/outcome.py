@@ -15,13 +15,25 @@ from rich.table import Table
 
 from dpfl.results.run_files import PRIVACY_FILE, REPORT_FILE, RunDirError, read_privacy, read_summary
 
-__all__ = ["MAX_CLIENT_ROWS", "print_outcome"]
+__all__ = ["MAX_CLIENT_ROWS", "early_stop_hint", "print_outcome"]
 
 MAX_CLIENT_ROWS = 50  # the rest is in privacy.json: a terminal is no place for 10,000 rows
 
 
 def _fmt(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def early_stop_hint(stop_reason: Any, privacy: dict[str, Any]) -> str | None:
+    """Why a run stopped on budgets before its last round, and the setting that avoids it (if there is one)."""
+    if stop_reason != "budget":
+        return None
+    planned = privacy.get("noise_calibration") or {}
+    if planned.get("participation") == "expected":
+        return ("stopped early on budgets: the noise was planned for the expected participation, and clients drawn "
+                "more often reached their budgets; privacy.participation: worst_case plans for every round (more "
+                "noise, no early stop)")
+    return "stopped early on budgets: too few clients could afford another round"
 
 
 def print_outcome(run_dir: str | os.PathLike[str], console: Console,
@@ -41,6 +53,9 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
     console.print(f"\n[bold]{summary.get('name', out.name)}[/]: {summary['rounds_done']} rounds "
                   f"(stop: {summary['stop_reason']}), final accuracy {_fmt(summary.get('final_accuracy'))}, "
                   f"best {_fmt(summary.get('best_accuracy'))}")
+    hint = early_stop_hint(summary.get("stop_reason"), privacy)
+    if hint:
+        console.print(hint, markup=False, highlight=False)
     if privacy.get("accounted"):
         console.print(f"guarantee: {privacy['unit']}-level DP against {privacy['observer']}; "
                       f"{privacy['mechanism']}; accountant {privacy['accountant']}", highlight=False)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.results import plots as _plots
+from dpfl.results.outcome import early_stop_hint
 from dpfl.results.run_files import (
     CONFIG_FILE,
     PLOTS_DIR,
@@ -306,6 +307,9 @@ def _calibration_lines(privacy: Mapping[str, Any]) -> list[str]:
     if target not in (None, "own"):
         words = {"min": "the smallest reported epsilon (Minimum-ε)", "max": "the largest reported epsilon (Maximum-ε)"}
         out.append(f"- **Calibrated to:** {words.get(str(target), f'epsilon {target}')} for every client")
+    hint = early_stop_hint(privacy.get("stop_reason"), dict(privacy))
+    if hint:
+        out.append(f"- **Early stop:** {hint}")
     if "meets_budgets" in privacy:
         out.append(f"- **Every client within its budget:** {'yes' if privacy['meets_budgets'] else '**no**'}")
     liars = [c for c in privacy.get("clients") or []
