@@ -1,11 +1,12 @@
 """Epsilon and delta of a DP event, computed by dp_accounting's RDP or PLD accountant.
 
-This is the only place where dpfl turns events into (epsilon, delta); nothing re-derives RDP formulas
-(``rdp_curves`` re-evaluates dp_accounting's own ones stably, only where dp_accounting's arithmetic fails).
+This is the only place where dpfl turns events into (epsilon, delta); nothing derives new RDP bounds
+(``rdp_curves`` evaluates dp_accounting's own formulas, vectorised over the orders, and stably where
+dp_accounting's arithmetic fails).
 
-* ``"rdp"`` (default): per-order RDP from dp_accounting (via the curve cache of ``rdp_curves``, which
-  equals ``RdpAccountant`` on the same orders), converted with dp_accounting's ``compute_epsilon`` /
-  ``compute_delta``: the tight conversion of Balle et al. 2020 / Canonne-Kamath-Steinke (Prop. 12 of
+* ``"rdp"`` (default): per-order RDP of dp_accounting's bounds (via the curve cache of ``rdp_curves``, which
+  equals ``RdpAccountant`` on the same orders), converted with dp_accounting's ``compute_epsilon``
+  (vectorised over the orders by ``rdp_to_epsilon``, same bounds) / ``compute_delta``: the tight conversion of Balle et al. 2020 / Canonne-Kamath-Steinke (Prop. 12 of
   arXiv 2004.00010), plus its KL-based bound for tiny RDP. Orders: ``orders.DEFAULT_RDP_ORDERS``.
   For a huge noise multiplier the RDP of an order can be below ~1e-16, where dp_accounting's
   ``compute_delta`` takes ``log(0)``; those orders are converted here with the same bounds written stably.
@@ -47,6 +48,7 @@ fixed-size sampling is always computed under replace-one; ``guarantee`` returns 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import numbers
@@ -66,7 +68,7 @@ from scipy.stats import norm
 from dpfl.privacy import gdp as gdp_lib
 from dpfl.privacy.events import REPLACE_ONE, neighboring_relation
 from dpfl.privacy.gdp import gdp_delta, gdp_eps, gdp_log_delta
-from dpfl.privacy.orders import normalize_orders
+from dpfl.privacy.orders import normalize_orders, orders_array
 from dpfl.privacy.rdp_curves import RDP_CURVES, Z_NO_PRIVACY
 
 Accountant = Literal["rdp", "pld", "gdp"]
@@ -93,6 +95,7 @@ __all__ = [
     "epsilon",
     "guarantee",
     "rdp_epsilon_and_order",
+    "rdp_to_epsilon",
 ]
 
 
@@ -341,15 +344,44 @@ def _rdp_delta(orders: Sequence[float], curve: np.ndarray, eps: float) -> float:
     return best
 
 
+def rdp_to_epsilon(orders: tuple[float, ...], curve: np.ndarray, delta: float) -> tuple[float, float]:
+    """dp_accounting's ``compute_epsilon(orders, curve, delta)`` for a normalised orders tuple and 0 < delta < 1,
+    vectorised over the orders (the same bounds, order by order, and the same choice of the first minimum).
+
+    Per order: 0 if the KL bound already gives delta (``delta^2 + expm1(-r) > 0``); else
+    ``r + log1p(-1/a) - log(delta a) / (a - 1)`` for a > 1.01 (Balle et al. 2020, Prop. 12 of
+    arXiv 2004.00010), inf for smaller orders. Returns (epsilon, order), epsilon >= 0. A negative or NaN RDP
+    raises (as dp_accounting does for a negative one): it would otherwise turn into epsilon 0.
+    """
+    a = orders_array(orders)
+    r = np.asarray(curve, dtype=np.float64)
+    if r.shape != a.shape:
+        raise ValueError(f"an RDP curve needs one value per order: {r.shape} values for {a.shape} orders")
+    if np.isnan(r).any() or (r < 0).any():
+        raise ValueError(f"RDP must be >= 0 at every order, got {r[np.isnan(r) | (r < 0)][:3]}")
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        eps = r + _log1p_minus_inverse(orders) - np.log(delta * a) / (a - 1)
+        eps = np.where(a > 1.01, eps, np.inf)
+        eps = np.where(delta**2 + np.expm1(-r) > 0, 0.0, eps)
+    best = int(np.argmin(eps))
+    return max(0.0, float(eps[best])), float(a[best])
+
+
+@functools.lru_cache(maxsize=256)
+def _log1p_minus_inverse(orders: tuple[float, ...]) -> np.ndarray:
+    """log1p(-1 / a) per order (read-only)."""
+    out = np.log1p(-1.0 / orders_array(orders))
+    out.setflags(write=False)
+    return out
+
+
 def rdp_epsilon_and_order(
     event: dpa.DpEvent, delta: float, orders: Sequence[float] | None = None
 ) -> tuple[float, float]:
     """RDP epsilon at ``delta`` and the order that attains it."""
     delta = _check_delta(delta)
     ords = normalize_orders(orders)
-    curve = RDP_CURVES.curve(event, ords)
-    eps, order = rdp_lib.compute_epsilon(ords, curve, delta)
-    return float(eps), float(order)
+    return rdp_to_epsilon(ords, RDP_CURVES.curve(event, ords), delta)
 
 
 def epsilon(

@@ -8,7 +8,9 @@ spent epsilon is always the accountant's epsilon of the composition of the clien
   event stored once;
 * accounting uses per-client counts of identical events, so a client's ledger is a short signature
   {event id: count}; epsilons are cached per (signature, delta), so clients with the same history are
-  accounted once, and RDP curves come from the shared curve cache.
+  accounted once, and a budget check for a recorded event shares its entry with the spent epsilon after
+  recording it. With the RDP accountant each distinct event's curve is computed once (from the shared
+  curve cache) and a signature's epsilon is ``sum(count x curve)`` converted over the orders in one step.
 
 The relation (add/remove for Poisson or full-batch, replace-one for fixed-size sampling) is detected
 from the events and stored per client; mixing relations for one client raises, because the resulting
@@ -24,10 +26,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import dp_accounting as dpa
+import numpy as np
 
-from dpfl.privacy.accountant import ACCOUNTANTS, Accountant, Guarantee, check_gdp_supports, check_pld_supports, epsilon
+from dpfl.privacy.accountant import (
+    ACCOUNTANTS,
+    Accountant,
+    Guarantee,
+    check_gdp_supports,
+    check_pld_supports,
+    epsilon,
+    rdp_to_epsilon,
+)
 from dpfl.privacy.events import ADD_REMOVE, describe_event, neighboring_relation
 from dpfl.privacy.orders import normalize_orders
+from dpfl.privacy.rdp_curves import RDP_CURVES
 from dpfl.privacy.serialization import decode_float, encode_float, event_from_dict, event_to_dict
 
 __all__ = ["LedgerEntry", "PrivacyLedger", "UNITS"]
@@ -132,6 +144,7 @@ class PrivacyLedger:
         self._closed_round: int | None = None
         self._spent: dict[int, float] = {}
         self._eps_cache: dict[tuple, float] = {}
+        self._curves: dict[int, np.ndarray] = {}  # event id -> its RDP curve at the ledger's orders ("rdp" only)
 
     # ------------------------------------------------------------------ queries on configuration
     @property
@@ -230,19 +243,51 @@ class PrivacyLedger:
         return tuple(sorted(self._counts.get(client_id, {}).items()))
 
     def _epsilon(self, signature: tuple, extra: dpa.DpEvent | None, delta: float) -> float:
-        extra_key = None if extra is None else self._event_ids.get(repr(extra), repr(extra))
+        """Epsilon at ``delta`` of the events counted in ``signature`` plus ``extra``.
+
+        An ``extra`` event the ledger already holds is folded into the signature, so a budget check
+        (``epsilon_if``) and the spent epsilon after recording that event share one cache entry: the value
+        checked against the budget is the value later reported.
+        """
+        extra_key = None
+        if extra is not None:
+            extra_key = repr(extra)
+            eid = self._event_ids.get(extra_key)
+            if eid is not None:
+                counts = dict(signature)
+                counts[eid] = counts.get(eid, 0) + 1
+                signature, extra, extra_key = tuple(sorted(counts.items())), None, None
         key = (signature, extra_key, delta)
         cached = self._eps_cache.get(key)
         if cached is not None:
             return cached
-        parts: list[dpa.DpEvent] = [dpa.SelfComposedDpEvent(self._events[eid], n) for eid, n in signature]
-        if extra is not None:
-            parts.append(extra)
-        eps = epsilon(dpa.ComposedDpEvent(parts), delta, self.accountant, self.orders) if parts else 0.0
+        if not signature and extra is None:
+            eps = 0.0
+        elif self.accountant == "rdp":
+            eps = self._rdp_epsilon(signature, extra, delta)
+        else:
+            parts: list[dpa.DpEvent] = [dpa.SelfComposedDpEvent(self._events[eid], n) for eid, n in signature]
+            if extra is not None:
+                parts.append(extra)
+            eps = epsilon(dpa.ComposedDpEvent(parts), delta, self.accountant, self.orders)
         if len(self._eps_cache) >= _EPS_CACHE_MAX:
             self._eps_cache.clear()
         self._eps_cache[key] = eps
         return eps
+
+    def _rdp_epsilon(self, signature: tuple, extra: dpa.DpEvent | None, delta: float) -> float:
+        """``epsilon(ComposedDpEvent([SelfComposedDpEvent(event, n), ..., extra]), delta, "rdp", orders)`` from
+        each event's cached RDP curve, composed in the same order with the same arithmetic."""
+        orders = normalize_orders(self.orders)
+        total = np.zeros(len(orders))
+        for eid, n in signature:
+            curve = self._curves.get(eid)
+            if curve is None:
+                curve = self._curves[eid] = RDP_CURVES.curve(self._events[eid], orders)
+            total = total + n * curve
+        if extra is not None:
+            total = total + RDP_CURVES.curve(extra, orders)
+        return rdp_to_epsilon(orders, total, delta)[0]
 
     def spent(self, client_id: int) -> float:
         """Epsilon at the client's delta of all its recorded events (0 without events)."""

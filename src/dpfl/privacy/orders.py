@@ -17,6 +17,10 @@ orders, so adding orders can only tighten it, at the cost of computing more of t
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 SPEC_RDP_ORDERS: tuple[float, ...] = tuple(1.0 + x / 10.0 for x in range(1, 100)) + tuple(
     float(a) for a in range(12, 65)
 )
@@ -24,10 +28,30 @@ LARGE_RDP_ORDERS: tuple[float, ...] = (80.0, 96.0, 128.0, 160.0, 192.0, 256.0, 3
 DEFAULT_RDP_ORDERS: tuple[float, ...] = SPEC_RDP_ORDERS + LARGE_RDP_ORDERS
 
 
+_NORMALIZED_MAX = 256  # normalised tuples remembered (calibration's windows, ledgers' orders)
+_normalized: dict[tuple, tuple[float, ...]] = {}
+
+
 def normalize_orders(orders: object | None) -> tuple[float, ...]:
     """A sorted tuple of distinct float orders (> 1); ``None`` means ``DEFAULT_RDP_ORDERS``."""
     if orders is None:
         return DEFAULT_RDP_ORDERS
+    if type(orders) is tuple:  # the accountant is called many times with the same (already normal) tuple
+        try:
+            hit = _normalized.get(orders)
+        except TypeError:  # unhashable items: _normalize says what is wrong
+            return _normalize(orders)
+        if hit is not None:
+            return hit
+        out = _normalize(orders)
+        if len(_normalized) >= _NORMALIZED_MAX:
+            _normalized.clear()
+        _normalized[orders] = out
+        return out
+    return _normalize(orders)
+
+
+def _normalize(orders: object) -> tuple[float, ...]:
     try:
         values = sorted({float(a) for a in orders})  # type: ignore[union-attr]
     except (TypeError, ValueError) as err:
@@ -38,3 +62,11 @@ def normalize_orders(orders: object | None) -> tuple[float, ...]:
     if bad:
         raise ValueError(f"orders must be finite numbers > 1, got {bad}")
     return tuple(values)
+
+
+@functools.lru_cache(maxsize=256)
+def orders_array(orders: tuple[float, ...]) -> np.ndarray:
+    """``orders`` (a normalised tuple) as a read-only float64 array, cached."""
+    out = np.array(orders, dtype=np.float64)
+    out.setflags(write=False)
+    return out
