@@ -223,3 +223,19 @@ def test_gdp_ledger_refuses_sampled_events_and_is_exact_for_gaussians():
         ledger.close_round(r)
     assert ledger.spent(0) == pytest.approx(gdp_eps(math.sqrt(3) / 5.0, 1e-5), rel=1e-12)
     assert PrivacyLedger.from_dict(ledger.to_dict()).spent_all() == ledger.spent_all()
+
+
+def test_exceeding_answers_each_client_as_would_exceed_does():
+    """The grouped check (one answer per history, budget, delta and event object) equals the per-client one,
+    for clients that share some but not all of those."""
+    budgets = {c: (1.0 if c % 3 else 2.5) for c in range(12)}
+    deltas = {c: (1e-5 if c % 4 else 1e-3) for c in range(12)}
+    led = PrivacyLedger(range(12), deltas=deltas, budgets=budgets)
+    for r in range(3):
+        led.record_many([c for c in range(12) if c % 2 == 0 or r == 0], r, POISSON)
+        led.close_round(r)
+    strong = dpsgd_event(0.6, 40, sampling="poisson", sample_rate=0.05)
+    checks = [(c, POISSON if c < 6 else strong) for c in range(12)]
+    expected = {c for c, e in checks if led.would_exceed(c, e)}
+    assert led.exceeding(checks) == expected
+    assert 0 < len(expected) < 12  # both answers occur, so a grouping mistake would show

@@ -41,6 +41,10 @@ REDRAWS = 50  # draws of a round's sample before giving up on a public participa
 FLOAT_BYTES = 4
 
 
+_MISSING = object()
+_EVENT_CACHE_MAX = 65_536  # distinct client events kept (records x batch size x noise x upload)
+
+
 @dataclass
 class RunState:
     """Everything needed to continue a run after `round` finished rounds (checkpoint content)."""
@@ -266,13 +270,32 @@ class FederatedRun:
     # ---- events ----------------------------------------------------------------------------------
     def _client_event(self, i: int, r: int, cohort: int) -> DpEvent | None:
         """The event taking part in round r (0-based), `cohort` uploads averaged, costs client i (local program and
-        upload)."""
-        local = self.algorithm.local.event(int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]))
+        upload).
+
+        Built once per distinct (records, batch size, noise, upload event) and then shared: the local program's
+        event is a pure function of the first three, and in a large population most clients share all four, so
+        they share one event object (which the ledger's grouped budget check relies on).
+        """
         up = self.algorithm.upload.event(i, r, cohort) if self.algorithm.upload.accounted else None
-        events = [e for e in (local, up) if e is not None]
-        if not events:
-            return None
-        return events[0] if len(events) == 1 else ComposedDpEvent(events)
+        key = (int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), None if up is None else repr(up))
+        cache = self._event_cache()
+        event = cache.get(key, _MISSING)
+        if event is _MISSING:
+            local = self.algorithm.local.event(*key[:3])
+            events = [e for e in (local, up) if e is not None]
+            event = None if not events else events[0] if len(events) == 1 else ComposedDpEvent(events)
+            if len(cache) >= _EVENT_CACHE_MAX:
+                cache.clear()
+            cache[key] = event
+        return event  # type: ignore[return-value]
+
+    def _event_cache(self) -> dict:
+        """The client-event cache of the current local program and upload stage (emptied when either changes)."""
+        owner = (self.algorithm.local, self.algorithm.upload)
+        held = self.__dict__.get("_events_of")
+        if held is None or held[0][0] is not owner[0] or held[0][1] is not owner[1]:
+            held = self.__dict__["_events_of"] = (owner, {})
+        return held[1]
 
     def _server_event(self, population: int) -> DpEvent | None:
         """The event one round costs every client still in the population (central DP, or UDP uploads whose
@@ -514,11 +537,10 @@ class FederatedRun:
         candidates = [int(i) for i in active]
         while True:
             cohort = self._cohort_size(len(candidates))
-            keep = []
-            for i in candidates:
-                event = server_event if server_event is not None else self._client_event(i, r, cohort)
-                if event is None or not self.ledger.would_exceed(i, event):
-                    keep.append(i)
+            checks = [(i, server_event if server_event is not None else self._client_event(i, r, cohort))
+                      for i in candidates]
+            over = self.ledger.exceeding((i, e) for i, e in checks if e is not None)
+            keep = [i for i in candidates if i not in over]
             if len(keep) == len(candidates) or self._cohort_size(len(keep)) == cohort:
                 return np.array(keep, dtype=np.int64)
             candidates = keep

@@ -321,6 +321,26 @@ class PrivacyLedger:
             return False
         return self.epsilon_if(c, extra_event) > budget * (1.0 + tol)
 
+    def exceeding(self, checks: Iterable[tuple[int, dpa.DpEvent]], tol: float = 1e-9) -> set[int]:
+        """The clients among ``(client, event)`` pairs for which ``would_exceed(client, event, tol)`` is True.
+
+        Each check is answered once per distinct (history, relation, budget, delta, event object): in a large
+        population most clients share all of these, and an eligibility pass over every client each round
+        would otherwise pay the accountant's bookkeeping per client. Pass the same event object for clients
+        whose events are equal to profit from it.
+        """
+        answers: dict[tuple, bool] = {}
+        out: set[int] = set()
+        for client_id, event in checks:
+            c = self._check_client(client_id)
+            key = (self._signature(c), self._relation.get(c), self._budget[c], self._delta[c], id(event))
+            hit = answers.get(key)
+            if hit is None:
+                hit = answers[key] = self.would_exceed(c, event, tol)
+            if hit:
+                out.add(c)
+        return out
+
     def guarantee(self, client_id: int) -> Guarantee:
         """The client's spent epsilon, labelled with its delta, relation, accountant and unit."""
         c = self._check_client(client_id)
