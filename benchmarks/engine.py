@@ -2,11 +2,14 @@
 
 The same round is done three ways on the same data and model:
 
-1. dpfl      -- `dpfl.engine.local_training.run_local`, all clients at once (vmap over clients and samples);
+1. dpfl      -- `dpfl.engine.local_training.run_local`, all clients at once (the fast exact per-sample path of
+                `dpfl.engine.per_sample` for the models it supports, else vmap over clients and samples);
 2. opacus    -- a per-client loop, one `opacus.PrivacyEngine.make_private` per client (set-up time included),
                 as the papers' reference code does;
 3. nonprivate -- a per-client plain PyTorch SGD loop (no clipping, no noise): the floor a per-client loop
                 can reach.
+With --with-vmap, also dpfl's generic engine (`run_local(engine="vmap")`: vmap(grad) per-sample gradients),
+the engine before the fast path, as `dpfl_vmap`.
 
 Each method is warmed up once, then run `--repeats` times interleaved (dpfl, opacus, plain, dpfl, ...);
 the median of each is reported. This is a measurement, not a test: nothing here asserts a speed.
@@ -14,6 +17,7 @@ the median of each is reported. This is a measurement, not a test: nothing here 
     python benchmarks/engine.py                 # readable table
     python benchmarks/engine.py --json          # one JSON object on stdout, progress on stderr
     python benchmarks/engine.py --skip-opacus   # when opacus is not installed (pip install opacus / '.[bench]')
+    python benchmarks/engine.py --model lenet5 --clients 20 --steps 10 --batch 32   # FedCEO's LeNet-5
 
 See benchmarks/README.md.
 """
@@ -36,12 +40,10 @@ import time
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-MODEL = "cnn_pfa"
-INPUT_SHAPE = (1, 28, 28)
+MODEL = "cnn_pfa"  # default --model; the input shape is the model's reference shape (cnn_pfa: 1x28x28)
 N_CLASSES = 10
 LR = 0.1
 CLIP = 1.0
@@ -66,16 +68,17 @@ def log(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------- data
 
 
-def load_client_data(n_clients: int, samples: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor], str, str]:
-    """Per-client (x, y): Fashion-MNIST training images if available, else seeded synthetic images."""
+def load_client_data(n_clients: int, samples: int, seed: int, shape: tuple[int, ...] = (1, 28, 28)
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], str, str]:
+    """Per-client (x, y): Fashion-MNIST training images if available and of `shape`, else seeded synthetic images."""
     need = n_clients * samples
     reason = ""
     try:
         from dpfl.data import load_dataset
 
         ds = load_dataset("fashion_mnist")
-        if tuple(ds.x_train.shape[1:]) != INPUT_SHAPE or ds.n_train < need:
-            raise ValueError(f"fashion_mnist has {ds.n_train} x {tuple(ds.x_train.shape[1:])}, need {need} x {INPUT_SHAPE}")
+        if tuple(ds.x_train.shape[1:]) != tuple(shape) or ds.n_train < need:
+            raise ValueError(f"fashion_mnist has {ds.n_train} x {tuple(ds.x_train.shape[1:])}, need {need} x {tuple(shape)}")
         g = torch.Generator().manual_seed(seed)
         rows = torch.randperm(ds.n_train, generator=g)[:need]
         x, y = ds.x_train[rows].contiguous(), ds.y_train[rows].contiguous()
@@ -83,9 +86,9 @@ def load_client_data(n_clients: int, samples: int, seed: int) -> tuple[list[torc
     except Exception as exc:  # noqa: BLE001 -- any failure to load means: use synthetic data
         reason = f"{type(exc).__name__}: {exc}"
         g = torch.Generator().manual_seed(seed)
-        prototypes = torch.rand(N_CLASSES, *INPUT_SHAPE, generator=g)
+        prototypes = torch.rand(N_CLASSES, *shape, generator=g)
         y = torch.randint(0, N_CLASSES, (need,), generator=g)
-        x = (prototypes[y] + 0.5 * torch.randn(need, *INPUT_SHAPE, generator=g)).float()
+        x = (prototypes[y] + 0.5 * torch.randn(need, *shape, generator=g)).float()
         source = "synthetic"
     xs = [x[i * samples : (i + 1) * samples].clone() for i in range(n_clients)]
     ys = [y[i * samples : (i + 1) * samples].clone() for i in range(n_clients)]
@@ -95,17 +98,38 @@ def load_client_data(n_clients: int, samples: int, seed: int) -> tuple[list[torc
 # -------------------------------------------------------------------------------------------- methods
 
 
-def run_dpfl(model: nn.Module, data, n_clients: int, steps: int, batch: int, noise: float = NOISE, clients=None):
+def _loss_name(model: nn.Module) -> str:
+    return getattr(model, "loss_kind", "cross_entropy")
+
+
+def _mean_loss(model: nn.Module, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    from dpfl.engine.losses import per_sample_loss
+
+    return per_sample_loss(_loss_name(model))(out, y).mean()
+
+
+def run_dpfl(model: nn.Module, data, n_clients: int, steps: int, batch: int, noise: float = NOISE, clients=None,
+             engine: str = "auto"):
     """One vectorised DP-SGD round for all clients; returns (seconds, stacked params [K, ...])."""
     from dpfl.engine import params as P
     from dpfl.engine.local_training import ClientPlan, LocalSpec, run_local
 
     ids = range(n_clients) if clients is None else clients
     t0 = time.perf_counter()
-    spec = LocalSpec(lr=LR, loss="cross_entropy", clip=CLIP, sampling="poisson")
+    spec = LocalSpec(lr=LR, loss=_loss_name(model), clip=CLIP, sampling="poisson")
     plans = [ClientPlan(client=i, batch_size=batch, steps=steps, noise_multiplier=noise) for i in ids]
-    res = run_local(model, spec, plans, data, P.model_params(model), seed=SEED, round_=0)
+    res = run_local(model, spec, plans, data, P.model_params(model), seed=SEED, round_=0, engine=engine)
     return time.perf_counter() - t0, res.params
+
+
+def forward_flops(model: nn.Module, shape: tuple[int, ...]) -> int:
+    """FLOPs of one sample's forward pass (torch's FLOP counter: 2 per multiply-add of convolutions and matmuls)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.zeros(1, *shape))
+    return int(counter.get_total_flops())
 
 
 def _take_steps(loader: DataLoader, steps: int):
@@ -141,7 +165,7 @@ def run_opacus(model: nn.Module, xs, ys, steps: int, batch: int):
         )
         for xb, yb in _take_steps(loader, steps):
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(local(xb), yb).backward()
+            _mean_loss(model, local(xb), yb).backward()
             opt.step()
         finals.append({n: p.detach().clone() for n, p in local._module.named_parameters()})
     return time.perf_counter() - t0, finals
@@ -160,7 +184,7 @@ def run_plain(model: nn.Module, xs, ys, steps: int, batch: int):
         )
         for xb, yb in _take_steps(loader, steps):
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(local(xb), yb).backward()
+            _mean_loss(model, local(xb), yb).backward()
             opt.step()
         finals.append({n: p.detach().clone() for n, p in local.named_parameters()})
     return time.perf_counter() - t0, finals
@@ -173,7 +197,7 @@ def _loss(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y:
     with torch.no_grad():
         out = torch.func.functional_call(model.eval(), params, (x,))
         model.train()
-        return float(F.cross_entropy(out, y))
+        return float(_mean_loss(model, out, y))
 
 
 def _all_finite(param_sets) -> bool:
@@ -217,7 +241,21 @@ def sanity(model, data, xs, ys, steps, batch, dpfl_params, opacus_finals, plain_
 
 
 def profile_dpfl(model, data, n_clients, steps, batch) -> None:
-    """Print the top costs of one dpfl round (cProfile by own time, torch.profiler by op) to stderr."""
+    """Print the top costs of one dpfl round (cProfile by own time, torch.profiler by op) to stderr.
+
+    Run with one torch thread: with more, the engine runs groups of clients in worker threads, which neither
+    profiler follows (they would show only the main thread's share). Shares are comparable, times are 1-thread times.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _profile_dpfl(model, data, n_clients, steps, batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _profile_dpfl(model, data, n_clients, steps, batch) -> None:
+    log("(profiles run with 1 torch thread, all client groups on the calling thread)")
     prof = cProfile.Profile()
     prof.enable()
     run_dpfl(model, data, n_clients, steps, batch)
@@ -244,6 +282,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=100, help="local DP-SGD steps per client")
     p.add_argument("--batch", type=int, default=8, help="(expected) batch size; Poisson rate q = batch/samples")
     p.add_argument("--samples", type=int, default=1200, help="training samples per client")
+    p.add_argument("--model", default=MODEL, help=f"registry model, at its reference input shape (default {MODEL})")
+    p.add_argument("--with-vmap", action="store_true",
+                   help="also time dpfl's generic engine (run_local engine='vmap', the engine before the fast path)")
+    p.add_argument("--peak-gflops", type=float, default=None,
+                   help="the machine's fp32 peak, GFLOP/s: report dpfl's fraction of it")
     p.add_argument("--skip-opacus", action="store_true", help="do not run the Opacus loop (its fields become null)")
     p.add_argument(
         "--threads", type=int, default=None, help="torch.set_num_threads(N) first (default: leave torch's default)"
@@ -293,8 +336,9 @@ def _run(args) -> tuple[dict | None, int]:
         log("note: --skip-opacus given; skipping the Opacus loop (opacus fields are null).")
 
     try:
+        from dpfl.engine.per_sample import compile_model
         from dpfl.engine.pooled import PooledData
-        from dpfl.models import build_model, count_parameters
+        from dpfl.models import build_model, count_parameters, model_info
     except ImportError as exc:
         log(f"error: cannot import dpfl's engine/models ({exc}); the benchmark needs dpfl.models and dpfl.engine.")
         return None, 2
@@ -312,17 +356,27 @@ def _run(args) -> tuple[dict | None, int]:
 
     log(f"dpfl malloc settings: {'on' if tune_malloc() else 'off'}")
     n, steps, batch, samples = args.clients, args.steps, args.batch, args.samples
-    log(f"loading data ({n} clients x {samples} samples) ...")
-    xs, ys, source, why = load_client_data(n, samples, SEED)
+    try:
+        shape = tuple(model_info(args.model).reference_shape)
+    except ValueError as exc:
+        log(f"error: {exc}")
+        return None, 2
+    log(f"loading data ({n} clients x {samples} samples of {shape}) ...")
+    xs, ys, source, why = load_client_data(n, samples, SEED, shape)
     if why:
         log(f"note: Fashion-MNIST not used ({why}); using synthetic data")
     data = PooledData.from_clients(xs, ys)
-    model = build_model(MODEL, INPUT_SHAPE, N_CLASSES, seed=0)
+    model = build_model(args.model, shape, N_CLASSES, seed=0)
     model.train()
+    engine_path = "fast" if compile_model(model) is not None else "vmap"
+    fwd_flops = forward_flops(model, shape)
+    # forward + backward (input and weight gradients, ~2x the forward) of every expected record
+    workload_gflop = 3 * fwd_flops * n * steps * batch / 1e9
 
     def methods(steps_now: int) -> dict:
         return {
             "dpfl": lambda: run_dpfl(model, data, n, steps_now, batch),
+            "dpfl_vmap": (lambda: run_dpfl(model, data, n, steps_now, batch, engine="vmap")) if args.with_vmap else None,
             "opacus": (lambda: run_opacus(model, xs, ys, steps_now, batch)) if run_opacus_loop else None,
             "nonprivate_loop": lambda: run_plain(model, xs, ys, steps_now, batch),
         }
@@ -369,15 +423,27 @@ def _run(args) -> tuple[dict | None, int]:
         "dpfl_seconds": med["dpfl"],
         "opacus_seconds": med["opacus"],
         "nonprivate_loop_seconds": med["nonprivate_loop"],
+        "dpfl_vmap_seconds": med["dpfl_vmap"],
         "speedup_vs_opacus": ratio(med["opacus"], med["dpfl"]),
         "speedup_vs_nonprivate_loop": ratio(med["nonprivate_loop"], med["dpfl"]),
+        "speedup_vs_dpfl_vmap": ratio(med["dpfl_vmap"], med["dpfl"]),
         "dpfl_client_steps_per_second": ratio(n * steps, med["dpfl"]),
         "opacus_client_steps_per_second": ratio(n * steps, med["opacus"]),
         "nonprivate_loop_client_steps_per_second": ratio(n * steps, med["nonprivate_loop"]),
+        "workload_gflop": workload_gflop,
+        "forward_mflop_per_sample": fwd_flops / 1e6,
+        "dpfl_gflop_per_second": ratio(workload_gflop, med["dpfl"]),
+        "opacus_gflop_per_second": ratio(workload_gflop, med["opacus"]),
+        "nonprivate_loop_gflop_per_second": ratio(workload_gflop, med["nonprivate_loop"]),
+        "dpfl_vmap_gflop_per_second": ratio(workload_gflop, med["dpfl_vmap"]),
+        "peak_gflop_per_second": args.peak_gflops,
+        "dpfl_fraction_of_peak": ratio(ratio(workload_gflop, med["dpfl"]), args.peak_gflops),
+        "engine_path": engine_path,
         "raw_seconds": {
             "dpfl": times["dpfl"],
             "opacus": times["opacus"] if run_opacus_loop else None,
             "nonprivate_loop": times["nonprivate_loop"],
+            "dpfl_vmap": times["dpfl_vmap"] if args.with_vmap else None,
         },
         "repeats": args.repeats,
         "clients": n,
@@ -388,7 +454,8 @@ def _run(args) -> tuple[dict | None, int]:
         "noise_multiplier": NOISE,
         "clip": CLIP,
         "lr": LR,
-        "model": MODEL,
+        "model": args.model,
+        "input_shape": list(shape),
         "parameters": count_parameters(model),
         "data": source,
         "threads": torch.get_num_threads(),
@@ -409,6 +476,10 @@ def _run(args) -> tuple[dict | None, int]:
     return result, 0
 
 
+def ratio_or_none(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
 def print_table(r: dict) -> None:
     def fmt(x, spec=".2f", unit=""):
         return "n/a" if x is None else f"{x:{spec}}{unit}"
@@ -417,6 +488,10 @@ def print_table(r: dict) -> None:
         f"One DP-SGD round: {r['clients']} clients x {r['steps']} steps, batch {r['batch_size']} "
         f"(Poisson q={r['sampling_rate']:.4g}), {r['model']} ({r['parameters']:,} params), "
         f"z={r['noise_multiplier']}, C={r['clip']}, lr={r['lr']}"
+    )
+    print(
+        f"workload {r['workload_gflop']:.1f} GFLOP (3 x {r['forward_mflop_per_sample']:.2f} MFLOP forward per expected "
+        f"record); dpfl engine path: {r['engine_path']}"
     )
     print(
         f"data: {r['data']}; torch {r['torch_version']}, opacus {r['opacus_version'] or 'not installed'}, "
@@ -428,17 +503,23 @@ def print_table(r: dict) -> None:
             f"on {r['cpu_count']} CPUs (other load distorts the timings)"
         )
     print()
-    print(f"{'method':<26}{'median s':>10}{'client-steps/s':>16}{'dpfl speed-up':>15}   raw s")
+    print(f"{'method':<26}{'median s':>10}{'client-steps/s':>16}{'GFLOP/s':>9}{'dpfl speed-up':>15}   raw s")
     rows = [
         ("dpfl (vectorised DP-SGD)", "dpfl", "dpfl_client_steps_per_second", None),
         ("Opacus per-client loop", "opacus", "opacus_client_steps_per_second", "speedup_vs_opacus"),
         ("non-private PyTorch loop", "nonprivate_loop", "nonprivate_loop_client_steps_per_second", "speedup_vs_nonprivate_loop"),
     ]
+    if r["raw_seconds"].get("dpfl_vmap") is not None:
+        rows.append(("dpfl generic (vmap) path", "dpfl_vmap", None, "speedup_vs_dpfl_vmap"))
     for label, key, rate, sp in rows:
         raw = r["raw_seconds"][key]
         raw_s = "skipped" if raw is None else " ".join(f"{t:.2f}" for t in raw)
         speed = "" if sp is None else fmt(r[sp], ".2f", "x")
-        print(f"{label:<26}{fmt(r[key + '_seconds']):>10}{fmt(r[rate], '.0f'):>16}{speed:>15}   {raw_s}")
+        steps_s = fmt(r[rate], ".0f") if rate else fmt(ratio_or_none(r["clients"] * r["steps"], r[key + "_seconds"]), ".0f")
+        gflops = fmt(r[key + "_gflop_per_second"], ".1f")
+        print(f"{label:<26}{fmt(r[key + '_seconds']):>10}{steps_s:>16}{gflops:>9}{speed:>15}   {raw_s}")
+    if r.get("dpfl_fraction_of_peak") is not None:
+        print(f"dpfl runs at {100 * r['dpfl_fraction_of_peak']:.0f}% of the given {r['peak_gflop_per_second']:.0f} GFLOP/s peak")
     print()
     print("speed-up = method's median time / dpfl's median time (>1: dpfl is faster)")
     s = r["sanity"]

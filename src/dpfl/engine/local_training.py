@@ -34,6 +34,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpfl.engine import params as P
 from dpfl.engine.losses import per_sample_loss
+from dpfl.engine.per_sample import FastModel, Unsupported, compile_model
 from dpfl.engine.pooled import PooledData
 from dpfl.engine.sampling import SAMPLINGS, BatchStream, NoiseStream
 from dpfl.seeding import Purpose, derive_seed, torch_generator
@@ -42,6 +43,7 @@ from dpfl.seeding import Purpose, derive_seed, torch_generator
 DEFAULT_MAX_ELEMENTS = 1 << 26
 
 CLIP_MODES: tuple[str, ...] = ("per_example", "batch")
+ENGINES: tuple[str, ...] = ("auto", "fast", "vmap")
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,16 @@ def run_local(
     round_: int,
     stacked_start: bool = False,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    engine: str = "auto",
 ) -> LocalResult:
-    """Run every plan's local program from `start` (one model, or `[K, ...]` if stacked_start)."""
+    """Run every plan's local program from `start` (one model, or `[K, ...]` if stacked_start).
+
+    engine "auto" takes the fast exact path (`engine/per_sample.py`) when the model and input are supported
+    and the generic vmap path otherwise; "fast" requires the fast path (ValueError if unsupported); "vmap"
+    forces the generic path. Both compute the same update to float tolerance.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     for plan in plans:
         if plan.noise_multiplier > 0 and spec.clip is None:
             raise ValueError(f"client {plan.client}: noise without clipping has no sensitivity bound; set clip")
@@ -174,24 +184,84 @@ def run_local(
     # Longest-running clients first, so the active clients at any step are a prefix.
     order = sorted(range(k), key=lambda i: -plans[i].steps)
     width = max(p.batch_size for p in plans)
-    # DP-SGD holds per-sample copies of all tensors and per-sample gradients of the trainable ones.
     per_sample = spec.clip is not None and spec.clip_mode == "per_example"
-    per_client = (dim + dim_t) * max(1, width) * (1 if per_sample else 0) + dim
-    chunk = max(1, min(k, max_elements // max(1, per_client)))
+    fast, per_record = _fast_model(model, engine, data, start_stack)
+    if fast is not None:
+        # the fast path holds per record its activations, im2col matrices and per-sample conv weight gradients
+        per_client = per_record * max(1, width) + 4 * dim
+    else:
+        # DP-SGD holds per-sample copies of all tensors and per-sample gradients of the trainable ones.
+        per_client = (dim + dim_t) * max(1, width) * (1 if per_sample else 0) + dim
+    workers = _workers(fast, k)
+    chunk = max(1, min(k, max_elements // workers // max(1, per_client)))
+    if workers > 1:  # deal the clients round-robin so every worker gets a like share of the steps
+        n_groups = max(workers, -(-k // chunk))
+        groups = [order[g::n_groups] for g in range(n_groups)]
+    else:
+        groups = [order[lo : lo + chunk] for lo in range(0, k, chunk)]
     out = {n: torch.empty_like(t) for n, t in start_stack.items()}
     steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
+
+    def run(rows: list[int]) -> LocalResult:
+        return _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, torch.tensor(rows)), names,
+                          seed, round_, fast)
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, int(Purpose.DROPOUT), round_))
-        for lo in range(0, k, chunk):
-            rows = order[lo : lo + chunk]
-            res = _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, torch.tensor(rows)), names, seed,
-                             round_)
+        if workers > 1:
+            results = _in_threads(run, groups, workers)
+        else:
+            results = (run(rows) for rows in groups)
+        for rows, res in zip(groups, results):
             for j, i in enumerate(rows):
                 for n in out:
                     out[n][i] = res.params[n][j]
                 steps[i], used[i], empties[i] = res.steps[j], res.records_used[j], res.empty_batches[j]
                 noise_sq[i] = res.noise_sq_norm[j]
     return LocalResult(out, steps, used, empties, noise_sq)
+
+
+def _workers(fast: FastModel | None, k: int) -> int:
+    """How many groups of clients to run at once, one thread each (torch's thread budget, at most k).
+
+    Only for the fast path without active dropout: its masks come from torch's global RNG in a fixed
+    order, which concurrent groups would interleave. Everything else a client draws has its own generator,
+    so the grouping changes the result only by float rounding (the cost model may pick another GEMM layout
+    for a group's batch sizes); a given thread count always gives the same grouping, so runs repeat exactly.
+    """
+    if fast is None or fast.stochastic():
+        return 1
+    return max(1, min(k, torch.get_num_threads()))
+
+
+def _in_threads(run, groups: list[list[int]], workers: int) -> list[LocalResult]:
+    """`run` on every group, `workers` groups at a time in threads with one torch thread each (small
+    per-client operations scale better over groups than inside each operation)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpfl-engine") as pool:
+            return list(pool.map(run, groups))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fast_model(model: nn.Module, engine: str, data: PooledData, params: Mapping[str, torch.Tensor]
+                ) -> tuple[FastModel | None, int]:
+    """The fast exact path for this model and input shape (None: use vmap), and the floats it holds per record."""
+    if engine == "vmap":
+        return None, 0
+    fast = compile_model(model)
+    try:
+        if fast is None:
+            raise Unsupported(f"{type(model).__name__} is not a supported nn.Sequential")
+        return fast, fast.check(tuple(data.x.shape[1:]), list(params))
+    except Unsupported as err:
+        if engine == "fast":
+            raise ValueError(f"engine 'fast' cannot run this model: {err}") from None
+        return None, 0
 
 
 def _trainable_names(spec: LocalSpec, params: Mapping[str, torch.Tensor]) -> list[str]:
@@ -215,14 +285,25 @@ def _run_chunk(
     names: Sequence[str],
     seed: int,
     round_: int,
+    fast: FastModel | None = None,
 ) -> LocalResult:
     """Plans sorted by decreasing steps; w0 stacked in the same order; only `names` train."""
     k = len(plans)
     loss_fn = per_sample_loss(spec.loss)
-    w = {n: t.clone() for n, t in w0.items()}
     keep = set(names)
-    frozen = {n: t for n, t in w.items() if n not in keep}  # never written to
-    buf = {n: torch.zeros_like(w[n]) for n in names} if spec.momentum else None
+    # The trainable tensors live side by side in one [K, D] matrix (`w[n]` are views of it), so the step's
+    # element-wise work (noise, averaging, prox, momentum, the update) is a few passes over one matrix.
+    flat0 = torch.cat([w0[n].reshape(k, -1) for n in names], 1)
+    flat = flat0.clone()
+    w = {n: t.clone() for n, t in w0.items() if n not in keep}
+    frozen = dict(w)  # never written to
+    offset = 0
+    for n in names:  # views (never copies): the updates of `flat` are the updates of `w`
+        size = w0[n][0].numel()
+        w[n] = flat[:, offset : offset + size].view(w0[n].shape)
+        offset += size
+    w = {n: w[n] for n in w0}  # the parameters' own order
+    buf = torch.zeros_like(flat) if spec.momentum else None
     clients = torch.tensor([p.client for p in plans])
     batches = [
         BatchStream(spec.sampling, data.size(p.client), p.batch_size, torch_generator(seed, Purpose.BATCH, round_, p.client),
@@ -240,7 +321,10 @@ def _run_chunk(
     noise_scale = torch.tensor([p.noise_multiplier * (spec.clip or 0.0) for p in plans])
     used, empties = [0] * k, [0] * k
     per_sample = spec.clip is not None and spec.clip_mode == "per_example"
-    grads_of = _per_sample_grad_fn(model, loss_fn) if per_sample else _batch_grad_fn(model, loss_fn)
+    if fast is not None:
+        grads_of = None
+    else:
+        grads_of = _per_sample_grad_fn(model, loss_fn) if per_sample else _batch_grad_fn(model, loss_fn)
     max_steps = plans[0].steps if plans else 0
     # Per-step rates [K, max_steps] only if some plan has a schedule (else the scalar fast path);
     # entries past a client's last step are never read.
@@ -262,44 +346,53 @@ def _run_chunk(
         fa = {n: v[:active] for n, v in frozen.items()}
         if not per_sample:
             # Mean loss gradient over the actual batch; in "batch" mode then clipped to C per client.
-            x, y, mask = data.gather(clients[:active], idx)
-            g = _batch_gradient(grads_of, wa, x, y, mask, fa)
-            denom = mask.sum(1).clamp(min=1).to(nominal.dtype)
-            g = {n: v / denom.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
+            if fast is not None:
+                x, y, owner = data.gather_packed(clients[:active], idx)
+                g = fast.grad_sum(wa, fa, x, y, owner, loss_fn)
+                denom = torch.tensor([float(len(ix)) for ix in idx], dtype=nominal.dtype).clamp(min=1)
+            else:
+                x, y, mask = data.gather(clients[:active], idx)
+                g = _batch_gradient(grads_of, wa, x, y, mask, fa)
+                denom = mask.sum(1).clamp(min=1).to(nominal.dtype)
+            g = _flat(g, names, active).div_(denom.unsqueeze(1))
             if spec.clip is not None:
-                factor = torch.clamp(spec.clip / (P.global_norms(g) + 1e-12), max=1.0)
-                g = {n: v * factor.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
+                factor = torch.clamp(spec.clip / (torch.linalg.vector_norm(g, dim=1) + 1e-12), max=1.0)
+                g.mul_(factor.unsqueeze(1))
         else:
             x, y, owner = data.gather_packed(clients[:active], idx)
-            g = _clipped_sum(grads_of, wa, x, y, owner, spec.clip, fa)
+            if fast is not None:
+                g = fast.clipped_sum(wa, fa, x, y, owner, spec.clip, loss_fn)
+            else:
+                g = _clipped_sum(grads_of, wa, x, y, owner, spec.clip, fa)
+            g = _flat(g, names, active)
             if noise_sums is not None:
                 xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
                 noise_sums[:active] += xi
-                g = P.axpy(1.0, P.unflatten(xi * noise_scale[:active, None], wa), g)
+                g.add_(xi * noise_scale[:active, None])
             # Poisson: the nominal size (the random actual size would leak). Fixed / shuffle sizes are
             # data-independent: average the clipped gradients over the records actually drawn.
             if spec.sampling == "poisson":
                 denom = nominal[:active]
             else:
                 denom = torch.tensor([float(len(ix)) for ix in idx], dtype=nominal.dtype).clamp(min=1)
-            g = {n: v / denom.reshape(-1, *([1] * (v.dim() - 1))) for n, v in g.items()}
+            g.div_(denom.unsqueeze(1))
         if spec.prox_mu:
-            g = P.axpy(spec.prox_mu, P.sub(wa, {n: w0[n][:active] for n in names}), g)
+            g.add_(spec.prox_mu * (flat[:active] - flat0[:active]))
         if buf is not None:
-            for n in g:
-                buf[n][:active].mul_(spec.momentum).add_(g[n])
-            g = {n: buf[n][:active] for n in g}
+            g = buf[:active].mul_(spec.momentum).add_(g)
         if lrs is None:
-            for n in names:
-                w[n][:active].sub_(spec.lr * g[n])
+            flat[:active].sub_(spec.lr * g)
         else:
-            lr_t = lrs[:active, t]
-            for n in names:
-                w[n][:active].sub_(lr_t.to(g[n].dtype).reshape(-1, *([1] * (g[n].dim() - 1))) * g[n])
+            flat[:active].sub_(lrs[:active, t].to(g.dtype).unsqueeze(1) * g)
     noise_sq: list[float] = [0.0] * k
     if noise_sums is not None:
         noise_sq = (noise_sums.pow(2).sum(1) * noise_scale.pow(2)).tolist()
     return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq)
+
+
+def _flat(g: P.Params, names: Sequence[str], rows: int) -> torch.Tensor:
+    """Per-client tensors `[rows, ...]` side by side as one new `[rows, D]` matrix, in `names` order."""
+    return torch.cat([g[n].reshape(rows, -1) for n in names], 1)
 
 
 def _batch_gradient(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
