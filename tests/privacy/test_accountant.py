@@ -2,7 +2,6 @@
 
 import functools
 import itertools
-import logging
 import math
 import warnings
 
@@ -32,14 +31,7 @@ GRID = list(itertools.product(QS, SIGMAS, STEPS, DELTAS))
 SMALL_ORDERS = (1.5, 2.0, 3.5, 8.0, 16.0, 32.0, 64.0, 128.0, 512.0)  # without-replacement curves are slow
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_absl():
-    """dp_accounting used directly logs a warning per non-convergent fractional order; emitting them is slow."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_absl")
 
 
 def _direct(event, delta, relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, orders=DEFAULT_RDP_ORDERS):

@@ -7,7 +7,6 @@ its without-replacement bound rose with z; PLD at z = 0.001 tried to allocate ~3
 Brent) for mu above ~1e154 and returned NaN deltas for mu below ~1e-154.
 """
 
-import logging
 import math
 import subprocess
 import sys
@@ -34,13 +33,7 @@ from dpfl.privacy.rdp_curves import (
 WOR_ORDERS = (1.5, 2.0, 3.0, 8.0, 32.0, 64.0, 256.0, 1024.0)  # the without-replacement curve is the slow one
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_absl():
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_absl")
 
 
 def _shapes(z):

@@ -13,7 +13,6 @@ Nothing here is timed (benchmarks/accounting.py measures the speed).
 """
 
 import itertools
-import logging
 import math
 
 import dp_accounting as dpa
@@ -41,13 +40,7 @@ RELATIONS = {"poisson": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, "gaussian": d
 DP_ACCOUNTING_ROUNDING = 4e-15  # x z^2 / q: dp_accounting's own relative error in its Poisson series
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_absl():
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_absl")
 
 
 def _grid():

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from dpfl.algorithms.server.fedavg import FedAvg
-from dpfl.algorithms.server.t_tsvd import fold, t_tsvd_with_stats, threshold, unfold
+from dpfl.algorithms.server.t_tsvd import smooth_stack_with_stats, threshold
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
 
@@ -152,6 +152,10 @@ class FedCEO:
 
 
 def _smooth(stacked: torch.Tensor, thr: float, rfft: bool, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
-    """T-tSVD of one parameter's K client copies `[K, *shape]`, and the share of singular values zeroed."""
-    y, zeroed, _ = t_tsvd_with_stats(fold(stacked), thr, rfft=rfft, dtype=dtype)
-    return unfold(y, tuple(stacked.shape[1:])), float(zeroed)
+    """T-tSVD of one parameter's K client copies `[K, *shape]`, and the share of singular values zeroed.
+
+    Runs on the `[K, out, rest]` layout (`smooth_stack_with_stats`), equal to fold -> T-tSVD -> unfold up
+    to rounding without its permuted copies.
+    """
+    y, zeroed, _ = smooth_stack_with_stats(stacked, thr, rfft=rfft, dtype=dtype)
+    return y, float(zeroed)

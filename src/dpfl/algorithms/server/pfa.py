@@ -73,6 +73,14 @@ class Groups:
     def w_pri(self) -> torch.Tensor | None:
         return self.raw[self.pri] / self.E_pri if self.pri.any() else None
 
+    def row_weights(self) -> torch.Tensor:
+        """[2, K] float64 (or [1, K] without private participants): the group means as weights on all K rows."""
+        w = torch.zeros(2 if self.pri.any() else 1, len(self.pub), dtype=torch.float64)
+        w[0, self.pub] = self.w_pub
+        if w.shape[0] == 2:
+            w[1, self.pri] = self.w_pri
+        return w
+
     def combine(self, d_pub: torch.Tensor, d_pri_hat: torch.Tensor) -> torch.Tensor:
         """Δ̄_ℓ = (E_pub·d_pub + E_pri·d̂_pri) / (E_pub + E_pri)."""
         return (self.E_pub * d_pub + self.E_pri * d_pri_hat) / (self.E_pub + self.E_pri)
@@ -82,6 +90,27 @@ class NoPublicClients(StopTraining):
     """No public client takes part in the round: PFA cannot fit a subspace (stop_reason "no_public")."""
 
     stop_reason = "no_public"
+
+
+_CHUNK_ELEMENTS = 1 << 18  # float64 elements of `flat` converted at a time by weighted_rows64 (2 MiB)
+
+
+def weighted_rows64(flat: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`weights @ flat` in float64 ([G, K] @ [K, p] -> [G, p]) without a float64 copy of all of `flat`.
+
+    The group means of PFA: a K × p float32 block is converted column chunk by column chunk (in cache),
+    instead of copying it whole to float64 and then copying each group's rows out of it. Rows with weight 0
+    add exact zeros, so this equals `w_group @ X[group]` up to the order of the float64 additions.
+    """
+    weights = weights.to(torch.float64)
+    if flat.dtype == torch.float64:
+        return weights @ flat
+    K, p = flat.shape
+    out = torch.empty((weights.shape[0], p), dtype=torch.float64, device=flat.device)
+    step = max(1, _CHUNK_ELEMENTS // max(K, 1))
+    for a in range(0, p, step):
+        out[:, a:a + step] = weights @ flat[:, a:a + step].to(torch.float64)
+    return out
 
 
 def _check_eps(eps: np.ndarray) -> None:
@@ -279,17 +308,17 @@ class PFA:
         if K == 0 or any(u.shape[0] != K for u in uploads.values()):
             raise ValueError(f"uploads must have a leading axis of {K} clients (one per view entry)")
         g = self.groups(view, seed)
+        weights = g.row_weights()
         out: dict[str, torch.Tensor] = {}
         for index, (name, flat) in enumerate(self.blocks(uploads).items()):
-            X = flat.to(torch.float64)
-            U = X[g.pub]
-            d_pub = g.w_pub @ U
+            means = weighted_rows64(flat, weights)
+            d_pub = means[0]
             if g.w_pri is None:  # §9.9: no private participant, Δ̄ = d_pub (WeiAvg over the public clients)
                 out[name] = d_pub
                 continue
-            d_pri = g.w_pri @ X[g.pri]
+            U = flat[g.pub].to(torch.float64)
             sub = self.fit(U, d_pub, seed, round_, index)
-            out[name] = g.combine(d_pub, sub.project(d_pri))
+            out[name] = g.combine(d_pub, sub.project(means[1]))
         return self.unblock(out, uploads)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:

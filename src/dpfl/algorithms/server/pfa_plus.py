@@ -24,13 +24,28 @@ from typing import Any
 
 import torch
 
-from dpfl.algorithms.server.pfa import PFA
+from dpfl.algorithms.server.pfa import PFA, weighted_rows64
 from dpfl.algorithms.server.subspace import Subspace
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
 
 FLOAT_BYTES = 4
 BROADCASTS = ("private", "all")
+
+
+_CHUNK_ELEMENTS = 1 << 18  # float64 elements converted at a time by centred_codes64
+
+
+def centred_codes64(flat: torch.Tensor, mu: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """(flat − μ) V in float64 ([n, p] -> [n, k]), summed over column chunks instead of materialising the
+    n × p float64 difference (equal up to the order of the float64 additions)."""
+    n, p = flat.shape
+    mu, V = mu.to(torch.float64), V.to(torch.float64)
+    out = torch.zeros((n, V.shape[1]), dtype=torch.float64, device=flat.device)
+    step = max(1, _CHUNK_ELEMENTS // max(n, 1))
+    for a in range(0, p, step):
+        out += (flat[:, a:a + step].to(torch.float64) - mu[a:a + step]) @ V[a:a + step]
+    return out
 
 
 @dataclass
@@ -128,7 +143,7 @@ class PFAPlus:
             for name, flat in blocks.items():
                 sub = self.previous[name]
                 V, mu = sub.V.to(torch.float32), sub.mu.to(torch.float32)  # the broadcast, as received
-                codes[name] = ((flat.to(torch.float64) - mu.to(torch.float64)) @ V.to(torch.float64)).to(torch.float32)
+                codes[name] = centred_codes64(flat, mu, V).to(torch.float32)
             code_floats = sum(s.k for s in self.previous.values())
             basis_floats = sum(s.V.numel() for s in self.previous.values()) + (dim if self.pfa.sends_center else 0)
             for i in range(K):
@@ -146,17 +161,22 @@ class PFAPlus:
         full_blocks = self.pfa.blocks(payload.full)
         out: dict[str, torch.Tensor] = {}
         fitted: dict[str, Subspace] = {}
+        # the group means as weights on the full uploads' rows: public ones, and the private ones in warm-up
+        weights = torch.zeros(1 + int(payload.warmup and g.w_pri is not None), len(pub_in_full), dtype=torch.float64)
+        weights[0, pub_in_full] = g.w_pub
+        if weights.shape[0] == 2:
+            weights[1, ~pub_in_full] = g.w_pri
         for index, (name, flat) in enumerate(full_blocks.items()):
-            X = flat.to(torch.float64)
-            U = X[pub_in_full]
-            d_pub = g.w_pub @ U
+            means = weighted_rows64(flat, weights)
+            d_pub = means[0]
             if g.w_pri is None:  # no private participant: WeiAvg over the public clients, state unchanged
                 out[name] = d_pub
                 continue
+            U = flat[pub_in_full].to(torch.float64)
             sub = self.pfa.fit(U, d_pub, seed, round_, index)
             fitted[name] = sub
             if payload.warmup:
-                d_pri_hat = sub.project(g.w_pri @ X[~pub_in_full])
+                d_pri_hat = sub.project(means[1])
             else:
                 prev = self.previous[name]  # type: ignore[index]
                 d_pri_hat = prev.mu + prev.V @ (g.w_pri @ payload.codes[name].to(torch.float64))

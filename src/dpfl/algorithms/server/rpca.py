@@ -22,9 +22,15 @@ not depend on mu; mu only changes the speed and the iterate reached at a given t
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
+
+try:  # installed with scikit-learn
+    from threadpoolctl import threadpool_limits as _threadpool_limits
+except ImportError:  # pragma: no cover
+    _threadpool_limits = None
 
 MU_NORMS = ("entrywise", "max_col_sum")
 
@@ -42,6 +48,7 @@ class PCPInfo:
     lam: float
     mu: float  # the initial mu
     mu_final: float
+    svt_fallbacks: int = 0  # iterations whose n x n SVT needed the QR route (tall/wide matrices only)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -52,27 +59,79 @@ def soft_threshold(x: np.ndarray, tau: float) -> np.ndarray:
     return x - np.clip(x, -tau, tau)  # equal to the formula above, in fewer passes
 
 
+# SVT of a tall m x n matrix (m >= GRAM_MIN_ASPECT n, the Robust-HDP shape: parameters x clients) works on
+# an n x n problem. SVT_tau(X) = X V_r diag(1 - tau/s_r) V_r^T needs only the right singular vectors and
+# singular values, which come from the eigendecomposition of the Gram matrix X^T X when that is accurate
+# enough, else from the SVD of the R factor of X = QR (Householder QR is backward stable, so R has X's
+# singular values and right singular vectors to O(eps s_max), like a dense SVD).
+#
+# Gram, not QR, first: on this project's 2-core machine syrk (X^T X) of a 200,000 x 100 block takes ~0.1 s on
+# one thread against ~1.4 s for geqrf (and ~3.3 s for the thin SVD), and the Gram matrix can be summed chunk
+# by chunk inside the pass that builds X, so it costs no extra sweep over memory. Its weakness is that it
+# squares the condition number: eigenvalues carry an absolute error ~eps s_max^2, so a singular value s has
+# a relative error ~eps (s_max/s)^2 and the SVT output an absolute error ~eps s_max^2 / s_r, s_r the smallest
+# singular value kept. The Gram result is therefore used only when s_r >= GRAM_MIN_RATIO s_max (SVT error
+# <~ 1e4 eps s_max ~ 2e-12 s_max, relative to ||SVT(X)|| >= s_max - tau); otherwise that iteration falls back
+# to the QR route (counted in PCPInfo.svt_fallbacks). A randomized SVD is not used: it is not exact, and
+# early PCP iterates are full rank.
+GRAM_MIN_ASPECT = 4
+GRAM_MIN_RATIO = 1e-4
+CHUNK_BYTES = 1 << 19  # rows per chunk of the fused PCP sweeps: ~512 KiB of each m x n operand (L2-sized)
+# BLAS threads inside pcp(): 1 (measured in benchmarks/server_steps.py: the fused sweeps issue many small
+# BLAS calls, and multithreaded OpenBLAS on a shared 2-core machine was several times slower); None leaves
+# the process's setting alone.
+BLAS_THREADS: int | None = 1
+
+
+def _gram_factors(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Singular values (descending) and right singular vectors of X from its Gram matrix g = X^T X."""
+    evals, v = np.linalg.eigh(g)
+    return np.sqrt(np.maximum(evals[::-1], 0.0)), v[:, ::-1]
+
+
+def _qr_factors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Singular values (descending) and right singular vectors of a tall X from the SVD of R in X = QR."""
+    _, s, vt = np.linalg.svd(np.linalg.qr(x, mode="r"))
+    return s, vt.T
+
+
+def _gram_accurate(s: np.ndarray, tau: float) -> bool:
+    r = int(np.count_nonzero(s > tau))
+    return r == 0 or s[r - 1] >= GRAM_MIN_RATIO * s[0]
+
+
+def _shrink_map(s: np.ndarray, v: np.ndarray, tau: float) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+    """(r, left, right) with SVT_tau(X) = (X @ left) @ right, or X @ right when left is None (r > n/2).
+
+    r is the number of singular values kept; r = 0 gives (0, None, None) and SVT_tau(X) = 0.
+    """
+    r = int(np.count_nonzero(s > tau))
+    if r == 0:
+        return 0, None, None
+    vr = np.ascontiguousarray(v[:, :r])
+    f = 1.0 - tau / s[:r]
+    if 2 * r <= v.shape[0]:  # two thin products, 2 m n r flops
+        return r, vr, f[:, None] * vr.T
+    return r, None, (vr * f) @ vr.T  # one n x n operator, m n^2 flops
+
+
+def _apply(x: np.ndarray, left: np.ndarray | None, right: np.ndarray) -> np.ndarray:
+    return x @ right if left is None else (x @ left) @ right
+
+
 def svt(x: np.ndarray, tau: float) -> tuple[np.ndarray, int]:
     """SVT_tau(X) = U diag(max(s - tau, 0)) V^T (thin SVD), and the number of singular values kept.
 
-    For tall matrices (m >= 4n, the Robust-HDP shape: parameters x clients) the thin SVD is taken from
-    the eigendecomposition of the n x n Gram matrix, SVT_tau(X) = X V_r diag(1 - tau/s_r) V_r^T, which
-    is about 10x faster. Squaring loses accuracy on singular values below ~sqrt(eps) s_max, so this
-    path is used only when every kept singular value is >= 1e-4 s_max (relative eigenvalue error
-    <~ 1e-8); otherwise, and for other shapes, LAPACK's SVD is used.
+    Tall matrices (m >= 4n) go through the n x n problem (Gram matrix, or QR when the Gram matrix is not
+    accurate enough: see the comment above); other shapes use LAPACK's thin SVD.
     """
     m, n = x.shape
-    if m >= 4 * n:
-        evals, v = np.linalg.eigh(x.T @ x)
-        s = np.sqrt(np.maximum(evals[::-1], 0.0))
-        v = v[:, ::-1]
-        keep = s > tau
-        r = int(np.count_nonzero(keep))
-        if r == 0:
-            return np.zeros_like(x), 0
-        if s[r - 1] >= 1e-4 * s[0]:
-            vr = v[:, :r]
-            return (x @ vr) * (1.0 - tau / s[:r]) @ vr.T, r
+    if m >= GRAM_MIN_ASPECT * n:
+        s, v = _gram_factors(x.T @ x)
+        if not _gram_accurate(s, tau):
+            s, v = _qr_factors(x)
+        r, left, right = _shrink_map(s, v, tau)
+        return (np.zeros_like(x), 0) if r == 0 else (_apply(x, left, right), r)
     u, s, vt = np.linalg.svd(x, full_matrices=False)
     s = s - tau
     r = int(np.count_nonzero(s > 0))
@@ -95,21 +154,27 @@ def pcp(
     lam: float | None = None,
     mu: float | None = None,
     tol: float = 1e-7,
-    max_iter: int = 1000,
+    max_iter: int = 10_000,
     mu_norm: str = "entrywise",
     *,
     tol_abs: float | None = None,
     mu_growth: float = 1.0,
     mu_max: float | None = None,
+    blas_threads: int | None = BLAS_THREADS,
 ) -> tuple[np.ndarray, np.ndarray, PCPInfo]:
     """Principal Component Pursuit of a 2-D matrix `M` (NumPy array or torch tensor) by inexact ALM.
 
     Returns `(L, S, info)` as float64 NumPy arrays with L + S ≈ M. `lam` defaults to 1/sqrt(max(m, n)),
     `mu` to m n / (4 ||M||_1) with `mu_norm` choosing the norm. The loop stops when
     ||M - L - S||_F < tol ||M||_F, or < `tol_abs` when given (which overrides `tol`), or after
-    `max_iter` iterations (`info.converged` is then False). `mu_growth` rho >= 1 multiplies mu after each
-    iteration, capped at `mu_max` (default: unbounded); rho = 1 (default) keeps mu constant, as the
-    Robust-HDP code does.
+    `max_iter` iterations (default 10,000 as in spec §4.4; `info.converged` is then False). `mu_growth`
+    rho >= 1 multiplies mu after each iteration, capped at `mu_max` (default: unbounded); rho = 1 (default)
+    keeps mu constant, as the Robust-HDP code does. `blas_threads` caps the BLAS threads for the call
+    (None: leave them).
+
+    Tall (m >= 4n) and wide (n >= 4m, solved transposed: every step commutes with transposition) matrices
+    run the same iteration in fused row-chunk sweeps with an n x n SVT (see `svt`); the iterates equal
+    those of the dense-SVD loop up to rounding.
     """
     if hasattr(M, "detach"):  # torch tensor
         M = M.detach().cpu().numpy()
@@ -130,6 +195,8 @@ def pcp(
         raise ValueError(f"mu_growth must be >= 1, got {mu_growth}")
     if mu_max is not None and not mu_max > 0:
         raise ValueError(f"mu_max must be > 0, got {mu_max}")
+    if blas_threads is not None and not (isinstance(blas_threads, (int, np.integer)) and blas_threads >= 1):
+        raise ValueError(f"blas_threads must be a positive integer or None, got {blas_threads!r}")
     m, n = M.shape
     lam = 1.0 / np.sqrt(max(m, n)) if lam is None else float(lam)
     if not lam > 0:
@@ -146,10 +213,30 @@ def pcp(
     mu_cap = float("inf") if mu_max is None else max(float(mu_max), mu)
     thresh = float(tol_abs) if tol_abs is not None else tol * norm_m
 
+    with _blas_limit(blas_threads):
+        if m >= GRAM_MIN_ASPECT * n:
+            L, S, state = _pcp_tall(M, lam, mu, thresh, max_iter, mu_growth, mu_cap)
+        elif n >= GRAM_MIN_ASPECT * m:
+            Lt, St, state = _pcp_tall(np.ascontiguousarray(M.T), lam, mu, thresh, max_iter, mu_growth, mu_cap)
+            L, S = np.ascontiguousarray(Lt.T), np.ascontiguousarray(St.T)
+        else:
+            L, S, state = _pcp_dense(M, lam, mu, thresh, max_iter, mu_growth, mu_cap)
+    it, converged, residual, rank, mu_k, fallbacks = state
+    return L, S, PCPInfo(it, converged, residual, residual / norm_m, thresh, rank, lam, mu, mu_k, fallbacks)
+
+
+def _blas_limit(threads: int | None):
+    if threads is None or _threadpool_limits is None:
+        return contextlib.nullcontext()
+    return _threadpool_limits(int(threads), user_api="blas")
+
+
+def _pcp_dense(M, lam, mu, thresh, max_iter, mu_growth, mu_cap):
+    """The inexact ALM loop with a dense thin SVD per iteration (matrices within a factor 4 of square)."""
     S = np.zeros_like(M)
     Y = np.zeros_like(M)
     L = np.zeros_like(M)
-    mu_k, rank, residual, it, converged = mu, 0, norm_m, 0, False
+    mu_k, rank, residual, it, converged = mu, 0, float("inf"), 0, False
     for it in range(1, max_iter + 1):
         inv = 1.0 / mu_k
         T = M + inv * Y
@@ -166,4 +253,83 @@ def pcp(
             break
         if mu_growth > 1.0:
             mu_k = min(mu_k * mu_growth, mu_cap)
-    return L, S, PCPInfo(it, converged, residual, residual / norm_m, thresh, rank, lam, mu, mu_k)
+    return L, S, (it, converged, residual, rank, mu_k, 0)
+
+
+def _pcp_tall(M, lam, mu, thresh, max_iter, mu_growth, mu_cap):
+    """The same iteration as `_pcp_dense` for a tall M (m >= 4n), in one fused sweep per iteration.
+
+    Iteration k needs the n x n Gram matrix of A_k = (M + Y_k/mu_k) - S_k before it can form L_k. Each
+    row chunk of the sweep computes L, S, the residual and Y of iteration k in cache, then (mu_{k+1} does
+    not depend on the data) A_{k+1} of the same chunk and its contribution to the next Gram matrix, so M,
+    S and Y are read once and S, Y written once per iteration. A_k is recomputed from M, S, Y (which the
+    sweep reads anyway) instead of being stored. Every entry goes through the same floating-point
+    operations as in the dense loop. S and Y are double-buffered, so the last iteration's inputs survive
+    and its L is recomputed once at the end instead of being stored every iteration.
+    """
+    m, n = M.shape
+    rows = max(1, min(m, CHUNK_BYTES // (8 * n)))
+    bounds = [(a, min(a + rows, m)) for a in range(0, m, rows)]
+    S, S_next = np.zeros_like(M), np.empty_like(M)
+    Y, Y_next = np.zeros_like(M), np.empty_like(M)
+    T_buf, A_buf, C_buf, R_buf = (np.empty((rows, n)) for _ in range(4))
+    mu_k, rank, residual, it, converged, fallbacks = mu, 0, float("inf"), 0, False, 0
+    left = right = None
+
+    def chunk_a(a: int, b: int, inv: float, S: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        T = np.multiply(Y[a:b], inv, out=T_buf[: b - a])
+        T += M[a:b]  # = M + inv * Y, the same rounding
+        return T, np.subtract(T, S[a:b], out=A_buf[: b - a])
+
+    inv = 1.0 / mu_k
+    gram = np.zeros((n, n))
+    for a, b in bounds:  # the first iteration's Gram matrix (S = Y = 0: A = M)
+        A = chunk_a(a, b, inv, S, Y)[1]
+        gram += A.T @ A
+    for it in range(1, max_iter + 1):
+        inv = 1.0 / mu_k
+        s, v = _gram_factors(gram)
+        if not _gram_accurate(s, inv):
+            fallbacks += 1
+            A_full = np.empty_like(M)
+            for a, b in bounds:
+                A_full[a:b] = chunk_a(a, b, inv, S, Y)[1]
+            s, v = _qr_factors(A_full)
+            del A_full
+        rank, left, right = _shrink_map(s, v, inv)
+        shrink = lam * inv
+        mu_next = min(mu_k * mu_growth, mu_cap) if mu_growth > 1.0 else mu_k
+        inv_next = 1.0 / mu_next
+        gram = np.zeros((n, n))
+        sq = 0.0
+        for a, b in bounds:
+            T, A = chunk_a(a, b, inv, S, Y)
+            R = R_buf[: b - a]
+            if rank:
+                L = _apply(A, left, right)
+                T -= L
+                np.subtract(M[a:b], L, out=R)
+            else:
+                np.copyto(R, M[a:b])
+            C = np.clip(T, -shrink, shrink, out=C_buf[: b - a])
+            S_c = np.subtract(T, C, out=S_next[a:b])  # soft_threshold(T, shrink)
+            R -= S_c
+            flat = R.reshape(-1)
+            sq += float(flat @ flat)
+            R *= mu_k
+            np.add(Y[a:b], R, out=Y_next[a:b])
+            A = chunk_a(a, b, inv_next, S_next, Y_next)[1]  # the next iteration's A, still in cache
+            gram += A.T @ A
+        residual = float(np.sqrt(sq))
+        S, S_next = S_next, S
+        Y, Y_next = Y_next, Y
+        if residual < thresh:
+            converged = True
+            break
+        mu_k = mu_next
+    # The last iteration's L from its inputs (now in S_next, Y_next), with the same chunks and operations.
+    L = np.zeros_like(M)
+    if rank:
+        for a, b in bounds:
+            L[a:b] = _apply(chunk_a(a, b, inv, S_next, Y_next)[1], left, right)
+    return L, S, (it, converged, residual, rank, mu_k, fallbacks)

@@ -16,6 +16,8 @@ SUBSPACES = ("centered", "second-moment", "mean-outer", "random")
 SOLVERS = ("exact", "lanczos")
 
 RANK_TOL = 1e-12  # singular values <= RANK_TOL * s_max are dropped (spec §4.2, exact solver)
+GRAM_MIN_ASPECT = 4  # the exact solver works on the m × m problem when p >= 4 m
+GRAM_MIN_RATIO = 1e-4  # ... through the Gram matrix when the k wanted singular values are >= 1e-4 s_max
 BREAKDOWN_TOL = 1e-10  # Lanczos stops when beta_j <= BREAKDOWN_TOL * beta_1
 
 
@@ -40,21 +42,55 @@ class Subspace:
         return (x - self.mu) @ self.V
 
 
-def _truncate_warn(k: int, available: int, what: str) -> int:
+def _truncate_warn(k: int, available: int, what: str, stacklevel: int = 3) -> int:
     if k > available:
-        warnings.warn(f"PFA: k={k} truncated to {available} ({what})", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"PFA: k={k} truncated to {available} ({what})", RuntimeWarning, stacklevel=stacklevel)
         return available
     return k
 
 
 def top_right_singular_exact(A: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-k right singular vectors of A (m × p, float64) as a p × k' matrix, k' <= numerical rank."""
+    """Top-k right singular vectors of A (m × p, float64) as a p × k' matrix, k' <= numerical rank.
+
+    A wide A (p >= 4m: public clients × parameters) is solved through an m × m problem, never a p × p one
+    and never the p-column SVD: first the Gram matrix A Aᵀ (v_i = Aᵀu_i / s_i, then one thin QR makes V
+    orthonormal to machine precision), used when the k singular values wanted are all >= 1e-4 s_max, so
+    that squaring the condition number costs at most ~1e4 eps (and they are certainly above the rank
+    cutoff); otherwise the QR route, A = (QR)ᵀ and the SVD of the m × m R, which resolves singular values
+    down to ~eps s_max like a dense SVD and applies the 1e-12 rank cutoff. Other shapes take the thin SVD.
+    Singular vectors are defined up to sign (and, for repeated singular values, rotation); the projection
+    V Vᵀ is what PFA uses.
+    """
     if A.numel() == 0:
         return A.new_zeros((A.shape[1], 0))
+    m, p = A.shape
+    if p >= GRAM_MIN_ASPECT * m:
+        V = _top_right_gram(A, k)
+        return V if V is not None else _top_right_qr(A, k)
     _, s, Vh = torch.linalg.svd(A, full_matrices=False)
     rank = int((s > RANK_TOL * s[0]).sum()) if s.numel() and s[0] > 0 else 0
     k = _truncate_warn(k, rank, "numerical rank of the public updates")
     return Vh[:k].T.contiguous()
+
+
+def _top_right_gram(A: torch.Tensor, k: int) -> torch.Tensor | None:
+    """V from the eigendecomposition of A Aᵀ, or None when the Gram matrix cannot resolve the top k."""
+    evals, W = torch.linalg.eigh(A @ A.T)
+    s = evals.flip(0).clamp_min(0.0).sqrt()
+    if not s[0] > 0 or k > A.shape[0] or not bool(s[k - 1] >= GRAM_MIN_RATIO * s[0]):
+        return None
+    V = A.T @ (W.flip(1)[:, :k] / s[:k])
+    Q, R = torch.linalg.qr(V)  # V is orthonormal to ~eps (s_max/s_k)^2: one QR pass makes VᵀV = I
+    return Q * torch.sign(torch.diagonal(R)).where(torch.diagonal(R) != 0, torch.ones((), dtype=Q.dtype))
+
+
+def _top_right_qr(A: torch.Tensor, k: int) -> torch.Tensor:
+    """V from the QR of Aᵀ (p × m) and the SVD of the m × m factor: A = RᵀQᵀ = U S (Q Vhᵀ)ᵀ."""
+    Q, R = torch.linalg.qr(A.T)
+    _, s, Vh = torch.linalg.svd(R.T)
+    rank = int((s > RANK_TOL * s[0]).sum()) if s.numel() and s[0] > 0 else 0
+    k = _truncate_warn(k, rank, "numerical rank of the public updates", stacklevel=4)
+    return (Q @ Vh[:k].T).contiguous()
 
 
 def top_right_singular_lanczos(A: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> torch.Tensor:
@@ -68,7 +104,9 @@ def top_right_singular_lanczos(A: torch.Tensor, k: int, iters: int, generator: t
     if A.numel() == 0 or p == 0:
         return A.new_zeros((p, 0))
     n_steps = min(iters, p)
-    Q = A.new_zeros((n_steps + 1, p))
+    # The Krylov space of AᵀA from a start vector in A's row space has dimension <= rank(A) <= m, so
+    # rows are allocated for m + 2 vectors and grown only if the iteration runs on (not iters × p floats).
+    Q = A.new_zeros((min(n_steps, A.shape[0] + 1) + 1, p))
     alphas: list[float] = []
     betas: list[float] = []
     # a random unit vector in the row space of A (Aᵀr, r ~ N(0, I_m) from the round seed): the Krylov space
@@ -94,6 +132,8 @@ def top_right_singular_lanczos(A: torch.Tensor, k: int, iters: int, generator: t
         if beta <= BREAKDOWN_TOL * beta1 or j == n_steps - 1:
             break
         betas.append(beta)
+        if j + 1 >= Q.shape[0]:
+            Q = torch.cat([Q, Q.new_zeros((min(Q.shape[0], n_steps + 1 - Q.shape[0]), p))])
         Q[j + 1] = w / beta
     T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
     if m > 1:
