@@ -25,6 +25,7 @@ each client's mean mini-batch gradient; no per-sample gradients, so it cannot ca
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -234,18 +235,23 @@ def _workers(fast: FastModel | None, k: int) -> int:
     return max(1, min(k, torch.get_num_threads()))
 
 
+_THREAD_COUNT_LOCK = threading.Lock()
+
+
 def _in_threads(run, groups: list[list[int]], workers: int) -> list[LocalResult]:
     """`run` on every group, `workers` groups at a time in threads with one torch thread each (small
     per-client operations scale better over groups than inside each operation)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpfl-engine") as pool:
-            return list(pool.map(run, groups))
-    finally:
-        torch.set_num_threads(threads)
+    # torch's thread count is process-wide: concurrent calls take turns, so each restores what it found
+    with _THREAD_COUNT_LOCK:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpfl-engine") as pool:
+                return list(pool.map(run, groups))
+        finally:
+            torch.set_num_threads(threads)
 
 
 def _fast_model(model: nn.Module, engine: str, data: PooledData, params: Mapping[str, torch.Tensor]
