@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_common import loadavg, log
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "hdp" / "pfa" / "fmnist_logr.yaml"
 PFA_PARAMS = "{split: top_fraction, public_fraction: 0.1, k: 1, subspace: centered, svd_solver: exact}"
@@ -52,15 +54,6 @@ SETTING = (  # dpfl reproduce pfa, setting fmnist-logr-iid-MixGauss1-M30-heurist
 LEDGER_METHODS = ("would_exceed", "epsilon_if", "record", "record_many", "close_round", "spent", "spent_all", "guarantee")
 
 
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _median_ms(values: list[float]) -> float:
@@ -300,14 +293,14 @@ def main(argv=None) -> int:
         "scipy": scipy.__version__,
         "dp_accounting": getattr(dp_accounting, "__version__", None),
         "cpu_count": os.cpu_count(),
-        "loadavg_start": _loadavg(),
+        "loadavg_start": loadavg(),
     }
     real_stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         result["curves"] = bench_curves(args.repeats)
         result["ledger"] = {s: bench_ledger(args.ledger_rounds, s) for s in ("fixed", "poisson")}
         result["runs"] = None if args.skip_runs else bench_runs(args.rounds, args.run_repeats)
-    result["loadavg_end"] = _loadavg()
+    result["loadavg_end"] = loadavg()
     if args.json:
         print(json.dumps(result, indent=2), file=real_stdout, flush=True)
     else:

@@ -54,6 +54,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from bench_common import loadavg, log
+
 MODEL = "cnn_pfa"
 INPUT_SHAPE = (1, 28, 28)
 N_CLASSES = 10
@@ -72,16 +74,6 @@ PFL_VENV_HELP = (
 )
 
 
-def _loadavg() -> list[float] | None:
-    """1/5/15-minute load averages: other processes on the machine distort the timings."""
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -446,7 +438,7 @@ def _run(args) -> tuple[dict | None, int]:
     times: dict[str, list[float]] = {k: [] for k in methods(steps)}
     finals: dict[str, object] = {}
     pfl_outs: list[dict] = []
-    load_before = _loadavg()
+    load_before = loadavg()
     wall0 = time.perf_counter()
     try:
         # Warm-up of dpfl and the loop: the full code path (all users) but only a few steps. pfl warms up inside
@@ -469,11 +461,11 @@ def _run(args) -> tuple[dict | None, int]:
                     pfl_outs.append(out)
                 else:
                     finals[name] = out
-                log(f"repeat {r + 1}/{args.repeats} {name:6s} {t:8.2f} s  (load {(_loadavg() or ['?'])[0]})")
+                log(f"repeat {r + 1}/{args.repeats} {name:6s} {t:8.2f} s  (load {(loadavg() or ['?'])[0]})")
     finally:
         tmp.cleanup()
     bench_wall = time.perf_counter() - wall0
-    load_after = _loadavg()
+    load_after = loadavg()
 
     med = {k: (statistics.median(v) if v else None) for k, v in times.items()}
     san = None

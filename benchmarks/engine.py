@@ -43,6 +43,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from bench_common import loadavg, log
+
 MODEL = "cnn_pfa"  # default --model; the input shape is the model's reference shape (cnn_pfa: 1x28x28)
 N_CLASSES = 10
 LR = 0.1
@@ -53,16 +55,6 @@ SEED = 0
 WARMUP_STEPS = 5  # local steps per client in the (untimed) warm-up run of each method
 
 
-def _loadavg() -> list[float] | None:
-    """1/5/15-minute load averages: other processes on the machine distort the timings."""
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -383,7 +375,7 @@ def _run(args) -> tuple[dict | None, int]:
 
     times: dict[str, list[float]] = {k: [] for k in methods(steps)}
     finals: dict[str, object] = {}
-    load_before = _loadavg()
+    load_before = loadavg()
     wall0 = time.perf_counter()
     # Warm-up: every method's full code path (all clients, Opacus set-up included) but only a few steps,
     # to pay one-off costs (lazy imports, first-call initialisation) outside the timed runs.
@@ -404,7 +396,7 @@ def _run(args) -> tuple[dict | None, int]:
             finals[name] = out
             log(f"repeat {r + 1}/{args.repeats} {name:16s} {t:8.2f} s")
     bench_wall = time.perf_counter() - wall0
-    load_after = _loadavg()
+    load_after = loadavg()
 
     med = {k: (statistics.median(v) if v else None) for k, v in times.items()}
     san = None

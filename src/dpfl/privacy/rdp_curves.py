@@ -599,28 +599,28 @@ def _differences_by_quadrature(sigma: float, ks: np.ndarray) -> np.ndarray:
 # Large-z bounds B (z > z_switch)
 # ---------------------------------------------------------------------------------------------------------
 def _poisson_bound(q: float, z: float, orders: Sequence[float]) -> np.ndarray:
-    """Per-order RDP bound of the Poisson-subsampled Gaussian for large z (see the module docstring)."""
-    ords = tuple(float(a) for a in orders)
-    alphas = np.asarray(ords, dtype=np.float64)
-    gaussian = _gaussian_bound(alphas, z)
-    plan = _interpolation(ords, MAX_STABLE_ORDER)
-    out = gaussian.copy()
-    if plan.within.any():
-        log_a = _poisson_log_a_int(q, z, plan.ks) if plan.ks else np.zeros(0)
-        out[plan.within] = _interpolate(plan, log_a, alphas)  # chord of the convex log A at fractional orders
-    return np.minimum(_round_up(out), gaussian)
+    """Per-order RDP bound of the Poisson-subsampled Gaussian for large z (see the module docstring): the chord of
+    the convex log A at fractional orders."""
+    return _large_z_bound(orders, z, MAX_STABLE_ORDER, lambda ks: _poisson_log_a_int(q, z, ks))
 
 
 def _wor_bound(q: float, sigma: float, orders: Sequence[float]) -> np.ndarray:
     """Per-order without-replacement RDP bound for large sigma (integer orders as dp_accounting's exact branch,
     fractional ones by its interpolation, Corollary 10 of WBK19); the unsampled Gaussian above MAX_STABLE_WOR_ORDER."""
+    return _large_z_bound(orders, sigma, MAX_STABLE_WOR_ORDER,
+                          lambda ks: _wor_log_a_int(q, sigma, ks, MAX_STABLE_WOR_ORDER))
+
+
+def _large_z_bound(orders: Sequence[float], z: float, max_order: int, log_a_int) -> np.ndarray:
+    """log A from ``log_a_int(integer orders)`` up to ``max_order``, interpolated at fractional orders, with a
+    rounding margin, capped by the unsampled Gaussian ``alpha / (2 z^2)`` (which also covers higher orders)."""
     ords = tuple(float(a) for a in orders)
     alphas = np.asarray(ords, dtype=np.float64)
-    gaussian = _gaussian_bound(alphas, sigma)
-    plan = _interpolation(ords, MAX_STABLE_WOR_ORDER)
+    gaussian = _gaussian_bound(alphas, z)
+    plan = _interpolation(ords, max_order)
     out = gaussian.copy()
     if plan.within.any():
-        log_a = _wor_log_a_int(q, sigma, plan.ks, MAX_STABLE_WOR_ORDER) if plan.ks else np.zeros(0)
+        log_a = log_a_int(plan.ks) if plan.ks else np.zeros(0)
         out[plan.within] = _interpolate(plan, log_a, alphas)
     return np.minimum(_round_up(out), gaussian)
 
