@@ -172,10 +172,8 @@ class _no_warning:
 
 def test_chunked_float64_group_means_and_codes_equal_the_dense_formulas(monkeypatch):
     import dpfl.algorithms.server.pfa as pfa_module
-    import dpfl.algorithms.server.pfa_plus as pfa_plus_module
 
-    monkeypatch.setattr(pfa_module, "_CHUNK_ELEMENTS", 64)  # many chunks, including a ragged last one
-    monkeypatch.setattr(pfa_plus_module, "_CHUNK_ELEMENTS", 64)
+    monkeypatch.setattr(pfa_module, "_CHUNK_ELEMENTS", 64)  # many chunks (both use its chunks), a ragged last one
     g = torch.Generator().manual_seed(8)
     flat = torch.randn(7, 1001, generator=g)  # float32 uploads
     weights = torch.rand(2, 7, generator=g, dtype=torch.float64)

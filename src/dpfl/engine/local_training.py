@@ -299,16 +299,12 @@ def _run_chunk(
     keep = set(names)
     # The trainable tensors live side by side in one [K, D] matrix (`w[n]` are views of it), so the step's
     # element-wise work (noise, averaging, prox, momentum, the update) is a few passes over one matrix.
-    flat0 = torch.cat([w0[n].reshape(k, -1) for n in names], 1)
+    trainable0 = {n: w0[n] for n in names}
+    flat0 = P.flatten(trainable0)
     flat = flat0.clone()
-    w = {n: t.clone() for n, t in w0.items() if n not in keep}
-    frozen = dict(w)  # never written to
-    offset = 0
-    for n in names:  # views (never copies): the updates of `flat` are the updates of `w`
-        size = w0[n][0].numel()
-        w[n] = flat[:, offset : offset + size].view(w0[n].shape)
-        offset += size
-    w = {n: w[n] for n in w0}  # the parameters' own order
+    frozen = {n: t.clone() for n, t in w0.items() if n not in keep}  # never written to
+    trained = P.unflatten(flat, trainable0)  # views of `flat` (column blocks of a row-major matrix)
+    w = {n: trained[n] if n in keep else frozen[n] for n in w0}  # the parameters' own order
     buf = torch.zeros_like(flat) if spec.momentum else None
     clients = torch.tensor([p.client for p in plans])
     batches = [
@@ -355,12 +351,12 @@ def _run_chunk(
             if fast is not None:
                 x, y, owner = data.gather_packed(clients[:active], idx)
                 g = fast.grad_sum(wa, fa, x, y, owner, loss_fn)
-                denom = torch.tensor([float(len(ix)) for ix in idx], dtype=nominal.dtype).clamp(min=1)
+                denom = _drawn(idx, nominal.dtype)
             else:
                 x, y, mask = data.gather(clients[:active], idx)
                 g = _batch_gradient(grads_of, wa, x, y, mask, fa)
                 denom = mask.sum(1).clamp(min=1).to(nominal.dtype)
-            g = _flat(g, names, active).div_(denom.unsqueeze(1))
+            g = P.flatten({n: g[n] for n in names}).div_(denom.unsqueeze(1))
             if spec.clip is not None:
                 factor = torch.clamp(spec.clip / (torch.linalg.vector_norm(g, dim=1) + 1e-12), max=1.0)
                 g.mul_(factor.unsqueeze(1))
@@ -370,7 +366,7 @@ def _run_chunk(
                 g = fast.clipped_sum(wa, fa, x, y, owner, spec.clip, loss_fn)
             else:
                 g = _clipped_sum(grads_of, wa, x, y, owner, spec.clip, fa)
-            g = _flat(g, names, active)
+            g = P.flatten({n: g[n] for n in names})
             if noise_sums is not None:
                 xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
                 noise_sums[:active] += xi
@@ -380,7 +376,7 @@ def _run_chunk(
             if spec.sampling == "poisson":
                 denom = nominal[:active]
             else:
-                denom = torch.tensor([float(len(ix)) for ix in idx], dtype=nominal.dtype).clamp(min=1)
+                denom = _drawn(idx, nominal.dtype)
             g.div_(denom.unsqueeze(1))
         if spec.prox_mu:
             g.add_(spec.prox_mu * (flat[:active] - flat0[:active]))
@@ -396,9 +392,9 @@ def _run_chunk(
     return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq)
 
 
-def _flat(g: P.Params, names: Sequence[str], rows: int) -> torch.Tensor:
-    """Per-client tensors `[rows, ...]` side by side as one new `[rows, D]` matrix, in `names` order."""
-    return torch.cat([g[n].reshape(rows, -1) for n in names], 1)
+def _drawn(idx: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Records each client drew at this step (at least 1, so an empty batch divides a zero sum by 1)."""
+    return torch.tensor([float(len(ix)) for ix in idx], dtype=dtype).clamp(min=1)
 
 
 def _batch_gradient(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,

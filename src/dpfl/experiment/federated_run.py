@@ -159,6 +159,7 @@ class FederatedRun:
         self.data, self.model, self.algorithm = data, model, algorithm
         self.rounds, self.seed, self.eval_every, self.max_elements = rounds, seed, eval_every, max_elements
         self.accountant = accountant
+        self._client_events: tuple[tuple[Any, Any], dict] = ((None, None), {})  # see _event_cache
         self.pooled = PooledData.from_clients([c.x_train for c in data.clients], [c.y_train for c in data.clients])
         n = self.pooled.n_clients
         self.n_clients = n
@@ -290,12 +291,13 @@ class FederatedRun:
         return event  # type: ignore[return-value]
 
     def _event_cache(self) -> dict:
-        """The client-event cache of the current local program and upload stage (emptied when either changes)."""
-        owner = (self.algorithm.local, self.algorithm.upload)
-        held = self.__dict__.get("_events_of")
-        if held is None or held[0][0] is not owner[0] or held[0][1] is not owner[1]:
-            held = self.__dict__["_events_of"] = (owner, {})
-        return held[1]
+        """The client-event cache of the current local program and upload stage (emptied when either changes,
+        e.g. when calibration gives a stage its noise)."""
+        (local, upload), cache = self._client_events
+        if local is not self.algorithm.local or upload is not self.algorithm.upload:
+            cache = {}
+            self._client_events = ((self.algorithm.local, self.algorithm.upload), cache)
+        return cache
 
     def _server_event(self, population: int) -> DpEvent | None:
         """The event one round costs every client still in the population (central DP, or UDP uploads whose

@@ -28,26 +28,20 @@ LARGE_RDP_ORDERS: tuple[float, ...] = (80.0, 96.0, 128.0, 160.0, 192.0, 256.0, 3
 DEFAULT_RDP_ORDERS: tuple[float, ...] = SPEC_RDP_ORDERS + LARGE_RDP_ORDERS
 
 
-_NORMALIZED_MAX = 256  # normalised tuples remembered (calibration's windows, ledgers' orders)
-_normalized: dict[tuple, tuple[float, ...]] = {}
-
-
 def normalize_orders(orders: object | None) -> tuple[float, ...]:
     """A sorted tuple of distinct float orders (> 1); ``None`` means ``DEFAULT_RDP_ORDERS``."""
     if orders is None:
         return DEFAULT_RDP_ORDERS
     if type(orders) is tuple:  # the accountant is called many times with the same (already normal) tuple
         try:
-            hit = _normalized.get(orders)
+            return _normalize_tuple(orders)
         except TypeError:  # unhashable items: _normalize says what is wrong
-            return _normalize(orders)
-        if hit is not None:
-            return hit
-        out = _normalize(orders)
-        if len(_normalized) >= _NORMALIZED_MAX:
-            _normalized.clear()
-        _normalized[orders] = out
-        return out
+            pass
+    return _normalize(orders)
+
+
+@functools.lru_cache(maxsize=256)  # calibration's windows, ledgers' orders
+def _normalize_tuple(orders: tuple) -> tuple[float, ...]:
     return _normalize(orders)
 
 

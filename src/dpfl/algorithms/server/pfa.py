@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,24 +92,32 @@ class NoPublicClients(StopTraining):
     stop_reason = "no_public"
 
 
-_CHUNK_ELEMENTS = 1 << 18  # float64 elements of `flat` converted at a time by weighted_rows64 (2 MiB)
+_CHUNK_ELEMENTS = 1 << 18  # float64 elements of an upload block converted at a time (2 MiB)
+
+
+def float64_column_chunks(flat: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """(columns, float64 copy of those columns) of a K × p block, a few MiB at a time (in cache), so the
+    float64 arithmetic of PFA never holds a float64 copy of the whole block."""
+    K, p = flat.shape
+    step = max(1, _CHUNK_ELEMENTS // max(K, 1))
+    for a in range(0, p, step):
+        cols = slice(a, min(a + step, p))
+        yield cols, flat[:, cols].to(torch.float64)
 
 
 def weighted_rows64(flat: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """`weights @ flat` in float64 ([G, K] @ [K, p] -> [G, p]) without a float64 copy of all of `flat`.
 
-    The group means of PFA: a K × p float32 block is converted column chunk by column chunk (in cache),
-    instead of copying it whole to float64 and then copying each group's rows out of it. Rows with weight 0
-    add exact zeros, so this equals `w_group @ X[group]` up to the order of the float64 additions.
+    The group means of PFA, column chunk by column chunk instead of copying the block whole to float64 and
+    then copying each group's rows out of it. Rows with weight 0 add exact zeros, so this equals
+    `w_group @ X[group]` up to the order of the float64 additions.
     """
     weights = weights.to(torch.float64)
     if flat.dtype == torch.float64:
         return weights @ flat
-    K, p = flat.shape
-    out = torch.empty((weights.shape[0], p), dtype=torch.float64, device=flat.device)
-    step = max(1, _CHUNK_ELEMENTS // max(K, 1))
-    for a in range(0, p, step):
-        out[:, a:a + step] = weights @ flat[:, a:a + step].to(torch.float64)
+    out = torch.empty((weights.shape[0], flat.shape[1]), dtype=torch.float64, device=flat.device)
+    for cols, block in float64_column_chunks(flat):
+        out[:, cols] = weights @ block
     return out
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dpfl.algorithms.server.pfa import PFA, weighted_rows64
+from dpfl.algorithms.server.pfa import PFA, float64_column_chunks, weighted_rows64
 from dpfl.algorithms.server.subspace import Subspace
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
@@ -33,18 +33,13 @@ FLOAT_BYTES = 4
 BROADCASTS = ("private", "all")
 
 
-_CHUNK_ELEMENTS = 1 << 18  # float64 elements converted at a time by centred_codes64
-
-
 def centred_codes64(flat: torch.Tensor, mu: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """(flat − μ) V in float64 ([n, p] -> [n, k]), summed over column chunks instead of materialising the
     n × p float64 difference (equal up to the order of the float64 additions)."""
-    n, p = flat.shape
     mu, V = mu.to(torch.float64), V.to(torch.float64)
-    out = torch.zeros((n, V.shape[1]), dtype=torch.float64, device=flat.device)
-    step = max(1, _CHUNK_ELEMENTS // max(n, 1))
-    for a in range(0, p, step):
-        out += (flat[:, a:a + step].to(torch.float64) - mu[a:a + step]) @ V[a:a + step]
+    out = torch.zeros((flat.shape[0], V.shape[1]), dtype=torch.float64, device=flat.device)
+    for cols, block in float64_column_chunks(flat):
+        out += (block - mu[cols]) @ V[cols]
     return out
 
 
