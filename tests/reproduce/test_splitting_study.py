@@ -1,0 +1,127 @@
+"""`dpfl reproduce splitting`: setting configs, the study runner, its outputs and its errors."""
+
+import csv
+import json
+
+import pytest
+
+from cli_runner import cli
+from dpfl.experiment.config import ConfigError
+from dpfl.reproduce import splitting
+from dpfl.reproduce.splitting_config import load_setting, validate_setting
+
+TINY = """
+name: tiny-ls
+problem: {kind: least_squares, preset: small, shift_scale: 1.0}
+rounds: 40
+anderson: {memories: [0, 2]}
+methods:
+  - {name: fedavg_k5, preset: fedavg, eta: 0.001, local: {name: gradient_steps, k: 5}}
+  - {name: fedpi, preset: fedpi, eta: 0.005, local: {name: exact_ls_prox}}
+"""
+
+
+@pytest.fixture
+def tiny_scale(tmp_path, monkeypatch):
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "tiny.yaml").write_text(TINY)
+    monkeypatch.setattr(splitting, "config_dir", lambda family: configs)
+    monkeypatch.setitem(splitting.SCALES, "ci", {"settings": ("tiny",), "seeds": 1})
+    return configs
+
+
+def test_every_shipped_setting_validates():
+    for scale in splitting.SCALES:
+        for setting in splitting.settings(scale):
+            assert setting.methods and setting.rounds >= 1
+
+
+def test_study_writes_one_row_per_run_with_the_required_columns(tiny_scale, tmp_path):
+    out = tmp_path / "out"
+    csv_path, md_path, rows = splitting.run_study("ci", out)
+    with open(csv_path) as f:
+        table = list(csv.DictReader(f))
+    required = {"setting", "method", "anderson", "seed", "rounds", "final_gap", "final_rel_dist", "rounds_to_1e-8"}
+    assert required <= set(table[0])
+    assert [(r["method"], r["anderson"]) for r in table] == [("fedavg_k5", "0"), ("fedavg_k5", "2"), ("fedpi", "0"),
+                                                             ("fedpi", "2")]
+    assert all(r["status"] == "ok" and r["rounds"] == "40" for r in table)
+    fedpi = {r["anderson"]: r for r in table if r["method"] == "fedpi"}
+    assert float(fedpi["0"]["final_rel_dist"]) < 1e-8  # exact prox, heterogeneous: FedPi reaches theta*
+    assert int(fedpi["2"]["rounds_to_1e-8"]) < int(fedpi["0"]["rounds_to_1e-8"])
+    assert all(float(r["final_rel_dist"]) > 1e-3 for r in table if r["method"] == "fedavg_k5")  # biased
+    metrics = out / "runs" / "tiny-ls" / "fedpi-aa0-seed0.jsonl"
+    assert len(metrics.read_text().splitlines()) == 40
+    assert (out / "plots" / "gap_tiny-ls.png").stat().st_size > 0
+    assert "| fedpi | 0 |" in md_path.read_text()
+
+
+def test_rerunning_continues_instead_of_repeating(tiny_scale, tmp_path):
+    out = tmp_path / "out"
+    splitting.run_study("ci", out)
+    summary = out / "runs" / "tiny-ls" / "fedpi-aa0-seed0.json"
+    marked = {**json.loads(summary.read_text()), "seconds": -1.0}
+    summary.write_text(json.dumps(marked))
+    _, _, rows = splitting.run_study("ci", out)
+    assert next(r for r in rows if r["method"] == "fedpi" and r["anderson"] == 0)["seconds"] == -1.0
+
+
+def test_a_failing_run_is_recorded_and_the_others_go_on(tiny_scale, tmp_path, monkeypatch):
+    from dpfl.experiment import splitting_run
+
+    real = splitting_run.run_splitting
+
+    def flaky(problem, alg, rounds, **kw):
+        if alg.name == "fedavg":
+            raise RuntimeError("boom")
+        return real(problem, alg, rounds, **kw)
+
+    monkeypatch.setattr(splitting_run, "run_splitting", flaky)
+    out = tmp_path / "out"
+    _, _, rows = splitting.run_study("ci", out)
+    assert [r["status"] for r in rows] == ["failed", "failed", "ok", "ok"]
+    assert "boom" in (out / "logs" / "tiny-ls-fedavg_k5-aa0-seed0.txt").read_text()
+    assert not (out / "runs" / "tiny-ls" / "fedavg_k5-aa0-seed0.json").exists()  # retried next time
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda d: d["methods"][0].update(preset="fedsgd"), r"methods\.0\.preset"),
+    (lambda d: d["anderson"].update(memories=[-1]), "memory tau must be >= 0"),
+    (lambda d: d["methods"][1].update(eta=0), r"methods\.1\.eta"),
+    (lambda d: d["problem"].update(kind="logistic"), "cannot apply to a logistic problem"),
+    (lambda d: d.update(participation={"kind": "poisson", "rate": 0.5}) or d["methods"][1].update(mode="decentralized"),
+     "decentralized mode with partial participation"),
+    (lambda d: d["methods"][0].update(local={"name": "exact_ls_prox"}), "needs a gradient operator"),
+    (lambda d: d.update(colour="blue"), "colour"),
+])
+def test_bad_settings_are_one_config_error(change, match):
+    import yaml
+
+    data = yaml.safe_load(TINY)
+    change(data)
+    with pytest.raises(ConfigError, match=match) as err:
+        validate_setting(data, "tiny.yaml")
+    assert "\n" not in str(err.value)
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+    for args, match in ((["--scale", "huge"], "--scale must be one of ci, full"),
+                        (["--scale", "ci", "--methods", "nope"], "unknown method 'nope'"),
+                        (["--scale", "ci", "--settings", "zzz*"], "matches no ci setting"),
+                        (["--scale", "ci", "--seeds", "0"], "--seeds must be >= 1")):
+        code, out, err = cli("reproduce", "splitting", "--out", tmp_path / "o", *args)
+        assert code == 2, (args, out, err)
+        assert match in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_dry_run_lists_the_jobs(tmp_path):
+    code, out, _ = cli("reproduce", "splitting", "--scale", "ci", "--out", tmp_path / "o", "--dry-run")
+    assert code == 0
+    assert "ls-s1 fedpi-aa2-seed0 (605 rounds): new" in out
+    assert len(out.strip().splitlines()) == 24  # 2 problems x 6 methods x (tau 0, 2)
+
+
+def test_load_setting_names_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="missing.yaml"):
+        load_setting(tmp_path / "missing.yaml")
