@@ -24,8 +24,8 @@ methods:
 @pytest.fixture
 def tiny_scale(tmp_path, monkeypatch):
     configs = tmp_path / "configs"
-    configs.mkdir()
-    (configs / "tiny.yaml").write_text(TINY)
+    (configs / "convex").mkdir(parents=True)
+    (configs / "convex" / "tiny.yaml").write_text(TINY)
     monkeypatch.setattr(splitting, "config_dir", lambda family: configs)
     monkeypatch.setitem(splitting.SCALES, "ci", {"settings": ("tiny",), "seeds": 1})
     return configs

@@ -38,6 +38,9 @@ from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.algorithms.server.pfa import PFA
 from dpfl.algorithms.server.fedceo import FedCEO
+from dpfl.algorithms.server.splitting import AndersonII
+from dpfl.algorithms.server.splitting import presets as splitting_presets
+from dpfl.algorithms.server.splitting.aggregator import EngineOperator, SplittingAggregator
 from dpfl.algorithms.server.pfa_plus import PFAPlus
 from dpfl.algorithms.server.robust_hdp import RobustHDP
 from dpfl.data import federated_dataset
@@ -58,6 +61,7 @@ from dpfl.experiment.config import (
     UniformBudgets,
     validate_config,
 )
+from dpfl.experiment.config.vocabulary import SPLITTING_ALGORITHMS
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.models import build_model, model_info
 from dpfl.models.registry import BUILTIN_MODELS
@@ -370,6 +374,27 @@ def _noisy(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algo
     return Algorithm(cfg.algorithm.name, local, selection, ParameterNoise(accounting), aggregator)
 
 
+def _splitting(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algorithm:
+    """fedsplit / fedpi / fedrp on a network: the engine's (DP-)SGD on the prox objective from each client's u_i,
+    the scheme's server step over the population's u and z; udp: one N(0, z^2 C^2) per upload (cohort 1)."""
+    p, mech = cfg.privacy, cfg.privacy.mechanism
+    if cfg.algorithm.aggregator is not None:
+        raise ConfigError(f"algorithm.aggregator: {cfg.algorithm.name} is its own aggregator (the splitting server "
+                          "step)", "algorithm.aggregator")
+    local = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=1.0 / params.eta)
+    a = params.anderson
+    try:
+        anderson = AndersonII(a.memory, a.scope, a.blend, a.safeguard) if a is not None else None
+        scheme = splitting_presets.make(cfg.algorithm.name, params.eta, EngineOperator("prox"), mode=params.mode,
+                                        report=params.report, ergodic=params.ergodic, anderson=anderson,
+                                        participation=selection)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.params: {err}", "algorithm.params") from None
+    upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier, 1.0) if mech == "udp" else FullUpdate()
+    aggregator = SplittingAggregator(scheme, cfg.data.clients, noisy=mech != "none")
+    return Algorithm(cfg.algorithm.name, local, selection, upload, aggregator)
+
+
 def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm:
     """The algorithm bundle named by `cfg.algorithm`, with the stages its privacy mechanism needs.
 
@@ -383,6 +408,8 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
     selection = Selection(sel.kind, sel.k, sel.rate)
     if name in ("noisy_fedavg", "noisy_fedprox"):
         return _noisy(cfg, params, loss, selection)
+    if name in SPLITTING_ALGORITHMS:
+        return _splitting(cfg, params, loss, selection)
     mu = getattr(params, "mu", 0.0)
     personal: Any = AdditivePersonal(params.alpha) if name == "ppsgd" else None
     local: Any = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=mu,

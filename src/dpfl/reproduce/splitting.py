@@ -2,7 +2,7 @@
 
     dpfl reproduce splitting --scale ci --out OUT      # OUT/results.csv, results.md, plots/, runs/, logs/
 
-Each setting is a config of configs/splitting/ (a problem, rounds, methods, Anderson memories); every method runs
+Each setting is a config of configs/splitting/convex/ (a problem, rounds, methods, Anderson memories); every method runs
 once per Anderson memory and seed, through `dpfl.experiment.splitting_run.run_splitting` in float64. A run's
 metrics (one row per round) go to OUT/runs/<setting>/<method>-aa<tau>-seed<s>.jsonl and its summary next to it;
 a run whose summary exists is not run again, so re-running the command continues where it stopped. One failing run
@@ -64,7 +64,7 @@ class SplittingJob:
 def settings(scale: str, pattern: str | None = None) -> list[SettingConfig]:
     if scale not in SCALES:
         raise ValueError(f"--scale must be one of {', '.join(SCALES)}, got {scale!r}")
-    found = [load_setting(config_dir("splitting") / f"{name}.yaml") for name in SCALES[scale]["settings"]]
+    found = [load_setting(config_dir("splitting") / "convex" / f"{name}.yaml") for name in SCALES[scale]["settings"]]
     if pattern:
         wanted = [p.strip() for p in pattern.split(",") if p.strip()]
         found = [s for s in found if any(fnmatch.fnmatch(s.name, p) for p in wanted)]

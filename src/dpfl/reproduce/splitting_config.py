@@ -1,4 +1,4 @@
-"""The config of one convex splitting setting (configs/splitting/*.yaml): a problem, rounds, and the methods.
+"""The config of one convex splitting setting (configs/splitting/convex/*.yaml): a problem, rounds, and the methods.
 
     name: ls-s1
     problem: {kind: least_squares, n_clients: 25, dim: 100, n_per_client: 5000, shift_scale: 1.0}

@@ -164,6 +164,27 @@ class _CentaurParams(_Section):
         return _at_most(v, MAX_LOCAL_EPOCHS, "local epochs")
 
 
+class _AndersonParams(_Section):
+    """Type-II Anderson acceleration of the round map (operator_splitting.md §7); memory 0 is the plain iteration."""
+
+    memory: int = Field(ge=0, le=1000)
+    scope: Literal["state", "global"] = "state"
+    blend: float = Field(0.0, ge=0, le=1)
+    safeguard: bool = False
+
+
+class _SplittingParams(_Section):
+    """fedsplit / fedpi / fedrp (operator_splitting.md §3): eta is the prox step (the local program runs the
+    configured SGD on f_i + ||x - u_i||^2 / (2 eta) from the client's own u_i); mode, report, ergodic averaging and
+    Anderson acceleration as in the spec. Constant eta on networks."""
+
+    eta: float = Field(gt=0)
+    mode: Literal["centralized", "decentralized"] = "centralized"
+    report: Literal["xbar", "shadow"] = "xbar"
+    ergodic: bool = False
+    anderson: _AndersonParams | None = None
+
+
 ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "fedavg": _FedAvgParams,
     "dp_fedavg_local": _FedAvgParams,
@@ -182,6 +203,9 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "fedceo": _FedCEOParams,
     "ppsgd": _PPSGDParams,
     "centaur": _CentaurParams,
+    "fedsplit": _SplittingParams,
+    "fedpi": _SplittingParams,
+    "fedrp": _SplittingParams,
 }
 
 
@@ -218,6 +242,8 @@ class AlgorithmConfig(_Section):
     fedceo: lam (required), theta (>= 1), interval, layers (all | last n), personalize, personal_staleness
     (any | last), prox_dtype, rfft. ppsgd: alpha (> 0, local / global step size).
     centaur: head_epochs (> 0; needs a model with a head: mlp2, lenet5).
+    fedsplit / fedpi / fedrp: eta (required, the prox step), mode, report, ergodic, anderson {memory, scope, blend,
+    safeguard}; mechanism udp uploads one Gaussian per client (the noise is not split over the cohort).
 
     aggregator / local: optional user-registered stages replacing the bundle's aggregator (any bundle whose
     guarantee holds against a server that sees each upload) or its local program (not for noisy_fedavg,

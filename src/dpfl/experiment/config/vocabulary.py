@@ -13,7 +13,9 @@ from typing import Literal
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "noisy_fedprox", "fedprox",
     "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
+    "fedsplit", "fedpi", "fedrp",
 )
+SPLITTING_ALGORITHMS: tuple[str, ...] = ("fedsplit", "fedpi", "fedrp")  # operator_splitting.md presets on networks
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
 # Which privacy mechanisms each algorithm runs with; the first is the default when none is declared.
@@ -35,6 +37,9 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "fedceo": ("dpsgd", "udp"),
     "ppsgd": ("dpsgd", "udp"),
     "centaur": ("dpsgd", "udp"),
+    "fedsplit": ("none", "dpsgd", "udp"),
+    "fedpi": ("none", "dpsgd", "udp"),
+    "fedrp": ("none", "dpsgd", "udp"),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {

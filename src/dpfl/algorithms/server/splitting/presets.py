@@ -116,17 +116,27 @@ class ADMMServer(SplittingServer):
         self.dual = torch.zeros_like(self.u)
 
     def round(self, fns: Any, idx: torch.Tensor, eta: float, seed: int, round_: int) -> RoundResult:
-        alg = self.alg
-        sent = self.theta + self.dual  # personalised broadcasts
-        call = OperatorCall(seed, round_, self.theta, alg.dp.inner() if alg.dp is not None else None)
-        z = alg.local.apply(fns, idx, sent, eta, call)
-        if alg.dp is not None:
-            z = alg.dp.release(sent, z, idx, seed, round_)
-        theta = self.lam @ z
+        self.xbar = self.theta  # the inexact prox's warm start "server_avg" is theta
+        return super().round(fns, idx, eta, seed, round_)
+
+    def broadcast(self, idx: torch.Tensor) -> torch.Tensor:
+        """What each participant receives: theta + u_i (personalised)."""
+        return (self.theta + self.dual)[idx]
+
+    def step(self, idx: torch.Tensor, z: torch.Tensor, eta: float) -> RoundResult:
+        before = self.theta + self.dual
+        theta = self.lam @ z.to(self.u.dtype)
         self.dual = self.dual + theta - z
         self.theta = theta
-        before, self.u = sent, self.theta + self.dual
+        self.u = self.theta + self.dual
         self.xbar = theta
         size = self.u.numel() * self.u.element_size()
         return RoundResult(theta, self._report(theta, None, eta), weighted_norm(before - self.u, self.lam), "plain",
                            len(idx), size, size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "theta": self.theta.clone(), "dual": self.dual.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.theta, self.dual = state["theta"].clone(), state["dual"].clone()

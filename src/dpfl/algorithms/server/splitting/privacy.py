@@ -5,7 +5,8 @@ relaxations, averages, reflections, the duals u_i and the Anderson weights are f
 so they are post-processing. Two modes:
 
 * "update_gaussian" (client level): D = L_i(u_i) - u_i is clipped to C and u_i + D + N(0, z^2 C^2 I) is
-  released: one Gaussian mechanism of sensitivity C per upload (a GaussianDpEvent(z) per participation, no
+  released (dpfl's UDP upload stage with the noise not split over a cohort): one Gaussian mechanism of sensitivity
+  C per upload (a GaussianDpEvent(z) per participation, no
   amplification by client sampling claimed). With alpha = 2 the reflection doubles the injected noise in z:
   no privacy cost, a utility cost.
 * "dpsgd" (sample level): the operator's inner steps run DP-SGD (Poisson rate q = b / N_i, clip C, noise z),
@@ -23,8 +24,8 @@ import torch
 from dp_accounting import DpEvent
 
 from dpfl.algorithms.client.local_operators import InnerDPSGD
+from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.privacy.events import dpsgd_event, gaussian_event
-from dpfl.seeding import Purpose, torch_generator
 
 DP_MODES: tuple[str, ...] = ("update_gaussian", "dpsgd")
 NO_CONVERGENCE_GUARANTEE = "no guarantee of convergence under noise"
@@ -65,12 +66,9 @@ class SplittingDP:
         """What clients `idx` send: their outputs as they are (dpsgd), or u + clip(L(u) - u) + noise."""
         if self.mode == "dpsgd":
             return outputs
-        d = outputs - U
-        norms = torch.linalg.vector_norm(d, dim=1, keepdim=True)
-        d = d * torch.clamp(self.clip / (norms + 1e-12), max=1.0)
-        noise = torch.stack([torch.randn(U.shape[1], generator=torch_generator(seed, Purpose.NOISE, round_, int(i)),
-                                         dtype=U.dtype) for i in idx])
-        return U + d + self.noise_multiplier * self.clip * noise
+        stage = ClippedNoisyUpdate(self.clip, self.noise_multiplier)  # the same mechanism as every UDP upload
+        released = stage.apply({"update": outputs - U}, [int(i) for i in idx], seed, round_)["update"]
+        return U + released
 
     def event(self, n_records: int, inner_steps: int) -> DpEvent:
         """The event of one participation of a client with n_records records."""

@@ -135,17 +135,32 @@ class SplittingServer:
         return (w / w.sum()) @ rows
 
     def round(self, fns: Any, idx: torch.Tensor, eta: float, seed: int, round_: int) -> RoundResult:
-        """Round round_ with participants idx (sorted ids): local operators, DP release, the server step."""
+        """Round round_ on a convex problem with participants idx (sorted ids): the local operators, the DP release,
+        then the server step."""
+        alg = self.alg
+        if len(idx) == 0:
+            return self.step(idx, torch.zeros(0, self.u.shape[1], dtype=self.u.dtype), eta)
+        start = self.broadcast(idx)
+        call = OperatorCall(seed, round_, self.xbar, alg.dp.inner() if alg.dp is not None else None)
+        local = alg.local.apply(fns, idx, start, eta, call)
+        if alg.dp is not None:
+            local = alg.dp.release(start, local, idx, seed, round_)
+        return self.step(idx, local, eta)
+
+    def broadcast(self, idx: torch.Tensor) -> torch.Tensor:
+        """The points participants idx start from: u_i (sent by the server in centralized mode, held by the clients
+        in decentralized mode)."""
+        return self.u[idx]
+
+    def step(self, idx: torch.Tensor, local: torch.Tensor, eta: float) -> RoundResult:
+        """The server's part of a round, given what participants idx released: L_i(u_i) (rows in idx order)."""
         alg = self.alg
         itemsize = self.u.element_size()
         p = self.u.shape[1]
         if len(idx) == 0:  # a no-op round (state unchanged), logged
             return RoundResult(self.xbar, self._report(self.xbar, None, eta), 0.0, "skipped", 0, 0, 0)
+        local = local.to(self.u.dtype)
         u_before = self.u.clone()
-        call = OperatorCall(seed, round_, self.xbar, alg.dp.inner() if alg.dp is not None else None)
-        local = alg.local.apply(fns, idx, self.u[idx], eta, call)
-        if alg.dp is not None:
-            local = alg.dp.release(self.u[idx], local, idx, seed, round_)
         if alg.mode == "centralized":
             xbar, bytes_down = self._centralized(idx, local), len(idx) * p * itemsize  # u_i to each participant
         else:

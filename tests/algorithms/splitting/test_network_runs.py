@@ -1,0 +1,105 @@
+"""fedsplit / fedpi / fedrp in the federated round loop (networks trained by the engine)."""
+
+import dp_accounting as dpa
+import pytest
+import torch
+
+from dpfl.algorithms.server.splitting import AndersonII, presets
+from dpfl.algorithms.server.splitting.aggregator import EngineOperator, SplittingAggregator
+from dpfl.algorithms.server.view import ServerView
+from dpfl.experiment.build import build_algorithm, build_run
+from dpfl.experiment.config import ConfigError, validate_config
+
+
+def config(algorithm="fedpi", rounds=4, clients=4, privacy=None, selection=None, **params):
+    return validate_config({
+        "name": "split", "seed": 3, "data": {"dataset": "digits", "clients": clients, "partition": "iid"},
+        "model": {"name": "logr"}, "algorithm": {"name": algorithm, "params": {"eta": 0.5, **params}},
+        "training": {"rounds": rounds, "local_steps": 3, "batch_size": 16, "optimizer": {"lr": 0.05},
+                     "selection": selection or {"kind": "all"}},
+        **({"privacy": privacy} if privacy else {}),
+    })
+
+
+def final_params(cfg):
+    return build_run(cfg).run().params
+
+
+def test_the_server_step_on_given_uploads_follows_the_scheme():
+    w = {"a": torch.tensor([1.0, -2.0]), "b": torch.tensor([[0.5]])}
+    agg = SplittingAggregator(presets.fedpi(0.1, local=EngineOperator("prox")), n_clients=3)
+    g = torch.Generator().manual_seed(0)
+    ups = {"a": torch.randn(3, 2, generator=g), "b": torch.randn(3, 1, 1, generator=g)}
+    view = ServerView.simple([10, 10, 10])
+    starts = agg.start_points(w, [0, 1, 2], 0)
+    assert all(torch.equal(starts[n], w[n].expand_as(starts[n])) for n in w)  # u^0 = the initial model
+    new = agg.aggregate(w, ups, view, 0, 0, starts=starts)
+    u0 = torch.cat([w["a"], w["b"].flatten()]).double()
+    L = u0 + torch.cat([ups["a"], ups["b"].flatten(1)], 1).double()  # L_i(u_i) = u_i + upload_i
+    z = 2 * L - u0  # alpha = 2
+    xbar = z.mean(0)
+    assert torch.allclose(torch.cat([new["a"], new["b"].flatten()]).double(), xbar, atol=1e-6)
+    u1 = 0.5 * u0 + 0.5 * (2 * xbar - z)  # gamma = 1/2, beta = 2
+    nxt = agg.start_points(new, [0, 2], 1)
+    assert torch.allclose(torch.cat([nxt["a"], nxt["b"].flatten(1)], 1).double(), u1[[0, 2]], atol=1e-6)
+
+
+def test_the_local_program_is_the_prox_objective_from_the_clients_own_start():
+    alg = build_algorithm(config(eta=0.25))
+    assert alg.local.spec.prox_mu == pytest.approx(4.0)  # f_i + ||x - u_i||^2 / (2 eta)
+    assert isinstance(alg.aggregator, SplittingAggregator) and alg.aggregator.n_clients == 4
+
+
+def test_modes_give_the_same_model_and_memory_0_is_plain():
+    base = final_params(config())
+    decentral = final_params(config(mode="decentralized"))
+    tau0 = final_params(config(anderson={"memory": 0}))
+    for n in base:
+        assert torch.allclose(base[n], decentral[n], atol=1e-6)
+        assert torch.equal(base[n], tau0[n])
+    accelerated = final_params(config(anderson={"memory": 2}))
+    assert any(not torch.allclose(base[n], accelerated[n]) for n in base)
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one():
+    cfg = config(rounds=4, anderson={"memory": 2}, selection={"kind": "fixed", "k": 3})
+    whole = build_run(cfg).run()
+    states = []
+    first = build_run(cfg)
+    first.run(on_checkpoint=states.append, checkpoint_every=2)
+    after_two = next(s for s in states if s.round == 2)
+    resumed = build_run(cfg).run(state=after_two)
+    for n in whole.params:
+        assert torch.equal(whole.params[n], resumed.params[n])
+    assert [r["residual"] for r in whole.history] == [r["residual"] for r in resumed.history]
+
+
+def test_udp_uploads_carry_one_unsplit_gaussian_each():
+    cfg = config(privacy={"mechanism": "udp", "clip": 1.0, "noise_multiplier": 2.0,
+                          "budgets": 50.0, "delta": 1e-5}, rounds=2)
+    result = build_run(cfg).run()
+    entries = result.ledger.entries(0)
+    assert [e.event for e in entries] == [dpa.GaussianDpEvent(2.0)] * 2  # not sigma / sqrt(K)
+    assert all(row["label"] == "no guarantee of convergence under noise" for row in result.history)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(eta=0), "algorithm.params.eta"),
+    (dict(anderson={"memory": -1}), "algorithm.params.anderson.memory"),
+    (dict(mode="decentralized", selection={"kind": "fixed", "k": 2}), "decentralized mode with partial participation"),
+    (dict(anderson={"memory": 2, "scope": "global"}), "scope 'global'"),
+])
+def test_bad_splitting_configs_are_one_line(change, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        build_algorithm(config(**change))
+    assert "\n" not in str(err.value)
+
+
+def test_udp_noise_is_calibrated_from_the_budgets_when_not_given():
+    cfg = config(privacy={"mechanism": "udp", "clip": 1.0, "budgets": 8.0, "delta": 1e-5}, rounds=3)
+    run = build_run(cfg)
+    result = run.run()
+    z = run.algorithm.upload.noise_multiplier
+    assert z is not None and z > 0 and run.algorithm.upload.cohort == 1
+    spent = result.ledger.spent_all()
+    assert max(spent.values()) <= 8.0 + 1e-6 and max(spent.values()) > 7.0  # every client takes part every round
