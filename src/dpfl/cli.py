@@ -351,6 +351,36 @@ def data_fetch(name: Annotated[str, typer.Argument(help="Dataset name, e.g. fash
     console.print(f"{name}: {path}")
 
 
+@data_app.command("convex")
+def data_convex(
+    kind: Annotated[str, typer.Option("--kind", help="least_squares or logistic.")] = "least_squares",
+    shift_scale: Annotated[float, typer.Option("--shift-scale", help="Client truths x0 + s xi_i (0: homogeneous).")] = 0.0,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="small: 5 clients, d = 20, N_i = 200.")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Statistics of a convex problem of the splitting spec: sizes, ||theta*||, f(theta*) and the heterogeneity
+    H = (1/n) sum_i ||grad f_i(theta*)||^2 (also per sample: the gradients of the mean losses)."""
+    from dpfl.data import heterogeneity
+    from dpfl.reproduce.splitting_config import problem_spec
+
+    try:
+        problem = problem_spec(kind=kind, shift_scale=shift_scale, preset=preset).build(seed)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    import numpy as np
+
+    out = {"kind": kind, "clients": problem.n_clients, "dim": problem.dim, "samples_per_client": problem.n_samples.tolist(),
+           "shift_scale": shift_scale, "seed": seed, "theta_star_norm": float(np.linalg.norm(problem.theta_star)),
+           "objective_at_theta_star": problem.objective(problem.theta_star),
+           "heterogeneity_H": heterogeneity(problem), "heterogeneity_H_per_sample": heterogeneity(problem, per_sample=True)}
+    if as_json:
+        emit_json(out)
+        return
+    for key, value in out.items():
+        console.print(f"{key}: {value:.6g}" if isinstance(value, float) else f"{key}: {value}", highlight=False)
+
+
 # ---- results ------------------------------------------------------------------------------------------
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:

@@ -125,3 +125,17 @@ def test_cli_dry_run_lists_the_jobs(tmp_path):
 def test_load_setting_names_the_file(tmp_path):
     with pytest.raises(ConfigError, match="missing.yaml"):
         load_setting(tmp_path / "missing.yaml")
+
+
+def test_dpfl_data_convex_reports_the_heterogeneity(tmp_path):
+    from dpfl.data import heterogeneity, make_least_squares
+
+    code, out, _ = cli("data", "convex", "--preset", "small", "--shift-scale", "1", "--json")
+    assert code == 0
+    stats = json.loads(out)
+    expected = heterogeneity(make_least_squares(preset="small", shift_scale=1.0, seed=0))
+    assert stats["heterogeneity_H"] == pytest.approx(expected, rel=1e-12)
+    code0, out0, _ = cli("data", "convex", "--preset", "small", "--json")
+    assert json.loads(out0)["heterogeneity_H"] < stats["heterogeneity_H"]
+    code, _, err = cli("data", "convex", "--shift-scale", "-1")
+    assert code == 2 and "shift_scale" in err and len(err.strip().splitlines()) == 1

@@ -158,6 +158,14 @@ class SettingConfig(_Section):
         return self
 
 
+def problem_spec(**fields: Any) -> ProblemSpec:
+    """A validated ProblemSpec; a problem is one ConfigError line naming the field."""
+    try:
+        return ProblemSpec.model_validate(fields)
+    except ValidationError as e:
+        raise _config_error(e, ProblemSpec) from None
+
+
 def load_setting(path: Path | str) -> SettingConfig:
     """Read and validate a setting; any problem is one ConfigError line naming the file and the field."""
     path = Path(path)
