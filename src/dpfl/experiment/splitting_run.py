@@ -10,17 +10,21 @@ status and fallbacks, and bytes up and down.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpfl.algorithms.client.convex_clients import ConvexClients
 from dpfl.algorithms.server.splitting.scheme import UnifiedSplitting, participants
 from dpfl.data.synthetic import ConvexProblem, heterogeneity
+from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.ledger import PrivacyLedger
+from dpfl.privacy.run_calibration import PlannedRun, calibrate_run
 
 
 @dataclass
@@ -30,6 +34,7 @@ class SplittingRunResult:
     ledger: PrivacyLedger | None
     heterogeneity: float
     stop_reason: str
+    noise_multiplier: float | None = None  # the DP noise the run used (given or calibrated)
 
     def rounds_to(self, fraction: float = 1e-8) -> int | None:
         """Rounds until the fixed-point residual is below `fraction` of its round-0 value (None if never)."""
@@ -50,13 +55,16 @@ def run_splitting(
     seed: int = 0,
     x0: torch.Tensor | None = None,
     delta: float = 1e-5,
+    budgets: ClientBudget | Sequence[ClientBudget] | None = None,
     accountant: str = "rdp",
     stop_residual: float | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> SplittingRunResult:
     """Run `rounds` rounds of `algorithm` on a convex problem (a ConvexProblem, its ConvexClients, or a wrapper such
     as MoreauEnvelope). `stop_residual` stops once the residual is below that fraction of its round-0 value. With
-    `algorithm.dp` the ledger holds every client's events (delta per client) and rows carry the largest epsilon."""
+    `algorithm.dp` the ledger holds every client's events and rows carry the largest epsilon spent so far; `budgets`
+    (one ClientBudget per client, or one for all) set each client's delta and epsilon budget, and calibrate the
+    noise when `algorithm.dp` leaves it unset (`calibrate`)."""
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     fns = ConvexClients(problem) if isinstance(problem, ConvexProblem) else problem
@@ -64,11 +72,23 @@ def run_splitting(
     start = torch.zeros(dim, dtype=torch.float64) if x0 is None else torch.as_tensor(x0, dtype=torch.float64)
     if start.shape != (dim,):
         raise ValueError(f"x0 must have shape ({dim},), got {tuple(start.shape)}")
+    per_client = None if budgets is None else ([budgets] * n if isinstance(budgets, ClientBudget) else list(budgets))
+    if per_client is not None and len(per_client) != n:
+        raise ValueError(f"budgets: {len(per_client)} given for {n} clients")
+    dp = algorithm.dp
+    if dp is not None and dp.noise_multiplier is None:
+        if per_client is None:
+            raise ValueError("the dp noise multiplier is unset: give it, or give budgets to calibrate it from")
+        algorithm = calibrate(algorithm, per_client, rounds, fns.n_records.tolist(), accountant)
+        dp = algorithm.dp
     server = algorithm.server(start, fns.n_records)
     theta = fns.theta_star.to(torch.float64)
     theta_norm = float(torch.linalg.vector_norm(theta))
-    dp = algorithm.dp
-    ledger = PrivacyLedger(range(n), deltas=delta, accountant=accountant, unit=dp.unit) if dp is not None else None
+    ledger = None
+    if dp is not None:
+        deltas = delta if per_client is None else {i: b.delta for i, b in enumerate(per_client)}
+        eps = None if per_client is None else {i: b.epsilon for i, b in enumerate(per_client)}
+        ledger = PrivacyLedger(range(n), deltas=deltas, budgets=eps, accountant=accountant, unit=dp.unit)
     history: list[dict[str, Any]] = []
     first_residual, stop = None, "rounds"
     fallbacks = 0
@@ -99,8 +119,30 @@ def run_splitting(
     if label is not None:
         for row in history:
             row["label"] = label
-    return SplittingRunResult(history, server.xbar if not history else _final(server), ledger,
-                              heterogeneity(fns.problem), stop)
+    return SplittingRunResult(history, _final(server), ledger, heterogeneity(fns.problem), stop,
+                              None if dp is None else dp.noise_multiplier)
+
+
+def calibrate(algorithm: UnifiedSplitting, budgets: Sequence[ClientBudget], rounds: int, records: Sequence[int],
+              accountant: str = "rdp") -> UnifiedSplitting:
+    """`algorithm` with its DP noise calibrated by dpfl's one calibration path (`calibrate_run`) so that every client
+    stays within its budget even if it takes part in every round (worst-case participation: under client sampling
+    some clients would otherwise be drawn more often than expected). One noise for all: the largest any client
+    needs (update_gaussian is a common noise anyway; for dpsgd, clients with larger budgets get more noise than
+    their own budget requires)."""
+    dp, sel = algorithm.dp, algorithm.participation
+    assert dp is not None
+    common = dict(selection=sel.kind, k=sel.k, rate=sel.rate, participation="worst_case", accountant=accountant)
+    if dp.mode == "update_gaussian":
+        plan = PlannedRun("udp", list(budgets), rounds, **common)
+    else:
+        assert dp.batch is not None
+        n = len(budgets)
+        plan = PlannedRun("dpsgd", list(budgets), rounds, records=[int(m) for m in records], batch_sizes=[dp.batch] * n,
+                          local_steps=[algorithm.local.inner_steps(int(m)) for m in records], local_sampling="poisson",
+                          **common)
+    noise = float(np.max(calibrate_run(plan).noise))
+    return dataclasses.replace(algorithm, dp=dataclasses.replace(dp, noise_multiplier=noise))
 
 
 def _final(server) -> torch.Tensor:

@@ -10,12 +10,14 @@ is recorded (status "failed", its traceback in OUT/logs/) and the others go on.
 
 Scales: ci is heterogeneous least squares (s = 1) and logistic regression with fedavg (k in {1, 5}), fedprox,
 fedsplit, fedpi, fedrp, each with and without Anderson (tau = 2), one seed; full adds the heterogeneity sweep, label
-noise, partial participation and diminishing-step settings at three seeds. The nonconvex CNN comparison is not
+noise, partial participation, diminishing-step and DP (update_gaussian, calibrated from an epsilon budget)
+settings at three seeds. The nonconvex CNN comparison is not
 here yet (it needs the splitting aggregator in the federated round loop).
 
 results.csv columns: setting, method, preset, anderson, seed, rounds, final_gap, final_rel_dist, final_residual,
 rounds_to_1e-8 (rounds until the fixed-point residual is below 1e-8 of its round-0 value, empty if never),
-min_rel_dist, heterogeneity, stop_reason, seconds, status.
+min_rel_dist, heterogeneity, noise_multiplier and epsilon_max (DP settings: the noise used and the largest epsilon any
+client spent), stop_reason, seconds, status.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpfl.privacy.budgets import ClientBudget
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
@@ -37,10 +40,11 @@ from dpfl.results.run_files import write_json_atomic, write_text_atomic
 SCALES = {
     "ci": {"settings": ("ls_heterogeneous", "lr_heterogeneous_ci"), "seeds": 1},
     "full": {"settings": ("ls_heterogeneous", "lr_heterogeneous", "ls_homogeneous", "ls_shift2", "ls_noise10",
-                          "ls_partial_p05", "lr_flip", "ls_diminishing"), "seeds": 3},
+                          "ls_partial_p05", "lr_flip", "ls_diminishing", "ls_dp"), "seeds": 3},
 }
 COLUMNS = ["setting", "method", "preset", "anderson", "seed", "rounds", "final_gap", "final_rel_dist",
-           "final_residual", "rounds_to_1e-8", "min_rel_dist", "heterogeneity", "stop_reason", "seconds", "status"]
+           "final_residual", "rounds_to_1e-8", "min_rel_dist", "heterogeneity", "noise_multiplier", "epsilon_max", "stop_reason", "seconds",
+           "status"]
 RUNS, LOGS, PLOTS = "runs", "logs", "plots"
 RESOLUTION = 2.2e-16  # float64 machine epsilon: the plots' floor for a gap, relative to the objective
 
@@ -114,7 +118,8 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
     try:
         problem = s.problem.build(job.seed)
         alg = method.build(s.participation.build(), s.anderson.build(job.anderson))
-        result = run_splitting(problem, alg, s.rounds, seed=job.seed, delta=s.delta)
+        budget = None if method.dp is None or method.dp.epsilon is None else ClientBudget(method.dp.epsilon, s.delta)
+        result = run_splitting(problem, alg, s.rounds, seed=job.seed, delta=s.delta, budgets=budget)
     except Exception:  # noqa: BLE001 -- one failing run must not cost the others
         log = out / LOGS / f"{s.name}-{job.key}.txt"
         write_text_atomic(log, traceback.format_exc())
@@ -124,7 +129,9 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
     row.update({"rounds": len(history), "final_gap": last["gap"], "final_rel_dist": last["rel_dist"],
                 "final_residual": last["residual"], "rounds_to_1e-8": result.rounds_to(1e-8),
                 "min_rel_dist": min(r["rel_dist"] for r in history), "heterogeneity": result.heterogeneity,
-                "stop_reason": result.stop_reason, "seconds": round(time.perf_counter() - t0, 2), "status": "ok"})
+                "stop_reason": result.stop_reason, "seconds": round(time.perf_counter() - t0, 2), "status": "ok",
+                "noise_multiplier": result.noise_multiplier,
+                "epsilon_max": max(result.ledger.spent_all().values()) if result.ledger is not None else None})
     write_text_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in history))
     write_json_atomic(summary_path, row)
     return row

@@ -84,10 +84,20 @@ class LocalSpec(_Section):
 
 
 class DPSpec(_Section):
+    """DP mode (§9) with its clip, and either the noise multiplier or every client's epsilon budget (delta: the
+    setting's), from which the noise is calibrated for worst-case participation."""
+
     mode: Literal["update_gaussian", "dpsgd"]
     clip: float = Field(gt=0)
-    noise_multiplier: float = Field(ge=0)
+    noise_multiplier: float | None = Field(None, ge=0)
+    epsilon: float | None = Field(None, gt=0)
     batch: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_noise_source(self) -> DPSpec:
+        if (self.noise_multiplier is None) == (self.epsilon is None):
+            raise ValueError("dp: give exactly one of noise_multiplier and epsilon (the budget to calibrate it for)")
+        return self
 
 
 class MethodSpec(_Section):

@@ -78,3 +78,29 @@ def test_dpsgd_needs_inner_steps():
         presets.fedprox(0.1, local=ExactLeastSquaresProx(), dp=SplittingDP("dpsgd", 1.0, 1.0, batch=10))
     alg = presets.fedprox(0.1, local=InexactProx(steps=5, lr=1e-3), dp=SplittingDP("dpsgd", 1.0, 1.0, batch=10))
     assert alg.dp.unit == "sample"
+
+
+@pytest.mark.parametrize("mode", ["update_gaussian", "dpsgd"])
+def test_noise_is_calibrated_from_the_budgets_for_worst_case_participation(ls, mode):
+    from dpfl.privacy.budgets import ClientBudget
+
+    rounds, budget = 6, ClientBudget(3.0, 1e-5)
+    if mode == "update_gaussian":
+        alg = presets.fedpi(1.0 / ls.mean_eig, local=ExactLeastSquaresProx(), dp=SplittingDP(mode, 1.0, None),
+                            participation=Selection("poisson", rate=0.6))
+    else:
+        alg = presets.fedavg(1e-4, k=3, dp=SplittingDP(mode, 1.0, None, batch=20))
+    run = run_splitting(ls.fns, alg, rounds, budgets=budget)
+    z = run.noise_multiplier
+    assert z is not None and z > 0
+    spent = run.ledger.spent_all()
+    assert max(spent.values()) <= 3.0 + 1e-6
+    one = (dpa.GaussianDpEvent(z) if mode == "update_gaussian" else
+           dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(20 / 200, dpa.GaussianDpEvent(z)), 3))
+    assert epsilon(dpa.SelfComposedDpEvent(one, rounds), 1e-5) == pytest.approx(3.0, rel=1e-3)  # taking part always
+
+
+def test_unset_noise_without_budgets_is_an_error(ls):
+    alg = presets.fedpi(0.01, local=ExactLeastSquaresProx(), dp=SplittingDP("update_gaussian", 1.0, None))
+    with pytest.raises(ValueError, match="give budgets"):
+        run_splitting(ls.fns, alg, 2)

@@ -37,7 +37,7 @@ class SplittingDP:
 
     mode: str
     clip: float
-    noise_multiplier: float
+    noise_multiplier: float | None  # None: calibrated from the clients' budgets when the run starts
     batch: int | None = None
 
     def __post_init__(self) -> None:
@@ -45,7 +45,7 @@ class SplittingDP:
             raise ValueError(f"dp mode must be one of {', '.join(DP_MODES)}, got {self.mode!r}")
         if not self.clip > 0:
             raise ValueError(f"dp clip must be > 0, got {self.clip}")
-        if not self.noise_multiplier >= 0:
+        if self.noise_multiplier is not None and not self.noise_multiplier >= 0:
             raise ValueError(f"dp noise multiplier must be >= 0, got {self.noise_multiplier}")
         if self.mode == "dpsgd" and (self.batch is None or self.batch < 1):
             raise ValueError("dp mode 'dpsgd' needs the expected inner batch size (batch >= 1)")
@@ -56,25 +56,31 @@ class SplittingDP:
     def unit(self) -> str:
         return "client" if self.mode == "update_gaussian" else "sample"
 
+    @property
+    def z(self) -> float:
+        if self.noise_multiplier is None:
+            raise ValueError("the dp noise multiplier is not calibrated yet (give budgets to run_splitting)")
+        return self.noise_multiplier
+
     def inner(self) -> InnerDPSGD | None:
         if self.mode != "dpsgd":
             return None
         assert self.batch is not None
-        return InnerDPSGD(self.clip, self.noise_multiplier, self.batch)
+        return InnerDPSGD(self.clip, self.z, self.batch)
 
     def release(self, U: torch.Tensor, outputs: torch.Tensor, idx: torch.Tensor, seed: int, round_: int) -> torch.Tensor:
         """What clients `idx` send: their outputs as they are (dpsgd), or u + clip(L(u) - u) + noise."""
         if self.mode == "dpsgd":
             return outputs
-        stage = ClippedNoisyUpdate(self.clip, self.noise_multiplier)  # the same mechanism as every UDP upload
+        stage = ClippedNoisyUpdate(self.clip, self.z)  # the same mechanism as every UDP upload
         released = stage.apply({"update": outputs - U}, [int(i) for i in idx], seed, round_)["update"]
         return U + released
 
     def event(self, n_records: int, inner_steps: int) -> DpEvent:
         """The event of one participation of a client with n_records records."""
         if self.mode == "update_gaussian":
-            return gaussian_event(self.noise_multiplier)
+            return gaussian_event(self.z)
         assert self.batch is not None
         if inner_steps < 1:
             raise ValueError("dp mode 'dpsgd' needs a local operator with inner steps (gradient steps or inexact prox)")
-        return dpsgd_event(self.noise_multiplier, inner_steps, sampling="poisson", sample_rate=self.batch / n_records)
+        return dpsgd_event(self.z, inner_steps, sampling="poisson", sample_rate=self.batch / n_records)

@@ -88,7 +88,7 @@ class UnifiedSplitting:
     @property
     def guarantee_label(self) -> str | None:
         """The label a DP run of a reflection preset carries (§9)."""
-        if self.dp is not None and self.dp.noise_multiplier > 0 and (self.alpha != 1 or self.beta != 1):
+        if self.dp is not None and self.dp.noise_multiplier != 0 and (self.alpha != 1 or self.beta != 1):
             return NO_CONVERGENCE_GUARANTEE
         return None
 
