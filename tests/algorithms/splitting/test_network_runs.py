@@ -103,3 +103,20 @@ def test_udp_noise_is_calibrated_from_the_budgets_when_not_given():
     assert z is not None and z > 0 and run.algorithm.upload.cohort == 1
     spent = result.ledger.spent_all()
     assert max(spent.values()) <= 8.0 + 1e-6 and max(spent.values()) > 7.0  # every client takes part every round
+
+
+@pytest.mark.parametrize("params, match", [
+    ("{eta: 0}", "algorithm.params.eta"),
+    ("{eta: 0.5, anderson: {memory: -2}}", "algorithm.params.anderson.memory"),
+    ("{eta: 0.5, preset: x}", "algorithm.params.preset"),
+])
+def test_dpfl_run_refuses_bad_splitting_params_in_one_line(tmp_path, params, match):
+    from cli_runner import cli
+
+    path = tmp_path / "c.yaml"
+    path.write_text("name: s\ndata: {dataset: digits, clients: 3}\nmodel: {name: logr}\n"
+                    f"algorithm: {{name: fedpi, params: {params}}}\n"
+                    "training: {rounds: 1, local_steps: 1, batch_size: 8, optimizer: {lr: 0.1}}\n")
+    code, _, err = cli("run", path, "--out", tmp_path / "out")
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
