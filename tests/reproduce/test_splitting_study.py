@@ -139,3 +139,12 @@ def test_dpfl_data_convex_reports_the_heterogeneity(tmp_path):
     assert json.loads(out0)["heterogeneity_H"] < stats["heterogeneity_H"]
     code, _, err = cli("data", "convex", "--shift-scale", "-1")
     assert code == 2 and "shift_scale" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_same_out_with_other_rounds_is_refused(tiny_scale, tmp_path):
+    out = tmp_path / "out"
+    splitting.run_study("ci", out, methods=["fedpi"])
+    with pytest.raises(ValueError, match="holds a run of another setting"):
+        splitting.run_study("ci", out, methods=["fedpi"], rounds=10)
+    _, _, rows = splitting.run_study("ci", out, methods=["fedpi"])  # the same options continue
+    assert all(r["status"] == "ok" for r in rows)

@@ -30,7 +30,7 @@ from dpfl.privacy.run_calibration import PlannedRun, calibrate_run
 @dataclass
 class SplittingRunResult:
     history: list[dict[str, Any]]
-    final: torch.Tensor  # the last reported model
+    final: torch.Tensor  # the last reported model (xbar, its shadow, or the ergodic average)
     ledger: PrivacyLedger | None
     heterogeneity: float
     stop_reason: str
@@ -64,7 +64,8 @@ def run_splitting(
     as MoreauEnvelope). `stop_residual` stops once the residual is below that fraction of its round-0 value. With
     `algorithm.dp` the ledger holds every client's events and rows carry the largest epsilon spent so far; `budgets`
     (one ClientBudget per client, or one for all) set each client's delta and epsilon budget, and calibrate the
-    noise when `algorithm.dp` leaves it unset (`calibrate`)."""
+    noise when `algorithm.dp` leaves it unset (`calibrate`). With a given noise, the run stops (stop_reason "budget")
+    before a round in which a participant's upload would take it over its budget."""
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     fns = ConvexClients(problem) if isinstance(problem, ConvexProblem) else problem
@@ -90,19 +91,22 @@ def run_splitting(
         eps = None if per_client is None else {i: b.epsilon for i, b in enumerate(per_client)}
         ledger = PrivacyLedger(range(n), deltas=deltas, budgets=eps, accountant=accountant, unit=dp.unit)
     history: list[dict[str, Any]] = []
-    first_residual, stop = None, "rounds"
-    fallbacks = 0
+    first_residual, stop, reported = None, "rounds", server.xbar
     for t in range(rounds):
         eta = algorithm.schedule(t)
         idx = participants(algorithm, n, seed, t)
+        events = _participation_events(algorithm, fns.n_records, idx)
+        if ledger is not None and per_client is not None and ledger.exceeding(events):
+            stop = "budget"  # a participant's next upload would exceed its budget (given noise, not calibrated)
+            break
         res = server.round(fns, idx, eta, seed, t)
-        if ledger is not None and len(idx):
-            for records in sorted({int(fns.n_records[i]) for i in idx}):
-                group = [int(i) for i in idx if int(fns.n_records[i]) == records]
-                ledger.record_many(group, t, dp.event(records, algorithm.local.inner_steps(records)))
+        reported = res.reported
+        if ledger is not None and events:
+            for event, group in _grouped(events):
+                ledger.record_many(group, t, event)
             ledger.close_round(t)
-        fallbacks += res.anderson.startswith("fallback")
-        row = _row(t, eta, res, fns, theta, theta_norm, [int(i) for i in idx], fallbacks)
+        row = _row(t, eta, res, fns, theta, theta_norm, [int(i) for i in idx],
+                   server.window.fallbacks if server.window is not None else 0)
         if ledger is not None:
             row["epsilon_max"] = max(ledger.spent_all().values())
         history.append(row)
@@ -119,8 +123,32 @@ def run_splitting(
     if label is not None:
         for row in history:
             row["label"] = label
-    return SplittingRunResult(history, _final(server), ledger, heterogeneity(fns.problem), stop,
+    return SplittingRunResult(history, reported.clone(), ledger, heterogeneity(fns.problem), stop,
                               None if dp is None else dp.noise_multiplier)
+
+
+def _participation_events(algorithm: UnifiedSplitting, n_records: torch.Tensor, idx: torch.Tensor) -> list[tuple]:
+    """(client, DP event of its upload this round) for the participants idx; empty without DP. The event depends
+    only on the client's record count, so clients with equal counts share one event object."""
+    dp = algorithm.dp
+    if dp is None:
+        return []
+    shared: dict[int, Any] = {}
+    out = []
+    for i in idx.tolist():
+        records = int(n_records[i])
+        if records not in shared:
+            shared[records] = dp.event(records, algorithm.local.inner_steps(records))
+        out.append((i, shared[records]))
+    return out
+
+
+def _grouped(events: list[tuple]) -> list[tuple[Any, list[int]]]:
+    """The participants grouped by their (shared) event, for the ledger's record_many."""
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for client, event in events:
+        groups.setdefault(id(event), (event, []))[1].append(client)
+    return list(groups.values())
 
 
 def calibrate(algorithm: UnifiedSplitting, budgets: Sequence[ClientBudget], rounds: int, records: Sequence[int],
@@ -143,11 +171,6 @@ def calibrate(algorithm: UnifiedSplitting, budgets: Sequence[ClientBudget], roun
                           **common)
     noise = float(np.max(calibrate_run(plan).noise))
     return dataclasses.replace(algorithm, dp=dataclasses.replace(dp, noise_multiplier=noise))
-
-
-def _final(server) -> torch.Tensor:
-    avg = server.average
-    return avg.mean.clone() if avg is not None and avg.mean is not None else server.xbar.clone()
 
 
 def _row(t: int, eta: float, res, fns, theta: torch.Tensor, theta_norm: float, selected: list[int],

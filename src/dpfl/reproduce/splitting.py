@@ -23,6 +23,7 @@ client spent), stop_reason, seconds, status.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import time
 import traceback
@@ -60,6 +61,11 @@ class SplittingJob:
     def key(self) -> str:
         return f"{self.method}-aa{self.anderson}-seed{self.seed}"
 
+    def fingerprint(self) -> str:
+        """What the run is (its setting as validated, with any --rounds, and the job's method, tau and seed)."""
+        text = json.dumps([self.setting.model_dump(mode="json"), self.method, self.anderson, self.seed], sort_keys=True)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
     def paths(self, out: Path) -> tuple[Path, Path]:
         d = out / RUNS / self.setting.name
         return d / f"{self.key}.jsonl", d / f"{self.key}.json"
@@ -85,14 +91,15 @@ def jobs(scale: str, *, seeds: int | None = None, rounds: int | None = None, set
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if rounds is not None and rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    chosen = settings(scale, settings_pattern)
+    names = list(dict.fromkeys(m.name for s in chosen for m in s.methods))
+    for wanted in methods or ():
+        if wanted not in names:
+            raise ValueError(f"--methods: unknown method {wanted!r}; the settings have {', '.join(names)}")
     out = []
-    for s in settings(scale, settings_pattern):
+    for s in chosen:
         if rounds is not None:
             s = s.model_copy(update={"rounds": rounds})
-        names = [m.name for m in s.methods]
-        for wanted in methods or ():
-            if wanted not in {n for st in settings(scale, settings_pattern) for n in (m.name for m in st.methods)}:
-                raise ValueError(f"--methods: unknown method {wanted!r}; the settings have {', '.join(names)}")
         for m in s.methods:
             if methods and m.name not in methods:
                 continue
@@ -108,8 +115,13 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
     from dpfl.experiment.splitting_run import run_splitting
 
     metrics_path, summary_path = job.paths(out)
+    fingerprint = job.fingerprint()
     if summary_path.is_file():
-        return json.loads(summary_path.read_text(encoding="utf-8"))
+        done = json.loads(summary_path.read_text(encoding="utf-8"))
+        if done.get("fingerprint") != fingerprint:  # same --out with other options would mix two experiments
+            raise ValueError(f"{summary_path} holds a run of another setting (other --rounds, or an edited "
+                             "config); use another --out or remove it")
+        return done
     s = job.setting
     method = next(m for m in s.methods if m.name == job.method)
     row: dict[str, Any] = {"setting": s.name, "method": job.method, "preset": method.preset, "anderson": job.anderson,
@@ -125,10 +137,11 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
         write_text_atomic(log, traceback.format_exc())
         return {**row, "status": "failed", "seconds": round(time.perf_counter() - t0, 2)}
     history = result.history
-    last = history[-1]
-    row.update({"rounds": len(history), "final_gap": last["gap"], "final_rel_dist": last["rel_dist"],
-                "final_residual": last["residual"], "rounds_to_1e-8": result.rounds_to(1e-8),
-                "min_rel_dist": min(r["rel_dist"] for r in history), "heterogeneity": result.heterogeneity,
+    last = history[-1] if history else {}  # empty: stopped by a budget before round 1
+    row.update({"rounds": len(history), "final_gap": last.get("gap"), "final_rel_dist": last.get("rel_dist"),
+                "final_residual": last.get("residual"), "rounds_to_1e-8": result.rounds_to(1e-8),
+                "min_rel_dist": min((r["rel_dist"] for r in history), default=None),
+                "heterogeneity": result.heterogeneity, "fingerprint": fingerprint,
                 "stop_reason": result.stop_reason, "seconds": round(time.perf_counter() - t0, 2), "status": "ok",
                 "noise_multiplier": result.noise_multiplier,
                 "epsilon_max": max(result.ledger.spent_all().values()) if result.ledger is not None else None})
@@ -150,7 +163,7 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | 
         if progress is not None:
             progress(f"[{n}/{len(todo)}] {job.setting.name} {job.key}: {row['status']}"
                      + (f", rel dist {row['final_rel_dist']:.2e}, rounds to 1e-8 {row['rounds_to_1e-8']}"
-                        if row["status"] == "ok" else ""))
+                        if row["status"] == "ok" and row["rounds"] else ""))
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
     plots = {s.name: _plot(s.name, [j for j in todo if j.setting.name == s.name], out)
              for s in dict((j.setting.name, j.setting) for j in todo).values()}
@@ -237,5 +250,7 @@ def _markdown(scale: str, todo: Sequence[SplittingJob], rows: Sequence[dict], pl
     return "\n".join(lines)
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
+def _mean(values: Sequence[float | None]) -> float | None:
+    """Mean of the values a run produced (None: a run stopped by its budget before round 1)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None

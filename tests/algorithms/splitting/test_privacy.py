@@ -104,3 +104,14 @@ def test_unset_noise_without_budgets_is_an_error(ls):
     alg = presets.fedpi(0.01, local=ExactLeastSquaresProx(), dp=SplittingDP("update_gaussian", 1.0, None))
     with pytest.raises(ValueError, match="give budgets"):
         run_splitting(ls.fns, alg, 2)
+
+
+def test_given_noise_stops_the_run_before_a_budget_is_exceeded(ls):
+    from dpfl.privacy.budgets import ClientBudget
+
+    alg = presets.fedpi(1.0 / ls.mean_eig, local=ExactLeastSquaresProx(), dp=SplittingDP("update_gaussian", 1.0, 2.0))
+    run = run_splitting(ls.fns, alg, 50, budgets=ClientBudget(5.0, 1e-5))
+    assert run.stop_reason == "budget" and 0 < len(run.history) < 50
+    assert max(run.ledger.spent_all().values()) <= 5.0  # z = 2: eps 5.38 after 5 uploads, 4.01 after 3
+    one_more = epsilon(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), len(run.history) + 1), 1e-5)
+    assert one_more > 5.0  # it stopped exactly where the next upload would have gone over

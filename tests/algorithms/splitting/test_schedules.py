@@ -52,3 +52,16 @@ def test_ergodic_runs_log_both_the_average_and_the_last_iterate(ls):
                                                 ergodic=True), 20)
     row = run.history[-1]
     assert {"dist", "reported_dist"} <= set(row) and row["dist"] != row["reported_dist"]
+
+
+def test_the_final_model_is_the_last_reported_one(ls):
+    from dpfl.algorithms.client.local_operators import ExactLeastSquaresProx
+    from dpfl.algorithms.server.splitting import presets
+    from dpfl.experiment.splitting_run import run_splitting
+
+    eta = 1.0 / ls.mean_eig
+    shadow = run_splitting(ls.fns, presets.fedpi(eta, local=ExactLeastSquaresProx(), report="shadow"), 3)
+    admm = run_splitting(ls.fns, presets.fedpi_admm(eta, local=ExactLeastSquaresProx()), 3)
+    assert torch.allclose(shadow.final, admm.final, atol=1e-12)  # the shadow is FedPi-ADMM's theta, not xbar
+    assert shadow.history[-1]["reported_dist"] == pytest.approx(float(torch.linalg.vector_norm(
+        shadow.final - torch.as_tensor(ls.theta))), rel=1e-12)

@@ -79,10 +79,6 @@ class ConvexClients:
     def dim(self) -> int:
         return int(self.A.shape[2])
 
-    @property
-    def equal_sizes(self) -> bool:
-        return bool((self.n_records == self.n_records[0]).all())
-
     def rows(self, idx: torch.Tensor) -> ClientRows:
         """The data of clients idx (no copy when idx is every client in order; else one copy per call, so an
         operator takes it once per round, not once per inner step)."""

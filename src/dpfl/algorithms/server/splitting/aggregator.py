@@ -82,7 +82,7 @@ class SplittingAggregator:
                      "anderson_fallbacks": server.window.fallbacks if server.window is not None else 0}
         if not math.isfinite(result.residual):
             self.last["diverged"] = True
-        if self.noisy and (self.scheme.alpha != 1 or self.scheme.beta != 1):
+        if self.noisy and self.scheme.reflects:
             self.last["label"] = NO_CONVERGENCE_GUARANTEE
         return _unflatten(result.reported, global_params)
 

@@ -86,9 +86,14 @@ class UnifiedSplitting:
                           "paper's guarantees do not apply", stacklevel=2)
 
     @property
+    def reflects(self) -> bool:
+        """A reflection preset (alpha or beta != 1: fedsplit, fedpi, fedrp, ...), whose noisy runs carry the §9 label."""
+        return self.alpha != 1 or self.beta != 1
+
+    @property
     def guarantee_label(self) -> str | None:
         """The label a DP run of a reflection preset carries (§9)."""
-        if self.dp is not None and self.dp.noise_multiplier != 0 and (self.alpha != 1 or self.beta != 1):
+        if self.dp is not None and self.dp.noise_multiplier != 0 and self.reflects:
             return NO_CONVERGENCE_GUARANTEE
         return None
 
@@ -114,7 +119,6 @@ class RoundResult:
     participants: int
     bytes_up: int
     bytes_down: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class SplittingServer:
@@ -160,7 +164,7 @@ class SplittingServer:
         if len(idx) == 0:  # a no-op round (state unchanged), logged
             return RoundResult(self.xbar, self._report(self.xbar, None, eta), 0.0, "skipped", 0, 0, 0)
         local = local.to(self.u.dtype)
-        u_before = self.u.clone()
+        u_before = self.u  # the updates below assign a new self.u (never in place), so no copy is needed
         if alg.mode == "centralized":
             xbar, bytes_down = self._centralized(idx, local), len(idx) * p * itemsize  # u_i to each participant
         else:
