@@ -558,14 +558,18 @@ def reproduce_splitting(
     out: _Out,
     scale: Annotated[str, typer.Option("--scale", help=(
         "ci (heterogeneous least squares and logistic regression, 6 methods with and without Anderson, 1 seed; "
-        "about 5 minutes) or full (adds the heterogeneity, noise, partial-participation, diminishing-step and DP "
-        "settings, 3 seeds; measured 53 min per seed on a busy 2-core machine, the two logistic settings dominate)."))],
+        "about 5 minutes), reduced (the CNN comparison only: 3 partitions x 5 methods x (tau 0, 10) x 4 seeds at 30 "
+        "rounds of ONE local epoch; about 40 s per run) or full (convex: adds the heterogeneity, noise, "
+        "partial-participation, diminishing-step and DP settings, 3 seeds, measured 53 min per seed on a busy 2-core "
+        "machine; CNN: 100 rounds of 10 local epochs, 4 seeds, about 10 s per round: days)."))],
     seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
     dry_run: _DryRun = False,
 ) -> None:
     """The operator-splitting family (FedAvg, FedProx, FedSplit, FedPi, FedRP, Anderson) on the convex problems of
-    specs/operator_splitting.md, in float64. Writes OUT/results.csv, results.md, plots/gap_<setting>.png, runs/."""
-    from dpfl.reproduce.splitting import jobs, run_study
+    specs/operator_splitting.md in float64, and on the reference CNN. Writes OUT/results.csv, results.md, plots/,
+    runs/."""
+    from dpfl.reproduce.runner import describe_jobs
+    from dpfl.reproduce.splitting import plan, run_study
 
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce splitting --scale", scale, "--out", str(out)]
@@ -577,10 +581,13 @@ def reproduce_splitting(
 
     try:
         if dry_run:
-            for job in jobs(scale, seeds=seeds, rounds=rounds, settings_pattern=settings, methods=wanted):
+            todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings, methods=wanted)
+            for job in todo.convex:
                 done = job.paths(out)[1].is_file()
                 console.print(f"{job.setting.name} {job.key} ({job.setting.rounds} rounds): "
                               f"{'finished' if done else 'new'}", markup=False, highlight=False)
+            for line in describe_jobs(todo.cnn, out) if todo.cnn is not None else ():
+                console.print(line, markup=False, highlight=False)
             return
         csv_path, md_path, rows = run_study(scale, out, seeds=seeds, rounds=rounds, settings_pattern=settings,
                                             methods=wanted, progress=say, command=command)

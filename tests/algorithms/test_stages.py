@@ -143,3 +143,17 @@ def test_dpsgd_program_event_matches_its_sampling():
     assert "Poisson" in type(poisson.event).__name__
     assert "WithoutReplacement" in type(fixed.event).__name__
     assert sgd(0.1, steps=3).event(100, 8, 1.0) is None
+
+
+def test_round_specs_may_change_only_the_learning_rate_and_the_proximal_weight():
+    from dataclasses import replace
+
+    from dpfl.algorithms.client.program import sgd
+
+    program = sgd(0.1, steps=2, prox_mu=1.0)
+    scheduled = replace(program, round_specs=(program.spec, replace(program.spec, lr=0.05, prox_mu=2.0)))
+    assert scheduled.spec_at(1).lr == 0.05 and scheduled.spec_at(0) == program.spec == program.spec_at(7)
+    with pytest.raises(ValueError, match="only lr and prox_mu"):
+        replace(program, round_specs=(replace(program.spec, momentum=0.9),))
+    with pytest.raises(ValueError, match="at least one"):
+        replace(program, round_specs=())

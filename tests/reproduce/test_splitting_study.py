@@ -35,6 +35,69 @@ def test_every_shipped_setting_validates():
     for scale in splitting.SCALES:
         for setting in splitting.settings(scale):
             assert setting.methods and setting.rounds >= 1
+        splitting.plan(scale)  # validates the CNN run configs too
+
+
+def test_the_cnn_grid_is_the_spec_comparison():
+    """5 presets x (tau 0, 10) x 3 partitions x 4 seeds; Anderson's scope as §7 allows; the reduced scale is
+    labelled and changes only the rounds and the local epochs."""
+    full, reduced = splitting.plan("full").cnn, splitting.plan("reduced").cnn
+    assert len(full.jobs) == len(reduced.jobs) == 5 * 2 * 3 * 4
+    assert splitting.plan("ci").cnn is None and not splitting.plan("reduced").convex
+    by = {(j.setting, j.method, j.seed): j.config for j in full.jobs}
+    assert by["cnn-shards2", "fedpi-aa10", 3].algorithm.params["anderson"]["scope"] == "state"
+    assert by["cnn-iid", "fedrp-aa10", 0].algorithm.params["anderson"] == {"memory": 10, "scope": "global",
+                                                                          "blend": 0.0, "safeguard": False}
+    assert by["cnn-iid", "fedavg-aa0", 0].algorithm.params.get("anderson") is None  # dpfl's own fedavg
+    assert by["cnn-shards6", "fedprox-aa0", 1].algorithm.params["mu"] == 1.0
+    assert {c.data.partition for c in by.values()} == {"iid", "shards"}
+    for j in reduced.jobs:
+        f = by[j.setting, j.method, j.seed]
+        assert (j.config.training.rounds, j.config.training.local_epochs) == (30, 1)
+        assert (f.training.rounds, f.training.local_epochs) == (100, 10)
+        assert j.config.algorithm == f.algorithm and j.config.data == f.data
+    assert "reduced" in reduced.label and "local_epochs=1" in reduced.label
+    only = splitting.plan("full", methods=["fedpi"], settings_pattern="cnn-iid,ls-s1")
+    assert {j.method for j in only.cnn.jobs} == {"fedpi-aa0", "fedpi-aa10"}
+    assert {j.method for j in only.convex} == {"fedpi"}
+
+
+TINY_CNN = """
+name: tiny-cnn
+seed: 0
+data: {dataset: digits, clients: 4, partition: iid}
+model: {name: logr}
+algorithm: {name: fedpi, params: {eta: 1.0}}
+training: {rounds: 3, local_epochs: 0.5, batch_size: 16, optimizer: {lr: 0.1}, selection: {kind: fixed, k: 2}}
+evaluation: {every: 1}
+"""
+
+
+def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
+    from dpfl.reproduce import splitting_cnn
+
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "tiny.yaml").write_text(TINY_CNN)
+    monkeypatch.setattr(splitting_cnn, "config_dir", lambda family: configs)
+    monkeypatch.setattr(splitting_cnn, "PARTITIONS", {"cnn-tiny": ("tiny.yaml", "digits, 4 clients")})
+    monkeypatch.setattr(splitting_cnn, "TAU", 2)
+    out = tmp_path / "out"
+    lines = []
+    csv_path, md_path, rows = splitting.run_study("reduced", out, seeds=1, rounds=3, methods=["fedavg", "fedpi"],
+                                                  progress=lines.append)
+    with open(csv_path) as f:
+        table = list(csv.DictReader(f))
+    assert [(r["method"], r["anderson"]) for r in table] == [("fedavg", "0"), ("fedavg", "2"), ("fedpi", "0"),
+                                                             ("fedpi", "2")]
+    assert all(r["status"] == "ok" and r["rounds"] == "3" and 0 < float(r["final_accuracy"]) <= 1 for r in table)
+    assert table[0]["final_residual"] == "" and float(table[3]["final_residual"]) > 0  # only splitting logs it
+    assert (out / "runs" / "cnn-tiny" / "fedpi-aa2" / "seed0" / "summary.json").is_file()
+    assert (out / "plots" / "accuracy_cnn-tiny.png").stat().st_size > 0
+    text = md_path.read_text()
+    assert "## Nonconvex" in text and "| fedpi | 2 |" in text and len(lines) == 4
+    again = splitting.run_study("reduced", out, seeds=1, rounds=3, methods=["fedavg", "fedpi"])[2]
+    assert [r["final_accuracy"] for r in again] == [r["final_accuracy"] for r in rows]  # collected, not rerun
 
 
 def test_study_writes_one_row_per_run_with_the_required_columns(tiny_scale, tmp_path):
@@ -106,7 +169,7 @@ def test_bad_settings_are_one_config_error(change, match):
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
-    for args, match in ((["--scale", "huge"], "--scale must be one of ci, full"),
+    for args, match in ((["--scale", "huge"], "--scale must be one of ci, reduced, full"),
                         (["--scale", "ci", "--methods", "nope"], "unknown method 'nope'"),
                         (["--scale", "ci", "--settings", "zzz*"], "matches no ci setting"),
                         (["--scale", "ci", "--seeds", "0"], "--seeds must be >= 1")):
@@ -120,6 +183,9 @@ def test_cli_dry_run_lists_the_jobs(tmp_path):
     assert code == 0
     assert "ls-s1 fedpi-aa2-seed0 (605 rounds): new" in out
     assert len(out.strip().splitlines()) == 24  # 2 problems x 6 methods x (tau 0, 2)
+    code, out, _ = cli("reproduce", "splitting", "--scale", "reduced", "--out", tmp_path / "o", "--dry-run",
+                       "--settings", "cnn-iid", "--seeds", "1")
+    assert code == 0 and "cnn-iid" in out and "fedpi-aa10" in out and "new" in out
 
 
 def test_load_setting_names_the_file(tmp_path):

@@ -16,6 +16,7 @@ not on this machine raises `dpfl.data.DatasetNotFoundError` unchanged (its messa
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -375,24 +376,38 @@ def _noisy(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algo
 
 
 def _splitting(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algorithm:
-    """fedsplit / fedpi / fedrp on a network: the engine's (DP-)SGD on the prox objective from each client's u_i,
-    the scheme's server step over the population's u and z; udp: one N(0, z^2 C^2) per upload (cohort 1)."""
-    p, mech = cfg.privacy, cfg.privacy.mechanism
+    """A splitting preset on a network: the engine's (DP-)SGD from each client's u_i (on the prox objective for prox
+    presets), the scheme's server step over the population's u and z; udp: one N(0, z^2 C^2) per upload (cohort 1).
+
+    fedsplit / fedpi / fedrp: eta is the prox step (mu = 1/eta). fedavg / fedprox with `anderson`: the presets of the
+    same names (fedavg's eta is the local learning rate, fedprox's is 1/mu), so Anderson can accelerate them."""
+    p, mech, name = cfg.privacy, cfg.privacy.mechanism, cfg.algorithm.name
     if cfg.algorithm.aggregator is not None:
-        raise ConfigError(f"algorithm.aggregator: {cfg.algorithm.name} is its own aggregator (the splitting server "
-                          "step)", "algorithm.aggregator")
-    local = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=1.0 / params.eta)
+        raise ConfigError(f"algorithm.aggregator: {name} is its own aggregator (the splitting server step)",
+                          "algorithm.aggregator")
+    if name == "fedavg":
+        eta, kind, mu = cfg.training.optimizer.lr, "gradient", 0.0
+    elif name == "fedprox":
+        eta, kind, mu = 1.0 / params.mu, "prox", params.mu
+    else:
+        eta, kind, mu = params.eta, "prox", 1.0 / params.eta
     a = params.anderson
+    options = {k: getattr(params, k) for k in ("mode", "report", "ergodic") if hasattr(params, k)}
     try:
         anderson = AndersonII(a.memory, a.scope, a.blend, a.safeguard) if a is not None else None
-        scheme = splitting_presets.make(cfg.algorithm.name, params.eta, EngineOperator("prox"), mode=params.mode,
-                                        report=params.report, ergodic=params.ergodic, anderson=anderson,
-                                        participation=selection)
+        scheme = splitting_presets.make(name, eta, EngineOperator(kind), anderson=anderson, participation=selection,
+                                        schedule=params.schedule, period=params.period, **options)
     except ValueError as err:
         raise ConfigError(f"algorithm.params: {err}", "algorithm.params") from None
+    local = _local_program(cfg, loss, private=mech == "dpsgd", prox_mu=mu)
+    if scheme.schedule.name != "constant":  # eta_t is the local lr (gradient presets) or the prox step 1/mu_t
+        etas = [scheme.schedule(t) for t in range(cfg.training.rounds)]
+        specs = [dataclasses.replace(local.spec, **({"lr": e} if kind == "gradient" else {"prox_mu": 1.0 / e}))
+                 for e in etas]
+        local = dataclasses.replace(local, round_specs=tuple(specs))
     upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier, 1.0) if mech == "udp" else FullUpdate()
     aggregator = SplittingAggregator(scheme, cfg.data.clients, noisy=mech != "none")
-    return Algorithm(cfg.algorithm.name, local, selection, upload, aggregator)
+    return Algorithm(name, local, selection, upload, aggregator)
 
 
 def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm:
@@ -408,7 +423,7 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
     selection = Selection(sel.kind, sel.k, sel.rate)
     if name in ("noisy_fedavg", "noisy_fedprox"):
         return _noisy(cfg, params, loss, selection)
-    if name in SPLITTING_ALGORITHMS:
+    if name in SPLITTING_ALGORITHMS or getattr(params, "splitting", False):
         return _splitting(cfg, params, loss, selection)
     mu = getattr(params, "mu", 0.0)
     personal: Any = AdditivePersonal(params.alpha) if name == "ppsgd" else None

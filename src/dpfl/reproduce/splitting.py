@@ -1,23 +1,28 @@
-"""`dpfl reproduce splitting`: the operator-splitting family on the convex problems (operator_splitting.md §10-§12).
+"""`dpfl reproduce splitting`: the operator-splitting family on the convex problems (operator_splitting.md §10-§12)
+and on the reference CNN.
 
     dpfl reproduce splitting --scale ci --out OUT      # OUT/results.csv, results.md, plots/, runs/, logs/
 
-Each setting is a config of configs/splitting/convex/ (a problem, rounds, methods, Anderson memories); every method runs
-once per Anderson memory and seed, through `dpfl.experiment.splitting_run.run_splitting` in float64. A run's
-metrics (one row per round) go to OUT/runs/<setting>/<method>-aa<tau>-seed<s>.jsonl and its summary next to it;
+Convex: each setting is a config of configs/splitting/convex/ (a problem, rounds, methods, Anderson memories); every
+method runs once per Anderson memory and seed, through `dpfl.experiment.splitting_run.run_splitting` in float64. A
+run's metrics (one row per round) go to OUT/runs/<setting>/<method>-aa<tau>-seed<s>.jsonl and its summary next to it;
 a run whose summary exists is not run again, so re-running the command continues where it stopped. One failing run
 is recorded (status "failed", its traceback in OUT/logs/) and the others go on.
 
+Nonconvex (`dpfl.reproduce.splitting_cnn`): the CNN settings cnn-iid, cnn-shards6, cnn-shards2 are ordinary
+`dpfl run` directories under OUT/runs/<setting>/<preset>-aa<tau>/seed<k>/, run and resumed by the reproduce runner.
+
 Scales: ci is heterogeneous least squares (s = 1) and logistic regression with fedavg (k in {1, 5}), fedprox,
-fedsplit, fedpi, fedrp, each with and without Anderson (tau = 2), one seed; full adds the heterogeneity sweep, label
-noise, partial participation, diminishing-step and DP (update_gaussian, calibrated from an epsilon budget)
-settings at three seeds. The nonconvex CNN comparison is not
-here yet (it needs the splitting aggregator in the federated round loop).
+fedsplit, fedpi, fedrp, each with and without Anderson (tau = 2), one seed; reduced is the CNN comparison only, at
+30 rounds of one local epoch (REDUCED), 4 seeds; full adds to ci the heterogeneity sweep, label noise, partial
+participation, diminishing-step and DP (update_gaussian, calibrated from an epsilon budget) settings at three seeds,
+and the CNN comparison at the configs' 100 rounds of 10 local epochs, 4 seeds.
 
 results.csv columns: setting, method, preset, anderson, seed, rounds, final_gap, final_rel_dist, final_residual,
 rounds_to_1e-8 (rounds until the fixed-point residual is below 1e-8 of its round-0 value, empty if never),
 min_rel_dist, heterogeneity, noise_multiplier and epsilon_max (DP settings: the noise used and the largest epsilon any
-client spent), stop_reason, seconds, status.
+client spent), final_accuracy and best_accuracy (CNN: the global model on the test set after the last round and at
+the best evaluated round; the convex columns are empty there), stop_reason, seconds, status.
 """
 
 from __future__ import annotations
@@ -33,19 +38,21 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.privacy.budgets import ClientBudget
-from dpfl.reproduce.jobs import config_dir
+from dpfl.reproduce import splitting_cnn
+from dpfl.reproduce.jobs import Grid, config_dir
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
-SCALES = {
+SCALES = {  # convex settings per scale; the CNN settings are splitting_cnn.SCALES' (reduced and full)
     "ci": {"settings": ("ls_heterogeneous", "lr_heterogeneous_ci"), "seeds": 1},
+    "reduced": {"settings": (), "seeds": 1},
     "full": {"settings": ("ls_heterogeneous", "lr_heterogeneous", "ls_homogeneous", "ls_shift2", "ls_noise10",
                           "ls_partial_p05", "lr_flip", "ls_diminishing", "ls_dp"), "seeds": 3},
 }
 COLUMNS = ["setting", "method", "preset", "anderson", "seed", "rounds", "final_gap", "final_rel_dist",
-           "final_residual", "rounds_to_1e-8", "min_rel_dist", "heterogeneity", "noise_multiplier", "epsilon_max", "stop_reason", "seconds",
-           "status"]
+           "final_residual", "rounds_to_1e-8", "min_rel_dist", "heterogeneity", "noise_multiplier", "epsilon_max",
+           "final_accuracy", "best_accuracy", "stop_reason", "seconds", "status"]
 RUNS, LOGS, PLOTS = "runs", "logs", "plots"
 RESOLUTION = 2.2e-16  # float64 machine epsilon: the plots' floor for a gap, relative to the objective
 
@@ -72,32 +79,47 @@ class SplittingJob:
 
 
 def settings(scale: str, pattern: str | None = None) -> list[SettingConfig]:
+    """The convex settings of a scale whose names match `pattern` (comma-separated globs); may be empty."""
     if scale not in SCALES:
         raise ValueError(f"--scale must be one of {', '.join(SCALES)}, got {scale!r}")
     found = [load_setting(config_dir("splitting") / "convex" / f"{name}.yaml") for name in SCALES[scale]["settings"]]
     if pattern:
         wanted = [p.strip() for p in pattern.split(",") if p.strip()]
-        found = [s for s in found if any(fnmatch.fnmatch(s.name, p) for p in wanted)]
-    if not found:
-        raise ValueError(f"--settings {pattern!r} matches no {scale} setting "
-                         f"({', '.join(s.name for s in settings(scale))})")
+        found = [s for s in found if any(fnmatch.fnmatchcase(s.name, p) for p in wanted)]
     return found
 
 
-def jobs(scale: str, *, seeds: int | None = None, rounds: int | None = None, settings_pattern: str | None = None,
-         methods: Sequence[str] | None = None) -> list[SplittingJob]:
-    """Every (setting, method, Anderson memory, seed) of a scale, after the selections."""
+@dataclass
+class Plan:
+    """The runs of one invocation: convex jobs and the CNN grid (None when the scale or selection has none)."""
+
+    convex: list[SplittingJob]
+    cnn: Grid | None
+
+
+def plan(scale: str, *, seeds: int | None = None, rounds: int | None = None, settings_pattern: str | None = None,
+         methods: Sequence[str] | None = None) -> Plan:
+    """Every (setting, method, Anderson memory, seed) of a scale, after the selections; a bad selection is a
+    ValueError naming the option."""
     if seeds is not None and seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if rounds is not None and rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
-    chosen = settings(scale, settings_pattern)
-    names = list(dict.fromkeys(m.name for s in chosen for m in s.methods))
+    convex = settings(scale, settings_pattern)
+    cnn_names = [n for n in splitting_cnn.PARTITIONS if scale in splitting_cnn.SCALES
+                 and (not settings_pattern or any(fnmatch.fnmatchcase(n, p.strip())
+                                                  for p in settings_pattern.split(",") if p.strip()))]
+    if not convex and not cnn_names:
+        every = [s.name for s in settings(scale)] + (list(splitting_cnn.PARTITIONS) if scale in splitting_cnn.SCALES
+                                                     else [])
+        raise ValueError(f"--settings {settings_pattern!r} matches no {scale} setting ({', '.join(every)})")
+    names = list(dict.fromkeys([m.name for s in convex for m in s.methods]
+                               + (list(splitting_cnn.PRESETS) if cnn_names else [])))
     for wanted in methods or ():
         if wanted not in names:
             raise ValueError(f"--methods: unknown method {wanted!r}; the settings have {', '.join(names)}")
     out = []
-    for s in chosen:
+    for s in convex:
         if rounds is not None:
             s = s.model_copy(update={"rounds": rounds})
         for m in s.methods:
@@ -105,9 +127,19 @@ def jobs(scale: str, *, seeds: int | None = None, rounds: int | None = None, set
                 continue
             for tau in s.anderson.memories:
                 out.extend(SplittingJob(s, m.name, tau, seed) for seed in range(seeds or SCALES[scale]["seeds"]))
-    if not out:
+    presets = [m for m in methods if m in splitting_cnn.PRESETS] if methods else None
+    cnn = None
+    if cnn_names and presets != []:
+        cnn = splitting_cnn.grid(scale, seeds=seeds, rounds=rounds, presets=presets,
+                                 settings_pattern=",".join(cnn_names))
+    if not out and (cnn is None or not cnn.jobs):
         raise ValueError("no job to run: the selection leaves nothing")
-    return out
+    return Plan(out, cnn)
+
+
+def jobs(scale: str, **selection: Any) -> list[SplittingJob]:
+    """The convex jobs of `plan(scale, **selection)`."""
+    return plan(scale, **selection).convex
 
 
 def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
@@ -153,22 +185,27 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
 def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | None = None,
               settings_pattern: str | None = None, methods: Sequence[str] | None = None,
               progress: Callable[[str], None] | None = None, command: str = "") -> tuple[Path, Path, list[dict]]:
-    """Run (or continue) the study; write results.csv, results.md and one gap plot per setting."""
-    todo = jobs(scale, seeds=seeds, rounds=rounds, settings_pattern=settings_pattern, methods=methods)
+    """Run (or continue) the study; write results.csv, results.md, one gap plot per convex setting and one accuracy
+    plot per CNN setting."""
+    todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings_pattern, methods=methods)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for n, job in enumerate(todo, 1):
+    for n, job in enumerate(todo.convex, 1):
         row = run_job(job, out)
         rows.append(row)
         if progress is not None:
-            progress(f"[{n}/{len(todo)}] {job.setting.name} {job.key}: {row['status']}"
+            progress(f"[{n}/{len(todo.convex)}] {job.setting.name} {job.key}: {row['status']}"
                      + (f", rel dist {row['final_rel_dist']:.2e}, rounds to 1e-8 {row['rounds_to_1e-8']}"
                         if row["status"] == "ok" and row["rounds"] else ""))
-    csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
-    plots = {s.name: _plot(s.name, [j for j in todo if j.setting.name == s.name], out)
-             for s in dict((j.setting.name, j.setting) for j in todo).values()}
-    md_path = write_text_atomic(out / "results.md", _markdown(scale, todo, rows, plots, command))
-    return csv_path, md_path, rows
+    cnn_rows = splitting_cnn.run(todo.cnn, out, progress) if todo.cnn is not None else []
+    csv_path = write_text_atomic(out / "results.csv", csv_text(rows + cnn_rows, COLUMNS))
+    plots = {s.name: _plot(s.name, [j for j in todo.convex if j.setting.name == s.name], out)
+             for s in dict((j.setting.name, j.setting) for j in todo.convex).values()}
+    md = _markdown(scale, todo.convex, rows, plots, command)
+    if todo.cnn is not None:
+        md += "\n" + splitting_cnn.markdown(todo.cnn, cnn_rows, out)
+    md_path = write_text_atomic(out / "results.md", md)
+    return csv_path, md_path, rows + cnn_rows
 
 
 def _plot(setting: str, setting_jobs: Sequence[SplittingJob], out: Path) -> Path | None:
@@ -213,17 +250,19 @@ def _fmt(v: Any, spec: str = ".2e") -> str:
 
 
 def _markdown(scale: str, todo: Sequence[SplittingJob], rows: Sequence[dict], plots: dict, command: str) -> str:
-    lines = [f"# Operator splitting, convex problems ({scale} scale)", ""]
+    lines = [f"# Operator splitting ({scale} scale)", ""]
     if command:
         lines += [f"Produced by `{command}`.", ""]
-    lines += ["Float64; gap = f(xbar) - f(theta*) (least squares: the exact quadratic form); rel dist = "
+    if not todo:
+        return "\n".join(lines)
+    lines += ["## Convex problems", "", "Float64; gap = f(xbar) - f(theta*) (least squares: the exact quadratic form); rel dist = "
               "||xbar - theta*|| / ||theta*||; rounds to 1e-8 = rounds until the fixed-point residual ||u - T u|| is "
               "below 1e-8 of its round-0 value (empty: never). Values are the mean over seeds where several ran.", ""]
     for name in dict.fromkeys(j.setting.name for j in todo):
         setting = next(j.setting for j in todo if j.setting.name == name)
         mine = [r for r in rows if r["setting"] == name]
         het = next((r["heterogeneity"] for r in mine if r.get("status") == "ok"), None)
-        lines += [f"## {name}", "", setting.describe or "", "",
+        lines += [f"### {name}", "", setting.describe or "", "",
                   f"Problem: {setting.problem.model_dump(exclude_none=True)}; {setting.rounds} rounds; "
                   f"participation {setting.participation.kind}; H = {_fmt(het, '.4g')}.", ""]
         body = []

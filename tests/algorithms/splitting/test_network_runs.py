@@ -12,9 +12,10 @@ from dpfl.experiment.config import ConfigError, validate_config
 
 
 def config(algorithm="fedpi", rounds=4, clients=4, privacy=None, selection=None, **params):
+    params = params if algorithm in ("fedavg", "fedprox") else {"eta": 0.5, **params}
     return validate_config({
         "name": "split", "seed": 3, "data": {"dataset": "digits", "clients": clients, "partition": "iid"},
-        "model": {"name": "logr"}, "algorithm": {"name": algorithm, "params": {"eta": 0.5, **params}},
+        "model": {"name": "logr"}, "algorithm": {"name": algorithm, "params": params},
         "training": {"rounds": rounds, "local_steps": 3, "batch_size": 16, "optimizer": {"lr": 0.05},
                      "selection": selection or {"kind": "all"}},
         **({"privacy": privacy} if privacy else {}),
@@ -120,3 +121,57 @@ def test_dpfl_run_refuses_bad_splitting_params_in_one_line(tmp_path, params, mat
     code, _, err = cli("run", path, "--out", tmp_path / "out")
     assert code == 2 and match in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("algorithm, params", [("fedavg", {}), ("fedprox", {"mu": 2.0})])
+def test_fedavg_and_fedprox_with_anderson_0_are_dpfls_own_algorithms(algorithm, params):
+    """The splitting presets fedavg / fedprox (beta = gamma = 1) on the engine are the plain mean of the uploads,
+    also under partial participation (xbar = the participants' mean), so tau = 0 must give dpfl's model."""
+    for selection in ({"kind": "all"}, {"kind": "fixed", "k": 2}):
+        plain = final_params(config(algorithm, selection=selection, **params))
+        split_cfg = config(algorithm, selection=selection, **params, anderson={"memory": 0})
+        assert isinstance(build_algorithm(split_cfg).aggregator, SplittingAggregator)
+        split = final_params(split_cfg)
+        for n in plain:
+            assert torch.allclose(plain[n], split[n], atol=1e-6), (algorithm, selection, n)
+
+
+def test_fedprox_with_anderson_runs_the_prox_preset_and_changes_the_iterates():
+    alg = build_algorithm(config("fedprox", mu=2.0, anderson={"memory": 2, "scope": "global"}))
+    scheme = alg.aggregator.scheme
+    assert (scheme.name, scheme.schedule.eta0, alg.local.spec.prox_mu) == ("fedprox", 0.5, 2.0)
+    plain = final_params(config("fedprox", mu=2.0))
+    accelerated = final_params(config("fedprox", mu=2.0, anderson={"memory": 2, "scope": "global"}))
+    assert any(not torch.allclose(plain[n], accelerated[n]) for n in plain)
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"anderson": {"memory": 2}, "weighting": "samples"}, "averages uniformly"),
+    ({"anderson": {"memory": 2}, "server_lr": 0.5}, "averages uniformly"),
+])
+def test_anderson_on_fedavg_needs_the_plain_uniform_average(params, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        build_algorithm(config("fedavg", **params))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("algorithm, params, field, values", [
+    ("fedpi", {"eta": 0.5, "schedule": "exp_halving", "period": 2}, "prox_mu", [2.0, 2.0, 4.0, 4.0]),
+    ("fedprox", {"mu": 2.0, "schedule": "inv_t"}, "prox_mu", [2.0, 4.0, 6.0, 8.0]),
+    ("fedavg", {"schedule": "inv_t"}, "lr", [0.05, 0.025, 0.05 / 3, 0.0125]),
+])
+def test_a_schedule_drives_the_local_program_and_the_server_step(algorithm, params, field, values):
+    """eta_t is the prox step (mu_t = 1/eta_t) of prox presets and the local learning rate of fedavg (§6); the
+    engine runs round t with that spec and the server logs the same eta_t."""
+    run = build_run(config(algorithm, **params))
+    local = run.algorithm.local
+    assert [getattr(local.spec_at(t), field) for t in range(4)] == pytest.approx(values)
+    with pytest.raises(ValueError, match="round 4 has no local spec"):
+        local.spec_at(4)
+    result = run.run()
+    etas = [row["eta"] for row in result.history]
+    expected = values if field == "lr" else [1.0 / v for v in values]
+    assert etas == pytest.approx(expected)
+    constant = final_params(config(algorithm, **{k: v for k, v in params.items() if k not in ("schedule", "period")},
+                                   **({"anderson": {"memory": 0}} if algorithm != "fedpi" else {})))
+    assert any(not torch.allclose(constant[n], result.params[n]) for n in constant)

@@ -6,7 +6,7 @@ The program is a pure description (hyperparameters); the engine executes it for 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from dp_accounting import DpEvent
@@ -23,6 +23,8 @@ class LocalProgram:
     `private` means sample-level DP-SGD: each step is the sampled Gaussian mechanism on the client's
     records, with the client's own noise multiplier. `step_sizes` ([rounds][steps]) replaces spec.lr by a
     per-round, per-step learning rate η_{k,t} (Noisy-FedAvg's schedules); it needs a fixed `steps`.
+    `round_specs` ([rounds]) replaces `spec` round by round (a splitting schedule's learning rate or proximal
+    weight); it may change only lr and prox_mu, which the DP event does not depend on.
     """
 
     spec: LocalSpec
@@ -30,6 +32,7 @@ class LocalProgram:
     epochs: float | None = None
     private: bool = False
     step_sizes: tuple[tuple[float, ...], ...] | None = None
+    round_specs: tuple[LocalSpec, ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.epochs is None):
@@ -47,6 +50,21 @@ class LocalProgram:
             object.__setattr__(self, "step_sizes", rows)
             if self.steps is None or not rows or any(len(row) != self.steps for row in rows):
                 raise ValueError(f"step_sizes must be [rounds][steps] with a fixed number of steps ({self.steps})")
+        if self.round_specs is not None:
+            object.__setattr__(self, "round_specs", tuple(self.round_specs))
+            if not self.round_specs:
+                raise ValueError("round_specs must hold at least one round's spec")
+            for spec in self.round_specs:
+                if replace(spec, lr=self.spec.lr, prox_mu=self.spec.prox_mu) != self.spec:
+                    raise ValueError("round_specs may change only lr and prox_mu from the program's spec")
+
+    def spec_at(self, round_: int) -> LocalSpec:
+        """The spec round `round_` (0-based) runs with."""
+        if self.round_specs is None:
+            return self.spec
+        if not 0 <= round_ < len(self.round_specs):
+            raise ValueError(f"round {round_} has no local spec (the schedule covers {len(self.round_specs)} rounds)")
+        return self.round_specs[round_]
 
     def steps_for(self, n_records: int, batch_size: int) -> int:
         """Local steps per round for a client with n_records records and batch size batch_size."""

@@ -71,8 +71,6 @@ class _NoisyProxParams(_NoisyParams):
     alpha: float = Field(ge=0)
 
 
-class _ProxParams(_FedAvgParams):
-    mu: float = Field(gt=0)
 
 
 class _PFAParams(_Section):
@@ -173,12 +171,44 @@ class _AndersonParams(_Section):
     safeguard: bool = False
 
 
+Schedule = Literal["constant", "inv_t", "inv_sqrt", "inv_log", "inv_log_e", "exp_halving"]  # splitting.schedules
+
+
+class _AcceleratedParams(_FedAvgParams):
+    """fedavg / fedprox; `anderson` or a non-constant `schedule` runs them as the splitting scheme's fedavg / fedprox
+    preset (operator_splitting.md §3, §6, §7): the server keeps the round map's iterates and may extrapolate them
+    (uniform weights, server_lr 1); eta_t scales fedavg's learning rate and fedprox's 1/mu round by round."""
+
+    anderson: _AndersonParams | None = None
+    schedule: Schedule = "constant"
+    period: int = Field(500, ge=1, le=MAX_ITERATIONS)
+
+    @property
+    def splitting(self) -> bool:
+        """Whether the run is the splitting preset (something only the preset offers is asked for)."""
+        return self.anderson is not None or self.schedule != "constant"
+
+    @model_validator(mode="after")
+    def _plain_average(self) -> _AcceleratedParams:
+        if self.splitting and (self.weighting != "uniform" or self.server_lr != 1.0):
+            raise ValueError("anderson and schedules run the splitting preset, which averages uniformly with "
+                             f"server_lr 1 (got weighting {self.weighting!r}, server_lr {self.server_lr:g})")
+        return self
+
+
+class _ProxParams(_AcceleratedParams):
+    mu: float = Field(gt=0)
+
+
 class _SplittingParams(_Section):
     """fedsplit / fedpi / fedrp (operator_splitting.md §3): eta is the prox step (the local program runs the
     configured SGD on f_i + ||x - u_i||^2 / (2 eta) from the client's own u_i); mode, report, ergodic averaging and
-    Anderson acceleration as in the spec. Constant eta on networks."""
+    Anderson acceleration as in the spec; `schedule` (period: exp_halving's T) makes the prox step eta_t, i.e. the
+    local program's proximal weight 1/eta_t, round by round."""
 
     eta: float = Field(gt=0)
+    schedule: Schedule = "constant"
+    period: int = Field(500, ge=1, le=MAX_ITERATIONS)
     mode: Literal["centralized", "decentralized"] = "centralized"
     report: Literal["xbar", "shadow"] = "xbar"
     ergodic: bool = False
@@ -186,7 +216,7 @@ class _SplittingParams(_Section):
 
 
 ALGORITHM_PARAMS: dict[str, type[_Section]] = {
-    "fedavg": _FedAvgParams,
+    "fedavg": _AcceleratedParams,
     "dp_fedavg_local": _FedAvgParams,
     "dp_fedavg_central": _CentralParams,
     "udp_fedavg": _FedAvgParams,
@@ -231,7 +261,9 @@ class AlgorithmConfig(_Section):
     """An algorithm bundle by name, with its hyperparameters in `params` (checked per algorithm).
 
     params: fedavg / dp_fedavg_local / udp_fedavg: weighting (uniform|samples), server_lr;
-    dp_fedavg_central: server_lr; fedprox: mu (required) + fedavg's;
+    dp_fedavg_central: server_lr; fedprox: mu (required) + fedavg's; fedavg and fedprox also take anderson
+    {memory, scope, blend, safeguard} and schedule / period (then they run as the splitting preset: uniform
+    weights, server_lr 1);
     noisy_fedavg: std (required), schedule, step_sizes (schedule custom), clip_mode, batch_sampling;
     noisy_fedprox: noisy_fedavg's + alpha (required, >= 0);
     weiavg (weights ∝ reported epsilon) and oracle (weights ∝ 1/true noise variance; privileged): server_lr;
@@ -242,8 +274,8 @@ class AlgorithmConfig(_Section):
     fedceo: lam (required), theta (>= 1), interval, layers (all | last n), personalize, personal_staleness
     (any | last), prox_dtype, rfft. ppsgd: alpha (> 0, local / global step size).
     centaur: head_epochs (> 0; needs a model with a head: mlp2, lenet5).
-    fedsplit / fedpi / fedrp: eta (required, the prox step), mode, report, ergodic, anderson {memory, scope, blend,
-    safeguard}; mechanism udp uploads one Gaussian per client (the noise is not split over the cohort).
+    fedsplit / fedpi / fedrp: eta (required, the prox step), schedule, period, mode, report, ergodic, anderson
+    {memory, scope, blend, safeguard}; mechanism udp uploads one Gaussian per client (the noise is not split over the cohort).
 
     aggregator / local: optional user-registered stages replacing the bundle's aggregator (any bundle whose
     guarantee holds against a server that sees each upload) or its local program (not for noisy_fedavg,
