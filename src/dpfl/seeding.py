@@ -23,6 +23,8 @@ class Purpose(enum.IntEnum):
     SERVER_NOISE = 6  # DP noise added by the server
     DROPOUT = 7  # stochastic layers
     DATA = 8  # synthetic data generation
+    CLUSTER = 9  # cluster draws and clustering seeds (clustered FL)
+    CHOICE = 10  # a client's private choice among models (exponential mechanism noise)
 
 
 def derive_seed(seed: int, *keys: int) -> int:

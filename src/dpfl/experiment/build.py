@@ -45,6 +45,8 @@ from dpfl.algorithms.server.splitting.aggregator import EngineOperator, Splittin
 from dpfl.algorithms.server.pfa_plus import PFAPlus
 from dpfl.algorithms.server.robust_hdp import RobustHDP
 from dpfl.data import federated_dataset
+from dpfl.data.clustered import clustered_split
+from dpfl.data.registry import load_dataset
 from dpfl.data.errors import ChecksumError, DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
 from dpfl.data.registry import PROVIDED
@@ -62,7 +64,8 @@ from dpfl.experiment.config import (
     UniformBudgets,
     validate_config,
 )
-from dpfl.experiment.config.vocabulary import SPLITTING_ALGORITHMS
+from dpfl.experiment.config.vocabulary import CLUSTERED_ALGORITHMS, SPLITTING_ALGORITHMS
+from dpfl.experiment.clustered_build import build_clustered
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.models import build_model, model_info
 from dpfl.models.registry import BUILTIN_MODELS
@@ -142,6 +145,13 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
     if d.samples_per_client is not None:  # the schema allows it with dirichlet_quota only
         kw["samples_per_client"] = d.samples_per_client
     try:
+        if d.partition == "clustered":
+            c = d.clustered
+            assert c is not None  # the schema pairs the partition with its section
+            base = load_dataset(d.dataset, Path(d.root) if d.root else None, **d.options)
+            return clustered_split(base, d.clients, c.clusters, shift=c.shift, minority_ratio=c.minority_ratio,
+                                   n_train_per_client=c.train_per_client, val_frac=c.val_fraction, seed=cfg.seed,
+                                   disjoint=c.disjoint, purity=c.purity, normalize=c.normalize)
         return federated_dataset(d.dataset, d.clients, root=Path(d.root) if d.root else None, seed=cfg.seed, **kw)
     except (DatasetNotFoundError, ChecksumError):
         raise
@@ -417,6 +427,9 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
     A noise the config leaves unset stays None in its stage: `FederatedRun` calibrates it from the budgets.
     """
     name, mech, p = cfg.algorithm.name, cfg.privacy.mechanism, cfg.privacy
+    if name in CLUSTERED_ALGORITHMS:
+        raise ConfigError(f"algorithm: {name} is built with its data (build_run): its noise depends on the split",
+                          "algorithm")
     params = ALGORITHM_PARAMS[name].model_validate(cfg.algorithm.params)
     loss, names, head_module = _model_facts(cfg, model)
     sel = cfg.training.selection
@@ -514,13 +527,20 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
     check_model_contract(model, data, user=model_is_users(cfg))
     refuse_unaccounted_buffers(cfg, model)
     budgets = resolve_budgets(cfg)
+    noise = cfg.privacy.noise_multiplier if cfg.privacy.mechanism == "dpsgd" else None
     try:
-        algorithm = build_algorithm(cfg, model)
+        if cfg.algorithm.name in CLUSTERED_ALGORITHMS:
+            assert budgets is not None  # dpsgd runs need budgets (the schema)
+            params = ALGORITHM_PARAMS[cfg.algorithm.name].model_validate(cfg.algorithm.params)
+            local = _local_program(cfg, _model_facts(cfg, model)[0], private=True)
+            algorithm, noise, _ = build_clustered(cfg, params, local, data, budgets,
+                                                  [int(b) for b in resolve_batch_sizes(cfg, data)])
+        else:
+            algorithm = build_algorithm(cfg, model)
     except ValueError as err:
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"algorithm: {err}", "algorithm") from None
-    noise = cfg.privacy.noise_multiplier if cfg.privacy.mechanism == "dpsgd" else None
     calibrating = (cfg.privacy.mechanism == "dpsgd" and noise is None) or algorithm.uncalibrated_stage() is not None
     try:
         return FederatedRun(

@@ -34,7 +34,7 @@ from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun, calibrate_run, calibration_targets
 from dpfl.privacy.ledger import PrivacyLedger
-from dpfl.seeding import derive_seed
+from dpfl.seeding import Purpose, derive_seed, numpy_generator
 
 PHASE_KEY = 0x5048  # seeds of a phased local program's later phases: derive_seed(seed, PHASE_KEY, phase)
 REDRAWS = 50  # draws of a round's sample before giving up on a public participant (spec §4.2)
@@ -278,7 +278,7 @@ class FederatedRun:
         they share one event object (which the ledger's grouped budget check relies on).
         """
         up = self.algorithm.upload.event(i, r, cohort) if self.algorithm.upload.accounted else None
-        key = (int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), None if up is None else repr(up))
+        key = (int(self.n_records[i]), self._batch(i, r), float(self.noise[i]), None if up is None else repr(up))
         cache = self._event_cache()
         event = cache.get(key, _MISSING)
         if event is _MISSING:
@@ -289,6 +289,12 @@ class FederatedRun:
                 cache.clear()
             cache[key] = event
         return event  # type: ignore[return-value]
+
+    def _batch(self, i: int, r: int) -> int:
+        """Client i's batch size in round r (the local program may schedule it: R-DPCFL's full-batch round 1)."""
+        batch_for = getattr(self.algorithm.local, "batch_for", None)
+        b = int(self.batch_sizes[i])
+        return int(batch_for(int(self.n_records[i]), b, r)) if batch_for is not None else b
 
     def _event_cache(self) -> dict:
         """The client-event cache of the current local program and upload stage (emptied when either changes,
@@ -391,8 +397,9 @@ class FederatedRun:
         selected = self._select(eligible, r)
         expected = alg.selection.expected_count(len(eligible))
         for i in selected:
-            self.steps_done[i] += self.algorithm.local.steps_for(int(self.n_records[i]), int(self.batch_sizes[i]))
-        self._record(r, selected, eligible, server_event)  # before aggregation: spent even if the round stops
+            self.steps_done[i] += self.algorithm.local.steps_for(int(self.n_records[i]), self._batch(i, r))
+        asks = hasattr(alg.aggregator, "model_choice")  # clients may answer a question after aggregation
+        self._record(r, selected, eligible, server_event, close=not asks)  # before aggregation: spent even if it stops
         new_w, bytes_up, bytes_down, diagnostics = w, [], [], {}
         if len(selected):
             start_points = getattr(alg.aggregator, "start_points", None)  # personalised starts (FedCEO)
@@ -429,8 +436,39 @@ class FederatedRun:
         elif alg.central:  # nobody drawn: the server still releases a noised (empty) sum
             empty = {n: t.unsqueeze(0)[:0] for n, t in w.items()}
             new_w = alg.aggregator.aggregate(w, empty, self._view(selected, expected), self.seed, r)
+        if asks:
+            choice = alg.aggregator.model_choice(r, new_w)
+            if choice is not None:
+                alg.aggregator.chosen(r, self._private_choices(choice, r))
+                diagnostics.update(alg.aggregator.diagnostics())
+            if self.ledger is not None:
+                self.ledger.close_round(r)
         row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0, diagnostics)
         return new_w, {**row, **diagnostics}
+
+    def _private_choices(self, choice: Any, r: int) -> dict[int, int]:
+        """Each asked client scores the broadcast models on its own training data (accuracy in percent) and reports
+        the exponential mechanism's pick; its cost goes on the client's ledger. A client whose budget cannot pay
+        for it does not answer (and keeps its cluster)."""
+        from dpfl.algorithms.client.private_selection import accuracy_sensitivity, select
+        from dpfl.privacy.two_stage import selection_event
+
+        event, models = selection_event(choice.eps_sel), choice.models
+        count = next(iter(models.values())).shape[0]
+        picks: dict[int, int] = {}
+        self.model.eval()
+        for i in choice.clients:
+            if self.ledger is not None and self.enforce_budgets and self.ledger.would_exceed(i, event):
+                continue
+            c = self.data.clients[i]
+            scores = [100.0 * evaluate(self.model, {n: t[m] for n, t in models.items()}, c.x_train, c.y_train,
+                                       self.algorithm.local.spec.loss)[0] for m in range(count)]
+            rng = numpy_generator(self.seed, Purpose.CHOICE, r, i)
+            picks[i] = select(np.array(scores), accuracy_sensitivity(int(self.n_records[i])), choice.eps_sel, rng)
+            if self.ledger is not None:
+                self.ledger.record(i, r, event)
+        self.model.train()
+        return picks
 
     def local_round(self, r: int, w: P.Params, selected: np.ndarray, expected: float,
                     starts: P.Params | None = None) -> LocalRound:
@@ -534,7 +572,7 @@ class FederatedRun:
         if self.heuristic_steps is not None:  # PFA semantics: a client may spend its T* steps
             local = self.algorithm.local
             fits = [int(i) for i in active if self.steps_done[i]
-                    + local.steps_for(int(self.n_records[i]), int(self.batch_sizes[i])) <= self.heuristic_steps[i]]
+                    + local.steps_for(int(self.n_records[i]), self._batch(i, r)) <= self.heuristic_steps[i]]
             return np.array(fits, dtype=np.int64)
         candidates = [int(i) for i in active]
         while True:
@@ -557,7 +595,8 @@ class FederatedRun:
             return sel.k
         return max(1, round(sel.expected_count(eligible)))
 
-    def _record(self, r: int, selected: np.ndarray, eligible: np.ndarray, server_event: DpEvent | None) -> None:
+    def _record(self, r: int, selected: np.ndarray, eligible: np.ndarray, server_event: DpEvent | None, *,
+                close: bool = True) -> None:
         if self.ledger is None:
             return
         if server_event is not None:
@@ -566,7 +605,8 @@ class FederatedRun:
             event = self._client_event(int(i), r, len(selected))
             if event is not None:
                 self.ledger.record(int(i), r, event)
-        self.ledger.close_round(r)
+        if close:
+            self.ledger.close_round(r)
 
     def _row(self, r: int, w: P.Params, selected: np.ndarray, up: int, down: int, seconds: float,
              diagnostics: Mapping[str, Any]) -> dict[str, Any]:
@@ -629,7 +669,14 @@ class FederatedRun:
         self.model.train()
         if any(a is None for a in accs):
             return {}
-        return {"acc_personal": float(np.mean(accs)), "acc_personal_clients": len(accs)}
+        out = {"acc_personal": float(np.mean(accs)), "acc_personal_clients": len(accs)}
+        info = getattr(self.data, "info", None) or {}
+        truth, minority = info.get("true_cluster"), info.get("minority_cluster")
+        if truth is not None and minority is not None:  # planted clusters (clustered_split): the parity metric
+            mine = [a for c, a in zip(sorted(personal), accs) if truth[c] == minority]
+            if mine:
+                out["acc_personal_minority"] = float(np.mean(mine))
+        return out
 
     def privacy_summary(self, stop_reason: str, rounds_run: int | None = None,
                         history: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
@@ -688,6 +735,9 @@ class FederatedRun:
                 "ASSUMED: the server cannot tell which clients took part (Poisson client sampling hidden from it), "
                 "so each upload's σ/√K is amplified by the sampling rate. A server that receives the individual "
                 "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
+        notes = getattr(alg.aggregator, "privacy_notes", None)
+        if notes is not None:  # a stage with releases of its own (R-DPCFL's private selections)
+            out["stage"] = notes()
         if "clients" in out:
             out["guarantee"] = self._guarantee(out)
             for c, eps in zip(out["clients"], out["guarantee"].pop("per_client")):
@@ -753,9 +803,9 @@ class FederatedRun:
         per = []
         for i in range(self.n_clients):
             key = (int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), self.budgets[i].delta)
-            if key not in cache:
-                event = self._client_event(i, 0, 1)  # DP-SGD's event depends on neither
-                cache[key] = epsilon(event, key[3], self.accountant) if event is not None else 0.0
+            if key not in cache:  # DP-SGD's event depends on neither round nor cohort, except a scheduled round 1
+                events = [self._client_event(i, r, 1) for r in range(min(2, self.rounds))]
+                cache[key] = max(epsilon(e, key[3], self.accountant) if e is not None else 0.0 for e in events)
             per.append(cache[key])
         return {"eps_per_participation": max(per), "eps_total_max": max(spent), "eps_total_mean": float(np.mean(spent)),
                 "user_level": None,

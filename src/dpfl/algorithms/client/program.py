@@ -25,6 +25,8 @@ class LocalProgram:
     per-round, per-step learning rate η_{k,t} (Noisy-FedAvg's schedules); it needs a fixed `steps`.
     `round_specs` ([rounds]) replaces `spec` round by round (a splitting schedule's learning rate or proximal
     weight); it may change only lr and prox_mu, which the DP event does not depend on.
+    `round1_batch` (R-DPCFL's two-stage schedule, clustered_dpfl.md §3): round 0 runs with this batch instead of
+    the client's own ("full": every record in every step, q = 1); its steps and its DP event follow (`batch_for`).
     """
 
     spec: LocalSpec
@@ -33,6 +35,7 @@ class LocalProgram:
     private: bool = False
     step_sizes: tuple[tuple[float, ...], ...] | None = None
     round_specs: tuple[LocalSpec, ...] | None = None
+    round1_batch: int | str | None = None
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.epochs is None):
@@ -50,6 +53,9 @@ class LocalProgram:
             object.__setattr__(self, "step_sizes", rows)
             if self.steps is None or not rows or any(len(row) != self.steps for row in rows):
                 raise ValueError(f"step_sizes must be [rounds][steps] with a fixed number of steps ({self.steps})")
+        if self.round1_batch is not None and self.round1_batch != "full" and (
+                isinstance(self.round1_batch, bool) or not isinstance(self.round1_batch, int) or self.round1_batch < 1):
+            raise ValueError(f"round1_batch must be 'full' or an integer >= 1, got {self.round1_batch!r}")
         if self.round_specs is not None:
             object.__setattr__(self, "round_specs", tuple(self.round_specs))
             if not self.round_specs:
@@ -66,6 +72,12 @@ class LocalProgram:
             raise ValueError(f"round {round_} has no local spec (the schedule covers {len(self.round_specs)} rounds)")
         return self.round_specs[round_]
 
+    def batch_for(self, n_records: int, batch_size: int, round_: int) -> int:
+        """The batch size a client with `n_records` records and batch `batch_size` uses in round `round_`."""
+        if round_ == 0 and self.round1_batch is not None:
+            return n_records if self.round1_batch == "full" else min(int(self.round1_batch), n_records)
+        return batch_size
+
     def steps_for(self, n_records: int, batch_size: int) -> int:
         """Local steps per round for a client with n_records records and batch size batch_size."""
         if self.steps is not None:
@@ -80,6 +92,7 @@ class LocalProgram:
             if not 0 <= round_ < len(self.step_sizes):
                 raise ValueError(f"round {round_} has no step sizes (the schedule covers {len(self.step_sizes)} rounds)")
             lrs = self.step_sizes[round_]
+        batch_size = self.batch_for(n_records, batch_size, round_)
         return ClientPlan(client, batch_size, self.steps_for(n_records, batch_size),
                           noise_multiplier if self.private else 0.0, step_lrs=lrs)
 

@@ -215,6 +215,49 @@ class _SplittingParams(_Section):
     anderson: _AndersonParams | None = None
 
 
+class _ClusteredParams(_Section):
+    """clustered_oracle / clustered_local (clustered_dpfl.md §6): fixed clusters (the true ones / one per client);
+    the noise is calibrated per client on the 0.01 grid with this RDP-to-DP conversion."""
+
+    conversion: Literal["dp_accounting", "classic"] = "dp_accounting"
+
+
+class _SelectingParams(_ClusteredParams):
+    """Private cluster selection (§4): each selection is an exponential mechanism with eps_sel = ratio x epsilon;
+    floor(clustering_rounds_ratio E) + 1 are planned; `split` subtract or joint."""
+
+    selection_budget_ratio: float = Field(0.03, gt=0, lt=1)
+    clustering_rounds_ratio: float = Field(0.1, ge=0, le=1)
+    split: Literal["subtract", "joint"] = "subtract"
+
+
+class _IFCAParams(_SelectingParams):
+    """IFCA with private selection (§6): `clusters` models, uniform random round-1 assignment."""
+
+    clusters: int = Field(ge=1, le=1000)
+
+
+class _RDPCFLParams(_SelectingParams):
+    """R-DPCFL (§5): clusters M (null: chosen by MSS among m_candidates), the full-batch round 1 (round1_batch),
+    the selection window or every round, and the reference code's options."""
+
+    clusters: int | None = Field(None, ge=1, le=1000)
+    m_candidates: list[Annotated[int, Field(ge=2, le=1000)]] = Field(default_factory=lambda: list(range(2, 9)),
+                                                                      min_length=1)
+    selection_rounds: Literal["window", "every_round"] = "window"
+    round1_batch: int | Literal["full"] = "full"
+    cluster_init: Literal["initial", "trained_client0"] = "initial"
+    pca_project: Literal["raw", "standardized"] = "raw"
+    scaler: Literal["minmax", "standard"] = "minmax"
+
+    @field_validator("round1_batch")
+    @classmethod
+    def _batch(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"round1_batch must be 'full' or an integer >= 1, got {v}")
+        return v
+
+
 ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "fedavg": _AcceleratedParams,
     "dp_fedavg_local": _FedAvgParams,
@@ -236,6 +279,10 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "fedsplit": _SplittingParams,
     "fedpi": _SplittingParams,
     "fedrp": _SplittingParams,
+    "rdpcfl": _RDPCFLParams,
+    "ifca_dp": _IFCAParams,
+    "clustered_oracle": _ClusteredParams,
+    "clustered_local": _ClusteredParams,
 }
 
 

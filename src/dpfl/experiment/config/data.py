@@ -13,6 +13,20 @@ from dpfl.experiment.config.limits import MAX_CLIENTS, _at_most
 
 
 
+class ClusteredData(_Section):
+    """data.partition clustered (clustered_dpfl.md §2): M planted clusters (0 the minority), one shift per cluster;
+    each client draws train_per_client training records plus val_fraction of its draw for validation."""
+
+    clusters: int = Field(4, ge=2, le=1000)
+    shift: Literal["rotation", "label_flip", "label_shift"] = "rotation"
+    minority_ratio: float = Field(0.15, ge=0, lt=1)
+    train_per_client: int = Field(8000, ge=1, le=MAX_CLIENTS)
+    val_fraction: float = Field(0.2, ge=0, lt=1)
+    purity: float = Field(0.9, gt=0, le=1)
+    disjoint: bool = False
+    normalize: tuple[float, float] | None = None
+
+
 class DataConfig(_Section):
     """Which dataset and how it is split among clients (`dpfl.data.federated_dataset`).
 
@@ -27,7 +41,8 @@ class DataConfig(_Section):
     dataset: str
     root: str | None = None
     clients: int = Field(ge=1)
-    partition: Literal["iid", "shards", "dirichlet", "dirichlet_quota"] = "iid"
+    partition: Literal["iid", "shards", "dirichlet", "dirichlet_quota", "clustered"] = "iid"
+    clustered: ClusteredData | None = None
     alpha: float = Field(0.5, gt=0)
     samples_per_client: int | None = Field(None, ge=1)
     shards_per_client: int = Field(2, ge=1)
@@ -53,6 +68,14 @@ class DataConfig(_Section):
     def _options_known(self) -> DataConfig:
         if self.samples_per_client is not None and self.partition != "dirichlet_quota":
             _fail("samples_per_client", "only used by partition 'dirichlet_quota'", self.samples_per_client, "null")
+        if (self.partition == "clustered") != (self.clustered is not None):
+            _fail("clustered", "partition 'clustered' needs the `clustered` section, and the section needs that "
+                  "partition", self.clustered, "both or neither")
+        if self.partition == "clustered" and (self.client_test_fraction or self.client_val_fraction
+                                              or self.max_train_samples is not None):
+            _fail("partition", "clustered clients draw their own train/validation/test records (data.clustered); "
+                  "client_test_fraction, client_val_fraction and max_train_samples do not apply", self.partition,
+                  "those fields unset")
         if self.client_test_fraction + self.client_val_fraction >= 1:
             _fail("client_val_fraction", "the test and validation splits must leave training data",
                   self.client_val_fraction, f"a fraction below 1 - client_test_fraction = {1 - self.client_test_fraction:g}")
@@ -72,7 +95,7 @@ class DataConfig(_Section):
     def _check_provided(self) -> None:
         """Data passed as an object is already split among clients: nothing here may try to split it."""
         for name in ("root", "partition", "alpha", "shards_per_client", "max_train_samples", "client_test_fraction",
-                     "client_val_fraction", "options"):
+                     "client_val_fraction", "options", "clustered"):
             default = DataConfig.model_fields[name].get_default(call_default_factory=True)
             if getattr(self, name) != default:
                 _fail(name, f"dataset {PROVIDED!r} is passed as an object, already split among clients; this "

@@ -13,9 +13,11 @@ from typing import Literal
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "noisy_fedprox", "fedprox",
     "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
-    "fedsplit", "fedpi", "fedrp",
+    "fedsplit", "fedpi", "fedrp", "rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local",
 )
 SPLITTING_ALGORITHMS: tuple[str, ...] = ("fedsplit", "fedpi", "fedrp")  # operator_splitting.md presets on networks
+# clustered_dpfl.md: cluster models as server state; built with the data (sizes, true clusters), calibrated per client
+CLUSTERED_ALGORITHMS: tuple[str, ...] = ("rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local")
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
 # Which privacy mechanisms each algorithm runs with; the first is the default when none is declared.
@@ -40,6 +42,10 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "fedsplit": ("none", "dpsgd", "udp"),
     "fedpi": ("none", "dpsgd", "udp"),
     "fedrp": ("none", "dpsgd", "udp"),
+    "rdpcfl": ("dpsgd",),
+    "ifca_dp": ("dpsgd",),
+    "clustered_oracle": ("dpsgd",),
+    "clustered_local": ("dpsgd",),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {

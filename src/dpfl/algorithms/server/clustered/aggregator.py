@@ -1,0 +1,258 @@
+"""Cluster models as server state (clustered_dpfl.md §5-§6): R-DPCFL, IFCA with private selection, fixed clusters.
+
+The round loop stays generic; this stage uses its hooks:
+- `start_points`: each client trains from its cluster's model this round (per-cluster broadcast);
+- `aggregate`: theta_m <- theta_m + mean of the updates of the clients that trained cluster m (empty: unchanged);
+- `model_choice` / `chosen`: after a selection round the server broadcasts all M models and each client reports,
+  through the exponential mechanism, which one fits its data best (the loop runs the client side and records the
+  cost on the ledger);
+- `personal_models`: the model each client uses (its current cluster's), for the clients' accuracies.
+
+Strategies:
+- `rdpcfl`: round 1's updates (full-batch DP-SGD, the local program's `round1_batch`) are clustered by the PCA + GMM
+  of `gmm.py` (M given or chosen by MSS); the cluster models start at the initial model (or client 0's round-1
+  model, `cluster_init="trained_client0"`, the reference code); rounds 2..E_c draw each client's cluster from its
+  posterior pi_i afresh; private selections end the rounds of the window {E_c, ..., E_c + floor(0.1 E)} (or every
+  round from E_c, `selection_rounds="every_round"`); assignments are frozen after the last one.
+- `ifca`: round 1 assigns clients uniformly at random; private selections end rounds 1..floor(0.1 E) + 1.
+- `fixed`: a given assignment (Oracle: the true clusters; Local: one cluster per client; Global: one cluster).
+The global model the loop reports is the mean of the cluster models (not a method metric: read `acc_personal`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.algorithms.server.clustered.gmm import (
+    M_CANDIDATES,
+    ClusterFit,
+    choose_clusters,
+    fit_clusters,
+    pca_features,
+    second_stage_rounds,
+)
+from dpfl.algorithms.server.view import ServerView
+from dpfl.engine import params as P
+from dpfl.seeding import Purpose, derive_seed, numpy_generator
+
+STRATEGIES: tuple[str, ...] = ("rdpcfl", "ifca", "fixed")
+CLUSTER_DRAW_ROUND_KEY = 1  # numpy_generator(seed, CLUSTER, ...) rounds are offset by this: round 0 is IFCA's init
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The server's question after a round: every client in `clients` scores the stacked `models` [M, ...] on its own
+    training data and privately reports the best (exponential mechanism with parameter `eps_sel`)."""
+
+    clients: tuple[int, ...]
+    models: P.Params
+    eps_sel: float
+
+
+@dataclass
+class ClusteredAggregator:
+    """See the module docstring. `rounds` is E; `seed` keys the cluster draws (seed, CLUSTER, round, client)."""
+
+    strategy: str
+    n_clients: int
+    rounds: int
+    seed: int = 0
+    n_clusters: int | None = None
+    assignment: tuple[int, ...] | None = None
+    eps_sel: float = 0.0
+    clustering_rounds_ratio: float = 0.1
+    selection_rounds: str = "window"
+    m_candidates: tuple[int, ...] = M_CANDIDATES
+    cluster_init: str = "initial"
+    project: str = "raw"
+    scaler: str = "minmax"
+    models: P.Params | None = field(default=None, repr=False)
+    posteriors: np.ndarray | None = field(default=None, repr=False)
+    assigned: dict[int, int] = field(default_factory=dict, repr=False)  # set by selections (or fixed / IFCA's draw)
+    facts: dict[str, Any] = field(default_factory=dict, repr=False)  # the clustering's scores, E_c, window
+    trained: dict[int, int] = field(default_factory=dict, repr=False)  # this round: client -> the cluster it trained
+    given_clusters: int | None = field(default=None, init=False, repr=False)  # M as configured (None: chosen)
+    privacy_plan: dict[str, Any] | None = field(default=None, repr=False)  # what the noise was calibrated for
+
+    linear_in_updates = False  # per-cluster means: no single weighted-sum noise statistic
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.strategy == "fixed":
+            if self.assignment is None or len(self.assignment) != self.n_clients:
+                raise ValueError(f"fixed clusters need an assignment of all {self.n_clients} clients")
+            self.assignment = tuple(int(a) for a in self.assignment)
+            if min(self.assignment) < 0:
+                raise ValueError("cluster ids must be >= 0")
+            self.n_clusters = max(self.assignment) + 1
+        elif self.eps_sel <= 0:
+            raise ValueError(f"{self.strategy} selects clusters privately: eps_sel must be > 0, got {self.eps_sel}")
+        if self.strategy == "ifca" and (self.n_clusters is None or self.n_clusters < 1):
+            raise ValueError("IFCA needs the number of clusters M >= 1")
+        if self.strategy == "rdpcfl":
+            second_stage_rounds(0.0, self.rounds)  # E >= 3
+        if self.cluster_init not in ("initial", "trained_client0"):
+            raise ValueError(f"cluster_init must be 'initial' or 'trained_client0', got {self.cluster_init!r}")
+        if self.selection_rounds not in ("window", "every_round"):
+            raise ValueError(f"selection_rounds must be 'window' or 'every_round', got {self.selection_rounds!r}")
+        self.given_clusters = self.n_clusters
+
+    # ---- schedule (0-based rounds r; the spec's e = r + 1) -------------------------------------------
+    def selection_rounds_planned(self) -> list[int]:
+        """The 0-based rounds that end with a private selection (known for rdpcfl once round 0 is clustered)."""
+        if self.strategy == "fixed":
+            return []
+        n_sel = math.floor(self.clustering_rounds_ratio * self.rounds) + 1
+        if self.strategy == "ifca":
+            return [r for r in range(n_sel) if r < self.rounds - 1]
+        if "e_c_effective" not in self.facts:
+            return []
+        first = self.facts["e_c_effective"]  # e = E_c, i.e. r = E_c - 1
+        last = self.rounds - 1 if self.selection_rounds == "every_round" else first + n_sel - 1
+        return [e - 1 for e in range(first, last + 1) if e - 1 < self.rounds - 1]  # a selection needs a next round
+
+    def cluster_of(self, client: int, round_: int) -> int:
+        """The cluster client `client` trains in 0-based round `round_` (after round 0 for rdpcfl)."""
+        if self.strategy == "fixed":
+            return self.assignment[client]  # type: ignore[index]
+        if client in self.assigned:
+            return self.assigned[client]
+        if self.strategy == "ifca":  # round 1's uniform assignment (kept until a selection replaces it)
+            return int(numpy_generator(self.seed, Purpose.CLUSTER, 0, client).integers(self.n_clusters))
+        assert self.posteriors is not None
+        rng = numpy_generator(self.seed, Purpose.CLUSTER, round_ + CLUSTER_DRAW_ROUND_KEY, client)
+        return int(rng.choice(len(self.posteriors[client]), p=self.posteriors[client]))  # stage 2: afresh
+
+    # ---- hooks of the round loop -------------------------------------------------------------------
+    def start_points(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
+        """Each client's cluster model (None in R-DPCFL's round 1: everyone starts from the initial model)."""
+        if self.models is None:
+            self._init_models(global_params)
+        if self.strategy == "rdpcfl" and round_ == 0:
+            self.trained = {}
+            return None
+        self.trained = {int(c): self.cluster_of(int(c), round_) for c in clients}
+        idx = torch.as_tensor([self.trained[int(c)] for c in clients], dtype=torch.int64)
+        return {n: t.index_select(0, idx) for n, t in self.models.items()}  # type: ignore[union-attr]
+
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
+                  starts: P.Params | None = None) -> P.Params:  # noqa: ARG002
+        clients = [int(c) for c in view.clients]
+        if self.strategy == "rdpcfl" and round_ == 0:
+            self._cluster(global_params, uploads, clients)
+        else:
+            assert self.models is not None
+            for m in sorted(set(self.trained.values())):
+                rows = torch.as_tensor([k for k, c in enumerate(clients) if self.trained[c] == m], dtype=torch.int64)
+                for n, t in self.models.items():
+                    t[m] += uploads[n].index_select(0, rows).mean(dim=0).to(t.dtype)
+        return self.global_model()
+
+    def model_choice(self, round_: int, global_params: P.Params) -> ModelChoice | None:  # noqa: ARG002
+        """The selection question at the end of `round_`, if this round ends with one."""
+        if round_ not in self.selection_rounds_planned():
+            return None
+        assert self.models is not None
+        return ModelChoice(tuple(range(self.n_clients)), {n: t.clone() for n, t in self.models.items()}, self.eps_sel)
+
+    def chosen(self, round_: int, picks: dict[int, int]) -> None:  # noqa: ARG002
+        """The clients' private answers: their clusters from the next round on."""
+        self.assigned.update({int(c): int(m) for c, m in picks.items()})
+        self.facts["selections_made"] = self.facts.get("selections_made", 0) + 1
+
+    def personal_models(self, global_params: P.Params | None = None) -> dict[int, P.Params]:  # noqa: ARG002
+        """The model each client uses: its current cluster's (before any clustering: none)."""
+        if self.models is None or (self.strategy == "rdpcfl" and self.posteriors is None):
+            return {}
+        return {c: {n: t[m] for n, t in self.models.items()} for c, m in self.current().items()}
+
+    def current(self) -> dict[int, int]:
+        """Each client's cluster now: chosen, fixed, its last trained one, or its posterior argmax."""
+        out = {}
+        for c in range(self.n_clients):
+            if c in self.assigned or self.strategy != "rdpcfl":
+                out[c] = self.cluster_of(c, 0)
+            elif c in self.trained:
+                out[c] = self.trained[c]
+            else:
+                out[c] = int(np.argmax(self.posteriors[c]))  # type: ignore[index]
+        return out
+
+    def global_model(self) -> P.Params:
+        assert self.models is not None
+        return {n: t.mean(dim=0) for n, t in self.models.items()}
+
+    def diagnostics(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.facts.items() if k != "posterior_argmax"}
+        if self.models is not None and (self.strategy != "rdpcfl" or self.posteriors is not None):
+            out["clusters"] = [m for _, m in sorted(self.current().items())]
+        return out
+
+    def privacy_notes(self) -> dict[str, Any]:
+        """What the privacy report adds for this stage: the selections are releases too (clustered_dpfl.md §1)."""
+        notes: dict[str, Any] = {
+            "releases": "every upload (DP-SGD, sample level)"
+                        + ("; round 1 at full batch (q = 1)" if self.strategy == "rdpcfl" else "")
+                        + ("; every private cluster selection (exponential mechanism by Gumbel-max, eps_sel-DP, "
+                           "(eps_sel^2 / 8)-zCDP each, score = training accuracy in percent, sensitivity "
+                           "100 / (N_i - 1))" if self.strategy != "fixed" else ""),
+            "adjacency": "add/remove one record (Poisson-sampled and full-batch Gaussian steps; the selection "
+                         "score's sensitivity bounds removing one record)",
+            "post_processing": "the GMM clustering, stage-2 cluster draws and per-cluster aggregation",
+            "selections_made": self.facts.get("selections_made", 0),
+        }
+        if self.privacy_plan is not None:
+            notes["plan"] = self.privacy_plan
+        return notes
+
+    # ---- internals ---------------------------------------------------------------------------------
+    def _init_models(self, global_params: P.Params) -> None:
+        m = 1 if self.n_clusters is None else self.n_clusters
+        self.models = {n: t.detach().unsqueeze(0).repeat(m, *([1] * t.ndim)).clone() for n, t in global_params.items()}
+
+    def _cluster(self, global_params: P.Params, uploads: P.Params, clients: list[int]) -> None:
+        """R-DPCFL after round 1: GMM on the released updates (post-processing), cluster models, E_c."""
+        if sorted(clients) != list(range(self.n_clients)):
+            raise ValueError("R-DPCFL's round 1 needs every client's update (full participation)")
+        order = np.argsort(clients)
+        x = P.flatten(uploads).to(torch.float64).numpy()[order]
+        features = pca_features(x, project=self.project, scaler=self.scaler)
+        gmm_seed = derive_seed(self.seed, int(Purpose.CLUSTER), 0, 1) % (2**32)
+        fit: ClusterFit = (fit_clusters(features, self.n_clusters, gmm_seed) if self.n_clusters is not None
+                           else choose_clusters(features, gmm_seed, self.m_candidates))
+        self.n_clusters, self.posteriors = fit.n_clusters, fit.posteriors
+        e_c, effective = second_stage_rounds(fit.mpo, self.rounds)
+        self.facts.update(n_clusters=fit.n_clusters, mss=fit.mss, mpo=fit.mpo, em_iterations=fit.em_iterations,
+                          em_converged=fit.converged, e_c=e_c, e_c_effective=effective,
+                          round1_clusters=fit.assignment.tolist())
+        start = global_params
+        if self.cluster_init == "trained_client0":
+            k = clients.index(0)
+            start = {n: global_params[n] + uploads[n][k].to(global_params[n].dtype) for n in global_params}
+        self.models = None
+        self.n_clusters = fit.n_clusters
+        self._init_models(start)
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"models": None if self.models is None else {n: t.clone() for n, t in self.models.items()},
+                "posteriors": None if self.posteriors is None else self.posteriors.copy(),
+                "assigned": dict(self.assigned), "facts": dict(self.facts), "n_clusters": self.n_clusters}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore `state_dict()` output; None resets to the state before round 1."""
+        if state is None:
+            self.models, self.posteriors, self.assigned, self.facts, self.trained = None, None, {}, {}, {}
+            self.n_clusters = self.given_clusters
+            return
+        self.models = None if state["models"] is None else {n: t.clone() for n, t in state["models"].items()}
+        self.posteriors = None if state["posteriors"] is None else np.array(state["posteriors"])
+        self.assigned = {int(c): int(m) for c, m in state["assigned"].items()}
+        self.facts, self.n_clusters = dict(state["facts"]), state["n_clusters"]

@@ -1,0 +1,112 @@
+"""R-DPCFL and its clustered baselines in the round loop (clustered_dpfl.md §5-§6; required tests 5, 7, 8)."""
+
+from dataclasses import replace
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpfl.algorithms.algorithm import Algorithm
+from dpfl.algorithms.client.program import dpsgd
+from dpfl.algorithms.selection import Selection
+from dpfl.algorithms.server.clustered.aggregator import ClusteredAggregator
+from dpfl.algorithms.server.view import ServerView
+from dpfl.data.builtin import make_classification
+from dpfl.data.clustered import clustered_split
+from dpfl.experiment.federated_run import FederatedRun
+from dpfl.models import build_model
+from dpfl.privacy import two_stage as ts
+from dpfl.privacy.budgets import ClientBudget
+
+E, B, EPS, DELTA, N = 20, 32, 10.0, 1e-4, 500
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    return make_classification(n_samples=8000, n_features=20, n_classes=10, seed=0)
+
+
+def same_partition(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return {frozenset(np.flatnonzero(a == k)) for k in set(a)} == {frozenset(np.flatnonzero(b == k)) for k in set(b)}
+
+
+def rdpcfl_run(blobs, seed, *, rounds=E, strategy="rdpcfl", **agg):
+    """Spec test 5's setting: 10-class blobs in d = 20, label flip, M = 3, sizes [2, 4, 4], N_i = 500, softmax
+    regression, b = 32, c = 1, eps_total = 10 (two-stage plan; IFCA and fixed clusters: single stage)."""
+    data = clustered_split(blobs, 10, 3, shift="label_flip", minority_ratio=0.2, n_train_per_client=N, seed=seed)
+    two = strategy == "rdpcfl"
+    plan = ts.plan(EPS, DELTA, N, B, 1, rounds, round1_batch="full" if two else None, selections=strategy != "fixed")
+    local = dpsgd(0.1, 1.0, epochs=1, sampling="poisson")
+    if two:
+        local = replace(local, round1_batch="full")
+    aggregator = ClusteredAggregator(strategy, 10, rounds, seed=seed, eps_sel=plan.eps_sel, **agg)
+    run = FederatedRun(data, build_model("logr", data.input_shape, 10, seed=seed),
+                       Algorithm(strategy, local, Selection("all"), aggregator=aggregator), rounds=rounds,
+                       batch_sizes=B, budgets=ClientBudget(EPS, DELTA), noise_multipliers=plan.noise_multiplier,
+                       seed=seed, eval_every=5)
+    return run, run.run(), plan, data
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rdpcfl_recovers_the_planted_clusters_and_the_minority(blobs, seed):
+    run, result, plan, data = rdpcfl_run(blobs, seed)
+    truth = data.info["true_cluster"]
+    facts = run.algorithm.aggregator.facts
+    assert facts["n_clusters"] == 3  # chosen by MSS among 2..8
+    assert same_partition(facts["round1_clusters"], truth)
+    final = result.history[-1]["clusters"]
+    assert same_partition(final, truth)
+    minority = {i for i, t in enumerate(truth) if t == 0}
+    assert any({i for i, m in enumerate(final) if m == k} == minority for k in set(final))
+    assert facts["selections_made"] == plan.n_sel == 3
+    spent = result.ledger.spent_all()
+    assert max(spent.values()) <= EPS and max(spent.values()) == pytest.approx(plan.planned_epsilon, rel=1e-9)
+    assert result.history[-1]["acc_personal"] > 0.8 and "acc_personal_minority" in result.history[-1]
+
+
+def test_round_1_is_full_batch_dpsgd_and_the_ledger_is_the_two_stage_plan(blobs):
+    run, result, plan, _ = rdpcfl_run(blobs, 0, rounds=6)
+    entries = result.ledger.entries(0)
+    first = [e.event for e in entries if e.round == 0]
+    z = plan.noise_multiplier
+    assert first[0] == dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(1.0, dpa.GaussianDpEvent(z)), 1)  # q = 1, K
+    assert run.algorithm.local.plan(0, N, B, z, 0).batch_size == N and run.algorithm.local.plan(0, N, B, z, 0).steps == 1
+    assert run.algorithm.local.plan(0, N, B, z, 1).batch_size == B
+    n_sel = sum(isinstance(e.event, dpa.ZCDpEvent) for e in entries)
+    whole = dpa.ComposedDpEvent([ts.training_event(z, N, B, 1, 6), ts.selection_event(plan.eps_sel, n_sel)])
+    assert result.ledger.spent(0) == pytest.approx(ts.epsilon(whole, DELTA), rel=1e-9)
+
+
+def test_cluster_aggregation_is_the_uniform_mean_and_an_empty_cluster_is_unchanged():
+    w = {"a": torch.zeros(2)}
+    agg = ClusteredAggregator("fixed", 4, 5, assignment=(0, 0, 2, 2))
+    starts = agg.start_points(w, [0, 1, 2], 1)
+    assert torch.equal(starts["a"], torch.zeros(3, 2))
+    ups = {"a": torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])}
+    agg.aggregate(w, ups, ServerView.simple([1, 1, 1]), 0, 1)
+    assert torch.equal(agg.models["a"], torch.tensor([[2.0, 3.0], [0.0, 0.0], [5.0, 6.0]]))  # cluster 1: no client
+
+
+def test_stage_2_draws_follow_the_posteriors_and_choices_freeze():
+    agg = ClusteredAggregator("rdpcfl", 3, 200, seed=1, eps_sel=0.5)
+    agg.posteriors = np.array([[0.7, 0.2, 0.1], [1.0, 0.0, 0.0], [0.0, 0.5, 0.5]])
+    draws = np.array([agg.cluster_of(0, r) for r in range(1, 3001)])
+    counts = np.bincount(draws, minlength=3)
+    assert stats.chisquare(counts, np.array([0.7, 0.2, 0.1]) * len(draws)).pvalue > 1e-3
+    assert {agg.cluster_of(1, r) for r in range(1, 50)} == {0}
+    agg.chosen(10, {0: 2})
+    assert {agg.cluster_of(0, r) for r in range(11, 60)} == {2}  # frozen after the choice
+    agg.facts["e_c_effective"] = 100
+    assert agg.selection_rounds_planned() == list(range(99, 120))  # e in {E_c, ..., E_c + floor(0.1 E)}
+
+
+def test_ifca_and_fixed_baselines_run(blobs):
+    run, result, plan, data = rdpcfl_run(blobs, 0, strategy="ifca", n_clusters=3)
+    assert run.algorithm.aggregator.facts["selections_made"] == plan.n_sel
+    assert max(result.ledger.spent_all().values()) <= EPS
+    run, result, _, data = rdpcfl_run(blobs, 0, strategy="fixed", assignment=tuple(data.info["true_cluster"]))
+    assert result.history[-1]["clusters"] == data.info["true_cluster"]  # Oracle: the true clusters, no selection
+    assert all(isinstance(e.event, dpa.SelfComposedDpEvent) for e in result.ledger.entries(3))
