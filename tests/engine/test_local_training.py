@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -437,3 +439,20 @@ def test_bad_trainable_fails_clearly():
     with pytest.raises(ValueError, match="sequence"):
         LocalSpec(lr=0.1, trainable="6.bias")
     assert LocalSpec(lr=0.1, trainable=["6.bias"]).trainable == ("6.bias",)
+
+
+def test_the_prox_term_can_pull_towards_an_anchor_instead_of_the_start():
+    """MR-MTL: start from theta_i, pull towards thetabar. After one step the two runs differ by exactly
+    lr * mu * (anchor - start) (the data gradient and the noise are the same draws)."""
+    model, data = small_cnn(), make_data()
+    plans = [ClientPlan(0, 8, 1, 1.0), ClientPlan(1, 4, 1, 0.5)]
+    w = P.model_params(model)
+    anchor = {n: t + 0.1 for n, t in w.items()}
+    base = LocalSpec(lr=0.1, sampling="poisson", clip=1.0, prox_mu=2.0)
+    to_start = run_local(model, base, plans, data, w, seed=4, round_=2)
+    to_anchor = run_local(model, replace(base, prox_to="anchor"), plans, data, w, seed=4, round_=2, anchor=anchor)
+    for n in w:
+        torch.testing.assert_close(to_anchor.params[n] - to_start.params[n],
+                                   (0.1 * 2.0 * (anchor[n] - w[n])).expand_as(to_start.params[n]), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="go together"):
+        run_local(model, base, plans, data, w, seed=4, round_=2, anchor=anchor)

@@ -75,6 +75,7 @@ class LocalSpec:
     prox_mu: float = 0.0
     trainable: tuple[str, ...] | None = None
     clip_mode: str = "per_example"
+    prox_to: str = "start"  # the prox term's anchor: the client's start, or the `anchor` run_local is given
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -91,6 +92,8 @@ class LocalSpec:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.prox_mu < 0:
             raise ValueError(f"prox_mu must be >= 0, got {self.prox_mu}")
+        if self.prox_to not in ("start", "anchor"):
+            raise ValueError(f"prox_to must be 'start' or 'anchor', got {self.prox_to!r}")
         per_sample_loss(self.loss)
         if self.trainable is not None:
             if isinstance(self.trainable, str):
@@ -159,8 +162,13 @@ def run_local(
     stacked_start: bool = False,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
     engine: str = "auto",
+    anchor: Mapping[str, torch.Tensor] | None = None,
 ) -> LocalResult:
     """Run every plan's local program from `start` (one model, or `[K, ...]` if stacked_start).
+
+    `anchor` (one model) is the point the prox term pulls towards when spec.prox_to is "anchor" (MR-MTL: the
+    server's mean while each client starts from its own model); it is data-independent, so its gradient is added
+    after clipping and noise like FedProx's.
 
     engine "auto" takes the fast exact path (`engine/per_sample.py`) when the model and input are supported
     and the generic vmap path otherwise; "fast" requires the fast path (ValueError if unsupported); "vmap"
@@ -168,6 +176,8 @@ def run_local(
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if (spec.prox_to == "anchor") != (anchor is not None):
+        raise ValueError("spec.prox_to 'anchor' and an anchor model go together")
     for plan in plans:
         if plan.noise_multiplier > 0 and spec.clip is None:
             raise ValueError(f"client {plan.client}: noise without clipping has no sensitivity bound; set clip")
@@ -205,7 +215,7 @@ def run_local(
 
     def run(rows: list[int]) -> LocalResult:
         return _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, torch.tensor(rows)), names,
-                          seed, round_, fast)
+                          seed, round_, fast, anchor)
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, int(Purpose.DROPOUT), round_))
@@ -292,6 +302,7 @@ def _run_chunk(
     seed: int,
     round_: int,
     fast: FastModel | None = None,
+    anchor: Mapping[str, torch.Tensor] | None = None,
 ) -> LocalResult:
     """Plans sorted by decreasing steps; w0 stacked in the same order; only `names` train."""
     k = len(plans)
@@ -302,6 +313,7 @@ def _run_chunk(
     trainable0 = {n: w0[n] for n in names}
     flat0 = P.flatten(trainable0)
     flat = flat0.clone()
+    pull = flat0 if anchor is None else P.flatten({n: anchor[n] for n in names}, leading=0).to(flat0.dtype)
     frozen = {n: t.clone() for n, t in w0.items() if n not in keep}  # never written to
     trained = P.unflatten(flat, trainable0)  # views of `flat` (column blocks of a row-major matrix)
     w = {n: trained[n] if n in keep else frozen[n] for n in w0}  # the parameters' own order
@@ -379,7 +391,7 @@ def _run_chunk(
                 denom = _drawn(idx, nominal.dtype)
             g.div_(denom.unsqueeze(1))
         if spec.prox_mu:
-            g.add_(spec.prox_mu * (flat[:active] - flat0[:active]))
+            g.add_(spec.prox_mu * (flat[:active] - (pull if anchor is not None else pull[:active])))
         if buf is not None:
             g = buf[:active].mul_(spec.momentum).add_(g)
         if lrs is None:

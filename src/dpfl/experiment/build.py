@@ -151,7 +151,8 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
             base = load_dataset(d.dataset, Path(d.root) if d.root else None, **d.options)
             return clustered_split(base, d.clients, c.clusters, shift=c.shift, minority_ratio=c.minority_ratio,
                                    n_train_per_client=c.train_per_client, val_frac=c.val_fraction, seed=cfg.seed,
-                                   disjoint=c.disjoint, purity=c.purity, normalize=c.normalize)
+                                   disjoint=c.disjoint, purity=c.purity,
+                                   normalize=tuple(c.normalize) if c.normalize else None)
         return federated_dataset(d.dataset, d.clients, root=Path(d.root) if d.root else None, seed=cfg.seed, **kw)
     except (DatasetNotFoundError, ChecksumError):
         raise

@@ -11,6 +11,7 @@ rdpcfl and ifca_dp) meets client i's budget (`dpfl.privacy.two_stage.plan`).
 | ifca_dp | M, random round-1 assignment | b in every round | rounds 1..floor(0.1 E) + 1 |
 | clustered_oracle | the true clusters | b in every round | none |
 | clustered_local | one per client (no communication) | b in every round | none |
+| mr_mtl | none: personal models pulled to their mean (lam) | b in every round | none |
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.clustered.aggregator import ClusteredAggregator
+from dpfl.algorithms.server.mean_regularized import MeanRegularized
 from dpfl.data.federated import FederatedDataset
 from dpfl.experiment.config import ConfigError, RunConfig
 from dpfl.privacy import two_stage
@@ -78,15 +80,20 @@ def build_clustered(cfg: RunConfig, params: Any, local: Any, data: FederatedData
         elif name == "ifca_dp":
             aggregator = ClusteredAggregator("ifca", eps_sel=plans[0].eps_sel, n_clusters=params.clusters,
                                              clustering_rounds_ratio=params.clustering_rounds_ratio, **common)
+        elif name == "mr_mtl":
+            aggregator = MeanRegularized(data.n_clients)
+            local = replace(local, spec=replace(local.spec, prox_mu=params.lam, prox_to="anchor"))
         else:
             assignment = tuple(truth) if name == "clustered_oracle" else tuple(range(data.n_clients))
             aggregator = ClusteredAggregator("fixed", assignment=assignment, **common)
     except ValueError as err:
         raise ConfigError(f"algorithm.params: {err}", "algorithm.params") from None
+    algorithm = Algorithm(name, local, Selection("all"), aggregator=aggregator)
+    if name == "mr_mtl":
+        return algorithm, [p.noise_multiplier for p in plans], plans
     worst = max(plans, key=lambda q: q.planned_epsilon)
     aggregator.privacy_plan = {
         "eps_sel": worst.eps_sel, "n_sel_planned": worst.n_sel, "split": worst.split, "conversion": worst.conversion,
         "eps_clust": worst.eps_clust, "eps_train": worst.eps_train, "planned_epsilon_max": worst.planned_epsilon,
         "noise_grid": "z_i = the smallest multiple of 0.01 whose planned epsilon meets client i's budget"}
-    algorithm = Algorithm(name, local, Selection("all"), aggregator=aggregator)
     return algorithm, [p.noise_multiplier for p in plans], plans

@@ -485,8 +485,10 @@ class FederatedRun:
             plans = [phase.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
                      for i in selected]
             seed = self.seed if index == 0 else derive_seed(self.seed, PHASE_KEY, index)  # fresh batches and noise
-            res = run_local(self.model, phase.spec_at(r), plans, self.pooled, current, seed=seed, round_=r,
-                            stacked_start=stacked, max_elements=self.max_elements)
+            spec = phase.spec_at(r)
+            res = run_local(self.model, spec, plans, self.pooled, current, seed=seed, round_=r,
+                            stacked_start=stacked, max_elements=self.max_elements,
+                            anchor=w if spec.prox_to == "anchor" else None)
             current, stacked = res.params, True
             steps += np.array(res.steps, dtype=np.int64)
             noise_sq += np.array(res.noise_sq_norm)

@@ -110,3 +110,37 @@ def test_ifca_and_fixed_baselines_run(blobs):
     run, result, _, data = rdpcfl_run(blobs, 0, strategy="fixed", assignment=tuple(data.info["true_cluster"]))
     assert result.history[-1]["clusters"] == data.info["true_cluster"]  # Oracle: the true clusters, no selection
     assert all(isinstance(e.event, dpa.SelfComposedDpEvent) for e in result.ledger.entries(3))
+
+
+def test_mr_mtl_with_lambda_0_is_local_training_and_the_mean_is_over_every_client():
+    from dpfl.experiment.build import build_run
+    from dpfl.experiment.config import validate_config
+
+    def cfg(algorithm):
+        return validate_config({
+            "name": "c", "seed": 2, "data": {"dataset": "digits", "clients": 6, "partition": "clustered",
+                                             "clustered": {"clusters": 3, "minority_ratio": 0.34,
+                                                           "train_per_client": 60}},
+            "model": {"name": "logr"}, "algorithm": algorithm,
+            "training": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.1},
+                         "selection": {"kind": "all"}},
+            "privacy": {"mechanism": "dpsgd", "clip": 1.0, "sampling": "poisson", "budgets": 8.0, "delta": 1e-3},
+            "evaluation": {"every": 3}})
+
+    mr = build_run(cfg({"name": "mr_mtl", "params": {"lam": 0.0}}))
+    local = build_run(cfg({"name": "clustered_local"}))
+    assert list(mr.noise) == list(local.noise)
+    a, b = mr.run(), local.run()
+    pa, pb = mr.algorithm.aggregator.personal_models(), local.algorithm.aggregator.personal_models()
+    for c in range(6):
+        for n in pa[c]:
+            torch.testing.assert_close(pa[c][n], pb[c][n], atol=1e-6, rtol=1e-5)
+    assert a.history[-1]["acc_personal"] == pytest.approx(b.history[-1]["acc_personal"])
+    for n, t in a.params.items():  # thetabar = the mean of every client's personal model
+        torch.testing.assert_close(t, torch.stack([pa[c][n] for c in range(6)]).mean(0))
+    pulled = build_run(cfg({"name": "mr_mtl", "params": {"lam": 5.0}}))
+    assert pulled.algorithm.local.spec.prox_to == "anchor" and pulled.algorithm.local.spec.prox_mu == 5.0
+    pulled.run()
+    pp = pulled.algorithm.aggregator.personal_models()
+    spread = lambda ms: float(sum((ms[c]["fc.weight"] - ms[0]["fc.weight"]).norm() for c in range(6)))  # noqa: E731
+    assert spread(pp) < spread(pa)  # the pull brings the personal models together

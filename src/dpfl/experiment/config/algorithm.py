@@ -222,6 +222,12 @@ class _ClusteredParams(_Section):
     conversion: Literal["dp_accounting", "classic"] = "dp_accounting"
 
 
+class _MRMTLParams(_ClusteredParams):
+    """MR-MTL (§6): personal models with the pull (lam / 2) ||theta_i - thetabar||^2 (lam 0: Local)."""
+
+    lam: float = Field(1.0, ge=0)
+
+
 class _SelectingParams(_ClusteredParams):
     """Private cluster selection (§4): each selection is an exponential mechanism with eps_sel = ratio x epsilon;
     floor(clustering_rounds_ratio E) + 1 are planned; `split` subtract or joint."""
@@ -283,6 +289,7 @@ ALGORITHM_PARAMS: dict[str, type[_Section]] = {
     "ifca_dp": _IFCAParams,
     "clustered_oracle": _ClusteredParams,
     "clustered_local": _ClusteredParams,
+    "mr_mtl": _MRMTLParams,
 }
 
 

@@ -24,7 +24,7 @@ class ClusteredData(_Section):
     val_fraction: float = Field(0.2, ge=0, lt=1)
     purity: float = Field(0.9, gt=0, le=1)
     disjoint: bool = False
-    normalize: tuple[float, float] | None = None
+    normalize: list[float] | None = Field(None, min_length=2, max_length=2)  # (mean, std), after the shift
 
 
 class DataConfig(_Section):

@@ -13,11 +13,11 @@ from typing import Literal
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "noisy_fedprox", "fedprox",
     "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
-    "fedsplit", "fedpi", "fedrp", "rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local",
+    "fedsplit", "fedpi", "fedrp", "rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl",
 )
 SPLITTING_ALGORITHMS: tuple[str, ...] = ("fedsplit", "fedpi", "fedrp")  # operator_splitting.md presets on networks
 # clustered_dpfl.md: cluster models as server state; built with the data (sizes, true clusters), calibrated per client
-CLUSTERED_ALGORITHMS: tuple[str, ...] = ("rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local")
+CLUSTERED_ALGORITHMS: tuple[str, ...] = ("rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl")
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
 # Which privacy mechanisms each algorithm runs with; the first is the default when none is declared.
@@ -46,6 +46,7 @@ ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
     "ifca_dp": ("dpsgd",),
     "clustered_oracle": ("dpsgd",),
     "clustered_local": ("dpsgd",),
+    "mr_mtl": ("dpsgd",),
 }
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
