@@ -24,6 +24,7 @@ def test_the_grids():
 
 
 @pytest.mark.parametrize("name", ["ci_digits_rotation", "ci_fmnist_rotation", "fmnist_rotation", "fmnist_label_flip",
+                                  "analysis_round1_batch",
                                   "fmnist_label_shift", "mnist_rotation", "cifar10_rotation_resnet18"])
 def test_every_shipped_config_plans_within_its_budget(name):
     """Spec §9.2: the whole-ledger epsilon (training + planned selections, composed in RDP) <= eps_total."""

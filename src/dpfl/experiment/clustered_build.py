@@ -75,11 +75,13 @@ def build_clustered(cfg: RunConfig, params: Any, local: Any, data: FederatedData
                 "rdpcfl", eps_sel=plans[0].eps_sel, n_clusters=params.clusters,
                 clustering_rounds_ratio=params.clustering_rounds_ratio, selection_rounds=params.selection_rounds,
                 m_candidates=tuple(params.m_candidates), cluster_init=params.cluster_init,
-                project=params.pca_project, scaler=params.scaler, **common)
+                project=params.pca_project, scaler=params.scaler, score=params.selection_score,
+                loss_cap=params.loss_cap, **common)
             local = replace(local, round1_batch=params.round1_batch)
         elif name == "ifca_dp":
             aggregator = ClusteredAggregator("ifca", eps_sel=plans[0].eps_sel, n_clusters=params.clusters,
-                                             clustering_rounds_ratio=params.clustering_rounds_ratio, **common)
+                                             clustering_rounds_ratio=params.clustering_rounds_ratio,
+                                             score=params.selection_score, loss_cap=params.loss_cap, **common)
         elif name == "mr_mtl":
             aggregator = MeanRegularized(data.n_clients)
             local = replace(local, spec=replace(local.spec, prox_mu=params.lam, prox_to="anchor"))

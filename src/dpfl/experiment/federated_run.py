@@ -447,24 +447,21 @@ class FederatedRun:
         return new_w, {**row, **diagnostics}
 
     def _private_choices(self, choice: Any, r: int) -> dict[int, int]:
-        """Each asked client scores the broadcast models on its own training data (accuracy in percent) and reports
-        the exponential mechanism's pick; its cost goes on the client's ledger. A client whose budget cannot pay
-        for it does not answer (and keeps its cluster)."""
-        from dpfl.algorithms.client.private_selection import accuracy_sensitivity, select
+        """Each asked client scores the broadcast models on its own training data and reports the exponential
+        mechanism's pick (`private_selection.answer`); its cost goes on the client's ledger. A client whose budget
+        cannot pay for it does not answer (and keeps its cluster)."""
+        from dpfl.algorithms.client.private_selection import answer
         from dpfl.privacy.two_stage import selection_event
 
-        event, models = selection_event(choice.eps_sel), choice.models
-        count = next(iter(models.values())).shape[0]
+        event = selection_event(choice.eps_sel)
         picks: dict[int, int] = {}
         self.model.eval()
         for i in choice.clients:
             if self.ledger is not None and self.enforce_budgets and self.ledger.would_exceed(i, event):
                 continue
             c = self.data.clients[i]
-            scores = [100.0 * evaluate(self.model, {n: t[m] for n, t in models.items()}, c.x_train, c.y_train,
-                                       self.algorithm.local.spec.loss)[0] for m in range(count)]
-            rng = numpy_generator(self.seed, Purpose.CHOICE, r, i)
-            picks[i] = select(np.array(scores), accuracy_sensitivity(int(self.n_records[i])), choice.eps_sel, rng)
+            picks[i] = answer(choice, self.model, c.x_train, c.y_train, self.algorithm.local.spec.loss,
+                              numpy_generator(self.seed, Purpose.CHOICE, r, i))
             if self.ledger is not None:
                 self.ledger.record(i, r, event)
         self.model.train()

@@ -41,3 +41,24 @@ def test_bad_inputs():
         sel.gumbel_scale(1.0, 0.0)
     with pytest.raises(ValueError, match="scores"):
         sel.select(np.array([]), 1.0, 1.0, np.random.default_rng(0))
+
+
+def test_answers_score_accuracy_or_the_clipped_loss_with_their_sensitivities():
+    """A model that fits the client's data wins under both scores when the noise is negligible; the loss score's
+    sensitivity is L_max / (N_i - 1)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    x = torch.randn(200, 4)
+    good = {"weight": torch.randn(3, 4), "bias": torch.zeros(3)}
+    y = (x @ good["weight"].T).argmax(1)
+    models = {n: torch.stack([torch.zeros_like(t), t, -t]) for n, t in good.items()}
+    for score, cap in (("accuracy", None), ("neg_clipped_loss", 5.0)):
+        choice = sel.ModelChoice((0,), models, eps_sel=1e6, score=score, loss_cap=cap)
+        assert sel.answer(choice, model, x, y, "cross_entropy", np.random.default_rng(0)) == 1
+    assert sel.ModelChoice((0,), models, 1.0, "neg_clipped_loss", 5.0).sensitivity(201) == pytest.approx(5.0 / 200)
+    assert sel.ModelChoice((0,), models, 1.0).sensitivity(201) == pytest.approx(100.0 / 200)
+    with pytest.raises(ValueError, match="loss cap"):
+        sel.ModelChoice((0,), models, 1.0, "neg_clipped_loss")

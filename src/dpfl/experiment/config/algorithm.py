@@ -235,6 +235,14 @@ class _SelectingParams(_ClusteredParams):
     selection_budget_ratio: float = Field(0.03, gt=0, lt=1)
     clustering_rounds_ratio: float = Field(0.1, ge=0, le=1)
     split: Literal["subtract", "joint"] = "subtract"
+    selection_score: Literal["accuracy", "neg_clipped_loss"] = "accuracy"
+    loss_cap: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _cap(self) -> _SelectingParams:
+        if (self.selection_score == "neg_clipped_loss") != (self.loss_cap is not None):
+            raise ValueError("selection_score neg_clipped_loss needs loss_cap (L_max), and loss_cap only applies to it")
+        return self
 
 
 class _IFCAParams(_SelectingParams):
@@ -329,7 +337,13 @@ class AlgorithmConfig(_Section):
     (any | last), prox_dtype, rfft. ppsgd: alpha (> 0, local / global step size).
     centaur: head_epochs (> 0; needs a model with a head: mlp2, lenet5).
     fedsplit / fedpi / fedrp: eta (required, the prox step), schedule, period, mode, report, ergodic, anderson
-    {memory, scope, blend, safeguard}; mechanism udp uploads one Gaussian per client (the noise is not split over the cohort).
+    {memory, scope, blend, safeguard}; mechanism udp uploads one Gaussian per client (the noise is not split over
+    the cohort).
+    rdpcfl: clusters, m_candidates, selection_budget_ratio, clustering_rounds_ratio, selection_rounds, split,
+    conversion, selection_score (accuracy | neg_clipped_loss with loss_cap), round1_batch, cluster_init, pca_project,
+    scaler; ifca_dp: clusters (required) + the selection fields; clustered_oracle / clustered_local: conversion;
+    mr_mtl: lam (>= 0, default 1) + conversion. All five: data.partition clustered (oracle), dpsgd, every client
+    in every round.
 
     aggregator / local: optional user-registered stages replacing the bundle's aggregator (any bundle whose
     guarantee holds against a server that sees each upload) or its local program (not for noisy_fedavg,

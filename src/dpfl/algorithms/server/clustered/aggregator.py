@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpfl.algorithms.client.private_selection import ModelChoice
 from dpfl.algorithms.server.clustered.gmm import (
     M_CANDIDATES,
     ClusterFit,
@@ -43,16 +44,6 @@ from dpfl.seeding import Purpose, derive_seed, numpy_generator
 
 STRATEGIES: tuple[str, ...] = ("rdpcfl", "ifca", "fixed")
 CLUSTER_DRAW_ROUND_KEY = 1  # numpy_generator(seed, CLUSTER, ...) rounds are offset by this: round 0 is IFCA's init
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    """The server's question after a round: every client in `clients` scores the stacked `models` [M, ...] on its own
-    training data and privately reports the best (exponential mechanism with parameter `eps_sel`)."""
-
-    clients: tuple[int, ...]
-    models: P.Params
-    eps_sel: float
 
 
 @dataclass
@@ -79,6 +70,8 @@ class ClusteredAggregator:
     trained: dict[int, int] = field(default_factory=dict, repr=False)  # this round: client -> the cluster it trained
     given_clusters: int | None = field(default=None, init=False, repr=False)  # M as configured (None: chosen)
     privacy_plan: dict[str, Any] | None = field(default=None, repr=False)  # what the noise was calibrated for
+    score: str = "accuracy"  # the selection score (private_selection.SCORES)
+    loss_cap: float | None = None
 
     linear_in_updates = False  # per-cluster means: no single weighted-sum noise statistic
 
@@ -160,7 +153,8 @@ class ClusteredAggregator:
         if round_ not in self.selection_rounds_planned():
             return None
         assert self.models is not None
-        return ModelChoice(tuple(range(self.n_clients)), {n: t.clone() for n, t in self.models.items()}, self.eps_sel)
+        return ModelChoice(tuple(range(self.n_clients)), {n: t.clone() for n, t in self.models.items()}, self.eps_sel,
+                           self.score, self.loss_cap)
 
     def chosen(self, round_: int, picks: dict[int, int]) -> None:  # noqa: ARG002
         """The clients' private answers: their clusters from the next round on."""
@@ -201,8 +195,10 @@ class ClusteredAggregator:
             "releases": "every upload (DP-SGD, sample level)"
                         + ("; round 1 at full batch (q = 1)" if self.strategy == "rdpcfl" else "")
                         + ("; every private cluster selection (exponential mechanism by Gumbel-max, eps_sel-DP, "
-                           "(eps_sel^2 / 8)-zCDP each, score = training accuracy in percent, sensitivity "
-                           "100 / (N_i - 1))" if self.strategy != "fixed" else ""),
+                           "(eps_sel^2 / 8)-zCDP each, score " + ("= training accuracy in percent, sensitivity "
+                           "100 / (N_i - 1))" if self.score == "accuracy" else f"= minus the mean loss clipped to "
+                           f"{self.loss_cap:g}, sensitivity {self.loss_cap:g} / (N_i - 1))")
+                           if self.strategy != "fixed" else ""),
             "adjacency": "add/remove one record (Poisson-sampled and full-batch Gaussian steps; the selection "
                          "score's sensitivity bounds removing one record)",
             "post_processing": "the GMM clustering, stage-2 cluster draws and per-cluster aggregation",
@@ -229,7 +225,10 @@ class ClusteredAggregator:
                            else choose_clusters(features, gmm_seed, self.m_candidates))
         self.n_clusters, self.posteriors = fit.n_clusters, fit.posteriors
         e_c, effective = second_stage_rounds(fit.mpo, self.rounds)
+        pairs = [float(np.linalg.norm(fit.means[a] - fit.means[b]))
+                 for a in range(fit.n_clusters) for b in range(a + 1, fit.n_clusters)]
         self.facts.update(n_clusters=fit.n_clusters, mss=fit.mss, mpo=fit.mpo, em_iterations=fit.em_iterations,
+                          centre_distance=float(np.mean(pairs)) if pairs else 0.0,
                           em_converged=fit.converged, e_c=e_c, e_c_effective=effective,
                           round1_clusters=fit.assignment.tolist())
         start = global_params
