@@ -24,7 +24,8 @@ model the client uses on its own shifted test split), minority_acc (the same ove
 clients), ari (adjusted Rand index of the final partition against the truth; global-model methods form one
 cluster, Local one per client), clusters_found, recovered (the final partition equals the truth), minority_recovered
 (some predicted cluster is exactly the minority), round1_recovered (R-DPCFL's GMM partition after round 1), mss,
-e_c, selections, meets_budgets, max_epsilon_spent, status, seconds, run_dir.
+e_c, selections, degraded_to_global (the GMM found one cluster: the run went on as Global), meets_budgets,
+max_epsilon_spent, status, seconds, run_dir.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ BASES = {"ci": (("fmnist-rotation", "ci_fmnist_rotation.yaml", "fashion_mnist"),
                   ("fmnist-label_shift", "fmnist_label_shift.yaml", "fashion_mnist"),
                   ("mnist-rotation", "mnist_rotation.yaml", "mnist"))}
 COLUMNS = ["setting", "method", "seed", "epsilon", "mean_acc", "minority_acc", "ari", "clusters_found", "recovered",
-           "minority_recovered", "round1_recovered", "mss", "e_c", "selections", "meets_budgets", "max_epsilon_spent",
-           "status", "seconds", "run_dir"]
+           "minority_recovered", "round1_recovered", "mss", "e_c", "selections", "degraded_to_global", "meets_budgets",
+           "max_epsilon_spent", "status", "seconds", "run_dir"]
 GLOBAL_MODEL = ("global", "fedavg")  # clients use the one global model
 
 
@@ -143,7 +144,7 @@ def row(outcome: Outcome, out: Path) -> dict[str, Any]:
     first = next((m for m in metrics if "round1_clusters" in m), None)
     if first is not None:
         r["round1_recovered"] = _same_partition(first["round1_clusters"], truth)
-        r.update(mss=first.get("mss"), e_c=first.get("e_c"))
+        r.update(mss=first.get("mss"), e_c=first.get("e_c"), degraded_to_global=bool(first.get("degraded_to_global")))
     r["selections"] = metrics[-1].get("selections_made")
     if job.method != "fedavg" and (d / "privacy.json").is_file():
         privacy = read_privacy(d)

@@ -144,3 +144,13 @@ def test_mr_mtl_with_lambda_0_is_local_training_and_the_mean_is_over_every_clien
     pp = pulled.algorithm.aggregator.personal_models()
     spread = lambda ms: float(sum((ms[c]["fc.weight"] - ms[0]["fc.weight"]).norm() for c in range(6)))  # noqa: E731
     assert spread(pp) < spread(pa)  # the pull brings the personal models together
+
+
+def test_one_cluster_found_degrades_to_global_and_says_so(blobs):
+    run, result, plan, _ = rdpcfl_run(blobs, 0, rounds=6, n_clusters=1)
+    agg = run.algorithm.aggregator
+    assert agg.facts["degraded_to_global"] and agg.n_clusters == 1
+    assert set(result.history[-1]["clusters"]) == {0} and agg.facts.get("selections_made", 0) == 0
+    assert not any(isinstance(e.event, dpa.ZCDpEvent) for e in result.ledger.entries(0))  # nothing chosen, nothing spent
+    assert result.ledger.spent(0) < plan.planned_epsilon
+    assert "degraded_to_global" in result.privacy["stage"]

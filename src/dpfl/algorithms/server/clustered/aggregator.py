@@ -10,7 +10,8 @@ The round loop stays generic; this stage uses its hooks:
 
 Strategies:
 - `rdpcfl`: round 1's updates (full-batch DP-SGD, the local program's `round1_batch`) are clustered by the PCA + GMM
-  of `gmm.py` (M given or chosen by MSS); the cluster models start at the initial model (or client 0's round-1
+  of `gmm.py` (M given or chosen by MSS; a fit whose posterior argmax puts every client in one cluster degrades the
+  run to Global: one model, no selections, `degraded_to_global` in the metrics and the report); the cluster models start at the initial model (or client 0's round-1
   model, `cluster_init="trained_client0"`, the reference code); rounds 2..E_c draw each client's cluster from its
   posterior pi_i afresh; private selections end the rounds of the window {E_c, ..., E_c + floor(0.1 E)} (or every
   round from E_c, `selection_rounds="every_round"`); assignments are frozen after the last one.
@@ -105,8 +106,8 @@ class ClusteredAggregator:
         n_sel = math.floor(self.clustering_rounds_ratio * self.rounds) + 1
         if self.strategy == "ifca":
             return [r for r in range(n_sel) if r < self.rounds - 1]
-        if "e_c_effective" not in self.facts:
-            return []
+        if "e_c_effective" not in self.facts or self.facts.get("degraded_to_global"):
+            return []  # not clustered yet, or one cluster: nothing to choose (and nothing spent on it)
         first = self.facts["e_c_effective"]  # e = E_c, i.e. r = E_c - 1
         last = self.rounds - 1 if self.selection_rounds == "every_round" else first + n_sel - 1
         return [e - 1 for e in range(first, last + 1) if e - 1 < self.rounds - 1]  # a selection needs a next round
@@ -204,6 +205,9 @@ class ClusteredAggregator:
             "post_processing": "the GMM clustering, stage-2 cluster draws and per-cluster aggregation",
             "selections_made": self.facts.get("selections_made", 0),
         }
+        if self.facts.get("degraded_to_global"):
+            notes["degraded_to_global"] = ("the round-1 GMM put every client in one cluster: the run continued as "
+                                           "Global (DP-FedAvg), with no private selection")
         if self.privacy_plan is not None:
             notes["plan"] = self.privacy_plan
         return notes
@@ -224,6 +228,9 @@ class ClusteredAggregator:
         fit: ClusterFit = (fit_clusters(features, self.n_clusters, gmm_seed) if self.n_clusters is not None
                            else choose_clusters(features, gmm_seed, self.m_candidates))
         self.n_clusters, self.posteriors = fit.n_clusters, fit.posteriors
+        if len(set(fit.assignment.tolist())) == 1:  # one cluster found: R-DPCFL is Global (DP-FedAvg) from here
+            self.n_clusters, self.posteriors = 1, np.ones((self.n_clients, 1))
+            self.facts["degraded_to_global"] = True
         e_c, effective = second_stage_rounds(fit.mpo, self.rounds)
         pairs = [float(np.linalg.norm(fit.means[a] - fit.means[b]))
                  for a in range(fit.n_clusters) for b in range(a + 1, fit.n_clusters)]
