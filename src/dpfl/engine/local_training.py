@@ -76,6 +76,7 @@ class LocalSpec:
     trainable: tuple[str, ...] | None = None
     clip_mode: str = "per_example"
     prox_to: str = "start"  # the prox term's anchor: the client's start, or the `anchor` run_local is given
+    micro_batch: int | None = None  # per-sample gradients of at most this many records at once (DP-SGD)
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -94,6 +95,9 @@ class LocalSpec:
             raise ValueError(f"prox_mu must be >= 0, got {self.prox_mu}")
         if self.prox_to not in ("start", "anchor"):
             raise ValueError(f"prox_to must be 'start' or 'anchor', got {self.prox_to!r}")
+        if self.micro_batch is not None and (isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int)
+                                             or self.micro_batch < 1):
+            raise ValueError(f"micro_batch must be an integer >= 1 or None, got {self.micro_batch!r}")
         per_sample_loss(self.loss)
         if self.trainable is not None:
             if isinstance(self.trainable, str):
@@ -196,6 +200,8 @@ def run_local(
     order = sorted(range(k), key=lambda i: -plans[i].steps)
     width = max(p.batch_size for p in plans)
     per_sample = spec.clip is not None and spec.clip_mode == "per_example"
+    if per_sample and spec.micro_batch is not None:  # gradient accumulation bounds the per-sample records held
+        width = min(width, spec.micro_batch)
     fast, per_record = _fast_model(model, engine, data, start_stack)
     if fast is not None:
         # the fast path holds per record its activations, im2col matrices and per-sample conv weight gradients
@@ -374,10 +380,13 @@ def _run_chunk(
                 g.mul_(factor.unsqueeze(1))
         else:
             x, y, owner = data.gather_packed(clients[:active], idx)
-            if fast is not None:
-                g = fast.clipped_sum(wa, fa, x, y, owner, spec.clip, loss_fn)
-            else:
-                g = _clipped_sum(grads_of, wa, x, y, owner, spec.clip, fa)
+
+            def clipped(xs: torch.Tensor, ys: torch.Tensor, os: torch.Tensor) -> P.Params:
+                if fast is not None:
+                    return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn)
+                return _clipped_sum(grads_of, wa, xs, ys, os, spec.clip, fa)
+
+            g = _accumulated(clipped, x, y, owner, spec.micro_batch)
             g = P.flatten({n: g[n] for n in names})
             if noise_sums is not None:
                 xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
@@ -415,6 +424,19 @@ def _batch_gradient(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, mas
     if x.shape[1] == 0:
         return {n: torch.zeros_like(v) for n, v in w.items()}
     return grads_of(w, x, y, mask.to(torch.float32), frozen=frozen)
+
+
+def _accumulated(clipped, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, micro: int | None) -> P.Params:
+    """The step's per-client sums of clipped per-sample gradients, over physical micro-batches of at most `micro`
+    records (clipping is per sample, so the sum equals the one-shot sum; the noise is drawn once per step after it)."""
+    if micro is None or len(owner) <= micro:
+        return clipped(x, y, owner)
+    total: P.Params | None = None
+    for lo in range(0, len(owner), micro):
+        part = clipped(x[lo: lo + micro], y[lo: lo + micro], owner[lo: lo + micro])
+        total = part if total is None else {n: total[n].add_(part[n]) for n in total}
+    assert total is not None
+    return total
 
 
 def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, clip: float,

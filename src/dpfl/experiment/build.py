@@ -241,9 +241,10 @@ def _local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float =
     lr = t.optimizer.lr * lr_factor
     if cfg.algorithm.local is not None:
         return _registered_local(cfg, lr, private, common)
-    if private:
-        return dpsgd(lr, p.clip, sampling=p.sampling, **common)
-    return sgd(lr, **common)
+    program = dpsgd(lr, p.clip, sampling=p.sampling, **common) if private else sgd(lr, **common)
+    if t.micro_batch is not None:
+        program = dataclasses.replace(program, spec=dataclasses.replace(program.spec, micro_batch=t.micro_batch))
+    return program
 
 
 def _registered_local(cfg: RunConfig, lr: float, private: bool, common: dict[str, Any]) -> LocalProgram:

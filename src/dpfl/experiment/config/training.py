@@ -80,6 +80,8 @@ class TrainingConfig(_Section):
     for years or overflows: rounds and local_steps at most 1,000,000, local_epochs at most 10,000, every
     batch size at most 1,000,000 (a batch above a client's records is its whole set); Noisy-FedAvg/FedProx
     also need rounds x local_steps <= 10,000,000 (their f-DP accounting keeps one step size per local step).
+    micro_batch: DP-SGD computes per-sample gradients of at most this many records at once and sums the clipped
+    ones (gradient accumulation: the same step, the noise drawn once; for batches that do not fit in memory).
     """
 
     rounds: int = Field(ge=1)
@@ -88,6 +90,7 @@ class TrainingConfig(_Section):
     batch_size: int | list[int] | BatchSizeKind | BatchSizeChoice
     optimizer: OptimizerConfig
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    micro_batch: int | None = Field(None, ge=1, le=1_000_000)
 
     @field_validator("rounds", "local_steps", "local_epochs")
     @classmethod
