@@ -82,3 +82,21 @@ def test_safeguard_rejects_a_far_extrapolation():
     window.next(u0, tu0)
     out, status = window.next(u1, tu1)
     assert status.startswith("fallback") and torch.equal(out, tu1)
+
+
+def test_an_overflowed_iterate_falls_back_instead_of_failing_the_run(monkeypatch):
+    """A diverged reflection preset (FedSplit on the CNN) can overflow to inf: the window falls back to the plain step
+    and counts it, and an eigensolver failure on an ill-conditioned Gram matrix does the same."""
+    window = AndersonWindow(AndersonII(1))
+    window.next(torch.zeros(3), torch.ones(3))
+    out, status = window.next(torch.ones(3), torch.tensor([float("inf"), 0.0, 1.0]))
+    assert status == "fallback: non-finite residuals" and window.fallbacks == 1 and torch.isinf(out[0])
+
+    def fails(*args, **kwargs):
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "pinv", fails)
+    window = AndersonWindow(AndersonII(1))
+    window.next(torch.zeros(3), torch.ones(3))
+    out, status = window.next(torch.ones(3) * 2, torch.ones(3) * 3)
+    assert status == "fallback: degenerate Gram matrix" and window.fallbacks == 1 and torch.equal(out, torch.ones(3) * 3)

@@ -84,7 +84,12 @@ class AndersonWindow:
         gram = r @ r.T
         if cfg.tikhonov:
             gram = gram + cfg.tikhonov * torch.linalg.matrix_norm(gram) * torch.eye(len(gram), dtype=gram.dtype)
-        solved = torch.linalg.pinv(gram, hermitian=True).sum(1)
+        if not torch.isfinite(gram).all():  # a diverged iterate overflowed: there is no least-squares mix
+            return self._fallback(tu, "non-finite residuals")
+        try:
+            solved = torch.linalg.pinv(gram, hermitian=True).sum(1)
+        except torch.linalg.LinAlgError:  # the eigensolver did not converge on an ill-conditioned Gram matrix
+            return self._fallback(tu, "degenerate Gram matrix")
         total = float(solved.sum())
         if not math.isfinite(total) or abs(total) <= 1e-300 or not torch.isfinite(solved).all():
             return self._fallback(tu, "degenerate Gram matrix")
