@@ -154,3 +154,30 @@ def test_one_cluster_found_degrades_to_global_and_says_so(blobs):
     assert not any(isinstance(e.event, dpa.ZCDpEvent) for e in result.ledger.entries(0))  # nothing chosen, nothing spent
     assert result.ledger.spent(0) < plan.planned_epsilon
     assert "degraded_to_global" in result.privacy["stage"]
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "rdpcfl", "params": {"clusters": 3}},
+                                       {"name": "ifca_dp", "params": {"clusters": 3}},
+                                       {"name": "mr_mtl", "params": {"lam": 0.5}}])
+def test_a_resumed_clustered_run_equals_an_uninterrupted_one(algorithm):
+    from dpfl.experiment.build import build_run
+    from dpfl.experiment.config import validate_config
+
+    cfg = validate_config({
+        "name": "c", "seed": 4, "data": {"dataset": "digits", "clients": 6, "partition": "clustered",
+                                         "clustered": {"clusters": 3, "minority_ratio": 0.34, "train_per_client": 60}},
+        "model": {"name": "logr"}, "algorithm": algorithm,
+        "training": {"rounds": 8, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.1},
+                     "selection": {"kind": "all"}},
+        "privacy": {"mechanism": "dpsgd", "clip": 1.0, "sampling": "poisson", "budgets": 8.0, "delta": 1e-3},
+        "evaluation": {"every": 2}})
+    whole = build_run(cfg).run()
+    states = []
+    build_run(cfg).run(on_checkpoint=states.append, checkpoint_every=3)
+    for at in (3, 6):  # before and after R-DPCFL's selection window (E_c ~ 4 here)
+        resumed = build_run(cfg).run(state=next(s for s in states if s.round == at))
+        for n in whole.params:
+            assert torch.equal(whole.params[n], resumed.params[n])
+        assert whole.history[-1].get("clusters") == resumed.history[-1].get("clusters")
+        assert whole.history[-1]["acc_personal"] == resumed.history[-1]["acc_personal"]
+        assert whole.ledger.spent_all() == resumed.ledger.spent_all()
