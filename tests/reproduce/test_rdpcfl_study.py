@@ -55,6 +55,8 @@ def test_a_tiny_study_runs_and_reports(tmp_path, monkeypatch):
     text = md_path.read_text()
     assert "## digits-rotation-eps5" in text and "| oracle |" in text
     assert (out / "plots" / "accuracy_vs_eps_digits-rotation.png").stat().st_size > 0
+    report = (out / table["rdpcfl"]["run_dir"] / "report.md").read_text()
+    assert "Releases accounted" in report and "exponential mechanism" in report and "planned ε at most" in report
 
 
 def base_config(**changes):

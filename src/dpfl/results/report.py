@@ -243,6 +243,7 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
                        f"client rate {_fmt_g(view.get('sample_rate'))}, {view.get('rounds')} rounds), valid only for "
                        f"{view.get('valid_for')}")
         out += _fdp_lines(privacy.get("fdp"))
+        out += _stage_lines(privacy.get("stage"))
         out.append("")
         out.append("Every epsilon here is the one the accountant computed for the run as it ran "
                    "(privacy.json, metrics.jsonl). Whatever the server does with the noisy uploads (aggregation, "
@@ -259,6 +260,23 @@ def _guarantee_lines(guarantee: Any) -> list[str]:
     for other in guarantee.get("other_epsilons") or []:
         out.append(f"  - also computed, NOT the guarantee: `{other.get('field')}` (largest "
                    f"{_fmt_eps(other.get('epsilon_max'))}): {other.get('why_it_differs')}")
+    return out
+
+
+def _stage_lines(stage: Any) -> list[str]:
+    """A stage with releases of its own (R-DPCFL's private selections): what is released, the adjacency, the plan."""
+    if not isinstance(stage, Mapping):
+        return []
+    out = [f"- **Releases accounted (every one on the client's ledger):** {stage.get('releases')}",
+           f"- **Adjacency:** {stage.get('adjacency')}; post-processing: {stage.get('post_processing')}"]
+    plan = stage.get("plan")
+    if isinstance(plan, Mapping):
+        out.append(f"- **Plan:** eps_sel = {_fmt_g(plan.get('eps_sel'))} per selection, {plan.get('n_sel_planned')} "
+                   f"planned ({stage.get('selections_made')} made), split {plan.get('split')}, conversion "
+                   f"{plan.get('conversion')}, planned ε at most {_fmt_eps(plan.get('planned_epsilon_max'))}; "
+                   f"{plan.get('noise_grid')}")
+    if stage.get("degraded_to_global"):
+        out.append(f"- **Note:** {stage['degraded_to_global']}")
     return out
 
 
