@@ -23,7 +23,8 @@ results.csv (one row per run): setting, method, seed, epsilon, mean_acc (mean ov
 model the client uses on its own shifted test split), minority_acc (the same over the minority cluster's
 clients), ari (adjusted Rand index of the final partition against the truth; global-model methods form one
 cluster, Local one per client), clusters_found, recovered (the final partition equals the truth), minority_recovered
-(some predicted cluster is exactly the minority), round1_recovered (R-DPCFL's GMM partition after round 1), mss,
+(some predicted cluster is exactly the minority), round1_recovered and round1_minority_recovered (the same for
+R-DPCFL's GMM partition after round 1), mss,
 e_c, selections, degraded_to_global (the GMM found one cluster: the run went on as Global), meets_budgets,
 max_epsilon_spent, status, seconds, run_dir.
 """
@@ -54,7 +55,7 @@ BASES = {"ci": (("fmnist-rotation", "ci_fmnist_rotation.yaml", "fashion_mnist"),
                   ("fmnist-label_shift", "fmnist_label_shift.yaml", "fashion_mnist"),
                   ("mnist-rotation", "mnist_rotation.yaml", "mnist"))}
 COLUMNS = ["setting", "method", "seed", "epsilon", "mean_acc", "minority_acc", "ari", "clusters_found", "recovered",
-           "minority_recovered", "round1_recovered", "mss", "e_c", "selections", "degraded_to_global", "meets_budgets",
+           "minority_recovered", "round1_recovered", "round1_minority_recovered", "mss", "e_c", "selections", "degraded_to_global", "meets_budgets",
            "max_epsilon_spent", "status", "seconds", "run_dir"]
 GLOBAL_MODEL = ("global", "fedavg")  # clients use the one global model
 
@@ -108,6 +109,12 @@ def _same_partition(a: Sequence[int], b: Sequence[int]) -> bool:
     return blocks(a) == blocks(b)
 
 
+def _has_block(found: Sequence[int], truth: Sequence[int]) -> bool:
+    """Some predicted cluster is exactly the minority (true cluster 0)."""
+    minority = {i for i, t in enumerate(truth) if t == 0}
+    return any({i for i, v in enumerate(found) if v == k} == minority for k in set(found))
+
+
 def row(outcome: Outcome, out: Path) -> dict[str, Any]:
     """The results.csv row of one run, read from its run directory."""
     from sklearn.metrics import adjusted_rand_score
@@ -139,11 +146,11 @@ def row(outcome: Outcome, out: Path) -> dict[str, Any]:
         r["ari"] = float(adjusted_rand_score(truth, final))
         r["clusters_found"] = len(set(final))
         r["recovered"] = _same_partition(final, truth)
-        minority = {i for i, t in enumerate(truth) if t == 0}
-        r["minority_recovered"] = any({i for i, v in enumerate(final) if v == k} == minority for k in set(final))
+        r["minority_recovered"] = _has_block(final, truth)
     first = next((m for m in metrics if "round1_clusters" in m), None)
     if first is not None:
         r["round1_recovered"] = _same_partition(first["round1_clusters"], truth)
+        r["round1_minority_recovered"] = _has_block(first["round1_clusters"], truth)
         r.update(mss=first.get("mss"), e_c=first.get("e_c"), degraded_to_global=bool(first.get("degraded_to_global")))
     r["selections"] = metrics[-1].get("selections_made")
     if job.method != "fedavg" and (d / "privacy.json").is_file():
@@ -181,15 +188,17 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
             if not ok:
                 continue
             rec = [r["recovered"] for r in ok if r["recovered"] is not None]
+            mino = [r["minority_recovered"] for r in ok if r["minority_recovered"] is not None]
             body.append([m.name, mean_std(r["mean_acc"] for r in ok), mean_std(r["minority_acc"] for r in ok),
                          mean_std((r["ari"] for r in ok), ".2f"),
-                         f"{sum(rec)}/{len(rec)}" if rec else "", mean_std((r["mss"] for r in ok), ".2f")
+                         f"{sum(rec)}/{len(rec)}" if rec else "", f"{sum(mino)}/{len(mino)}" if mino else "",
+                         mean_std((r["mss"] for r in ok), ".2f")
                          if any(r["mss"] is not None for r in ok) else "",
                          "yes" if all(r["meets_budgets"] for r in ok) else
                          ("n/a" if m.name == "fedavg" else "NO"), len(ok)])
         lines += ["", f"## {setting.name}", "", setting.describe, ""]
-        lines += md_table(["method", "mean acc", "minority acc", "ARI", "recovered", "MSS", "within budgets",
-                           "seeds"], body)
+        lines += md_table(["method", "mean acc", "minority acc", "ARI", "recovered", "minority recovered", "MSS",
+                           "within budgets", "seeds"], body)
     for shift, path in _plots(rows, out).items():
         lines += ["", f"![{shift}]({path.relative_to(out).as_posix()})"]
     md_path = write_text_atomic(out / "results.md", "\n".join(lines).rstrip() + "\n")

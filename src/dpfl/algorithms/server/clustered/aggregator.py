@@ -236,6 +236,7 @@ class ClusteredAggregator:
                  for a in range(fit.n_clusters) for b in range(a + 1, fit.n_clusters)]
         self.facts.update(n_clusters=fit.n_clusters, mss=fit.mss, mpo=fit.mpo, em_iterations=fit.em_iterations,
                           centre_distance=float(np.mean(pairs)) if pairs else 0.0,
+                          gmm_means=fit.means.tolist(), gmm_radii=fit.radii.tolist(),
                           em_converged=fit.converged, e_c=e_c, e_c_effective=effective,
                           round1_clusters=fit.assignment.tolist())
         start = global_params
