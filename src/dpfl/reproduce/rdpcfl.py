@@ -224,7 +224,10 @@ def _plots(rows: Sequence[Mapping[str, Any]], out: Path) -> dict[str, Path]:
             for ax, key in zip(axes, ("mean_acc", "minority_acc")):
                 ys = [np.mean([r[key] for r in mine if float(r["setting"].rsplit("-eps", 1)[1]) == e
                                and r[key] is not None] or [np.nan]) for e in eps]
-                ax.plot(eps, ys, marker="o", label=m, ls="--" if m in ("oracle", "fedavg") else "-")
+                if m == "fedavg":  # not private: no epsilon; a level to compare with, not a point on the axis
+                    ax.axhline(float(np.nanmean(ys)), color="grey", ls=":", label="fedavg (not private)")
+                else:
+                    ax.plot(eps, ys, marker="o", label=m, ls="--" if m == "oracle" else "-")
         for ax, title in zip(axes, ("mean client accuracy", "minority-cluster accuracy")):
             ax.set_xlabel("eps_total per client")
             ax.set_title(f"{family}: {title}")
