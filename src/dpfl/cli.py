@@ -564,10 +564,12 @@ def reproduce_rdpcfl(
         "on a CPU; MNIST rotation where its files exist)."))],
     seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
     dataset: _Datasets = None, dry_run: _DryRun = False,
+    epsilons: Annotated[Optional[str], typer.Option(
+        "--epsilons", help="Comma-separated eps_total values replacing the scale's (ci: 5; full: 3,4,5,10,15).")] = None,
 ) -> None:
     """R-DPCFL's comparison (TMLR 2025): rdpcfl, ifca, global, local, mr_mtl, oracle, fedavg on planted clusters.
     Writes OUT/results.csv (mean_acc, minority_acc, ari, clusters_found, ... per run), results.md, plots/."""
-    _reproduce("rdpcfl", out, scale, seeds, rounds, settings, methods, dataset, dry_run)
+    _reproduce("rdpcfl", out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons=epsilons)
 
 
 @reproduce_app.command("splitting")

@@ -19,6 +19,11 @@ def test_the_grids():
     assert by["oracle"].algorithm.name == "clustered_oracle" and by["fedavg"].privacy.mechanism == "none"
     assert by["rdpcfl"].privacy.budgets == 5.0 and by["global"].algorithm.name == "dp_fedavg_local"
     assert all(c.data.partition == "clustered" and c.training.rounds == 20 for c in by.values())
+    three = rdpcfl.grid("ci", epsilons="3,5,10")
+    assert {j.setting for j in three.jobs} == {"fmnist-rotation-eps3", "fmnist-rotation-eps5", "fmnist-rotation-eps10"}
+    assert {j.config.privacy.budgets for j in three.jobs if j.method == "rdpcfl"} == {3.0, 5.0, 10.0}
+    code, _, err = cli("reproduce", "rdpcfl", "--scale", "ci", "--out", "unused", "--epsilons", "3,x", "--dry-run")
+    assert code == 2 and "--epsilons" in err and len(err.strip().splitlines()) == 1
     full = rdpcfl.grid("full")
     assert len(full.jobs) == 4 * 5 * 7 * 4  # 3 Fashion-MNIST shifts + MNIST rotation, 5 epsilons, 7 methods, 4 seeds
 

@@ -72,15 +72,19 @@ def methods() -> tuple[Method, ...]:
     )
 
 
-def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[Setting]:
+def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",),
+             epsilons: Sequence[float] | None = None) -> list[Setting]:
+    """One setting per (shift, eps_total); `epsilons` replaces the scale's (EPSILONS)."""
     if scale not in SPEC:
         raise GridError(f"--scale must be 'ci' or 'full', got {scale!r}")
+    if epsilons is not None and (not epsilons or any(not (e > 0 and np.isfinite(e)) for e in epsilons)):
+        raise GridError(f"--epsilons must be numbers > 0, got {list(epsilons)!r}")
     wanted = set(datasets) | ({"mnist"} if scale == "full" else set())
     out = []
     for prefix, base, dataset in BASES[scale]:
         if dataset not in wanted:
             continue
-        for eps in EPSILONS[scale]:
+        for eps in (EPSILONS[scale] if epsilons is None else tuple(dict.fromkeys(float(e) for e in epsilons))):
             out.append(Setting(f"{prefix}-eps{eps:g}", config_dir("rdpcfl") / base, (f"privacy.budgets={eps}",),
                                methods(), dataset, f"{prefix} at eps_total {eps:g} (delta 1e-4) per client",
                                {"epsilon": f"{eps:g}"}))
@@ -89,9 +93,15 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[S
 
 def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int | None = None,
          rounds: int | None = None, settings_pattern: str | None = None, methods: Sequence[str] | None = None,
-         extra: Sequence[str] = ()) -> Grid:
-    """The jobs of `dpfl reproduce rdpcfl` (see the module docstring)."""
-    return build_grid(PAPER, scale, settings(scale, datasets), spec_rounds=SPEC[scale]["rounds"],
+         extra: Sequence[str] = (), epsilons: str | Sequence[float] | None = None) -> Grid:
+    """The jobs of `dpfl reproduce rdpcfl` (see the module docstring); `epsilons` ("3,5,10" or numbers) replaces
+    the scale's eps_total values."""
+    if isinstance(epsilons, str):
+        try:
+            epsilons = [float(e) for e in epsilons.split(",") if e.strip()]
+        except ValueError:
+            raise GridError(f"--epsilons must be comma-separated numbers, got {epsilons!r}") from None
+    return build_grid(PAPER, scale, settings(scale, datasets, epsilons), spec_rounds=SPEC[scale]["rounds"],
                       spec_seeds=SPEC[scale]["seeds"], seeds=seeds, rounds=rounds, settings_pattern=settings_pattern,
                       methods=methods, extra=extra)
 
