@@ -803,8 +803,8 @@ class FederatedRun:
         for i in range(self.n_clients):
             key = (int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), self.budgets[i].delta)
             if key not in cache:  # DP-SGD's event depends on neither round nor cohort, except a scheduled round 1
-                events = [self._client_event(i, r, 1) for r in range(min(2, self.rounds))]
-                cache[key] = max(epsilon(e, key[3], self.accountant) if e is not None else 0.0 for e in events)
+                events = {id(e): e for e in (self._client_event(i, r, 1) for r in range(min(2, self.rounds)))}
+                cache[key] = max(epsilon(e, key[3], self.accountant) if e is not None else 0.0 for e in events.values())
             per.append(cache[key])
         return {"eps_per_participation": max(per), "eps_total_max": max(spent), "eps_total_mean": float(np.mean(spent)),
                 "user_level": None,

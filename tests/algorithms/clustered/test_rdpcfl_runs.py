@@ -181,3 +181,13 @@ def test_a_resumed_clustered_run_equals_an_uninterrupted_one(algorithm):
         assert whole.history[-1].get("clusters") == resumed.history[-1].get("clusters")
         assert whole.history[-1]["acc_personal"] == resumed.history[-1]["acc_personal"]
         assert whole.ledger.spent_all() == resumed.ledger.spent_all()
+
+
+def test_a_given_m_whose_fit_finds_one_cluster_keeps_one_model():
+    """M = 3 asked for, but identical updates leave one cluster: one model, not three copies."""
+    agg = ClusteredAggregator("rdpcfl", 6, 10, seed=0, eps_sel=0.5, n_clusters=3)
+    w = {"a": torch.zeros(4)}
+    agg.start_points(w, list(range(6)), 0)
+    agg.aggregate(w, {"a": torch.ones(6, 4)}, ServerView.simple([5] * 6), 0, 0)
+    assert agg.facts["degraded_to_global"] and agg.facts["n_clusters"] == 3  # the fit had 3 components
+    assert agg.n_clusters == 1 and agg.models["a"].shape == (1, 4) and agg.selection_rounds_planned() == []

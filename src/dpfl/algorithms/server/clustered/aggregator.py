@@ -227,10 +227,11 @@ class ClusteredAggregator:
         gmm_seed = derive_seed(self.seed, int(Purpose.CLUSTER), 0, 1) % (2**32)
         fit: ClusterFit = (fit_clusters(features, self.n_clusters, gmm_seed) if self.n_clusters is not None
                            else choose_clusters(features, gmm_seed, self.m_candidates))
-        self.n_clusters, self.posteriors = fit.n_clusters, fit.posteriors
         if len(set(fit.assignment.tolist())) == 1:  # one cluster found: R-DPCFL is Global (DP-FedAvg) from here
             self.n_clusters, self.posteriors = 1, np.ones((self.n_clients, 1))
             self.facts["degraded_to_global"] = True
+        else:
+            self.n_clusters, self.posteriors = fit.n_clusters, fit.posteriors
         e_c, effective = second_stage_rounds(fit.mpo, self.rounds)
         pairs = [float(np.linalg.norm(fit.means[a] - fit.means[b]))
                  for a in range(fit.n_clusters) for b in range(a + 1, fit.n_clusters)]
@@ -244,7 +245,6 @@ class ClusteredAggregator:
             k = clients.index(0)
             start = {n: global_params[n] + uploads[n][k].to(global_params[n].dtype) for n in global_params}
         self.models = None
-        self.n_clusters = fit.n_clusters
         self._init_models(start)
 
     # ---- checkpoints -------------------------------------------------------------------------------
