@@ -191,3 +191,25 @@ def test_a_given_m_whose_fit_finds_one_cluster_keeps_one_model():
     agg.aggregate(w, {"a": torch.ones(6, 4)}, ServerView.simple([5] * 6), 0, 0)
     assert agg.facts["degraded_to_global"] and agg.facts["n_clusters"] == 3  # the fit had 3 components
     assert agg.n_clusters == 1 and agg.models["a"].shape == (1, 4) and agg.selection_rounds_planned() == []
+
+
+def test_training_micro_batch_in_a_config_gives_the_same_run():
+    """`training.micro_batch` as a user sets it: the full-batch round 1 and later rounds accumulate in micro-batches
+    of 7 records and give the same models (float32 tolerance) and the same ledger."""
+    from dpfl.experiment.build import build_run
+    from dpfl.experiment.config import validate_config
+
+    def cfg(**training):
+        return validate_config({
+            "name": "m", "seed": 1, "data": {"dataset": "digits", "clients": 6, "partition": "clustered",
+                                             "clustered": {"clusters": 3, "minority_ratio": 0.34,
+                                                           "train_per_client": 60}},
+            "model": {"name": "cnn_digits"}, "algorithm": {"name": "rdpcfl", "params": {"clusters": 3}},
+            "training": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.1},
+                         "selection": {"kind": "all"}, **training},
+            "privacy": {"mechanism": "dpsgd", "clip": 1.0, "sampling": "poisson", "budgets": 8.0, "delta": 1e-3}})
+
+    one, acc = build_run(cfg()).run(), build_run(cfg(micro_batch=7)).run()
+    for n in one.params:
+        torch.testing.assert_close(acc.params[n], one.params[n], atol=1e-5, rtol=1e-4)
+    assert acc.ledger.spent_all() == one.ledger.spent_all()
