@@ -30,7 +30,9 @@ reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce a paper's comp
                             "data, budgets and seeds; results.csv, results.md and plots.")
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(data_app, name="data")
+bench_app = typer.Typer(no_args_is_help=True, help="Measure the cost of dpfl's protocols on this machine.")
 app.add_typer(reproduce_app, name="reproduce")
+app.add_typer(bench_app, name="bench")
 
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
@@ -702,6 +704,50 @@ def _noise_table(out: Path, scale: str, settings: Optional[str], datasets: Optio
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     console.print(f"noise table: {md_path}  {csv_path}", highlight=False)
+
+
+# ---- bench ---------------------------------------------------------------------------------------------
+@bench_app.command("secagg")
+def bench_secagg(
+    clients: Annotated[int, typer.Option(help="Clients in the round.")] = 100,
+    dim: Annotated[int, typer.Option(help="Parameters per upload (float32).")] = 1_000_000,
+    dropout: Annotated[float, typer.Option(help="Share of clients that drop out.")] = 1 / 3,
+    stage: Annotated[str, typer.Option(help="Stage they drop before: advertise_keys, share_keys, masked_input "
+                                            "(the costly one for the server) or unmasking.")] = "masked_input",
+    threshold: Annotated[Optional[int], typer.Option(help="Shamir threshold t (default floor(n/2) + 1).")] = None,
+    ring_bits: Annotated[int, typer.Option(help="Ring Z/2^k: 32 or 64.")] = 64,
+    frac_bits: Annotated[Optional[int], typer.Option(help="Fixed-point fractional bits (default 32, or 16 for a "
+                                                          "32-bit ring).")] = None,
+    workers: Annotated[int, typer.Option(help="Server processes for rebuilding masks.")] = 1,
+    seed: Annotated[int, typer.Option(help="Data and dropout seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Time one secure-aggregation round (real key agreement, shares and masks; no network) against a plain sum."""
+    from dpfl.algorithms.secure.benchmark import run_secagg_benchmark
+
+    for name, value in (("clients", clients), ("dim", dim), ("workers", workers)):
+        if value < 1:
+            _fail(f"--{name} must be >= 1, got {value}")
+    try:
+        out = run_secagg_benchmark(clients, dim, dropout, stage, threshold, ring_bits, frac_bits, workers, seed)
+    except _user_errors() as e:
+        _fail(str(e))
+    if as_json:
+        emit_json(out)
+        return
+    table = Table(title=f"secure aggregation: {clients} clients x {dim} parameters, {out['dropped']} dropped before "
+                        f"{stage} (t = {out['threshold']}, {ring_bits}-bit ring)")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for label, value in (("server seconds", f"{out['server_seconds']:.3f}"),
+                         ("  plain float32 sum", f"{out['plain_sum_seconds']:.4f}"),
+                         ("client seconds (slowest)", f"{out['client_seconds_max']:.3f}"),
+                         ("client seconds (mean)", f"{out['client_seconds_mean']:.3f}"),
+                         ("upload bytes per client", f"{out['upload_bytes_per_client']:,}"),
+                         ("  plain float32 upload", f"{out['plain_upload_bytes_per_client']:,}"),
+                         ("max |error| of the sum", f"{out['max_abs_error']:.3g} (bound {out['error_bound']:.3g})")):
+        table.add_row(label, value)
+    console.print(table)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -25,6 +25,7 @@ class Purpose(enum.IntEnum):
     DATA = 8  # synthetic data generation
     CLUSTER = 9  # cluster draws and clustering seeds (clustered FL)
     CHOICE = 10  # a client's private choice among models (exponential mechanism noise)
+    SECAGG = 11  # simulated dropouts of secure aggregation
 
 
 def derive_seed(seed: int, *keys: int) -> int:

@@ -69,8 +69,16 @@ class Algorithm:
     @property
     def observer(self) -> str:
         """Who the guarantee holds against."""
+        secure = getattr(self.aggregator, "secure", False)
+        if self.central and secure:
+            return ("anyone who sees the global models, the server included: it sees only the secure-aggregation sum "
+                    "of the clients' clipped, noised updates (honest-but-curious server; colluding clients can remove "
+                    "their own noise shares, see docs/secure.md)")
         if self.central:
             return "anyone who sees the global models (the server is trusted: it sees individual updates)"
+        if secure and self.unit is not None:
+            return ("the server, as if it saw every individual upload (it sees only their secure-aggregation sum, so "
+                    "this guarantee is conservative)")
         if getattr(getattr(self.upload, "accounting", None), "view", None) == "aggregate":
             return ("anyone who sees only the averaged models (individual uploads hidden by secure aggregation or a "
                     "trusted aggregator)")
@@ -84,7 +92,11 @@ class Algorithm:
         if self.upload.unit:
             label = "" if self.upload.accounted else " (NOT accounted: no epsilon is computed for it)"
             parts.append(f"{self.upload.describe()}{label}")
-        if self.central:
+        if self.central and getattr(self.aggregator, "secure", False):
+            parts.append(f"distributed Gaussian: each client clips its update to {self.aggregator.clip} and adds its "
+                         "share N(0, z^2 S^2 / t); secure aggregation reveals only sums of >= t clients, which carry "
+                         "at least N(0, z^2 S^2)")
+        elif self.central:
             parts.append(f"server-side Gaussian on the clipped sum (clip {self.aggregator.clip})")
         return "; ".join(parts) or "none (not private)"
 

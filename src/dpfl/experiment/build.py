@@ -33,6 +33,7 @@ from dpfl.algorithms.client.private_head import PrivateHead
 from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.registry import AGGREGATORS, LOCAL_PROGRAMS
+from dpfl.algorithms.secure.aggregator import DistributedDPFedAvg, SecureAggregation, SecureFedAvg
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
@@ -448,8 +449,9 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
         local, personal = _centaur(cfg, loss, params.head_epochs, private=mech == "dpsgd", names=names,
                                    head_module=head_module)
     if name == "dp_fedavg_central":  # the server's noise: given, or calibrated by FederatedRun from the budgets
-        return Algorithm(name, local, selection, FullUpdate(),
-                         CentralDPFedAvg(p.clip, p.noise_multiplier, params.server_lr))
+        central: Any = CentralDPFedAvg(p.clip, p.noise_multiplier, params.server_lr) if cfg.secure_aggregation is None \
+            else DistributedDPFedAvg(p.clip, p.noise_multiplier, params.server_lr, protocol=_secure_protocol(cfg))
+        return Algorithm(name, local, selection, FullUpdate(), central)
     if name == "oracle":
         aggregator: Any = OracleAverage(params.server_lr)
     elif name == "robust_hdp":
@@ -485,7 +487,16 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
         upload = FullUpdate()
     if cfg.algorithm.aggregator is not None:  # the schema allows it only where aggregation is post-processing
         aggregator = _registered_aggregator(cfg)
+    if cfg.secure_aggregation is not None:  # the schema allows it only with plain FedAvg aggregation
+        aggregator = SecureFedAvg(_secure_protocol(cfg), aggregator.weighting, aggregator.server_lr)
     return Algorithm(name, local, selection, upload, aggregator, personal)
+
+
+def _secure_protocol(cfg: RunConfig) -> SecureAggregation:
+    s = cfg.secure_aggregation
+    assert s is not None
+    return SecureAggregation(s.threshold, s.ring_bits, s.frac_bits, s.dropout, s.workers,
+                             run_id=f"dpfl/{cfg.name}/{cfg.seed}".encode())
 
 
 # ---- the run ------------------------------------------------------------------------------------------

@@ -694,6 +694,9 @@ class FederatedRun:
             "accounted": self.ledger is not None,
             "oracle": bool(getattr(alg.aggregator, "privileged", False)),
         }
+        protocol = getattr(alg.aggregator, "protocol", None)
+        if getattr(alg.aggregator, "secure", False) and protocol is not None:
+            out["secure_aggregation"] = protocol.describe()
         if alg.unit is not None and self.ledger is None:
             out["warning"] = "a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported"
         if self.ledger is not None and self.budgets is not None:

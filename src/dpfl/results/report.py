@@ -215,6 +215,11 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
     out.append(f"- **Unit protected:** {unit if unit is not None else 'none'}")
     out.append(f"- **Observer (who the guarantee holds against):** {privacy.get('observer', '—')}")
     out.append(f"- **Mechanism:** {privacy.get('mechanism', '—')}")
+    sa = privacy.get("secure_aggregation")
+    if isinstance(sa, dict):
+        out.append(f"- **Secure aggregation:** {sa.get('protocol')}; threshold {sa.get('threshold')}, "
+                   f"{sa.get('ring_bits')}-bit ring with {sa.get('frac_bits')} fractional bits, simulated dropout "
+                   f"{sa.get('dropout')}. Threat model: {sa.get('threat_model')}. {sa.get('discretisation')}.")
     acc = privacy.get("accountant")
     out.append(f"- **Accountant:** {_ACCOUNTANT_WORDS.get(str(acc), acc) if acc is not None else 'none'}")
     out.append(f"- **Client sampling:** {_client_sampling_words(privacy.get('client_sampling'))}")

@@ -19,6 +19,7 @@ from dpfl.experiment.config.errors import _fail
 from dpfl.experiment.config.limits import MAX_NOISY_STEPS
 from dpfl.experiment.config.model import ModelConfig
 from dpfl.experiment.config.privacy import PrivacyConfig
+from dpfl.experiment.config.secure import SecureAggregationConfig
 from dpfl.experiment.config.training import CheckpointConfig, EvaluationConfig, TrainingConfig
 from dpfl.experiment.config.vocabulary import (
     _CALIBRATED,
@@ -31,6 +32,7 @@ from dpfl.experiment.config.vocabulary import (
     ALGORITHM_MECHANISMS,
     MECHANISM_OBSERVER,
     MECHANISM_UNIT,
+    SECURE_ALGORITHMS,
 )
 from dpfl.privacy.budget_distributions import RHDP_BATCH20, RHDP_EPS20
 
@@ -49,6 +51,7 @@ class RunConfig(_Section):
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    secure_aggregation: SecureAggregationConfig | None = None
 
     @field_validator("device")
     @classmethod
@@ -80,6 +83,7 @@ class RunConfig(_Section):
         self._check_calibration()
         self._check_stages()
         self._check_per_client_lengths()
+        self._check_secure_aggregation()
         return self
 
     # The declared threat model must be the one the algorithm provides; missing parts are filled in.
@@ -198,6 +202,42 @@ class RunConfig(_Section):
         if alg.local is not None and alg.name in _OWN_LOCAL:
             _fail("algorithm.local", f"algorithm {alg.name!r} builds its own local program (its analysis depends on "
                   "it)", alg.local.name, "null")
+
+    def _check_secure_aggregation(self) -> None:
+        """The protocol runs with FedAvg-style aggregation of fixed or known cohorts, and its threshold must be met."""
+        s = self.secure_aggregation
+        if s is None:
+            return
+        alg, sel = self.algorithm, self.training.selection
+        if alg.name not in SECURE_ALGORITHMS or alg.aggregator is not None or alg.params.get("splitting") or \
+                alg.params.get("anderson") is not None or alg.params.get("schedule", "constant") != "constant":
+            hint = "; Noisy-FedAvg/FedProx take privacy.secure_aggregation" if alg.name in _NOISY else ""
+            _fail("secure_aggregation", f"runs with the FedAvg aggregation of {', '.join(SECURE_ALGORITHMS)} (the "
+                  f"server must need only the sum of the uploads), not with algorithm {alg.name!r}{hint}", "{...}",
+                  "null")
+        if alg.params.get("weighting", "uniform") not in ("uniform", "samples"):
+            _fail("algorithm.params.weighting", "secure aggregation weights uniformly or by record count",
+                  alg.params["weighting"], "uniform | samples")
+        if self.privacy.mechanism == "central" and sel.kind == "poisson":
+            _fail("training.selection.kind", "distributed noise (dp_fedavg_central with secure aggregation) needs a "
+                  "fixed cohort: every revealed sum must have at least t noise shares, and an aborted round would "
+                  "reveal the size of a Poisson cohort", sel.kind, "all | fixed")
+        cohort = self.planned_cohort
+        if cohort is None:
+            if s.threshold is not None:
+                _fail("secure_aggregation.threshold", "a threshold needs a fixed cohort (training.selection.kind all "
+                      "or fixed); with Poisson selection it is floor(K/2) + 1 of each round's K", s.threshold, "null")
+            return
+        if cohort < 2:
+            _fail("training.selection.k", "secure aggregation needs at least 2 clients per round", cohort, ">= 2")
+        t = s.threshold if s.threshold is not None else cohort // 2 + 1
+        if not cohort / 2 < t <= cohort:
+            _fail("secure_aggregation.threshold", f"must exceed half the cohort and not exceed it (K = {cohort})", t,
+                  f"an integer in [{cohort // 2 + 1}, {cohort}]")
+        left = cohort - int(s.dropout * cohort)
+        if left < t:
+            _fail("secure_aggregation.dropout", f"leaves {left} of {cohort} clients per round, below the threshold "
+                  f"{t}: every round would abort", s.dropout, f"at most {(cohort - t) / cohort:.4g}")
 
     def _check_noisy(self) -> None:
         """What the f-DP analysis of Noisy-FedAvg/FedProx assumes (spec fdp_accounting.md §1.1)."""

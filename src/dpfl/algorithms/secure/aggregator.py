@@ -1,0 +1,166 @@
+"""Aggregators whose server sees only the secure sum of the uploads (Bonawitz et al. 2017, `protocol.py`).
+
+`SecureFedAvg`: FedAvg where the server learns only sum_i w_i Δ_i (uniform, or by record count with the counts
+summed alongside). `DistributedDPFedAvg`: central DP-FedAvg (McMahan et al. 2018) without a trusted server: each
+client clips its update to S and adds its share N(0, z^2 S^2 / t) of the noise; any sum the protocol can reveal has
+at least t contributors, so it carries at least the central noise N(0, z^2 S^2) and the central accounting applies
+against the server itself (the observer 'aggregate'). The engine hands the cohort's uploads over in one process;
+the server side below touches only masked vectors and the unmasked total.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.algorithms.secure.errors import SecAggConfigError
+from dpfl.algorithms.secure.protocol import SecAggParams, SecAggResult, default_threshold
+from dpfl.algorithms.secure.ring import FixedPointRing
+from dpfl.algorithms.secure.simulate import secure_sum
+from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
+from dpfl.algorithms.server.view import ServerView
+from dpfl.engine import params as P
+from dpfl.seeding import Purpose, numpy_generator, torch_generator
+
+DISTRIBUTED_NOISE_OFFSET = 2 << 20  # the clients' noise-share streams, apart from upload and DP-SGD noise
+
+
+@dataclass(frozen=True)
+class SecureAggregation:
+    """The protocol's settings for a run. threshold None: floor(K/2) + 1 of the K selected clients. dropout: the
+    share of each round's clients that (in simulation) leave after sharing keys and before uploading, the costliest
+    stage for the server; drawn from the run seed, independently of any data."""
+
+    threshold: int | None = None
+    ring_bits: int = 64
+    frac_bits: int | None = None
+    dropout: float = 0.0
+    workers: int = 1
+    run_id: bytes = b"dpfl"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.dropout < 1:
+            raise SecAggConfigError(f"secure aggregation dropout must be in [0, 1), got {self.dropout}")
+        FixedPointRing(self.ring_bits, self.frac_bits_resolved)  # checks the ring
+
+    @property
+    def frac_bits_resolved(self) -> int:
+        return self.frac_bits if self.frac_bits is not None else (32 if self.ring_bits == 64 else 16)
+
+    def threshold_for(self, cohort: int) -> int:
+        return self.threshold if self.threshold is not None else default_threshold(cohort)
+
+    def params(self, clients: list[int], dim: int, round_: int) -> SecAggParams:
+        ring = FixedPointRing(self.ring_bits, self.frac_bits_resolved, len(clients))
+        return SecAggParams(tuple(clients), self.threshold_for(len(clients)), dim, ring, self.run_id, round_)
+
+    def dropped(self, clients: list[int], seed: int, round_: int) -> list[int]:
+        n = int(math.floor(self.dropout * len(clients)))
+        if n == 0:
+            return []
+        rng = numpy_generator(seed, Purpose.SECAGG, round_)
+        return sorted(int(c) for c in rng.choice(clients, n, replace=False))
+
+    def describe(self) -> dict[str, Any]:
+        """The protocol block of privacy.json: what ran and what its accounting does not cover."""
+        return {
+            "protocol": "secure aggregation with dropouts (Bonawitz et al. 2017): X25519 + HKDF-SHA256 key agreement, "
+                        "AES-GCM encrypted Shamir shares, ChaCha20 masks in Z/2^k",
+            "threat_model": "honest-but-curious server; it learns the sum of the uploads of >= t clients and nothing "
+                            "else about any one of them unless it colludes with t or more clients; dropouts are "
+                            "honest (a client that leaves is not controlled by the server)",
+            "threshold": self.threshold if self.threshold is not None else "floor(K/2) + 1",
+            "ring_bits": self.ring_bits, "frac_bits": self.frac_bits_resolved, "dropout": self.dropout,
+            "discretisation": "UNACCOUNTED: uploads are rounded to multiples of 2^-frac_bits before summing (error <= "
+                              "2^-(frac_bits+1) per client and coordinate); the accounting treats the revealed sum as "
+                              "real-valued",
+        }
+
+    def run(self, rows: dict[int, np.ndarray], seed: int, round_: int) -> SecAggResult:
+        clients = sorted(rows)
+        params = self.params(clients, len(next(iter(rows.values()))), round_)
+        drop = {"masked_input": self.dropped(clients, seed, round_)}
+        return secure_sum(rows, params, drop, server_workers=self.workers)
+
+
+def _diagnostics(result: SecAggResult) -> dict[str, Any]:
+    server = sum(v for k, v in result.seconds.items() if not k.startswith("client"))
+    return {"secagg_included": len(result.included), "secagg_dropped": len(result.dropped_after_sharing),
+            "secagg_server_seconds": server, "secagg_client_seconds_max": result.seconds.get("client_max", 0.0)}
+
+
+@dataclass(frozen=True)
+class SecureFedAvg:
+    """w <- w + server_lr * (secure sum of p_i Δ_i) / (sum of p_i over the clients in the sum).
+
+    p_i = 1 (`uniform`) or the record count (`samples`, summed in one extra secure coordinate). Clients that drop
+    out are simply absent from both sums.
+    """
+
+    protocol: SecureAggregation = field(default_factory=SecureAggregation)
+    weighting: str = "uniform"
+    server_lr: float = 1.0
+    _last: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    secure = True
+
+    def __post_init__(self) -> None:
+        if self.weighting not in ("uniform", "samples"):
+            raise SecAggConfigError(f"secure FedAvg weights uniformly or by record count, not {self.weighting!r}")
+
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
+        flat = P.flatten(uploads).to(torch.float64).numpy()
+        ids = [int(c) for c in view.clients]
+        weights = view.n_records.to(torch.float64).numpy() if self.weighting == "samples" else np.ones(len(ids))
+        rows = {c: np.append(weights[k] * flat[k], weights[k]) for k, c in enumerate(ids)}
+        result = self.protocol.run(rows, seed, round_)
+        self._last.clear()
+        self._last.update(_diagnostics(result))
+        mean = torch.from_numpy(result.total[:-1] / result.total[-1]).to(torch.float32)
+        return P.axpy(self.server_lr, P.unflatten(mean, global_params, leading=0), global_params)
+
+    def diagnostics(self) -> dict[str, Any]:
+        return dict(self._last)
+
+
+@dataclass(frozen=True)
+class DistributedDPFedAvg(CentralDPFedAvg):
+    """Central DP-FedAvg's mechanism with the noise made by the clients and the sum made by secure aggregation.
+
+    Client i uploads clip_S(Δ_i) + N(0, z^2 S^2 / t) through the protocol; the server divides the revealed sum by
+    the expected cohort. A revealed sum has s >= t contributors and noise variance s z^2 S^2 / t >= z^2 S^2.
+    """
+
+    protocol: SecureAggregation = field(default_factory=SecureAggregation)
+    _last: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    secure = True
+
+    def share_std(self, cohort: int) -> float:
+        """The standard deviation of one client's noise share (in parameter units)."""
+        return float(self.noise_multiplier) * self.clip / math.sqrt(self.protocol.threshold_for(cohort))
+
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
+        if self.noise_multiplier is None:
+            raise ValueError("the clients' noise multiplier is not calibrated yet (run it through FederatedRun)")
+        flat = P.flatten(uploads).to(torch.float64)
+        ids = [int(c) for c in view.clients]
+        clipped = flat * (self.clip / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)[:, None]
+        std = self.share_std(len(ids))
+        rows = {}
+        for k, c in enumerate(ids):  # each client's own noise share, from its own stream
+            g = torch_generator(seed, Purpose.NOISE, round_, DISTRIBUTED_NOISE_OFFSET + c)
+            noise = torch.randn(flat.shape[1], generator=g, dtype=torch.float64) * std
+            rows[c] = (clipped[k] + noise).numpy()
+        result = self.protocol.run(rows, seed, round_)
+        self._last.clear()
+        self._last.update(_diagnostics(result), secagg_noise_share_std=std)
+        update = torch.from_numpy(result.total / view.expected_clients).to(torch.float32)
+        return P.axpy(self.server_lr, P.unflatten(update, global_params, leading=0), global_params)
+
+    def diagnostics(self) -> dict[str, Any]:
+        return dict(self._last)

@@ -1,0 +1,137 @@
+"""Secure aggregation inside federated runs: FedAvg from the secure sum, distributed noise, config checks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from dp_accounting import SelfComposedDpEvent
+
+from dpfl.algorithms.algorithm import Algorithm
+from dpfl.algorithms.client.program import sgd
+from dpfl.algorithms.client.upload import FullUpdate
+from dpfl.algorithms.secure.aggregator import DistributedDPFedAvg, SecureAggregation, SecureFedAvg
+from dpfl.algorithms.selection import Selection
+from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
+from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.algorithms.server.view import ServerView
+from dpfl.experiment.config import ConfigError, validate_config
+from dpfl.experiment.federated_run import FederatedRun
+from dpfl.privacy.accountant import epsilon
+from dpfl.privacy.budgets import ClientBudget
+
+from tests.experiment.test_federated_run import linear_model, toy_federation
+
+
+def _uploads(k=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(k, 5, 4, generator=g) * 0.3, "b": torch.randn(k, 4, generator=g) * 0.3}
+
+
+def _global():
+    return {"w": torch.zeros(5, 4), "b": torch.ones(4)}
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "samples"])
+def test_secure_fedavg_equals_fedavg(weighting):
+    uploads, view = _uploads(), ServerView.simple([10, 20, 30, 40, 50, 60, 70, 80])
+    plain = FedAvg(weighting, 0.5).aggregate(_global(), uploads, view, 0, 0)
+    secure = SecureFedAvg(SecureAggregation(), weighting, 0.5).aggregate(_global(), uploads, view, 0, 0)
+    for name in plain:
+        assert torch.allclose(plain[name], secure[name], atol=1e-6)
+
+
+def test_secure_fedavg_with_dropouts_averages_the_survivors():
+    uploads, view = _uploads(), ServerView.simple([1] * 8)
+    agg = SecureFedAvg(SecureAggregation(dropout=0.25))
+    out = agg.aggregate(_global(), uploads, view, seed=3, round_=2)
+    gone = agg.protocol.dropped(list(range(8)), 3, 2)
+    assert len(gone) == 2 and agg.diagnostics()["secagg_included"] == 6
+    keep = [k for k in range(8) if k not in gone]
+    assert torch.allclose(out["w"], uploads["w"][keep].mean(0), atol=1e-6)
+    assert torch.allclose(out["b"], 1 + uploads["b"][keep].mean(0), atol=1e-6)
+
+
+def test_distributed_noise_without_noise_is_central_dp_fedavg():
+    uploads, view = _uploads(), ServerView.simple([1] * 8, expected_clients=8.0)
+    central = CentralDPFedAvg(0.5, 0.0).aggregate(_global(), uploads, view, 0, 0)
+    distributed = DistributedDPFedAvg(0.5, 0.0).aggregate(_global(), uploads, view, 0, 0)
+    for name in central:
+        assert torch.allclose(central[name], distributed[name], atol=1e-6)
+
+
+def test_distributed_noise_sums_to_at_least_the_central_noise():
+    # d = 40 000 coordinates: the sample variance has relative std sqrt(2/d) = 0.7%, so +-3% is > 4 std.
+    k, d, z, clip = 10, 40_000, 2.0, 1.0
+    uploads = {"w": torch.zeros(k, d)}
+    view = ServerView.simple([1] * k, expected_clients=float(k))
+    for dropout, survivors in ((0.0, 10), (0.4, 6)):
+        agg = DistributedDPFedAvg(clip, z, protocol=SecureAggregation(dropout=dropout))
+        out = agg.aggregate({"w": torch.zeros(d)}, uploads, view, seed=1, round_=0)
+        total = out["w"].double() * k  # the revealed sum of the noise shares
+        t = 6  # floor(10/2) + 1
+        assert agg.share_std(k) == pytest.approx(z * clip / math.sqrt(t))
+        assert float(total.mean()) == pytest.approx(0.0, abs=4 * z * math.sqrt(survivors / t) / math.sqrt(d))
+        assert float(total.var()) == pytest.approx(survivors / t * z**2 * clip**2, rel=0.03)
+        assert survivors / t >= 1  # never less than the central noise
+
+
+def test_distributed_run_spends_exactly_what_central_spends_and_says_who_it_protects_against():
+    data = toy_federation(n_clients=6)
+    sel = Selection("fixed", k=4)
+    results = []
+    for aggregator in (CentralDPFedAvg(0.5, 1.5), DistributedDPFedAvg(0.5, 1.5, protocol=SecureAggregation(dropout=0.25))):
+        alg = Algorithm("dp_fedavg_central", sgd(0.1, steps=3), sel, FullUpdate(), aggregator)
+        results.append(FederatedRun(data, linear_model(), alg, rounds=3, batch_sizes=10,
+                                    budgets=ClientBudget(100.0, 1e-5)).run())
+    central, distributed = results
+    expected = epsilon(SelfComposedDpEvent(sel.client_level_event(1.5, 6), 3), 1e-5)
+    assert distributed.spent() == pytest.approx(central.spent())
+    assert list(central.spent().values()) == pytest.approx([expected] * 6, rel=1e-9)
+    assert "server included" in distributed.privacy["observer"] and "trusted" in central.privacy["observer"]
+    assert "UNACCOUNTED" in distributed.privacy["secure_aggregation"]["discretisation"]
+    assert all(row["secagg_included"] == 3 and row["secagg_dropped"] == 1 for row in distributed.history)
+
+
+def _cfg(**over):
+    cfg = {"data": {"dataset": "digits", "clients": 10}, "model": {"name": "logr"},
+           "algorithm": {"name": "dp_fedavg_central"},
+           "training": {"rounds": 2, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.1},
+                        "selection": {"kind": "fixed", "k": 6}},
+           "privacy": {"clip": 1.0, "budgets": 4.0},
+           "secure_aggregation": {}}
+    for path, value in over.items():
+        node = cfg
+        *head, last = path.split(".")
+        for key in head:
+            node = node[key]
+        node[last] = value
+    return cfg
+
+
+@pytest.mark.parametrize("over,where", [
+    ({"training.selection": {"kind": "poisson", "rate": 0.5}}, "training.selection.kind"),
+    ({"secure_aggregation.threshold": 3}, "secure_aggregation.threshold"),
+    ({"secure_aggregation.threshold": 7}, "secure_aggregation.threshold"),
+    ({"secure_aggregation.dropout": 0.5}, "secure_aggregation.dropout"),
+    ({"algorithm": {"name": "pfa"}, "privacy": {"budgets": 4.0, "clip": 1.0}}, "secure_aggregation"),
+    ({"training.selection": {"kind": "fixed", "k": 1}}, "training.selection.k"),
+])
+def test_secure_aggregation_config_errors_name_the_field(over, where):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_cfg(**over))
+    assert where in str(err.value)
+
+
+def test_secure_fedavg_config_builds_and_runs_like_fedavg(tmp_path):
+    from dpfl.experiment.build import build_run
+
+    base = _cfg(**{"algorithm": {"name": "fedavg"}, "privacy": {}})
+    plain = dict(base)
+    plain.pop("secure_aggregation")
+    runs = [build_run(validate_config(c)).run() for c in (base, plain)]
+    secure, fedavg = runs
+    assert secure.final_accuracy == pytest.approx(fedavg.final_accuracy, abs=1e-9)
+    assert "secure_aggregation" in secure.privacy
