@@ -124,6 +124,15 @@ def solve_sigma_eta(eps: float, delta: float, K: int, sigma_delta: float, graph:
     return PrivacyPlan(eps, delta, sigma_eta, sigma_delta, k, graph, n, theorem, stamps)
 
 
+def min_sigma_delta(eps: float, delta: float, K: int, graph: Graph = "complete", n: int | None = None,
+                    mode: str = "verified", k_honest: int | None = None) -> float:
+    """The admissible minimum of σ_Δ (σ_Δ must exceed it): (K θ_max)^-1/2, or (c_n / θ_max)^1/2 for n-out."""
+    k = k_honest if k_honest is not None else K
+    _check_common(eps, delta, k)
+    inner, coeff, _, _ = _resolve(graph, k, n, delta, mode)
+    return math.sqrt(coeff / theta_max(eps, inner))
+
+
 def epsilon_of(sigma_eta: float, sigma_delta: float, delta: float, K: int, graph: Graph = "complete",
                n: int | None = None, mode: str = "verified", k_honest: int | None = None) -> PrivacyPlan:
     """The per-round nominal ε of given noise multipliers."""
@@ -141,7 +150,8 @@ def composed(eps: float, delta: float, participations: int, delta_prime: float =
     """Per-client composition over p participations: basic, advanced (Dwork-Rothblum-Vadhan 2010), the tighter."""
     p = participations
     basic = (p * eps, p * delta)
-    advanced = (eps * math.sqrt(2 * p * math.log(1 / delta_prime)) + p * eps * math.expm1(eps), p * delta + delta_prime)
+    growth = math.expm1(eps) if eps < 700 else math.inf  # e^ε - 1 overflows a float beyond ε ≈ 709
+    advanced = (eps * math.sqrt(2 * p * math.log(1 / delta_prime)) + p * eps * growth, p * delta + delta_prime)
     tighter = "basic" if basic[0] <= advanced[0] else "advanced"
     return {"participations": p, "per_round": {"epsilon": eps, "delta": delta},
             "basic": {"epsilon": basic[0], "delta": basic[1]},

@@ -1,0 +1,180 @@
+"""One FedSGD round of MP-DP (Algorithm 4) and of its baselines on the same batches (spec bidirectional.md §6, §9).
+
+- `mpdp`: MP_Server -> graph and key agreement -> each client LMT at Ŵ, clip, DDP noise, upload -> dropout check
+  -> MU_Server. The clients never see W, only a fresh Ŵ (G2).
+- `mpdp_naive`: MP_Server, then each client adds N(0, S^2 σ^2) to its perturbed gradient (no pairwise noise).
+- `mp_cdp`: a trusted server averages the clipped true gradients and adds N(0, (S σ_cdp / K)^2).
+- `fedavg`: FedSGD without privacy, in the clear.
+Recovery needs gradients taken at Ŵ_t, so every method takes one gradient step per round (FedSGD).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.algorithms.secure.mpdp.ddp import DDPClient, MissingPeersError, neighbours, sample_graph
+from dpfl.algorithms.secure.mpdp.lmt import LMTResult, clip_joint, lmt
+from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, mp_server, recover
+from dpfl.algorithms.secure.mpdp.update import RunningSums, apply_update
+
+METHODS = ("mpdp", "mpdp_naive", "mp_cdp", "fedavg")
+CLIP_MODES = ("perturbed_joint", "none", "oracle_true")
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """What every round of a run shares. Noise multipliers are in units of the sensitivity S."""
+
+    method: str
+    lr: float
+    S: float = 1.0  # the sensitivity (B, or 2B under replace adjacency)
+    clip: float = 1.0  # B
+    clip_mode: str = "perturbed_joint"
+    sigma_eta: float = 0.0
+    sigma_delta: float = math.inf
+    sigma_naive: float = 0.0
+    sigma_cdp: float = 0.0
+    graph: str = "complete"
+    n: int | None = None
+    mask_scale: float = 1.0
+    run_id: bytes = b"dpfl-mpdp"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.clip_mode not in CLIP_MODES:
+            raise ValueError(f"clip_mode must be one of {CLIP_MODES}, got {self.clip_mode!r}")
+
+
+@dataclass
+class RoundOutcome:
+    weights: list[torch.Tensor]
+    seconds: dict[str, float] = field(default_factory=dict)  # server / lmt / ddp / recover_update (mpdp)
+    upload_bytes: int = 0  # per client
+    violations: int = 0  # client-rounds with ||c_k ∇F_k|| > S (noise-free, simulation only)
+    uploads: int = 0
+    recovery_ratio: float | None = None  # ||R∘g|| / ||recovered||: cancellation diagnostic
+
+
+def true_gradient(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """The gradient of the batch-mean ½‖y(x) - ȳ‖² at the true model (MSE on one-hot targets)."""
+    ws = [w.detach().clone().requires_grad_(True) for w in weights]
+    out, _ = forward(ws, None, x)
+    return list(torch.autograd.grad(0.5 * ((out - y) ** 2).sum(1).mean(), ws))
+
+
+def _norm(ts: list[torch.Tensor]) -> float:
+    return float(torch.sqrt(sum((t**2).sum() for t in ts)))
+
+
+def _flat(ts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in ts])
+
+
+def _unflat(v: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    out, i = [], 0
+    for t in like:
+        out.append(v[i:i + t.numel()].reshape(t.shape))
+        i += t.numel()
+    return out
+
+
+def _clip_factor(norm: float, bound: float) -> float:
+    return min(1.0, bound / norm) if norm > 0 else 1.0
+
+
+def plain_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
+                st: RoundSettings, gen: torch.Generator) -> RoundOutcome:
+    """fedavg (no noise) or mp_cdp (trusted server: clipped true gradients, Gaussian on the mean)."""
+    t0 = time.perf_counter()
+    total = [torch.zeros_like(w) for w in weights]
+    violations = 0
+    for x, y in batches.values():
+        g = true_gradient(weights, x, y)
+        if st.method == "mp_cdp":
+            c = _clip_factor(_norm(g), st.clip)
+            g = [c * t for t in g]
+            violations += _norm(g) > st.S * (1 + 1e-9)
+        total = [a + b for a, b in zip(total, g, strict=True)]
+    K = len(batches)
+    mean = [t / K for t in total]
+    if st.method == "mp_cdp" and st.sigma_cdp > 0:
+        mean = [t + torch.randn(t.shape, generator=gen, dtype=t.dtype) * st.S * st.sigma_cdp / K for t in mean]
+    new = apply_update(weights, mean, st.lr)
+    d = sum(w.numel() for w in weights)
+    return RoundOutcome(new, {"client": time.perf_counter() - t0}, 8 * d, violations, K)
+
+
+def _client_terms(payload: ClientPayload, weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                  st: RoundSettings) -> LMTResult:
+    res = lmt(payload, x, y)
+    if st.clip_mode == "perturbed_joint":
+        return clip_joint(res, st.clip)
+    if st.clip_mode == "oracle_true":  # simulation only: the harness looks at the true gradient
+        return res.scaled(_clip_factor(_norm(true_gradient(weights, x, y)), st.clip))
+    return res
+
+
+def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
+                    st: RoundSettings, round_: int, secret_gen: np.random.Generator,
+                    private_seeds: Mapping[int, int | None], drop: set[int] | frozenset[int] = frozenset(),
+                    on_broadcast: Callable[[ClientPayload, list[torch.Tensor]], Any] | None = None) -> RoundOutcome:
+    """One MP-DP (or MP-DP-Naive) round; raises MissingPeersError, with no update applied, if a client in
+    `drop` agreed on edges and never uploaded."""
+    seconds = dict.fromkeys(("server", "lmt", "ddp", "recover_update"), 0.0)
+    t0 = time.perf_counter()
+    payload, sec = mp_server(weights, plan, secret_gen, round_, st.mask_scale)
+    seconds["server"] += time.perf_counter() - t0
+    if on_broadcast is not None:  # what the clients receive, next to the true model (tests of G2)
+        on_broadcast(payload, weights)
+    clients = sorted(batches)
+    ddp = {k: DDPClient(k, private_seeds.get(k)) for k in clients}
+    edges: set[tuple[int, int]] = set()
+    if st.method == "mpdp" and not math.isinf(st.sigma_delta):
+        edges = sample_graph(clients, st.graph, st.n, {k: ddp[k].rng for k in clients})
+    adj = neighbours(edges)
+    sums = RunningSums()
+    d = plan.dim()
+    violations, ratio = 0, []
+    for k in clients:
+        if k in drop:
+            continue  # agreed on edges (keys published), then left before uploading
+        x, y = batches[k]
+        t0 = time.perf_counter()
+        res = _client_terms(payload, weights, x, y, st)
+        seconds["lmt"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        g = _flat(res.grads)
+        if st.method == "mpdp":
+            noise = ddp[k].eta(d, st.S * st.sigma_eta) if st.sigma_eta > 0 else np.zeros(d)
+            peers = {v: ddp[v].public for v in adj.get(k, [])}
+            if peers:
+                noise = noise + ddp[k].pairwise(peers, d, st.S * st.sigma_delta, st.run_id, round_)
+        else:  # MP-DP-Naive: a true Gaussian on the perturbed gradient
+            noise = ddp[k].rng.normal(0.0, st.S * st.sigma_naive, d) if st.sigma_naive > 0 else np.zeros(d)
+        upload = _unflat(g + torch.from_numpy(noise), res.grads)
+        seconds["ddp"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sums.add(k, upload, res.psi, res.phi)
+        seconds["recover_update"] += time.perf_counter() - t0
+        own = recover(res.grads, res.psi, res.phi, sec)  # noise-free, for the sensitivity-violation rate only
+        violations += _norm(own) > st.S * (1 + 1e-9)
+        ratio.append(_norm([f * g_ for f, g_ in zip([sec.odd_factor(l) for l in range(1, plan.layers + 1)],
+                                                     res.grads, strict=True)]) / max(_norm(own), 1e-300))
+    missing = set(clients) - set(sums.clients)
+    if missing:
+        affected = {v for m in missing for v in adj.get(m, []) if v not in missing}
+        if edges and affected:
+            raise MissingPeersError(round_, missing, affected)
+    t0 = time.perf_counter()
+    new = apply_update(weights, sums.recovered_mean(sec), st.lr)
+    seconds["recover_update"] += time.perf_counter() - t0
+    upload_bytes = 8 * d * (plan.out_dim + 2)  # g, Ψ (n_L copies) and Φ in float64
+    return RoundOutcome(new, seconds, upload_bytes, violations, sums.count, float(np.median(ratio)))

@@ -1,0 +1,106 @@
+"""DDP_Client (MP-DP Algorithm 2, spec bidirectional.md §5): each client's upload noise is its own η_k plus
+pairwise Δ_{k,v} that cancel in the sum, with the pairwise streams derived by real X25519 key agreement.
+
+η_k entries ~ DN(S σ_η, 1) = Uniform(±√2 S σ_η) from the client's private generator; Δ_{k,v} entries
+~ DN(S σ_Δ, 1) from ChaCha20 keyed by seed_{k,v} = HKDF-SHA256(X25519(sk_k, pk_v), salt = SHA-256(run_id ‖ t),
+info = "dpfl/mpdp/v1/edge" ‖ min ‖ max); the lower id adds +Δ, the higher -Δ. Everything is float64 (§5.4).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from dpfl.algorithms.secure import prg
+from dpfl.algorithms.secure.keys import KeyPair, edge_info, round_salt
+
+EDGE_INFO = b"dpfl/mpdp/v1/edge"
+DELTA_STREAM, CORRECTION_MASK_STREAM, BIAS_FACTOR_STREAM = 1, 2, 3
+
+
+class MissingPeersError(RuntimeError):
+    """A client that agreed on edges did not upload: its neighbours' Δ do not cancel, so the round is discarded."""
+
+    def __init__(self, round_: int, missing: Iterable[int], affected: Iterable[int]) -> None:
+        self.round, self.missing, self.affected = round_, sorted(missing), sorted(affected)
+        super().__init__(f"round {round_}: client(s) {self.missing} did not upload; the pairwise noise of their "
+                         f"neighbours {self.affected} does not cancel, so the round was discarded (no update applied)")
+
+
+def sample_graph(clients: list[int], kind: str, n: int | None = None,
+                 rngs: Mapping[int, np.random.Generator] | None = None) -> set[tuple[int, int]]:
+    """The round's edges {(u, v): u < v}: every pair ('complete'), or the union of each client's n picks ('n_out'),
+    each client picking with its own generator (the graph is independent of the data, as GOPA assumes)."""
+    K = len(clients)
+    if kind == "complete":
+        return {(u, v) for i, u in enumerate(sorted(clients)) for v in sorted(clients)[i + 1:]}
+    if kind != "n_out":
+        raise ValueError(f"graph must be 'complete' or 'n_out', got {kind!r}")
+    if n is None or not 1 <= n <= K - 1:
+        raise ValueError(f"an n-out graph needs 1 <= n <= K - 1 = {K - 1}, got n = {n}")
+    if rngs is None or set(rngs) != set(clients):
+        raise ValueError("an n-out graph needs one generator per client")
+    edges = set()
+    for k in clients:
+        others = [c for c in clients if c != k]
+        for v in rngs[k].choice(others, size=n, replace=False):
+            edges.add((min(k, int(v)), max(k, int(v))))
+    return edges
+
+
+def neighbours(edges: set[tuple[int, int]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for u, v in sorted(edges):
+        out.setdefault(u, []).append(v)
+        out.setdefault(v, []).append(u)
+    return out
+
+
+def edge_seed(own: KeyPair, peer_public: bytes, run_id: bytes, round_: int, k: int, v: int) -> bytes:
+    return own.agree(peer_public, round_salt(run_id, round_), edge_info(EDGE_INFO, k, v))
+
+
+def uniforms(seed: bytes, count: int, stream: int = DELTA_STREAM) -> np.ndarray:
+    """u = ((w >> 11) + ½) 2^-53 in (0, 1) from each little-endian uint64 word w of the stream."""
+    words = prg.expand(seed, count, np.uint64, stream)
+    return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+def delta_noise(seed: bytes, count: int, scale: float) -> np.ndarray:
+    """Δ entries ~ DN(scale, 1) = √2 scale (2u - 1), with scale = S σ_Δ."""
+    return math.sqrt(2) * scale * (2 * uniforms(seed, count) - 1)
+
+
+def gaussians(seed: bytes, count: int, stream: int) -> np.ndarray:
+    """Standard normals by Box-Muller from one stream (two uniforms per pair of normals)."""
+    u = uniforms(seed, 2 * ((count + 1) // 2), stream)
+    u1, u2 = u[0::2], u[1::2]
+    radius = np.sqrt(-2 * np.log(u1))
+    return np.concatenate([radius * np.cos(2 * np.pi * u2), radius * np.sin(2 * np.pi * u2)])[:count] if count else u
+
+
+class DDPClient:
+    """One client's round keys and private generator (seeded from os.urandom unless a simulation seed is given)."""
+
+    def __init__(self, cid: int, private_seed: int | None = None) -> None:
+        self.cid = cid
+        self.keys = KeyPair()
+        self.rng = np.random.default_rng(private_seed)  # None: fresh OS entropy
+
+    @property
+    def public(self) -> bytes:
+        return self.keys.public_bytes
+
+    def pairwise(self, peers: Mapping[int, bytes], count: int, scale: float, run_id: bytes, round_: int) -> np.ndarray:
+        """Σ_v ±Δ_{k,v} over this client's neighbours `peers` {v: public key}, + when k < v."""
+        total = np.zeros(count)
+        for v, pk in sorted(peers.items()):
+            d = delta_noise(edge_seed(self.keys, pk, run_id, round_, self.cid, v), count, scale)
+            total += d if self.cid < v else -d
+        return total
+
+    def eta(self, count: int, scale: float) -> np.ndarray:
+        """η_k entries ~ DN(scale, 1), scale = S σ_η, from the private generator."""
+        return self.rng.uniform(-math.sqrt(2) * scale, math.sqrt(2) * scale, count)

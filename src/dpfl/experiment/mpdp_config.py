@@ -1,0 +1,76 @@
+"""The config of an MP-DP comparison run (configs/mpdp/*.yaml; spec bidirectional.md §11).
+
+MP-DP has its own FedSGD round (the server perturbs the model, clients return gradients at it), so its runs are
+not `RunConfig`s: this model holds exactly what they need, validated field by field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+from dpfl.experiment.config.base import _Section
+from dpfl.experiment.config.errors import _fail
+
+
+class MPDPConfig(_Section):
+    """dataset: digits or fashion_mnist (flattened, in [0, 1]). hidden: the bias-free ReLU MLP's hidden widths.
+    clients N, all taking part every round (rho = 1, IID equal shards); FedSGD: one gradient per client per round
+    on a batch drawn without replacement from its shard. epsilon: the per-round NOMINAL target of Theorems 10/11
+    (graph complete or n_out with n; mode unverified stamps a run outside Theorem 11). sigma_delta_factor: σ_Δ as a
+    multiple of its admissible minimum. clip B; sensitivity S = B (add_remove) or 2B (replace).
+    dropout_policy abort (a missing upload discards and re-runs the round); secagg_recovery is not implemented."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    seed: int = Field(0, ge=0)
+    dataset: Literal["digits", "fashion_mnist"] = "digits"
+    train_per_client: int | None = Field(None, ge=1)
+    hidden: list[int] = Field(default_factory=lambda: [64, 32], min_length=1)
+    clients: int = Field(5, ge=2)
+    rounds: int = Field(30, ge=1, le=100_000)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.5, gt=0)
+    epsilon: float = Field(3.0, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    graph: Literal["complete", "n_out"] = "complete"
+    n: int | None = Field(None, ge=1)
+    mode: Literal["verified", "unverified"] = "verified"
+    sigma_delta_factor: float = Field(10.0, gt=1)
+    clip: float = Field(1.0, gt=0)
+    adjacency: Literal["add_remove", "replace"] = "add_remove"
+    clip_mode: Literal["perturbed_joint", "none", "oracle_true"] = "perturbed_joint"
+    mask_scale: float = Field(1.0, gt=0)
+    dropout_policy: Literal["abort", "secagg_recovery"] = "abort"
+    methods: list[Literal["mpdp", "mpdp_naive", "mp_cdp", "fedavg"]] = Field(
+        default_factory=lambda: ["mpdp", "mpdp_naive", "mp_cdp", "fedavg"], min_length=1)
+    reproducible_secrets: bool = True  # simulation: the server's factors from the run seed (deployment refuses it)
+    eval_every: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MPDPConfig:
+        if self.graph == "n_out" and self.n is None:
+            _fail("n", "required by graph n_out", None, f"an integer in [1, {self.clients - 1}]")
+        if self.graph == "n_out" and self.n is not None and self.n >= self.clients:
+            _fail("n", f"must be below the number of clients ({self.clients})", self.n,
+                  f"an integer in [1, {self.clients - 1}]")
+        if self.graph == "complete" and self.n is not None:
+            _fail("n", "only used by graph n_out", self.n, "null")
+        if self.dropout_policy == "secagg_recovery":
+            raise NotImplementedError("dropout_policy: secagg_recovery (Shamir-shared edge seeds) is not implemented "
+                                      "for MP-DP yet; use abort")
+        return self
+
+    @property
+    def sensitivity(self) -> float:
+        return self.clip * (2.0 if self.adjacency == "replace" else 1.0)
+
+
+def load_mpdp_config(path: str | Path, **overrides: object) -> MPDPConfig:
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an MP-DP config is a mapping of fields")
+    data.update(overrides)
+    return MPDPConfig.model_validate(data)

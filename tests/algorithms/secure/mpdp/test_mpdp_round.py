@@ -1,0 +1,129 @@
+"""MP-DP rounds and runs (spec bidirectional.md §5.5, §6, §8.6, §9, §11; T21, T28, T29, T33, G2)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
+
+from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, perturbed_round, plain_round
+from dpfl.algorithms.secure.mpdp.ddp import MissingPeersError
+from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, round_generator
+from dpfl.experiment.mpdp_config import MPDPConfig
+from dpfl.experiment.mpdp_run import federated_arrays, initial_weights, run_mpdp
+from dpfl.privacy.accountant import epsilon as accountant_epsilon
+
+PLAN = FactorPlan((64, 16, 12, 10))
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    return federated_arrays(MPDPConfig(name="t", clients=5))
+
+
+def _batches(arrays, k=5, b=16):
+    return {c: (arrays.shards[c][0][:b], arrays.shards[c][1][:b]) for c in range(k)}
+
+
+def test_noise_free_mpdp_round_is_exactly_fedsgd(arrays):
+    weights = initial_weights(PLAN, 0)
+    batches = _batches(arrays)
+    plain = plain_round(weights, batches, RoundSettings("fedavg", lr=0.3), torch.Generator())
+    st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0, sigma_delta=1e3)
+    private = perturbed_round(weights, PLAN, batches, st, 0, round_generator(1), dict.fromkeys(batches))
+    for a, b in zip(plain.weights, private.weights, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-9)  # the Δ of 10 edges at σ_Δ = 1e3 cancel to ~1e-12
+
+
+def test_missing_peer_discards_the_round_with_no_update(arrays):  # T21
+    weights = initial_weights(PLAN, 0)
+    before = [w.clone() for w in weights]
+    st = RoundSettings("mpdp", lr=0.3, sigma_eta=0.5, sigma_delta=10.0)
+    with pytest.raises(MissingPeersError) as err:
+        perturbed_round(weights, PLAN, _batches(arrays), st, 3, round_generator(2), {}, drop={2})
+    assert err.value.missing == [2] and err.value.affected == [0, 1, 3, 4] and err.value.round == 3
+    assert all(torch.equal(a, b) for a, b in zip(before, weights, strict=True))
+
+
+def test_run_reruns_a_discarded_round_and_still_charges_who_uploaded(arrays):  # T21, abort policy
+    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[16, 12])
+    result = run_mpdp(cfg, "mpdp", arrays=arrays, drop=lambda r, attempt: {2} if (r, attempt) == (1, 0) else set())
+    assert result.privacy["discarded_rounds"] == 1
+    parts = [c["participations"] for c in result.privacy["per_client"]]
+    assert parts == [4, 4, 3, 4, 4]  # the discarded attempt is charged to the clients whose uploads arrived
+
+
+def test_secagg_recovery_is_refused_at_config_time():
+    with pytest.raises(NotImplementedError, match="secagg_recovery"):
+        MPDPConfig(name="t", dropout_policy="secagg_recovery")
+
+
+def test_the_server_never_broadcasts_the_true_model(arrays):  # G2, over every round
+    seen = []
+
+    def check(payload, weights):
+        seen.append(payload.round_id)
+        for hat, w in zip(payload.odd, weights, strict=True):
+            assert float((hat - w).abs().max()) > 1e-3 * float(w.abs().max())
+        assert len(payload.odd) == len(weights) and len(payload.transitional) == len(weights) - 1
+
+    cfg = MPDPConfig(name="t", clients=5, rounds=6, hidden=[16, 12], eval_every=3)
+    run_mpdp(cfg, "mpdp", arrays=arrays, on_broadcast=check)
+    assert seen == list(range(6))
+
+
+def test_privacy_reports_nominal_mpdp_outside_the_ledger_and_accounts_mp_cdp(arrays):  # T28
+    cfg = MPDPConfig(name="t", clients=5, rounds=4, hidden=[16, 12], epsilon=2.0)
+    mpdp = run_mpdp(cfg, "mpdp", arrays=arrays).privacy
+    assert mpdp["in_ledger"] is False and mpdp["accountant"] is None and mpdp["label"].startswith("nominal")
+    assert all(c["composed"]["label"].startswith("T-fold composed (nominal") for c in mpdp["per_client"])
+    assert mpdp["composed_epsilon_max"] == pytest.approx(min(8.0, mpdp["per_client"][0]["advanced"]["epsilon"]))
+    cdp = run_mpdp(cfg, "mp_cdp", arrays=arrays).privacy
+    assert cdp["in_ledger"] is True
+    expected = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(cdp["sigma_cdp"]), 4), 1e-5, "rdp")
+    assert cdp["epsilon_total"] == pytest.approx(expected)
+
+
+def test_naive_recovered_noise_has_variance_one_and_a_half_sigma_squared(arrays):  # T29
+    # With fresh factors per repetition, the recovered noise R∘η has E[R²] = 3/2 in every odd layer; 40 repetitions x
+    # 1,100 coordinates leave the variance estimate within a few percent (factors are shared along rows: +-8%).
+    weights = initial_weights(PLAN, 0)
+    batches = _batches(arrays)
+    sigma, lr, K = 0.2, 1.0, 5
+    diffs = []
+    for rep in range(40):
+        seeds = {c: 1000 * rep + c for c in batches}
+        base = RoundSettings("mpdp_naive", lr=lr, clip_mode="none", sigma_naive=0.0)
+        noisy = RoundSettings("mpdp_naive", lr=lr, clip_mode="none", sigma_naive=sigma)
+        a = perturbed_round(weights, PLAN, batches, base, 0, round_generator(rep), seeds)
+        b = perturbed_round(weights, PLAN, batches, noisy, 0, round_generator(rep), seeds)
+        diffs.append(torch.cat([(x - y).reshape(-1) for x, y in zip(a.weights, b.weights, strict=True)]))
+    d = torch.cat(diffs) / lr  # the mean over K clients of R∘η_k
+    assert float(d.var()) * K == pytest.approx(1.5 * sigma**2, rel=0.08)
+
+
+def test_mp_cdp_noise_matches_its_calibration(arrays):  # T29
+    weights = initial_weights(PLAN, 0)
+    batches = _batches(arrays)
+    a = plain_round(weights, batches, RoundSettings("mp_cdp", lr=1.0, sigma_cdp=0.0), torch.Generator().manual_seed(0))
+    b = plain_round(weights, batches, RoundSettings("mp_cdp", lr=1.0, sigma_cdp=2.0, S=1.5),
+                    torch.Generator().manual_seed(0))
+    d = torch.cat([(x - y).reshape(-1) for x, y in zip(a.weights, b.weights, strict=True)])
+    assert float(d.std()) == pytest.approx(1.5 * 2.0 / 5, rel=0.05)  # S σ_cdp / K on 1,100 coordinates
+
+
+def test_ci_config_learns_with_the_oracle_clip_and_reports_everything(arrays):  # T33
+    cfg = MPDPConfig(name="ci", clients=5, rounds=30, hidden=[64, 32], lr=0.3, epsilon=300.0,
+                     clip_mode="oracle_true")
+    result = run_mpdp(cfg, "mpdp", arrays=arrays)
+    s = result.summary
+    assert s["accuracy"] > 0.5  # chance is 0.1; the noise at 300 per round is small
+    for key in ("round_seconds", "server_seconds", "client_seconds", "upload_bytes", "violation_rate",
+                "epsilon_composed", "epsilon_label"):
+        assert s[key] is not None
+    assert s["upload_bytes"] == 8 * PLAN_DIM * 12
+    assert "nominal" in s["epsilon_label"]
+
+
+PLAN_DIM = 64 * 64 + 64 * 32 + 32 * 10
