@@ -385,6 +385,8 @@ def _noisy(cfg: RunConfig, params: Any, loss: str, selection: Selection) -> Algo
     local = clipped_sgd(accounting.step_sizes, accounting.clip, clip_mode=params.clip_mode,
                         sampling=params.batch_sampling, loss=loss, prox_mu=accounting.alpha or 0.0)
     aggregator = _registered_aggregator(cfg) if cfg.algorithm.aggregator is not None else FedAvg("uniform")
+    if cfg.secure_aggregation is not None:  # the aggregate view, for real: the server sees only the sum
+        aggregator = SecureFedAvg(_secure_protocol(cfg))
     return Algorithm(cfg.algorithm.name, local, selection, ParameterNoise(accounting), aggregator)
 
 

@@ -22,7 +22,11 @@ class MPDPConfig(_Section):
     on a batch drawn without replacement from its shard. epsilon: the per-round NOMINAL target of Theorems 10/11
     (graph complete or n_out with n; mode unverified stamps a run outside Theorem 11). sigma_delta_factor: σ_Δ as a
     multiple of its admissible minimum. clip B; sensitivity S = B (add_remove) or 2B (replace).
-    dropout_policy abort (a missing upload discards and re-runs the round); secagg_recovery is not implemented."""
+    dropout: the share of clients that (simulated, seeded) leave each round after key agreement. dropout_policy abort
+    (the round is discarded and re-run with fresh secrets) or secagg_recovery (the survivors' Shamir shares of the
+    dropped clients' keys let the server remove their Δ: the round is flagged "reduced protection").
+    mask_corrections: pairwise zero-sum masks (std 1e3 S) on Ψ_k, Φ_k so the server learns only their sums (W2).
+    noise_family gaussian_conditional: Gaussian η and Δ in perturbed coordinates, audited per round (W1)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     seed: int = Field(0, ge=0)
@@ -44,6 +48,9 @@ class MPDPConfig(_Section):
     clip_mode: Literal["perturbed_joint", "none", "oracle_true"] = "perturbed_joint"
     mask_scale: float = Field(1.0, gt=0)
     dropout_policy: Literal["abort", "secagg_recovery"] = "abort"
+    dropout: float = Field(0.0, ge=0, lt=1)
+    mask_corrections: bool = False
+    noise_family: Literal["dn", "gaussian_conditional"] = "dn"
     methods: list[Literal["mpdp", "mpdp_naive", "mp_cdp", "fedavg"]] = Field(
         default_factory=lambda: ["mpdp", "mpdp_naive", "mp_cdp", "fedavg"], min_length=1)
     reproducible_secrets: bool = True  # simulation: the server's factors from the run seed (deployment refuses it)
@@ -58,9 +65,9 @@ class MPDPConfig(_Section):
                   f"an integer in [1, {self.clients - 1}]")
         if self.graph == "complete" and self.n is not None:
             _fail("n", "only used by graph n_out", self.n, "null")
-        if self.dropout_policy == "secagg_recovery":
-            raise NotImplementedError("dropout_policy: secagg_recovery (Shamir-shared edge seeds) is not implemented "
-                                      "for MP-DP yet; use abort")
+        if self.dropout and int(self.dropout * self.clients) == 0:
+            _fail("dropout", f"drops no client of {self.clients} per round", self.dropout,
+                  f"0, or at least {1 / self.clients:.4g}")
         return self
 
     @property

@@ -91,12 +91,22 @@ class BatchStream:
         return x[idx], y[idx]
 
 
+def simulated_dropouts(cfg: MPDPConfig, round_: int, attempt: int) -> set[int]:
+    """floor(dropout x K) clients, drawn from the run seed (independently of the data), leave after key agreement."""
+    n = int(cfg.dropout * cfg.clients)
+    if n == 0:
+        return set()
+    rng = numpy_generator(cfg.seed, Purpose.SECAGG, round_, attempt)
+    return {int(c) for c in rng.choice(cfg.clients, n, replace=False)}
+
+
 def noise_settings(cfg: MPDPConfig, method: str) -> tuple[RoundSettings, dict[str, Any]]:
     """The round settings of `method` and its privacy block (per-round calibration)."""
     K, eps, delta = cfg.clients, cfg.epsilon, cfg.delta
     common = dict(method=method, lr=cfg.lr, S=cfg.sensitivity, clip=cfg.clip, clip_mode=cfg.clip_mode,
                   graph=cfg.graph, n=cfg.n, mask_scale=cfg.mask_scale,
-                  run_id=f"dpfl/mpdp/{cfg.name}/{cfg.seed}".encode())
+                  run_id=f"dpfl/mpdp/{cfg.name}/{cfg.seed}".encode(), mask_corrections=cfg.mask_corrections,
+                  noise_family=cfg.noise_family, delta=cfg.delta, dropout_policy=cfg.dropout_policy)
     if method == "mpdp":
         sigma_delta = cfg.sigma_delta_factor * min_sigma_delta(eps, delta, K, cfg.graph, cfg.n, cfg.mode)
         plan = solve_sigma_eta(eps, delta, K, sigma_delta, cfg.graph, cfg.n, cfg.mode)
@@ -144,6 +154,8 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
     participations = [0] * cfg.clients
     violations = uploads = 0
     discarded = 0
+    audits: list[dict[str, Any]] = []
+    reduced: list[int] = []
     t_start = time.perf_counter()
     for r in range(cfg.rounds):
         batch = {k: batches.get(k, r) for k in range(cfg.clients)}
@@ -154,8 +166,8 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
                     secret_gen = round_generator(derive_seed(cfg.seed, Purpose.SERVER_NOISE, r, attempt)
                                                  if cfg.reproducible_secrets else None)
                     seeds = {k: derive_seed(cfg.seed, Purpose.NOISE, r, k, attempt) for k in batch}
-                    out = perturbed_round(weights, plan, batch, settings, r, secret_gen, seeds,
-                                          drop(r, attempt) if drop is not None else frozenset(), on_broadcast)
+                    gone = drop(r, attempt) if drop is not None else simulated_dropouts(cfg, r, attempt)
+                    out = perturbed_round(weights, plan, batch, settings, r, secret_gen, seeds, gone, on_broadcast)
                 else:
                     out = plain_round(weights, batch, settings, noise_gen)
                 break
@@ -175,6 +187,13 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
                                "upload_bytes": out.upload_bytes, "violations": out.violations}
         if out.recovery_ratio is not None:
             row["recovery_ratio"] = out.recovery_ratio
+        if out.reduced_protection:
+            row["reduced_protection"] = out.reduced_protection
+            reduced.append(r + 1)
+        if out.audit is not None:
+            row["epsilon_conditional"] = out.audit["epsilon_conditional"]
+            row["min_R"] = out.audit["R_quantiles"]["min"]
+            audits.append(out.audit)
         if (r + 1) % cfg.eval_every == 0 or r + 1 == cfg.rounds:
             row["test_accuracy"], row["test_loss"] = evaluate(weights, arrays)
             if progress is not None:
@@ -182,6 +201,18 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
         history.append(row)
     privacy["violation_rate"] = violations / max(uploads, 1) if method != "fedavg" else None
     privacy["discarded_rounds"] = discarded
+    if reduced:
+        privacy["reduced_protection_rounds"] = reduced
+        privacy["reduced_protection"] = ("in these rounds clients dropped after key agreement and the server rebuilt "
+                                         "their pairwise noise from the survivors' key shares: their neighbours' "
+                                         "uploads had less pairwise noise than the calculator assumed")
+    if method == "mpdp":
+        privacy["hardening"] = {"mask_corrections": cfg.mask_corrections, "noise_family": cfg.noise_family,
+                                "clip_mode": cfg.clip_mode}
+    if audits:
+        privacy["conditional_audit"] = {"epsilon_conditional_max": max(a["epsilon_conditional"] for a in audits),
+                                        "min_R_min": min(a["R_quantiles"]["min"] for a in audits),
+                                        "label": audits[0]["label"]}
     if method in ("mpdp", "mpdp_naive"):
         per_client = [composed(cfg.epsilon, cfg.delta, p) for p in participations]
         privacy["per_client"] = [{"client": k, **c} for k, c in enumerate(per_client)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,3 +136,25 @@ def test_secure_fedavg_config_builds_and_runs_like_fedavg(tmp_path):
     secure, fedavg = runs
     assert secure.final_accuracy == pytest.approx(fedavg.final_accuracy, abs=1e-9)
     assert "secure_aggregation" in secure.privacy
+
+
+NOISY = Path(__file__).resolve().parents[3] / "configs" / "fdp" / "digits_noisy_fedavg.yaml"
+
+
+def test_noisy_fedavg_with_real_secure_aggregation_matches_the_simulated_aggregate_view():
+    from dpfl.experiment.build import build_run
+    from dpfl.experiment.config import load_config
+
+    real = load_config(NOISY, ["training.rounds=3", "secure_aggregation={}"])
+    assumed = load_config(NOISY, ["training.rounds=3",
+                                                                    "privacy.secure_aggregation=true"])
+    assert real.privacy.secure_aggregation and real.privacy.observer == "aggregate"
+    a, b = build_run(real).run(), build_run(assumed).run()
+    assert a.final_accuracy == pytest.approx(b.final_accuracy, abs=1e-9)
+    assert a.privacy["fdp"]["mu_max"] == pytest.approx(b.privacy["fdp"]["mu_max"])
+    assert "secure_aggregation" in a.privacy and "secure_aggregation" not in b.privacy
+    with pytest.raises(ConfigError, match="privacy.secure_aggregation"):
+        load_config(NOISY, ["secure_aggregation={}",
+                                                            "privacy.secure_aggregation=false"])
+    with pytest.raises(ConfigError, match="secure_aggregation.dropout"):
+        load_config(NOISY, ["secure_aggregation={dropout: 0.2}"])

@@ -102,6 +102,11 @@ class RunConfig(_Section):
             _fail("privacy.unit", f"mechanism {p.mechanism!r} of algorithm {alg!r} protects unit {unit!r}",
                   p.unit, unit)
         observer = MECHANISM_OBSERVER[p.mechanism]
+        if p.mechanism == "param_noise" and self.secure_aggregation is not None:  # the protocol runs for real
+            if "secure_aggregation" in p.model_fields_set and not p.secure_aggregation:
+                _fail("privacy.secure_aggregation", "a secure_aggregation section runs the protocol, so the server "
+                      "sees only the sums", False, "true (or leave it out)")
+            p.secure_aggregation = True
         if p.mechanism == "param_noise":  # the f-DP view: uploads seen (server) or only their averages
             observer = p.observer if p.observer in ("server", "aggregate") else (
                 "aggregate" if p.secure_aggregation else "server")
@@ -211,10 +216,11 @@ class RunConfig(_Section):
         alg, sel = self.algorithm, self.training.selection
         if alg.name not in SECURE_ALGORITHMS or alg.aggregator is not None or alg.params.get("splitting") or \
                 alg.params.get("anderson") is not None or alg.params.get("schedule", "constant") != "constant":
-            hint = "; Noisy-FedAvg/FedProx take privacy.secure_aggregation" if alg.name in _NOISY else ""
             _fail("secure_aggregation", f"runs with the FedAvg aggregation of {', '.join(SECURE_ALGORITHMS)} (the "
-                  f"server must need only the sum of the uploads), not with algorithm {alg.name!r}{hint}", "{...}",
-                  "null")
+                  f"server must need only the sum of the uploads), not with algorithm {alg.name!r}", "{...}", "null")
+        if alg.name in _NOISY and s.dropout > 0:
+            _fail("secure_aggregation.dropout", f"{alg.name}'s f-DP accounting averages every selected upload; "
+                  "dropouts would leave fewer in the sum than it assumes", s.dropout, "0")
         if alg.params.get("weighting", "uniform") not in ("uniform", "samples"):
             _fail("algorithm.params.weighting", "secure aggregation weights uniformly or by record count",
                   alg.params["weighting"], "uniform | samples")

@@ -19,7 +19,8 @@ SPLITTING_ALGORITHMS: tuple[str, ...] = ("fedsplit", "fedpi", "fedrp")  # operat
 # clustered_dpfl.md: cluster models as server state; built with the data (sizes, true clusters), calibrated per client
 CLUSTERED_ALGORITHMS: tuple[str, ...] = ("rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl")
 # Algorithms whose server needs only the (weighted) sum of the uploads: they can run with secure aggregation.
-SECURE_ALGORITHMS: tuple[str, ...] = ("fedavg", "fedprox", "dp_fedavg_local", "udp_fedavg", "dp_fedavg_central")
+SECURE_ALGORITHMS: tuple[str, ...] = ("fedavg", "fedprox", "dp_fedavg_local", "udp_fedavg", "dp_fedavg_central",
+                                      "noisy_fedavg", "noisy_fedprox")
 MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
 # Which privacy mechanisms each algorithm runs with; the first is the default when none is declared.

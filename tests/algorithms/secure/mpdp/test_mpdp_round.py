@@ -54,9 +54,33 @@ def test_run_reruns_a_discarded_round_and_still_charges_who_uploaded(arrays):  #
     assert parts == [4, 4, 3, 4, 4]  # the discarded attempt is charged to the clients whose uploads arrived
 
 
-def test_secagg_recovery_is_refused_at_config_time():
-    with pytest.raises(NotImplementedError, match="secagg_recovery"):
-        MPDPConfig(name="t", dropout_policy="secagg_recovery")
+@pytest.mark.parametrize("corrections", [False, True])
+def test_secagg_recovery_removes_the_dropped_clients_noise_exactly(arrays, corrections):  # T21, secagg_recovery
+    weights = initial_weights(PLAN, 0)
+    batches = _batches(arrays)
+    kept = {k: v for k, v in batches.items() if k != 2}
+    plain = plain_round(weights, kept, RoundSettings("fedavg", lr=0.3), torch.Generator())
+    st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0, sigma_delta=1e3,
+                       mask_corrections=corrections, dropout_policy="secagg_recovery")
+    out = perturbed_round(weights, PLAN, batches, st, 0, round_generator(6), dict.fromkeys(batches), drop={2})
+    assert out.reduced_protection == [2] and out.uploads == 4
+    for a, b in zip(plain.weights, out.weights, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-8)  # the mean of the 4 survivors, no Δ left
+
+
+def test_secagg_recovery_needs_threshold_survivors(arrays):
+    st = RoundSettings("mpdp", lr=0.3, sigma_eta=0.5, sigma_delta=10.0, dropout_policy="secagg_recovery")
+    with pytest.raises(MissingPeersError):  # 2 of 5 survive, the threshold is 3
+        perturbed_round(initial_weights(PLAN, 0), PLAN, _batches(arrays), st, 0, round_generator(7), {},
+                        drop={0, 1, 3})
+
+
+def test_run_with_simulated_dropouts_and_recovery_flags_the_rounds(arrays):
+    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[16, 12], dropout=0.2, dropout_policy="secagg_recovery")
+    result = run_mpdp(cfg, "mpdp", arrays=arrays)
+    assert result.privacy["reduced_protection_rounds"] == [1, 2, 3] and result.privacy["discarded_rounds"] == 0
+    with pytest.raises(Exception, match="drops no client"):
+        MPDPConfig(name="t", clients=5, dropout=0.1)
 
 
 def test_the_server_never_broadcasts_the_true_model(arrays):  # G2, over every round
@@ -127,3 +151,35 @@ def test_ci_config_learns_with_the_oracle_clip_and_reports_everything(arrays):  
 
 
 PLAN_DIM = 64 * 64 + 64 * 32 + 32 * 10
+
+
+def test_mask_corrections_keep_recovery_exact_and_mask_each_upload(arrays):  # T24
+    weights = initial_weights(PLAN, 0)
+    batches = _batches(arrays)
+    plain = plain_round(weights, batches, RoundSettings("fedavg", lr=0.3), torch.Generator())
+    st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0, mask_corrections=True)
+    masked = perturbed_round(weights, PLAN, batches, st, 0, round_generator(3), dict.fromkeys(batches))
+    for a, b in zip(plain.weights, masked.weights, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-9)
+    # what one client uploads as Ψ is dominated by the mask (std 1e3 S), not by its Ψ
+    from dpfl.algorithms.secure.mpdp.ddp import CORRECTION_MASK_STREAM, DDPClient
+    a, b = DDPClient(0), DDPClient(1)
+    m = a.pairwise({1: b.public}, 10_000, 1e3, b"r", 0, "gaussian", CORRECTION_MASK_STREAM)
+    assert float(np.std(m)) == pytest.approx(1e3, rel=0.03)
+    assert np.allclose(m + b.pairwise({0: a.public}, 10_000, 1e3, b"r", 0, "gaussian", CORRECTION_MASK_STREAM), 0)
+
+
+def test_gaussian_conditional_noise_cancels_and_the_audit_is_finite(arrays):  # T24
+    weights = initial_weights(PLAN, 0)
+    batches = _batches(arrays)
+    plain = plain_round(weights, batches, RoundSettings("fedavg", lr=0.3), torch.Generator())
+    st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0, sigma_delta=1e3,
+                       noise_family="gaussian_conditional")
+    out = perturbed_round(weights, PLAN, batches, st, 0, round_generator(4), dict.fromkeys(batches))
+    for a, b in zip(plain.weights, out.weights, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-9)
+    st = RoundSettings("mpdp", lr=0.3, sigma_eta=0.75, sigma_delta=10.0, noise_family="gaussian_conditional")
+    audit = perturbed_round(weights, PLAN, batches, st, 0, round_generator(5), dict.fromkeys(batches)).audit
+    q = audit["R_quantiles"]
+    assert 0 < q["min"] <= q["q01"] <= q["median"] <= q["q99"] <= q["max"] < math.inf
+    assert math.isfinite(audit["epsilon_conditional"]) and audit["effective_sensitivity_factor"] >= 1 / q["median"]

@@ -19,13 +19,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.algorithms.secure.mpdp.ddp import DDPClient, MissingPeersError, neighbours, sample_graph
+from dpfl.algorithms.secure.mpdp.ddp import (
+    CORRECTION_MASK_STREAM,
+    DELTA_STREAM,
+    DDPClient,
+    MissingPeersError,
+    neighbours,
+    sample_graph,
+)
+from dpfl.algorithms.secure.mpdp.privacy import conditional_audit
+from dpfl.algorithms.secure.mpdp.recovery import deal_shares, dropped_noise, recover_key
 from dpfl.algorithms.secure.mpdp.lmt import LMTResult, clip_joint, lmt
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, mp_server, recover
 from dpfl.algorithms.secure.mpdp.update import RunningSums, apply_update
 
 METHODS = ("mpdp", "mpdp_naive", "mp_cdp", "fedavg")
 CLIP_MODES = ("perturbed_joint", "none", "oracle_true")
+NOISE_FAMILIES = ("dn", "gaussian_conditional")
 
 
 @dataclass(frozen=True)
@@ -45,8 +55,16 @@ class RoundSettings:
     n: int | None = None
     mask_scale: float = 1.0
     run_id: bytes = b"dpfl-mpdp"
+    mask_corrections: bool = False  # W2 hardening: pairwise zero-sum masks on Ψ_k, Φ_k (stream 2)
+    sigma_mask: float | None = None  # their std; None: 1e3 S
+    noise_family: str = "dn"  # or gaussian_conditional (W1 hardening)
+    delta: float = 1e-5  # for the conditional audit
+    dropout_policy: str = "abort"  # or secagg_recovery (Shamir-shared keys, recovery.py)
+    recovery_threshold: int | None = None  # None: floor(K/2) + 1
 
     def __post_init__(self) -> None:
+        if self.noise_family not in NOISE_FAMILIES:
+            raise ValueError(f"noise_family must be one of {NOISE_FAMILIES}, got {self.noise_family!r}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.clip_mode not in CLIP_MODES:
@@ -61,6 +79,8 @@ class RoundOutcome:
     violations: int = 0  # client-rounds with ||c_k ∇F_k|| > S (noise-free, simulation only)
     uploads: int = 0
     recovery_ratio: float | None = None  # ||R∘g|| / ||recovered||: cancellation diagnostic
+    audit: dict[str, Any] | None = None  # conditional_audit of the round's factors (gaussian_conditional)
+    reduced_protection: list[int] = field(default_factory=list)  # dropped clients whose Δ the server rebuilt
 
 
 def true_gradient(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
@@ -137,9 +157,12 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
     clients = sorted(batches)
     ddp = {k: DDPClient(k, private_seeds.get(k)) for k in clients}
     edges: set[tuple[int, int]] = set()
-    if st.method == "mpdp" and not math.isinf(st.sigma_delta):
+    if st.method == "mpdp" and (not math.isinf(st.sigma_delta) or st.mask_corrections):
         edges = sample_graph(clients, st.graph, st.n, {k: ddp[k].rng for k in clients})
     adj = neighbours(edges)
+    recovering = st.dropout_policy == "secagg_recovery" and bool(edges)
+    threshold = st.recovery_threshold or len(clients) // 2 + 1
+    shares = deal_shares(ddp, threshold, st.run_id, round_) if recovering else {}
     sums = RunningSums()
     d = plan.dim()
     violations, ratio = 0, []
@@ -152,29 +175,67 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
         seconds["lmt"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         g = _flat(res.grads)
+        psi, phi = res.psi, res.phi
+        peers = {v: ddp[v].public for v in adj.get(k, [])}
         if st.method == "mpdp":
-            noise = ddp[k].eta(d, st.S * st.sigma_eta) if st.sigma_eta > 0 else np.zeros(d)
-            peers = {v: ddp[v].public for v in adj.get(k, [])}
-            if peers:
-                noise = noise + ddp[k].pairwise(peers, d, st.S * st.sigma_delta, st.run_id, round_)
+            family = "dn" if st.noise_family == "dn" else "gaussian"
+            noise = ddp[k].eta(d, st.S * st.sigma_eta, family) if st.sigma_eta > 0 else np.zeros(d)
+            if peers and not math.isinf(st.sigma_delta):
+                noise = noise + ddp[k].pairwise(peers, d, st.S * st.sigma_delta, st.run_id, round_, family)
+            if st.mask_corrections and peers:  # the server learns only Σ Ψ_k and Σ Φ_k
+                corr = torch.cat([_flat(psi), _flat(phi)])
+                sigma_m = st.sigma_mask if st.sigma_mask is not None else 1e3 * st.S
+                corr = corr + torch.from_numpy(ddp[k].pairwise(peers, corr.numel(), sigma_m, st.run_id, round_,
+                                                               "gaussian", CORRECTION_MASK_STREAM))
+                psi, phi = _unflat(corr[:_flat(psi).numel()], psi), _unflat(corr[_flat(psi).numel():], phi)
         else:  # MP-DP-Naive: a true Gaussian on the perturbed gradient
             noise = ddp[k].rng.normal(0.0, st.S * st.sigma_naive, d) if st.sigma_naive > 0 else np.zeros(d)
         upload = _unflat(g + torch.from_numpy(noise), res.grads)
         seconds["ddp"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        sums.add(k, upload, res.psi, res.phi)
+        sums.add(k, upload, psi, phi)
         seconds["recover_update"] += time.perf_counter() - t0
         own = recover(res.grads, res.psi, res.phi, sec)  # noise-free, for the sensitivity-violation rate only
         violations += _norm(own) > st.S * (1 + 1e-9)
         ratio.append(_norm([f * g_ for f, g_ in zip([sec.odd_factor(l) for l in range(1, plan.layers + 1)],
                                                      res.grads, strict=True)]) / max(_norm(own), 1e-300))
     missing = set(clients) - set(sums.clients)
+    reduced: list[int] = []
     if missing:
         affected = {v for m in missing for v in adj.get(m, []) if v not in missing}
         if edges and affected:
-            raise MissingPeersError(round_, missing, affected)
+            if not recovering or len(sums.clients) < threshold:
+                raise MissingPeersError(round_, missing, affected)
+            _remove_dropped(sums, sorted(missing), adj, ddp, shares, threshold, st, round_, d)
+            reduced = sorted(missing)
     t0 = time.perf_counter()
     new = apply_update(weights, sums.recovered_mean(sec), st.lr)
     seconds["recover_update"] += time.perf_counter() - t0
     upload_bytes = 8 * d * (plan.out_dim + 2)  # g, Ψ (n_L copies) and Φ in float64
-    return RoundOutcome(new, seconds, upload_bytes, violations, sums.count, float(np.median(ratio)))
+    audit = None
+    if st.method == "mpdp" and st.noise_family == "gaussian_conditional":
+        audit = conditional_audit(sec, st.sigma_eta, st.sigma_delta, st.delta, len(clients), st.graph, st.n)
+    return RoundOutcome(new, seconds, upload_bytes, violations, sums.count, float(np.median(ratio)), audit, reduced)
+
+
+def _remove_dropped(sums: RunningSums, missing: list[int], adj: dict[int, list[int]], ddp: Mapping[int, DDPClient],
+                    shares: dict[int, dict[int, bytes]], threshold: int, st: RoundSettings, round_: int,
+                    d: int) -> None:
+    """secagg_recovery: rebuild each dropped client's key from the survivors' shares and remove the Δ (and the
+    correction masks) its surviving neighbours added for their edges to it."""
+    survivors = {k: ddp[k] for k in sums.clients}
+    family = "dn" if st.noise_family == "dn" else "gaussian"
+    assert sums.g is not None and sums.psi is not None and sums.phi is not None
+    for m in missing:
+        key = recover_key(m, ddp[m].public, survivors, shares, threshold, st.run_id, round_)
+        nb = {v: ddp[v].public for v in adj.get(m, []) if v in survivors}
+        if not math.isinf(st.sigma_delta):
+            extra = dropped_noise(m, key, nb, d, st.S * st.sigma_delta, family, DELTA_STREAM, st.run_id, round_)
+            sums.g = [g - e for g, e in zip(sums.g, _unflat(torch.from_numpy(extra), sums.g), strict=True)]
+        if st.mask_corrections:
+            size = _flat(sums.psi).numel()
+            sigma_m = st.sigma_mask if st.sigma_mask is not None else 1e3 * st.S
+            extra = torch.from_numpy(dropped_noise(m, key, nb, size + _flat(sums.phi).numel(), sigma_m, "gaussian",
+                                                   CORRECTION_MASK_STREAM, st.run_id, round_))
+            sums.psi = [p - e for p, e in zip(sums.psi, _unflat(extra[:size], sums.psi), strict=True)]
+            sums.phi = [p - e for p, e in zip(sums.phi, _unflat(extra[size:], sums.phi), strict=True)]

@@ -93,14 +93,21 @@ class DDPClient:
     def public(self) -> bytes:
         return self.keys.public_bytes
 
-    def pairwise(self, peers: Mapping[int, bytes], count: int, scale: float, run_id: bytes, round_: int) -> np.ndarray:
-        """Σ_v ±Δ_{k,v} over this client's neighbours `peers` {v: public key}, + when k < v."""
+    def pairwise(self, peers: Mapping[int, bytes], count: int, scale: float, run_id: bytes, round_: int,
+                 family: str = "dn", stream: int = DELTA_STREAM) -> np.ndarray:
+        """Σ_v ±Δ_{k,v} over this client's neighbours `peers` {v: public key}, + when k < v. family 'dn': Δ entries
+        ~ DN(scale, 1) (uniform); 'gaussian': N(0, scale^2) by Box-Muller (gaussian_conditional, and the stream-2
+        masks of the correction terms)."""
         total = np.zeros(count)
         for v, pk in sorted(peers.items()):
-            d = delta_noise(edge_seed(self.keys, pk, run_id, round_, self.cid, v), count, scale)
+            seed = edge_seed(self.keys, pk, run_id, round_, self.cid, v)
+            d = delta_noise(seed, count, scale) if family == "dn" else scale * gaussians(seed, count, stream)
             total += d if self.cid < v else -d
         return total
 
-    def eta(self, count: int, scale: float) -> np.ndarray:
-        """η_k entries ~ DN(scale, 1), scale = S σ_η, from the private generator."""
-        return self.rng.uniform(-math.sqrt(2) * scale, math.sqrt(2) * scale, count)
+    def eta(self, count: int, scale: float, family: str = "dn") -> np.ndarray:
+        """η_k entries ~ DN(scale, 1) (or N(0, scale^2) for gaussian_conditional), scale = S σ_η, from the private
+        generator."""
+        if family == "dn":
+            return self.rng.uniform(-math.sqrt(2) * scale, math.sqrt(2) * scale, count)
+        return self.rng.normal(0.0, scale, count)

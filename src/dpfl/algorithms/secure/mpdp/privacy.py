@@ -159,3 +159,25 @@ def composed(eps: float, delta: float, participations: int, delta_prime: float =
             "composed": {"epsilon": min(basic[0], advanced[0]), "delta": basic[1] if tighter == "basic" else
                          advanced[1], "which": tighter, "label": f"T-fold composed ({NOMINAL_LABEL})"},
             "label": NOMINAL_LABEL}
+
+
+def conditional_audit(secrets, sigma_eta: float, sigma_delta: float, delta: float, K: int, graph: Graph = "complete",
+                      n: int | None = None, mode: str = "unverified") -> dict[str, object]:
+    """W1 audit of one round's factors under `gaussian_conditional` noise: given R the server's view of coordinate
+    (i, j) is ∇F_ij + R_ij N(0, S² σ²); dividing by R_ij is a GOPA instance whose data term has sensitivity at most
+    S / min R. Reports quantiles of R over the odd layers and the §8 bound at that effective sensitivity."""
+    import torch
+
+    L = len(secrets.r) + 1
+    values = torch.cat([secrets.odd_factor(l).reshape(-1) for l in range(1, L + 1)])  # the distinct entries of R
+    q = torch.quantile(values[: 2**24], torch.tensor([0.0, 0.01, 0.5, 0.99, 1.0], dtype=values.dtype)).tolist()
+    min_r = q[0]
+    scale = min_r  # σ' = σ min R in units of the effective sensitivity
+    out = {"R_quantiles": dict(zip(("min", "q01", "median", "q99", "max"), q)), "effective_sensitivity_factor":
+           1.0 / min_r, "epsilon_conditional": math.inf,
+           "label": "conditional on R (gaussian_conditional): the §8 bound at sensitivity S / min R; " + NOMINAL_LABEL}
+    if sigma_eta > 0:
+        eff = epsilon_of(sigma_eta * scale, sigma_delta * scale if not math.isinf(sigma_delta) else math.inf, delta,
+                         K, graph, n, mode)
+        out.update(epsilon_conditional=eff.eps, label=out["label"].split("; ")[0] + "; " + eff.label)
+    return out
