@@ -616,11 +616,17 @@ def reproduce_splitting(
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:
         _fail(f"could not write to {out}: {e}")
+    _study_outcome("splitting", scale, rows, md_path, csv_path, f"in {out / 'logs'}")
+
+
+def _study_outcome(name: str, scale: str, rows: list[dict[str, Any]], md_path: Path, csv_path: Path,
+                   tracebacks: str) -> None:
+    """Counts of a study's runs and where its results are; exit code 1 if any run failed."""
     failed = [r for r in rows if r["status"] != "ok"]
-    console.print(f"splitting ({scale}): {len(rows) - len(failed)} ok, {len(failed)} failed", highlight=False)
+    console.print(f"{name} ({scale}): {len(rows) - len(failed)} ok, {len(failed)} failed", highlight=False)
     console.print(f"results: {md_path}  {csv_path}", highlight=False)
     if failed:
-        errors.print(f"error: {len(failed)} run(s) failed (tracebacks in {out / 'logs'})", markup=False)
+        errors.print(f"error: {len(failed)} run(s) failed (tracebacks {tracebacks})", markup=False)
         raise typer.Exit(1)
 
 
@@ -647,12 +653,7 @@ def reproduce_mpdp(
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:
         _fail(f"could not write to {out}: {e}")
-    failed = [r for r in rows if r["status"] != "ok"]
-    console.print(f"mpdp ({scale}): {len(rows) - len(failed)} ok, {len(failed)} failed", highlight=False)
-    console.print(f"results: {md_path}  {csv_path}", highlight=False)
-    if failed:
-        errors.print(f"error: {len(failed)} run(s) failed (tracebacks in the run directories)", markup=False)
-        raise typer.Exit(1)
+    _study_outcome("mpdp", scale, rows, md_path, csv_path, "in the run directories")
 
 
 @reproduce_app.command("fdp-sensitivity")

@@ -28,6 +28,14 @@ def _params(n=N, d=D, t=None, bits=64, frac=32, ids=None):
     return SecAggParams(ids, t if t is not None else default_threshold(len(ids)), d, FixedPointRing(bits, frac, len(ids)))
 
 
+def _shared_keys(params):
+    """A server and clients through the first two stages: (server, clients, each client's inbox of shares)."""
+    server = SecAggServer(params)
+    clients = {c: SecAggClient(c, params) for c in params.clients}
+    roster = server.collect_keys({c: clients[c].advertise_keys() for c in clients})
+    return server, clients, server.route_shares({c: clients[c].share_keys(roster) for c in clients})
+
+
 def _vectors(ids, d=D, seed=0):
     rng = np.random.default_rng(seed)
     return {c: rng.normal(scale=3.0, size=d) for c in ids}
@@ -63,10 +71,7 @@ def test_a_single_masked_upload_looks_uniform_and_the_unmasked_encoding_does_not
     d = 200_000
     params = SecAggParams((0, 1, 2), 2, d, FixedPointRing(64, 32, 3))
     x = np.full(d, 1.25)  # a constant vector: the most structured input there is
-    server = SecAggServer(params)
-    clients = {c: SecAggClient(c, params) for c in params.clients}
-    roster = server.collect_keys({c: clients[c].advertise_keys() for c in clients})
-    inboxes = server.route_shares({c: clients[c].share_keys(roster) for c in clients})
+    server, clients, inboxes = _shared_keys(params)
     y = clients[1].masked_input(x, inboxes[1])
 
     def top_bits(words):  # the 53 high bits as a float in [0, 1)
@@ -80,10 +85,7 @@ def test_a_single_masked_upload_looks_uniform_and_the_unmasked_encoding_does_not
 
 def test_pairwise_masks_cancel_and_self_masks_hide_each_upload():
     params = _params(n=3, d=50)
-    server = SecAggServer(params)
-    clients = {c: SecAggClient(c, params) for c in params.clients}
-    roster = server.collect_keys({c: clients[c].advertise_keys() for c in clients})
-    inboxes = server.route_shares({c: clients[c].share_keys(roster) for c in clients})
+    server, clients, inboxes = _shared_keys(params)
     zero = np.zeros(50)
     ys = [clients[c].masked_input(zero, inboxes[c]) for c in clients]
     assert all(np.count_nonzero(y) > 45 for y in ys)  # an all-zero input is not visible
@@ -119,10 +121,7 @@ def test_fewer_than_threshold_survivors_abort_without_revealing_a_sum(stage):
 
 def test_an_overflowing_value_is_refused_and_the_client_can_retry():
     params = _params(n=3, d=4, t=2)
-    server = SecAggServer(params)
-    clients = {c: SecAggClient(c, params) for c in params.clients}
-    roster = server.collect_keys({c: clients[c].advertise_keys() for c in clients})
-    inboxes = server.route_shares({c: clients[c].share_keys(roster) for c in clients})
+    server, clients, inboxes = _shared_keys(params)
     with pytest.raises(RingOverflowError, match="coordinate 2"):
         clients[0].masked_input(np.array([0.0, 1.0, 1e12, 0.0]), inboxes[0])
     xs = {c: np.full(4, float(c)) for c in clients}
@@ -134,10 +133,7 @@ def test_an_overflowing_value_is_refused_and_the_client_can_retry():
 
 def test_server_refuses_bad_uploads_without_changing_its_sum():
     params = _params(n=3, d=4, t=2)
-    server = SecAggServer(params)
-    clients = {c: SecAggClient(c, params) for c in params.clients}
-    roster = server.collect_keys({c: clients[c].advertise_keys() for c in clients})
-    inboxes = server.route_shares({c: clients[c].share_keys(roster) for c in clients})
+    server, clients, inboxes = _shared_keys(params)
     ys = {c: clients[c].masked_input(np.ones(4), inboxes[c]) for c in clients}
     with pytest.raises(ProtocolViolation, match="expected"):
         server.receive_masked(0, ys[0][:3])
@@ -151,10 +147,7 @@ def test_server_refuses_bad_uploads_without_changing_its_sum():
 
 def test_a_client_never_reveals_both_shares_of_one_peer():
     params = _params(n=5, d=3, t=3)
-    server = SecAggServer(params)
-    clients = {c: SecAggClient(c, params) for c in params.clients}
-    roster = server.collect_keys({c: clients[c].advertise_keys() for c in clients})
-    inboxes = server.route_shares({c: clients[c].share_keys(roster) for c in clients})
+    server, clients, inboxes = _shared_keys(params)
     for c in (0, 1, 2):
         server.receive_masked(c, clients[c].masked_input(np.ones(3), inboxes[c]))
     response = clients[0].unmask(server.uploaded())
@@ -167,10 +160,7 @@ def test_a_client_never_reveals_both_shares_of_one_peer():
 
 def test_tampered_share_ciphertext_is_detected():
     params = _params(n=3, d=3, t=2)
-    server = SecAggServer(params)
-    clients = {c: SecAggClient(c, params) for c in params.clients}
-    roster = server.collect_keys({c: clients[c].advertise_keys() for c in clients})
-    inboxes = server.route_shares({c: clients[c].share_keys(roster) for c in clients})
+    server, clients, inboxes = _shared_keys(params)
     forged = dict(inboxes[0])
     forged[1] = bytes([forged[1][0] ^ 1]) + forged[1][1:]
     with pytest.raises(ProtocolViolation, match="does not authenticate"):
