@@ -19,7 +19,7 @@ def test_reproduce_mpdp_ci_smoke(tmp_path):
     assert all(r["status"] == "ok" for r in rows)
     assert {r["epsilon"] for r in rows if r["method"] == "fedavg"} == {""}
     md = (out / "results.md").read_text()
-    assert "ci_digits_cnn: needs convolutions" in md and "NOMINAL" in md
+    assert "ci_digits_cnn-eps3" in settings and "NOMINAL" in md
     mtime = (out / "runs" / "ci_digits_k100" / "mpdp-seed0" / "summary.json").stat().st_mtime
     code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--seeds", 1, "--rounds", 2,
                        "--methods", "mpdp,mp_cdp,fedavg")

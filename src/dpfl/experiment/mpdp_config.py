@@ -17,7 +17,8 @@ from dpfl.experiment.config.errors import _fail
 
 
 class MPDPConfig(_Section):
-    """dataset: digits or fashion_mnist (flattened, in [0, 1]). hidden: the bias-free ReLU MLP's hidden widths.
+    """dataset: digits or fashion_mnist (in [0, 1]). model: mlp (ReLU MLP with `hidden` widths, on flattened inputs)
+    or cnn (conv(8)-maxpool-conv(16)-linear, spec §11's ci_digits_cnn); bias: with biases (spec §7.3).
     clients N, all taking part every round (rho = 1, IID equal shards); FedSGD: one gradient per client per round
     on a batch drawn without replacement from its shard. epsilon: the per-round NOMINAL target of Theorems 10/11
     (graph complete or n_out with n; mode unverified stamps a run outside Theorem 11). sigma_delta_factor: σ_Δ as a
@@ -32,7 +33,9 @@ class MPDPConfig(_Section):
     seed: int = Field(0, ge=0)
     dataset: Literal["digits", "fashion_mnist"] = "digits"
     train_per_client: int | None = Field(None, ge=1)
+    model: Literal["mlp", "cnn"] = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [64, 32], min_length=1)
+    bias: bool = False
     clients: int = Field(5, ge=2)
     rounds: int = Field(30, ge=1, le=100_000)
     batch_size: int = Field(32, ge=1)

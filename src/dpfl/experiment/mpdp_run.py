@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 
 from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, perturbed_round, plain_round
@@ -49,28 +50,45 @@ class FederatedArrays:
 
 
 def federated_arrays(cfg: MPDPConfig) -> FederatedArrays:
-    """IID equal shards of the flattened training set (seeded); `train_per_client` caps each shard."""
+    """IID equal shards of the training set (seeded; flattened for the MLP); `train_per_client` caps each shard."""
     data = load_dataset(cfg.dataset)
-    x = data.x_train.reshape(data.x_train.shape[0], -1).to(torch.float64)
+    keep = (lambda t: t.to(torch.float64)) if cfg.model == "cnn" else (lambda t: t.reshape(t.shape[0], -1).to(torch.float64))  # noqa: E731
+    x = keep(data.x_train)
     y = torch.nn.functional.one_hot(data.y_train.long(), data.n_classes).to(torch.float64)
     order = numpy_generator(cfg.seed, Purpose.PARTITION).permutation(len(x))
     per = len(x) // cfg.clients if cfg.train_per_client is None else cfg.train_per_client
     if per * cfg.clients > len(x):
         raise ValueError(f"{cfg.clients} clients x {per} records exceed the {len(x)} training records of {cfg.dataset}")
     shards = [(x[order[k * per:(k + 1) * per]], y[order[k * per:(k + 1) * per]]) for k in range(cfg.clients)]
-    return FederatedArrays(shards, data.x_test.reshape(data.x_test.shape[0], -1).to(torch.float64),
-                           data.y_test.long(), data.n_classes)
+    return FederatedArrays(shards, keep(data.x_test), data.y_test.long(), data.n_classes)
 
 
 LAST_LAYER_SCALE = 0.1  # outputs start near 0 under MSE: FedSGD on digits reaches 0.76 in 30 rounds, not 0.38
 
 
 def initial_weights(plan: FactorPlan, seed: int) -> list[torch.Tensor]:
-    """He-normal bias-free layers, the last one scaled by LAST_LAYER_SCALE; the same for every method of a seed."""
+    """He-normal weights and zero biases, the last layer's weight scaled by LAST_LAYER_SCALE; the same for every
+    method of a seed."""
     g = torch_generator(seed, Purpose.INIT)
-    ws = [torch.randn(o, i, generator=g, dtype=torch.float64) * math.sqrt(2.0 / i) for o, i in plan.shapes()]
-    ws[-1] = ws[-1] * LAST_LAYER_SCALE
-    return ws
+    out = []
+    for (layer, kind), shape in zip(plan.params(), plan.shapes(), strict=True):
+        if kind == "bias":
+            out.append(torch.zeros(shape, dtype=torch.float64))
+            continue
+        w = torch.randn(shape, generator=g, dtype=torch.float64) * math.sqrt(2.0 / math.prod(shape[1:]))
+        out.append(w * LAST_LAYER_SCALE if layer == plan.layers - 1 else w)
+    return out
+
+
+def model_plan(cfg: MPDPConfig, input_shape: tuple[int, ...], n_classes: int) -> FactorPlan:
+    """The config's network as a FactorPlan: the MLP of `hidden`, or spec §11's digits CNN."""
+    if cfg.model == "mlp":
+        return FactorPlan((math.prod(input_shape), *cfg.hidden, n_classes), bias=cfg.bias)
+    c, h, w = input_shape
+    net = nn.Sequential(nn.Conv2d(c, 8, 3, padding=1, bias=cfg.bias), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(8, 16, 3, padding=1, bias=cfg.bias), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(16 * (h // 2) * (w // 2), n_classes, bias=cfg.bias))
+    return FactorPlan.from_module(net, input_shape)
 
 
 class BatchStream:
@@ -132,8 +150,8 @@ def noise_settings(cfg: MPDPConfig, method: str) -> tuple[RoundSettings, dict[st
     return RoundSettings(**common), {"guarantee": "none (non-private reference)", "in_ledger": False}
 
 
-def evaluate(weights: list[torch.Tensor], arrays: FederatedArrays) -> tuple[float, float]:
-    out, _ = forward(weights, None, arrays.x_test)
+def evaluate(weights: list[torch.Tensor], arrays: FederatedArrays, plan: FactorPlan | None = None) -> tuple[float, float]:
+    out, _ = forward(weights, None, arrays.x_test, plan)
     target = torch.nn.functional.one_hot(arrays.y_test, arrays.n_classes).to(torch.float64)
     return float((out.argmax(1) == arrays.y_test).double().mean()), float(0.5 * ((out - target) ** 2).sum(1).mean())
 
@@ -144,8 +162,7 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
              progress: Callable[[str], None] | None = None) -> MPDPResult:
     """One run of `method` on cfg's data. `drop(round, attempt)`: clients that leave after key agreement (tests)."""
     arrays = arrays if arrays is not None else federated_arrays(cfg)
-    sizes = (arrays.shards[0][0].shape[1], *cfg.hidden, arrays.n_classes)
-    plan = FactorPlan(tuple(sizes))
+    plan = model_plan(cfg, tuple(arrays.shards[0][0].shape[1:]), arrays.n_classes)
     weights = initial_weights(plan, cfg.seed)
     settings, privacy = noise_settings(cfg, method)
     batches = BatchStream(arrays.shards, cfg.batch_size, cfg.seed)
@@ -169,7 +186,7 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
                     gone = drop(r, attempt) if drop is not None else simulated_dropouts(cfg, r, attempt)
                     out = perturbed_round(weights, plan, batch, settings, r, secret_gen, seeds, gone, on_broadcast)
                 else:
-                    out = plain_round(weights, batch, settings, noise_gen)
+                    out = plain_round(weights, batch, settings, noise_gen, plan)
                 break
             except MissingPeersError as e:  # discarded; the clients that uploaded are still charged
                 discarded += 1
@@ -195,7 +212,7 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
             row["min_R"] = out.audit["R_quantiles"]["min"]
             audits.append(out.audit)
         if (r + 1) % cfg.eval_every == 0 or r + 1 == cfg.rounds:
-            row["test_accuracy"], row["test_loss"] = evaluate(weights, arrays)
+            row["test_accuracy"], row["test_loss"] = evaluate(weights, arrays, plan)
             if progress is not None:
                 progress(f"{cfg.name} {method} round {r + 1}/{cfg.rounds}: accuracy {row['test_accuracy']:.3f}")
         history.append(row)

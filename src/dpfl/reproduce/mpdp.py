@@ -10,11 +10,11 @@ Methods on the same shards, initial model, batches and FedSGD rounds (the MSE-tr
 | mp_cdp | MP-CDP: a trusted server, clipped true gradients, Gaussian on the mean (accounted by dpfl's RDP accountant) |
 | fedavg | FedSGD in the clear, no privacy |
 
-`ci`: configs/mpdp/ci_digits_mlp.yaml at nominal per-round epsilon 3 (the spec's), 30 and 300, and
-ci_digits_k100.yaml (K = 100, n-out graph, Theorem 11) at its epsilon 3, 2 seeds; ci_fmnist_mlp.yaml when
-Fashion-MNIST is found locally. `full` (CIFAR-10/100 and BreakHis with norm-free ResNets) needs convolutions and
-tied residuals in the model perturbation (spec §7.2-§7.4), which dpfl does not have yet: those settings are listed
-as skipped with that reason, and so is the ci CNN config.
+`ci`: configs/mpdp/ci_digits_mlp.yaml at nominal per-round epsilon 3 (the spec's), 30 and 300, ci_digits_cnn.yaml
+at 3 and 300, and ci_digits_k100.yaml (K = 100, n-out graph, Theorem 11) at its epsilon 3, 2 seeds;
+ci_fmnist_mlp.yaml when Fashion-MNIST is found locally. `full` (CIFAR-10/100 and BreakHis with norm-free ResNets)
+needs tied residuals in the model perturbation (spec §7.4), which dpfl does not have yet: those settings are listed
+as skipped with that reason.
 
 OUT/results.csv: setting, method, seed, epsilon (nominal per round; empty for fedavg), accuracy (final, the true
 model on the test set), round_seconds, server_seconds (per round), client_seconds (per client per round),
@@ -45,13 +45,13 @@ METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
            "upload_bytes", "violation_rate", "epsilon_composed", "status", "run_dir"]
 SCALES = {
-    "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_k100.yaml", (3.0,)),
-                                   ("ci_fmnist_mlp.yaml", (3.0,)))},
+    "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_cnn.yaml", (3.0, 300.0)),
+                                   ("ci_digits_k100.yaml", (3.0,)), ("ci_fmnist_mlp.yaml", (3.0,)))},
     "full": {"seeds": 3, "configs": ()},
 }
 SKIPPED = {
-    "ci": {"ci_digits_cnn": "needs convolutions in the model perturbation (spec §7.2), not implemented yet"},
-    "full": {name: "needs norm-free ResNets with tied residuals in the model perturbation (spec §7.2-§7.4) and the "
+    "ci": {},
+    "full": {name: "needs norm-free ResNets with tied residuals in the model perturbation (spec §7.4) and the "
                    "dataset files; not implemented yet"
              for name in ("full_c10_k5", "full_c100_k5", "full_breakhis_k5", "full_c10_k100_paper",
                           "full_c10_k100_verified")},

@@ -24,6 +24,7 @@ from dpfl.algorithms.secure.mpdp.ddp import (
     DELTA_STREAM,
     DDPClient,
     MissingPeersError,
+    NoiseLayout,
     neighbours,
     sample_graph,
 )
@@ -83,10 +84,11 @@ class RoundOutcome:
     reduced_protection: list[int] = field(default_factory=list)  # dropped clients whose Δ the server rebuilt
 
 
-def true_gradient(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+def true_gradient(weights: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                  plan: FactorPlan | None = None) -> list[torch.Tensor]:
     """The gradient of the batch-mean ½‖y(x) - ȳ‖² at the true model (MSE on one-hot targets)."""
     ws = [w.detach().clone().requires_grad_(True) for w in weights]
-    out, _ = forward(ws, None, x)
+    out, _ = forward(ws, None, x, plan)
     return list(torch.autograd.grad(0.5 * ((out - y) ** 2).sum(1).mean(), ws))
 
 
@@ -111,13 +113,13 @@ def _clip_factor(norm: float, bound: float) -> float:
 
 
 def plain_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
-                st: RoundSettings, gen: torch.Generator) -> RoundOutcome:
+                st: RoundSettings, gen: torch.Generator, plan: FactorPlan | None = None) -> RoundOutcome:
     """fedavg (no noise) or mp_cdp (trusted server: clipped true gradients, Gaussian on the mean)."""
     t0 = time.perf_counter()
     total = [torch.zeros_like(w) for w in weights]
     violations = 0
     for x, y in batches.values():
-        g = true_gradient(weights, x, y)
+        g = true_gradient(weights, x, y, plan)
         if st.method == "mp_cdp":
             c = _clip_factor(_norm(g), st.clip)
             g = [c * t for t in g]
@@ -138,7 +140,7 @@ def _client_terms(payload: ClientPayload, weights: list[torch.Tensor], x: torch.
     if st.clip_mode == "perturbed_joint":
         return clip_joint(res, st.clip)
     if st.clip_mode == "oracle_true":  # simulation only: the harness looks at the true gradient
-        return res.scaled(_clip_factor(_norm(true_gradient(weights, x, y)), st.clip))
+        return res.scaled(_clip_factor(_norm(true_gradient(weights, x, y, payload.plan)), st.clip))
     return res
 
 
@@ -165,6 +167,7 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
     shares = deal_shares(ddp, threshold, st.run_id, round_) if recovering else {}
     sums = RunningSums()
     d = plan.dim()
+    layout = NoiseLayout.from_plan(plan)
     violations, ratio = 0, []
     for k in clients:
         if k in drop:
@@ -179,9 +182,10 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
         peers = {v: ddp[v].public for v in adj.get(k, [])}
         if st.method == "mpdp":
             family = "dn" if st.noise_family == "dn" else "gaussian"
-            noise = ddp[k].eta(d, st.S * st.sigma_eta, family) if st.sigma_eta > 0 else np.zeros(d)
+            noise = ddp[k].eta(d, st.S * st.sigma_eta, family, layout) if st.sigma_eta > 0 else np.zeros(d)
             if peers and not math.isinf(st.sigma_delta):
-                noise = noise + ddp[k].pairwise(peers, d, st.S * st.sigma_delta, st.run_id, round_, family)
+                noise = noise + ddp[k].pairwise(peers, d, st.S * st.sigma_delta, st.run_id, round_, family,
+                                                layout=layout)
             if st.mask_corrections and peers:  # the server learns only Σ Ψ_k and Σ Φ_k
                 corr = torch.cat([_flat(psi), _flat(phi)])
                 sigma_m = st.sigma_mask if st.sigma_mask is not None else 1e3 * st.S
@@ -197,8 +201,7 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
         seconds["recover_update"] += time.perf_counter() - t0
         own = recover(res.grads, res.psi, res.phi, sec)  # noise-free, for the sensitivity-violation rate only
         violations += _norm(own) > st.S * (1 + 1e-9)
-        ratio.append(_norm([f * g_ for f, g_ in zip([sec.odd_factor(l) for l in range(1, plan.layers + 1)],
-                                                     res.grads, strict=True)]) / max(_norm(own), 1e-300))
+        ratio.append(_norm([sec.factor(p) * g_ for p, g_ in enumerate(res.grads)]) / max(_norm(own), 1e-300))
     missing = set(clients) - set(sums.clients)
     reduced: list[int] = []
     if missing:
@@ -206,7 +209,7 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
         if edges and affected:
             if not recovering or len(sums.clients) < threshold:
                 raise MissingPeersError(round_, missing, affected)
-            _remove_dropped(sums, sorted(missing), adj, ddp, shares, threshold, st, round_, d)
+            _remove_dropped(sums, sorted(missing), adj, ddp, shares, threshold, st, round_, d, plan)
             reduced = sorted(missing)
     t0 = time.perf_counter()
     new = apply_update(weights, sums.recovered_mean(sec), st.lr)
@@ -220,7 +223,7 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
 
 def _remove_dropped(sums: RunningSums, missing: list[int], adj: dict[int, list[int]], ddp: Mapping[int, DDPClient],
                     shares: dict[int, dict[int, bytes]], threshold: int, st: RoundSettings, round_: int,
-                    d: int) -> None:
+                    d: int, sums_plan: FactorPlan) -> None:
     """secagg_recovery: rebuild each dropped client's key from the survivors' shares and remove the Δ (and the
     correction masks) its surviving neighbours added for their edges to it."""
     survivors = {k: ddp[k] for k in sums.clients}
@@ -230,7 +233,8 @@ def _remove_dropped(sums: RunningSums, missing: list[int], adj: dict[int, list[i
         key = recover_key(m, ddp[m].public, survivors, shares, threshold, st.run_id, round_)
         nb = {v: ddp[v].public for v in adj.get(m, []) if v in survivors}
         if not math.isinf(st.sigma_delta):
-            extra = dropped_noise(m, key, nb, d, st.S * st.sigma_delta, family, DELTA_STREAM, st.run_id, round_)
+            extra = dropped_noise(m, key, nb, d, st.S * st.sigma_delta, family, DELTA_STREAM, st.run_id, round_,
+                                  NoiseLayout.from_plan(sums_plan))
             sums.g = [g - e for g, e in zip(sums.g, _unflat(torch.from_numpy(extra), sums.g), strict=True)]
         if st.mask_corrections:
             size = _flat(sums.psi).numel()

@@ -10,14 +10,63 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from dpfl.algorithms.secure import prg
 from dpfl.algorithms.secure.keys import KeyPair, edge_info, round_salt
+from dpfl.algorithms.secure.mpdp.dn import dn_star_abs, dn_star_abs_from_uniforms
 
 EDGE_INFO = b"dpfl/mpdp/v1/edge"
 DELTA_STREAM, CORRECTION_MASK_STREAM, BIAS_FACTOR_STREAM = 1, 2, 3
+
+
+X_LMAX = 200  # series terms of the shared |DN*(2)| bias factors drawn from stream 3 (with the tail correction)
+
+
+@dataclass(frozen=True)
+class NoiseLayout:
+    """Which entries of the flattened upload need a non-uniform DDP law (spec §7.3): `x2` are multiplied by an
+    extra X ~ |DN*(2)| (hidden biases after the first layer), `gauss` are Gaussian (the last bias, factor 1)."""
+
+    d: int
+    x2: np.ndarray
+    gauss: np.ndarray
+
+    @classmethod
+    def uniform(cls, d: int) -> NoiseLayout:
+        return cls(d, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    @classmethod
+    def from_plan(cls, plan) -> NoiseLayout:
+        kinds, sizes = plan.noise_kinds(), [int(np.prod(s)) for s in plan.shapes()]
+        starts = np.cumsum([0] + sizes[:-1])
+        pick = lambda k: np.concatenate([np.arange(a, a + n) for a, n, kind in zip(starts, sizes, kinds)  # noqa: E731
+                                         if kind == k] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
+        return cls(int(sum(sizes)), pick("dn_x2"), pick("gaussian"))
+
+
+def shared_x2(seed: bytes, count: int) -> np.ndarray:
+    """count factors X ~ |DN*(2)| from the edge's stream 3: identical at both ends."""
+    u = uniforms(seed, count * (X_LMAX + 2), BIAS_FACTOR_STREAM).reshape(count, X_LMAX + 2)
+    return dn_star_abs_from_uniforms(2, u, X_LMAX)
+
+
+def edge_noise(seed: bytes, layout: NoiseLayout, scale: float) -> np.ndarray:
+    """One edge's Δ for a layout: DN(scale, 1) entries from stream 1, the `gauss` ones N(0, scale^2) by Box-Muller
+    from the stream's words after the first d, the `x2` ones times a shared |DN*(2)|."""
+    ng = len(layout.gauss)
+    u = uniforms(seed, layout.d + 2 * ((ng + 1) // 2))
+    out = math.sqrt(2) * scale * (2 * u[: layout.d] - 1)
+    if ng:
+        pairs = u[layout.d:]
+        radius = np.sqrt(-2 * np.log(pairs[0::2]))
+        z = np.concatenate([radius * np.cos(2 * np.pi * pairs[1::2]), radius * np.sin(2 * np.pi * pairs[1::2])])
+        out[layout.gauss] = scale * z[:ng]
+    if len(layout.x2):
+        out[layout.x2] *= shared_x2(seed, len(layout.x2))
+    return out
 
 
 class MissingPeersError(RuntimeError):
@@ -94,20 +143,28 @@ class DDPClient:
         return self.keys.public_bytes
 
     def pairwise(self, peers: Mapping[int, bytes], count: int, scale: float, run_id: bytes, round_: int,
-                 family: str = "dn", stream: int = DELTA_STREAM) -> np.ndarray:
+                 family: str = "dn", stream: int = DELTA_STREAM, layout: NoiseLayout | None = None) -> np.ndarray:
         """Σ_v ±Δ_{k,v} over this client's neighbours `peers` {v: public key}, + when k < v. family 'dn': Δ entries
-        ~ DN(scale, 1) (uniform); 'gaussian': N(0, scale^2) by Box-Muller (gaussian_conditional, and the stream-2
-        masks of the correction terms)."""
+        ~ DN(scale, 1) (uniform; `layout` says which entries follow §7.3's other laws); 'gaussian': N(0, scale^2)
+        by Box-Muller (gaussian_conditional, and the stream-2 masks of the correction terms)."""
         total = np.zeros(count)
         for v, pk in sorted(peers.items()):
             seed = edge_seed(self.keys, pk, run_id, round_, self.cid, v)
-            d = delta_noise(seed, count, scale) if family == "dn" else scale * gaussians(seed, count, stream)
+            if family == "dn":
+                d = edge_noise(seed, layout, scale) if layout is not None else delta_noise(seed, count, scale)
+            else:
+                d = scale * gaussians(seed, count, stream)
             total += d if self.cid < v else -d
         return total
 
-    def eta(self, count: int, scale: float, family: str = "dn") -> np.ndarray:
+    def eta(self, count: int, scale: float, family: str = "dn", layout: NoiseLayout | None = None) -> np.ndarray:
         """η_k entries ~ DN(scale, 1) (or N(0, scale^2) for gaussian_conditional), scale = S σ_η, from the private
-        generator."""
-        if family == "dn":
-            return self.rng.uniform(-math.sqrt(2) * scale, math.sqrt(2) * scale, count)
-        return self.rng.normal(0.0, scale, count)
+        generator; with a `layout`, §7.3's laws for biases."""
+        if family != "dn":
+            return self.rng.normal(0.0, scale, count)
+        out = self.rng.uniform(-math.sqrt(2) * scale, math.sqrt(2) * scale, count)
+        if layout is not None and len(layout.x2):
+            out[layout.x2] *= dn_star_abs(2, len(layout.x2), self.rng).numpy()
+        if layout is not None and len(layout.gauss):
+            out[layout.gauss] = self.rng.normal(0.0, scale, len(layout.gauss))
+        return out

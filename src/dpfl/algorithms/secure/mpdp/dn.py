@@ -51,6 +51,23 @@ def dn_star_abs(m: int, shape: int | tuple[int, ...], gen: np.random.Generator, 
     return torch.from_numpy(np.exp(out)).reshape(shape)
 
 
+def dn_star_abs_from_uniforms(m: int, u: np.ndarray, lmax: int) -> np.ndarray:
+    """|DN*(m)| from uniforms u of shape [count, lmax + 2]: Gamma(1/m) quantiles (scipy's gammaincinv) for the series
+    and a Box-Muller normal from the last two for the tail term. Used where both ends of an edge must draw the same
+    factor from a shared stream (spec §7.3)."""
+    from scipy.special import gammaincinv
+
+    if u.ndim != 2 or u.shape[1] != lmax + 2:
+        raise ValueError(f"need uniforms of shape [count, {lmax + 2}], got {u.shape}")
+    ell = np.arange(1, lmax + 1, dtype=np.float64)
+    g = gammaincinv(1.0 / m, u[:, :lmax])
+    log = np.log1p(1.0 / ell).sum() / (2 * m) - g @ (1.0 / (2 * ell + 1))
+    z = np.sqrt(-2 * np.log(u[:, lmax])) * np.cos(2 * np.pi * u[:, lmax + 1])
+    mu_t = (digamma(lmax + 1.5) - math.log(lmax + 1)) / (2 * m)
+    v_t = polygamma(1, lmax + 1.5) / (4 * m)
+    return np.exp(log + mu_t + math.sqrt(v_t) * z)
+
+
 def dn(sigma: float, n: int, shape: int | tuple[int, ...], gen: np.random.Generator) -> torch.Tensor:
     """Signed DN(σ, n) samples; n = 1 is exactly Uniform(-√2 σ, √2 σ) (exp(-Exp(1)) ~ U(0, 1))."""
     if not sigma > 0 or n < 1:
