@@ -23,6 +23,8 @@ from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, perturbed_round
 from dpfl.algorithms.secure.mpdp.ddp import MissingPeersError
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, round_generator
 from dpfl.algorithms.secure.mpdp.privacy import NOMINAL_LABEL, composed, min_sigma_delta, solve_sigma_eta
+from dpfl.algorithms.secure.mpdp.views import ClientView
+from dpfl.attacks.demask import demask
 from dpfl.data import load_dataset
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
@@ -173,6 +175,13 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
     discarded = 0
     audits: list[dict[str, Any]] = []
     reduced: list[int] = []
+    last: list[ClientPayload] = []
+
+    def broadcast(payload: ClientPayload, true_weights: list[torch.Tensor]) -> None:
+        last[:] = [payload]
+        if on_broadcast is not None:
+            on_broadcast(payload, true_weights)
+
     t_start = time.perf_counter()
     for r in range(cfg.rounds):
         batch = {k: batches.get(k, r) for k in range(cfg.clients)}
@@ -184,7 +193,7 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
                                                  if cfg.reproducible_secrets else None)
                     seeds = {k: derive_seed(cfg.seed, Purpose.NOISE, r, k, attempt) for k in batch}
                     gone = drop(r, attempt) if drop is not None else simulated_dropouts(cfg, r, attempt)
-                    out = perturbed_round(weights, plan, batch, settings, r, secret_gen, seeds, gone, on_broadcast)
+                    out = perturbed_round(weights, plan, batch, settings, r, secret_gen, seeds, gone, broadcast)
                 else:
                     out = plain_round(weights, batch, settings, noise_gen, plan)
                 break
@@ -234,8 +243,22 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
         per_client = [composed(cfg.epsilon, cfg.delta, p) for p in participations]
         privacy["per_client"] = [{"client": k, **c} for k, c in enumerate(per_client)]
         privacy["composed_epsilon_max"] = max(c["composed"]["epsilon"] for c in per_client)
+    if last:
+        privacy["model_hiding"] = demasking_report(ClientView(last[0]), arrays)
     summary = summarize(cfg, method, history, privacy, time.perf_counter() - t_start)
     return MPDPResult(method, history, privacy, summary, weights)
+
+
+def demasking_report(view: ClientView, arrays: FederatedArrays) -> dict[str, Any]:
+    """W3 measured: client 0 demasks the last model it received with its own one-hot labels (attacks.demask);
+    accuracies on the test set of the perturbed outputs as received, and of the demasked network."""
+    x0, y0 = arrays.shards[0]
+    attack = demask(view, x0, y0)
+    y_hat, _ = view.outputs(arrays.x_test)
+    return {"attack": "adaptive demasking by client 0 (folded transitional layers, least-squares mask from its "
+                      "one-hot labels) of the last model it received",
+            "perturbed_accuracy": float((y_hat.argmax(1) == arrays.y_test).double().mean()),
+            "demasked_accuracy": float((attack.predict(arrays.x_test, view).argmax(1) == arrays.y_test).double().mean())}
 
 
 def summarize(cfg: MPDPConfig, method: str, history: list[dict[str, Any]], privacy: dict[str, Any],
@@ -251,4 +274,6 @@ def summarize(cfg: MPDPConfig, method: str, history: list[dict[str, Any]], priva
             "server_seconds": per_round(server_keys), "client_seconds": per_round(client_keys) / cfg.clients,
             "upload_bytes": final["upload_bytes"], "violation_rate": privacy.get("violation_rate"),
             "epsilon_composed": privacy.get("composed_epsilon_max", privacy.get("epsilon_total")),
+            "demasked_accuracy": privacy.get("model_hiding", {}).get("demasked_accuracy"),
+            "perturbed_accuracy": privacy.get("model_hiding", {}).get("perturbed_accuracy"),
             "epsilon_label": privacy.get("label", privacy.get("guarantee")), "rounds": rounds, "seconds": seconds}

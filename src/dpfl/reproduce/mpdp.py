@@ -20,7 +20,8 @@ OUT/results.csv: setting, method, seed, epsilon (nominal per round; empty for fe
 model on the test set), round_seconds, server_seconds (per round), client_seconds (per client per round),
 upload_bytes (per client per round), violation_rate (share of client-rounds whose noise-free recovered gradient
 exceeded S), epsilon_composed (per client over the run: nominal composition for mpdp*, dpfl's accountant for
-mp_cdp), status, run_dir. Every run directory has metrics.jsonl, privacy.json and summary.json (written last: a
+mp_cdp), perturbed_accuracy and demasked_accuracy (mpdp*: the last model client 0 received, as received and after
+it demasked it with its own labels, spec §10 W3), status, run_dir. Every run directory has metrics.jsonl, privacy.json and summary.json (written last: a
 re-run skips finished runs).
 """
 
@@ -43,7 +44,8 @@ from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
-           "upload_bytes", "violation_rate", "epsilon_composed", "status", "run_dir"]
+           "upload_bytes", "violation_rate", "epsilon_composed", "perturbed_accuracy", "demasked_accuracy", "status",
+           "run_dir"]
 SCALES = {
     "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_cnn.yaml", (3.0, 300.0)),
                                    ("ci_digits_k100.yaml", (3.0,)), ("ci_fmnist_mlp.yaml", (3.0,)))},
@@ -165,10 +167,12 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str]
                          f"{rs[0]['upload_bytes']:,}",
                          _fmt(rs[0]["violation_rate"], ".3f") if rs[0]["violation_rate"] is not None else "n/a",
                          _fmt(max(r["epsilon_composed"] for r in rs), ".4g") if rs[0]["epsilon_composed"] is not None
+                         else "n/a",
+                         mean_std([r.get("demasked_accuracy") for r in rs]) if rs[0].get("demasked_accuracy") is not None
                          else "n/a"])
         lines += [f"## {setting}", ""]
         lines += md_table(["method", "seeds", "accuracy", "round s", "server s", "client s", "upload B/client",
-                           "violation rate", "composed ε (max)"], body)
+                           "violation rate", "composed ε (max)", "demasked acc. (W3)"], body)
         lines.append("")
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
