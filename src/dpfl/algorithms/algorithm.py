@@ -76,6 +76,10 @@ class Algorithm:
                     "their own noise shares, see docs/secure.md)")
         if self.central:
             return "anyone who sees the global models (the server is trusted: it sees individual updates)"
+        if secure and getattr(self.upload, "secure_sum", False):
+            return ("the server and anyone who sees the global models: the server sees only secure-aggregation sums "
+                    "of at least t noised uploads, and knows who took part (no amplification by client sampling is "
+                    "claimed; colluding clients can remove their own noise shares, see docs/secure.md)")
         if secure and self.unit is not None:
             return ("the server, as if it saw every individual upload (it sees only their secure-aggregation sum, so "
                     "this guarantee is conservative)")

@@ -480,8 +480,13 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
             raise ConfigError("privacy.per_upload_amplification: needs Poisson client selection "
                               f"(training.selection.kind: poisson), got {selection.kind!r}",
                               "privacy.per_upload_amplification")
+        if cfg.secure_aggregation is not None:  # distributed noise: split over the protocol's threshold t
+            planned = cfg.planned_cohort
+            assert planned is not None  # the schema requires a fixed cohort here
+            cohort = cfg.secure_aggregation.threshold or planned // 2 + 1
         upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier, cohort, upload_scale=scale,
-                                         hidden_sampling=p.per_upload_amplification)
+                                         hidden_sampling=p.per_upload_amplification,
+                                         secure_sum=cfg.secure_aggregation is not None)
     elif p.paper_eta_scaling or p.per_upload_amplification:
         option = "paper_eta_scaling" if p.paper_eta_scaling else "per_upload_amplification"
         raise ConfigError(f"privacy.{option}: applies to mechanism udp only", f"privacy.{option}")

@@ -236,7 +236,7 @@ class FederatedRun:
                                                   self.enforce_budgets),
                       method=self.calibration)
         elif mechanism == "udp":
-            kw = dict(upload_cohort=alg.upload.cohort, hidden_sampling=alg.upload.hidden_sampling)
+            kw = dict(upload_cohort=alg.upload.event_cohort, hidden_sampling=alg.upload.hidden_sampling)
         elif mechanism == "param_noise":
             kw = dict(noisy=alg.upload.accounting)
         return PlannedRun(mechanism, list(self.budgets), self.rounds, accountant=self.accountant, selection=sel.kind,

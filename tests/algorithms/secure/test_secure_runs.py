@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dp_accounting import SelfComposedDpEvent
+from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.client.program import sgd
@@ -79,28 +79,45 @@ def test_distributed_noise_sums_to_at_least_the_central_noise():
         assert survivors / t >= 1  # never less than the central noise
 
 
-def test_distributed_run_spends_exactly_what_central_spends_and_says_who_it_protects_against():
+def test_distributed_run_with_everyone_spends_exactly_what_central_spends_and_says_who_it_protects_against():
     data = toy_federation(n_clients=6)
-    sel = Selection("fixed", k=4)
+    sel = Selection("all")
     results = []
     for aggregator in (CentralDPFedAvg(0.5, 1.5), DistributedDPFedAvg(0.5, 1.5, protocol=SecureAggregation(dropout=0.25))):
         alg = Algorithm("dp_fedavg_central", sgd(0.1, steps=3), sel, FullUpdate(), aggregator)
         results.append(FederatedRun(data, linear_model(), alg, rounds=3, batch_sizes=10,
                                     budgets=ClientBudget(100.0, 1e-5)).run())
     central, distributed = results
-    expected = epsilon(SelfComposedDpEvent(sel.client_level_event(1.5, 6), 3), 1e-5)
+    expected = epsilon(SelfComposedDpEvent(sel.client_level_event(1.5, 6), 3), 1e-5)  # plain Gaussian, no sampling
     assert distributed.spent() == pytest.approx(central.spent())
     assert list(central.spent().values()) == pytest.approx([expected] * 6, rel=1e-9)
     assert "server included" in distributed.privacy["observer"] and "trusted" in central.privacy["observer"]
     assert "UNACCOUNTED" in distributed.privacy["secure_aggregation"]["discretisation"]
-    assert all(row["secagg_included"] == 3 and row["secagg_dropped"] == 1 for row in distributed.history)
+    assert all(row["secagg_included"] == 5 and row["secagg_dropped"] == 1 for row in distributed.history)
+
+
+def test_udp_with_secure_aggregation_charges_each_participation_the_gaussian_of_the_sum():
+    from dpfl.algorithms.client.udp import ClippedNoisyUpdate
+
+    data = toy_federation(n_clients=6)
+    sel = Selection("fixed", k=4)
+    t, sigma = 3, 1.2
+    alg = Algorithm("udp_fedavg", sgd(0.1, steps=3), sel, ClippedNoisyUpdate(0.5, sigma, cohort=t, secure_sum=True),
+                    SecureFedAvg(SecureAggregation(threshold=t)))
+    result = FederatedRun(data, linear_model(), alg, rounds=4, batch_sizes=10, budgets=ClientBudget(100.0, 1e-5)).run()
+    parts = {c: sum(c in row["selected"] for row in result.history) for c in range(6)}
+    for c, p in parts.items():  # one Gaussian at sigma per participation: no amplification against the server
+        want = epsilon(SelfComposedDpEvent(GaussianDpEvent(sigma), p), 1e-5) if p else 0.0
+        assert result.spent()[c] == pytest.approx(want, rel=1e-9)
+    assert "knows who took part" in result.privacy["observer"]
+    assert alg.upload.upload_multiplier == pytest.approx(sigma / math.sqrt(t))  # each share; >= t shares per sum
 
 
 def _cfg(**over):
     cfg = {"data": {"dataset": "digits", "clients": 10}, "model": {"name": "logr"},
            "algorithm": {"name": "dp_fedavg_central"},
            "training": {"rounds": 2, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.1},
-                        "selection": {"kind": "fixed", "k": 6}},
+                        "selection": {"kind": "all"}},
            "privacy": {"clip": 1.0, "budgets": 4.0},
            "secure_aggregation": {}}
     for path, value in over.items():
@@ -114,11 +131,16 @@ def _cfg(**over):
 
 @pytest.mark.parametrize("over,where", [
     ({"training.selection": {"kind": "poisson", "rate": 0.5}}, "training.selection.kind"),
-    ({"secure_aggregation.threshold": 3}, "secure_aggregation.threshold"),
-    ({"secure_aggregation.threshold": 7}, "secure_aggregation.threshold"),
+    ({"training.selection": {"kind": "fixed", "k": 6}}, "training.selection.kind"),  # central: amplification
+    ({"secure_aggregation.threshold": 5}, "secure_aggregation.threshold"),
+    ({"secure_aggregation.threshold": 11}, "secure_aggregation.threshold"),
     ({"secure_aggregation.dropout": 0.5}, "secure_aggregation.dropout"),
     ({"algorithm": {"name": "pfa"}, "privacy": {"budgets": 4.0, "clip": 1.0}}, "secure_aggregation"),
-    ({"training.selection": {"kind": "fixed", "k": 1}}, "training.selection.k"),
+    ({"algorithm": {"name": "udp_fedavg"}, "training.selection": {"kind": "fixed", "k": 1}}, "training.selection.k"),
+    ({"algorithm": {"name": "udp_fedavg"}, "training.selection": {"kind": "poisson", "rate": 0.5}},
+     "training.selection.kind"),
+    ({"algorithm": {"name": "udp_fedavg"}, "training.selection": {"kind": "poisson", "rate": 0.5},
+      "privacy.per_upload_amplification": True}, "privacy.per_upload_amplification"),
 ])
 def test_secure_aggregation_config_errors_name_the_field(over, where):
     with pytest.raises(ConfigError) as err:

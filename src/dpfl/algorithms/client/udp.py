@@ -33,6 +33,9 @@ class ClippedNoisyUpdate:
     `per_upload_amplification`) charges every client every round one upload amplified by the client sampling
     (`round_event`) instead of charging participations: valid ONLY if the server cannot tell who took part.
     `noise_multiplier` None: calibrated from the clients' budgets when the run starts (`mechanism` 'udp').
+    `secure_sum`: distributed noise under secure aggregation; `cohort` is then the protocol's threshold t, so
+    every sum the server can see holds at least t noise shares, i.e. noise >= σC, and one participation costs
+    the Gaussian mechanism at σ (no amplification by client sampling: the server knows who took part).
     """
 
     clip: float
@@ -42,6 +45,7 @@ class ClippedNoisyUpdate:
     accounted: bool = True
     upload_scale: float = 1.0
     hidden_sampling: bool = False
+    secure_sum: bool = False  # uploads go through secure aggregation: the server sees only sums of >= `cohort`
     mechanism = "udp"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
 
     def __post_init__(self) -> None:
@@ -79,11 +83,23 @@ class ClippedNoisyUpdate:
         return P.unflatten(flat, deltas)
 
     def event(self, client: int, round_: int, cohort: int) -> DpEvent | None:
-        """One upload seen by the server: the Gaussian mechanism at σ/√K, no amplification.
+        """One upload seen by the server: the Gaussian mechanism at σ/√K, no amplification; with `secure_sum` the
+        server sees only the sum, whose noise is at least σC: the Gaussian mechanism at σ.
 
         None with `hidden_sampling`: `round_event` charges every client every round instead.
         """
-        return None if self.hidden_sampling else gaussian_event(self.upload_multiplier)
+        if self.hidden_sampling:
+            return None
+        if self.secure_sum:
+            if self.noise_multiplier is None:
+                raise ValueError("the upload noise multiplier is not calibrated yet (run it through FederatedRun)")
+            return gaussian_event(self.noise_multiplier)
+        return gaussian_event(self.upload_multiplier)
+
+    @property
+    def event_cohort(self) -> float:
+        """The K of the per-participation event σ/√K (1 under secure aggregation: the sum carries σ)."""
+        return 1.0 if self.secure_sum else self.cohort
 
     def round_event(self, selection: Selection, population: int) -> DpEvent | None:
         """With `hidden_sampling`: one round's cost to every client, σ/√K amplified by the client sampling."""
@@ -101,6 +117,9 @@ class ClippedNoisyUpdate:
     def describe(self) -> str:
         split = f" split over K = {self.cohort:g} uploads (σ/√K = {self.upload_multiplier:.4g} per upload)" \
             if self.cohort != 1 else ""
+        if self.secure_sum:
+            split = (f" shared out as distributed noise: each upload carries σC/√t with t = {self.cohort:g}, the "
+                     f"secure-aggregation threshold, so every revealed sum carries at least σC")
         scaled = f", the sum scaled by {self.upload_scale:g} (paper_eta_scaling)" if self.upload_scale != 1.0 else ""
         return (f"update clipped to {self.clip} + Gaussian noise (multiplier {self.noise_multiplier}{split}) on "
                 f"upload{scaled}")

@@ -224,10 +224,17 @@ class RunConfig(_Section):
         if alg.params.get("weighting", "uniform") not in ("uniform", "samples"):
             _fail("algorithm.params.weighting", "secure aggregation weights uniformly or by record count",
                   alg.params["weighting"], "uniform | samples")
-        if self.privacy.mechanism == "central" and sel.kind == "poisson":
-            _fail("training.selection.kind", "distributed noise (dp_fedavg_central with secure aggregation) needs a "
-                  "fixed cohort: every revealed sum must have at least t noise shares, and an aborted round would "
-                  "reveal the size of a Poisson cohort", sel.kind, "all | fixed")
+        if self.privacy.mechanism == "central" and sel.kind != "all":
+            _fail("training.selection.kind", "dp_fedavg_central with secure aggregation (distributed noise) accounts "
+                  "the central event, whose amplification by client sampling does not hold against a server that "
+                  "runs the protocol with the selected clients; use selection all, or udp_fedavg with a "
+                  "secure_aggregation section (charged per participation)", sel.kind, "all")
+        if self.privacy.per_upload_amplification:
+            _fail("privacy.per_upload_amplification", "assumes the server cannot tell who took part, but the "
+                  "secure-aggregation server runs the protocol with them", True, "false")
+        if self.privacy.mechanism == "udp" and sel.kind == "poisson":
+            _fail("training.selection.kind", "distributed noise (udp with secure aggregation) is split over the "
+                  "threshold t of a fixed cohort", sel.kind, "all | fixed")
         cohort = self.planned_cohort
         if cohort is None:
             if s.threshold is not None:
