@@ -483,7 +483,7 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
         if cfg.secure_aggregation is not None:  # distributed noise: split over the protocol's threshold t
             planned = cfg.planned_cohort
             assert planned is not None  # the schema requires a fixed cohort here
-            cohort = cfg.secure_aggregation.threshold or planned // 2 + 1
+            cohort = _secure_protocol(cfg).threshold_for(planned)
         upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier, cohort, upload_scale=scale,
                                          hidden_sampling=p.per_upload_amplification,
                                          secure_sum=cfg.secure_aggregation is not None)
@@ -500,9 +500,13 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
 
 
 def _secure_protocol(cfg: RunConfig) -> SecureAggregation:
+    """The protocol's settings; with a fixed cohort the threshold is fixed for the run (floor(K/2) + 1 by default),
+    so a noise share split over t stays valid even if the cohort shrinks (the protocol then refuses the round)."""
     s = cfg.secure_aggregation
     assert s is not None
-    return SecureAggregation(s.threshold, s.ring_bits, s.frac_bits, s.dropout, s.workers,
+    planned = cfg.planned_cohort
+    threshold = s.threshold if s.threshold is not None else (planned // 2 + 1 if planned is not None else None)
+    return SecureAggregation(threshold, s.ring_bits, s.frac_bits, s.dropout, s.workers,
                              run_id=f"dpfl/{cfg.name}/{cfg.seed}".encode())
 
 

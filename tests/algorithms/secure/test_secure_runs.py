@@ -180,3 +180,13 @@ def test_noisy_fedavg_with_real_secure_aggregation_matches_the_simulated_aggrega
                                                             "privacy.secure_aggregation=false"])
     with pytest.raises(ConfigError, match="secure_aggregation.dropout"):
         load_config(NOISY, ["secure_aggregation={dropout: 0.2}"])
+
+
+def test_the_threshold_is_fixed_for_the_run_and_the_noise_share_uses_it():
+    from dpfl.experiment.build import build_algorithm
+
+    cfg = validate_config(_cfg(**{"algorithm": {"name": "udp_fedavg"}, "privacy": {"clip": 1.0, "budgets": 4.0,
+                                                                                    "noise_multiplier": 2.0}}))
+    alg = build_algorithm(cfg)
+    assert alg.aggregator.protocol.threshold == 6 and alg.upload.cohort == 6 and alg.upload.secure_sum
+    assert alg.upload.upload_multiplier == pytest.approx(2.0 / math.sqrt(6))
