@@ -34,6 +34,7 @@ from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.registry import AGGREGATORS, LOCAL_PROGRAMS
 from dpfl.algorithms.secure.aggregator import DistributedDPFedAvg, SecureAggregation, SecureFedAvg
+from dpfl.algorithms.secure.protocol import default_threshold
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
@@ -439,6 +440,7 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
     loss, names, head_module = _model_facts(cfg, model)
     sel = cfg.training.selection
     selection = Selection(sel.kind, sel.k, sel.rate)
+    protocol = _secure_protocol(cfg) if cfg.secure_aggregation is not None else None
     if name in ("noisy_fedavg", "noisy_fedprox"):
         return _noisy(cfg, params, loss, selection)
     if name in SPLITTING_ALGORITHMS or getattr(params, "splitting", False):
@@ -451,8 +453,8 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
         local, personal = _centaur(cfg, loss, params.head_epochs, private=mech == "dpsgd", names=names,
                                    head_module=head_module)
     if name == "dp_fedavg_central":  # the server's noise: given, or calibrated by FederatedRun from the budgets
-        central: Any = CentralDPFedAvg(p.clip, p.noise_multiplier, params.server_lr) if cfg.secure_aggregation is None \
-            else DistributedDPFedAvg(p.clip, p.noise_multiplier, params.server_lr, protocol=_secure_protocol(cfg))
+        central: Any = CentralDPFedAvg(p.clip, p.noise_multiplier, params.server_lr) if protocol is None \
+            else DistributedDPFedAvg(p.clip, p.noise_multiplier, params.server_lr, protocol=protocol)
         return Algorithm(name, local, selection, FullUpdate(), central)
     if name == "oracle":
         aggregator: Any = OracleAverage(params.server_lr)
@@ -480,13 +482,12 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
             raise ConfigError("privacy.per_upload_amplification: needs Poisson client selection "
                               f"(training.selection.kind: poisson), got {selection.kind!r}",
                               "privacy.per_upload_amplification")
-        if cfg.secure_aggregation is not None:  # distributed noise: split over the protocol's threshold t
+        if protocol is not None:  # distributed noise: split over the protocol's threshold t
             planned = cfg.planned_cohort
             assert planned is not None  # the schema requires a fixed cohort here
-            cohort = _secure_protocol(cfg).threshold_for(planned)
+            cohort = protocol.threshold_for(planned)
         upload: Any = ClippedNoisyUpdate(p.clip, p.noise_multiplier, cohort, upload_scale=scale,
-                                         hidden_sampling=p.per_upload_amplification,
-                                         secure_sum=cfg.secure_aggregation is not None)
+                                         hidden_sampling=p.per_upload_amplification, secure_sum=protocol is not None)
     elif p.paper_eta_scaling or p.per_upload_amplification:
         option = "paper_eta_scaling" if p.paper_eta_scaling else "per_upload_amplification"
         raise ConfigError(f"privacy.{option}: applies to mechanism udp only", f"privacy.{option}")
@@ -494,8 +495,8 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
         upload = FullUpdate()
     if cfg.algorithm.aggregator is not None:  # the schema allows it only where aggregation is post-processing
         aggregator = _registered_aggregator(cfg)
-    if cfg.secure_aggregation is not None:  # the schema allows it only with plain FedAvg aggregation
-        aggregator = SecureFedAvg(_secure_protocol(cfg), aggregator.weighting, aggregator.server_lr)
+    if protocol is not None:  # the schema allows it only with plain FedAvg aggregation
+        aggregator = SecureFedAvg(protocol, aggregator.weighting, aggregator.server_lr)
     return Algorithm(name, local, selection, upload, aggregator, personal)
 
 
@@ -505,7 +506,7 @@ def _secure_protocol(cfg: RunConfig) -> SecureAggregation:
     s = cfg.secure_aggregation
     assert s is not None
     planned = cfg.planned_cohort
-    threshold = s.threshold if s.threshold is not None else (planned // 2 + 1 if planned is not None else None)
+    threshold = s.threshold if s.threshold is not None else (default_threshold(planned) if planned is not None else None)
     return SecureAggregation(threshold, s.ring_bits, s.frac_bits, s.dropout, s.workers,
                              run_id=f"dpfl/{cfg.name}/{cfg.seed}".encode())
 

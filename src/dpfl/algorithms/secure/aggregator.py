@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.algorithms.secure.errors import SecAggConfigError
 from dpfl.algorithms.secure.protocol import SecAggParams, SecAggResult, default_threshold
 from dpfl.algorithms.secure.ring import FixedPointRing
@@ -24,10 +25,7 @@ from dpfl.algorithms.secure.simulate import secure_sum
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
-from dpfl.seeding import Purpose, numpy_generator, torch_generator
-
-DISTRIBUTED_NOISE_OFFSET = 2 << 20  # the clients' noise-share streams, apart from upload and DP-SGD noise
-
+from dpfl.seeding import Purpose, numpy_generator
 
 @dataclass(frozen=True)
 class SecureAggregation:
@@ -87,10 +85,15 @@ class SecureAggregation:
         return secure_sum(rows, params, drop, server_workers=self.workers)
 
 
-def _diagnostics(result: SecAggResult) -> dict[str, Any]:
+def _reveal(protocol: SecureAggregation, rows: dict[int, np.ndarray], seed: int, round_: int,
+            last: dict[str, Any]) -> np.ndarray:
+    """The protocol's revealed sum of `rows`; the round's diagnostics go into `last`."""
+    result = protocol.run(rows, seed, round_)
     server = sum(v for k, v in result.seconds.items() if not k.startswith("client"))
-    return {"secagg_included": len(result.included), "secagg_dropped": len(result.dropped_after_sharing),
-            "secagg_server_seconds": server, "secagg_client_seconds_max": result.seconds.get("client_max", 0.0)}
+    last.clear()
+    last.update(secagg_included=len(result.included), secagg_dropped=len(result.dropped_after_sharing),
+                secagg_server_seconds=server, secagg_client_seconds_max=result.seconds.get("client_max", 0.0))
+    return result.total
 
 
 @dataclass(frozen=True)
@@ -117,10 +120,8 @@ class SecureFedAvg:
         ids = [int(c) for c in view.clients]
         weights = view.n_records.to(torch.float64).numpy() if self.weighting == "samples" else np.ones(len(ids))
         rows = {c: np.append(weights[k] * flat[k], weights[k]) for k, c in enumerate(ids)}
-        result = self.protocol.run(rows, seed, round_)
-        self._last.clear()
-        self._last.update(_diagnostics(result))
-        mean = torch.from_numpy(result.total[:-1] / result.total[-1]).to(torch.float32)
+        total = _reveal(self.protocol, rows, seed, round_, self._last)
+        mean = torch.from_numpy(total[:-1] / total[-1]).to(torch.float32)
         return P.axpy(self.server_lr, P.unflatten(mean, global_params, leading=0), global_params)
 
     def diagnostics(self) -> dict[str, Any]:
@@ -139,27 +140,24 @@ class DistributedDPFedAvg(CentralDPFedAvg):
     _last: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     secure = True
 
+    def clients_stage(self, cohort: int) -> ClippedNoisyUpdate:
+        """What each client does: clip to S and add its share N(0, z^2 S^2 / t), the udp upload stage split over t."""
+        return ClippedNoisyUpdate(self.clip, self.noise_multiplier, cohort=self.protocol.threshold_for(cohort),
+                                  secure_sum=True)
+
     def share_std(self, cohort: int) -> float:
         """The standard deviation of one client's noise share (in parameter units)."""
-        return float(self.noise_multiplier) * self.clip / math.sqrt(self.protocol.threshold_for(cohort))
+        return self.clients_stage(cohort).upload_multiplier * self.clip
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
                   round_: int) -> P.Params:
         if self.noise_multiplier is None:
             raise ValueError("the clients' noise multiplier is not calibrated yet (run it through FederatedRun)")
-        flat = P.flatten(uploads).to(torch.float64)
         ids = [int(c) for c in view.clients]
-        clipped = flat * (self.clip / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)[:, None]
-        std = self.share_std(len(ids))
-        rows = {}
-        for k, c in enumerate(ids):  # each client's own noise share, from its own stream
-            g = torch_generator(seed, Purpose.NOISE, round_, DISTRIBUTED_NOISE_OFFSET + c)
-            noise = torch.randn(flat.shape[1], generator=g, dtype=torch.float64) * std
-            rows[c] = (clipped[k] + noise).numpy()
-        result = self.protocol.run(rows, seed, round_)
-        self._last.clear()
-        self._last.update(_diagnostics(result), secagg_noise_share_std=std)
-        update = torch.from_numpy(result.total / view.expected_clients).to(torch.float32)
+        shares = P.flatten(self.clients_stage(len(ids)).apply(uploads, ids, seed, round_)).to(torch.float64)
+        total = _reveal(self.protocol, {c: shares[k].numpy() for k, c in enumerate(ids)}, seed, round_, self._last)
+        self._last["secagg_noise_share_std"] = self.share_std(len(ids))
+        update = torch.from_numpy(total / view.expected_clients).to(torch.float32)
         return P.axpy(self.server_lr, P.unflatten(update, global_params, leading=0), global_params)
 
     def diagnostics(self) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from dpfl.algorithms.secure import prg
 from dpfl.algorithms.secure.keys import KeyPair
 from dpfl.algorithms.secure.mpdp.ddp import (
     DDPClient,
-    delta_noise,
+    NoiseLayout,
+    edge_noise,
     edge_seed,
     gaussians,
     neighbours,
@@ -41,7 +42,7 @@ def test_known_answer_fixture():  # T18: fixed keys -> fixed seed -> fixed Δ (p
     seed = edge_seed(k1, k2.public_bytes, b"dpfl", 0, 1, 2)
     w = prg.expand(seed, 1, np.uint64, 1)[0]
     assert uniforms(seed, 1)[0] == ((int(w) >> 11) + 0.5) * 2.0**-53
-    assert delta_noise(seed, 1, 2.0)[0] == pytest.approx(math.sqrt(2) * 2.0 * (2 * uniforms(seed, 1)[0] - 1))
+    assert edge_noise(seed, NoiseLayout.uniform(1), 2.0)[0] == pytest.approx(math.sqrt(2) * 2.0 * (2 * uniforms(seed, 1)[0] - 1))
     assert seed.hex() == edge_seed(k2, k1.public_bytes, b"dpfl", 0, 2, 1).hex()
     # the layout of spec §5.3, rebuilt from the raw primitives
     shared = k1.private.exchange(k2.private.public_key())
@@ -82,7 +83,7 @@ def test_graphs():  # T20
 def test_chacha_delta_times_server_factor_is_gaussian():  # T5 (second half)
     seed = bytes(range(32))
     S, sigma = 1.5, 0.8
-    delta = delta_noise(seed, 50_000, S * sigma)
+    delta = edge_noise(seed, NoiseLayout.uniform(50_000), S * sigma)
     factor = dn_star_abs(1, 50_000, np.random.default_rng(0)).numpy()
     assert kstest(factor * delta / (S * sigma), "norm").pvalue > 1e-3
     z = gaussians(seed, 50_001, 3)

@@ -33,6 +33,7 @@ from dpfl.algorithms.secure.mpdp.recovery import deal_shares, dropped_noise, rec
 from dpfl.algorithms.secure.mpdp.lmt import LMTResult, clip_joint, lmt
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, mp_server, recover
 from dpfl.algorithms.secure.mpdp.update import RunningSums, apply_update
+from dpfl.algorithms.secure.protocol import default_threshold
 
 METHODS = ("mpdp", "mpdp_naive", "mp_cdp", "fedavg")
 CLIP_MODES = ("perturbed_joint", "none", "oracle_true")
@@ -70,6 +71,16 @@ class RoundSettings:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.clip_mode not in CLIP_MODES:
             raise ValueError(f"clip_mode must be one of {CLIP_MODES}, got {self.clip_mode!r}")
+
+    @property
+    def ddp_family(self) -> str:
+        """The law of the DDP noise draws: 'dn' (uniform, spec §5) or 'gaussian' (gaussian_conditional)."""
+        return "dn" if self.noise_family == "dn" else "gaussian"
+
+    @property
+    def mask_std(self) -> float:
+        """The std of the correction masks (mask_corrections)."""
+        return self.sigma_mask if self.sigma_mask is not None else 1e3 * self.S
 
 
 @dataclass
@@ -163,7 +174,7 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
         edges = sample_graph(clients, st.graph, st.n, {k: ddp[k].rng for k in clients})
     adj = neighbours(edges)
     recovering = st.dropout_policy == "secagg_recovery" and bool(edges)
-    threshold = st.recovery_threshold or len(clients) // 2 + 1
+    threshold = st.recovery_threshold or default_threshold(len(clients))
     shares = deal_shares(ddp, threshold, st.run_id, round_) if recovering else {}
     sums = RunningSums()
     d = plan.dim()
@@ -181,17 +192,17 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
         psi, phi = res.psi, res.phi
         peers = {v: ddp[v].public for v in adj.get(k, [])}
         if st.method == "mpdp":
-            family = "dn" if st.noise_family == "dn" else "gaussian"
+            family = st.ddp_family
             noise = ddp[k].eta(d, st.S * st.sigma_eta, family, layout) if st.sigma_eta > 0 else np.zeros(d)
             if peers and not math.isinf(st.sigma_delta):
                 noise = noise + ddp[k].pairwise(peers, d, st.S * st.sigma_delta, st.run_id, round_, family,
                                                 layout=layout)
             if st.mask_corrections and peers:  # the server learns only Σ Ψ_k and Σ Φ_k
-                corr = torch.cat([_flat(psi), _flat(phi)])
-                sigma_m = st.sigma_mask if st.sigma_mask is not None else 1e3 * st.S
-                corr = corr + torch.from_numpy(ddp[k].pairwise(peers, corr.numel(), sigma_m, st.run_id, round_,
+                flat_psi = _flat(psi)
+                corr = torch.cat([flat_psi, _flat(phi)])
+                corr = corr + torch.from_numpy(ddp[k].pairwise(peers, corr.numel(), st.mask_std, st.run_id, round_,
                                                                "gaussian", CORRECTION_MASK_STREAM))
-                psi, phi = _unflat(corr[:_flat(psi).numel()], psi), _unflat(corr[_flat(psi).numel():], phi)
+                psi, phi = _unflat(corr[:flat_psi.numel()], psi), _unflat(corr[flat_psi.numel():], phi)
         else:  # MP-DP-Naive: a true Gaussian on the perturbed gradient
             noise = ddp[k].rng.normal(0.0, st.S * st.sigma_naive, d) if st.sigma_naive > 0 else np.zeros(d)
         upload = _unflat(g + torch.from_numpy(noise), res.grads)
@@ -209,7 +220,7 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
         if edges and affected:
             if not recovering or len(sums.clients) < threshold:
                 raise MissingPeersError(round_, missing, affected)
-            _remove_dropped(sums, sorted(missing), adj, ddp, shares, threshold, st, round_, d, plan)
+            _remove_dropped(sums, sorted(missing), adj, ddp, shares, threshold, st, round_, layout)
             reduced = sorted(missing)
     t0 = time.perf_counter()
     new = apply_update(weights, sums.recovered_mean(sec), st.lr)
@@ -223,23 +234,21 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
 
 def _remove_dropped(sums: RunningSums, missing: list[int], adj: dict[int, list[int]], ddp: Mapping[int, DDPClient],
                     shares: dict[int, dict[int, bytes]], threshold: int, st: RoundSettings, round_: int,
-                    d: int, sums_plan: FactorPlan) -> None:
+                    layout: NoiseLayout) -> None:
     """secagg_recovery: rebuild each dropped client's key from the survivors' shares and remove the Δ (and the
     correction masks) its surviving neighbours added for their edges to it."""
     survivors = {k: ddp[k] for k in sums.clients}
-    family = "dn" if st.noise_family == "dn" else "gaussian"
     assert sums.g is not None and sums.psi is not None and sums.phi is not None
     for m in missing:
         key = recover_key(m, ddp[m].public, survivors, shares, threshold, st.run_id, round_)
         nb = {v: ddp[v].public for v in adj.get(m, []) if v in survivors}
         if not math.isinf(st.sigma_delta):
-            extra = dropped_noise(m, key, nb, d, st.S * st.sigma_delta, family, DELTA_STREAM, st.run_id, round_,
-                                  NoiseLayout.from_plan(sums_plan))
+            extra = dropped_noise(m, key, nb, layout.d, st.S * st.sigma_delta, st.ddp_family, DELTA_STREAM, st.run_id,
+                                  round_, layout)
             sums.g = [g - e for g, e in zip(sums.g, _unflat(torch.from_numpy(extra), sums.g), strict=True)]
         if st.mask_corrections:
             size = _flat(sums.psi).numel()
-            sigma_m = st.sigma_mask if st.sigma_mask is not None else 1e3 * st.S
-            extra = torch.from_numpy(dropped_noise(m, key, nb, size + _flat(sums.phi).numel(), sigma_m, "gaussian",
+            extra = torch.from_numpy(dropped_noise(m, key, nb, size + _flat(sums.phi).numel(), st.mask_std, "gaussian",
                                                    CORRECTION_MASK_STREAM, st.run_id, round_))
             sums.psi = [p - e for p, e in zip(sums.psi, _unflat(extra[:size], sums.psi), strict=True)]
             sums.phi = [p - e for p, e in zip(sums.phi, _unflat(extra[size:], sums.phi), strict=True)]

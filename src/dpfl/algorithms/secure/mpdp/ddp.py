@@ -60,10 +60,7 @@ def edge_noise(seed: bytes, layout: NoiseLayout, scale: float) -> np.ndarray:
     u = uniforms(seed, layout.d + 2 * ((ng + 1) // 2))
     out = math.sqrt(2) * scale * (2 * u[: layout.d] - 1)
     if ng:
-        pairs = u[layout.d:]
-        radius = np.sqrt(-2 * np.log(pairs[0::2]))
-        z = np.concatenate([radius * np.cos(2 * np.pi * pairs[1::2]), radius * np.sin(2 * np.pi * pairs[1::2])])
-        out[layout.gauss] = scale * z[:ng]
+        out[layout.gauss] = scale * _box_muller(u[layout.d:], ng)
     if len(layout.x2):
         out[layout.x2] *= shared_x2(seed, len(layout.x2))
     return out
@@ -117,17 +114,32 @@ def uniforms(seed: bytes, count: int, stream: int = DELTA_STREAM) -> np.ndarray:
     return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
-def delta_noise(seed: bytes, count: int, scale: float) -> np.ndarray:
-    """Δ entries ~ DN(scale, 1) = √2 scale (2u - 1), with scale = S σ_Δ."""
-    return math.sqrt(2) * scale * (2 * uniforms(seed, count) - 1)
+def _box_muller(u: np.ndarray, count: int) -> np.ndarray:
+    """`count` standard normals from 2 ceil(count / 2) uniforms in (0, 1), pairs (u1, u2) in order."""
+    radius = np.sqrt(-2 * np.log(u[0::2]))
+    return np.concatenate([radius * np.cos(2 * np.pi * u[1::2]), radius * np.sin(2 * np.pi * u[1::2])])[:count]
 
 
 def gaussians(seed: bytes, count: int, stream: int) -> np.ndarray:
     """Standard normals by Box-Muller from one stream (two uniforms per pair of normals)."""
-    u = uniforms(seed, 2 * ((count + 1) // 2), stream)
-    u1, u2 = u[0::2], u[1::2]
-    radius = np.sqrt(-2 * np.log(u1))
-    return np.concatenate([radius * np.cos(2 * np.pi * u2), radius * np.sin(2 * np.pi * u2)])[:count] if count else u
+    return _box_muller(uniforms(seed, 2 * ((count + 1) // 2), stream), count)
+
+
+def pairwise_sum(keys: KeyPair, cid: int, peers: Mapping[int, bytes], count: int, scale: float, run_id: bytes,
+                 round_: int, family: str = "dn", stream: int = DELTA_STREAM,
+                 layout: NoiseLayout | None = None) -> np.ndarray:
+    """Σ_v ±Δ_{cid,v} over the neighbours `peers` {v: public key} of the client holding `keys`, + when cid < v.
+    family 'dn': Δ entries ~ DN(scale, 1) (uniform; `layout` says which entries follow §7.3's other laws);
+    'gaussian': N(0, scale^2) by Box-Muller (gaussian_conditional, and the stream-2 masks of the correction terms)."""
+    total = np.zeros(count)
+    for v, pk in sorted(peers.items()):
+        seed = edge_seed(keys, pk, run_id, round_, cid, v)
+        if family == "dn":
+            d = edge_noise(seed, layout if layout is not None else NoiseLayout.uniform(count), scale)
+        else:
+            d = scale * gaussians(seed, count, stream)
+        total += d if cid < v else -d
+    return total
 
 
 class DDPClient:
@@ -144,18 +156,8 @@ class DDPClient:
 
     def pairwise(self, peers: Mapping[int, bytes], count: int, scale: float, run_id: bytes, round_: int,
                  family: str = "dn", stream: int = DELTA_STREAM, layout: NoiseLayout | None = None) -> np.ndarray:
-        """Σ_v ±Δ_{k,v} over this client's neighbours `peers` {v: public key}, + when k < v. family 'dn': Δ entries
-        ~ DN(scale, 1) (uniform; `layout` says which entries follow §7.3's other laws); 'gaussian': N(0, scale^2)
-        by Box-Muller (gaussian_conditional, and the stream-2 masks of the correction terms)."""
-        total = np.zeros(count)
-        for v, pk in sorted(peers.items()):
-            seed = edge_seed(self.keys, pk, run_id, round_, self.cid, v)
-            if family == "dn":
-                d = edge_noise(seed, layout, scale) if layout is not None else delta_noise(seed, count, scale)
-            else:
-                d = scale * gaussians(seed, count, stream)
-            total += d if self.cid < v else -d
-        return total
+        """This client's Σ_v ±Δ_{k,v} (`pairwise_sum` with its own keys)."""
+        return pairwise_sum(self.keys, self.cid, peers, count, scale, run_id, round_, family, stream, layout)
 
     def eta(self, count: int, scale: float, family: str = "dn", layout: NoiseLayout | None = None) -> np.ndarray:
         """η_k entries ~ DN(scale, 1) (or N(0, scale^2) for gaussian_conditional), scale = S σ_η, from the private

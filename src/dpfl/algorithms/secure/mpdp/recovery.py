@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from dpfl.algorithms.secure import shamir
 from dpfl.algorithms.secure.keys import KeyPair, be8, edge_info, round_salt
-from dpfl.algorithms.secure.mpdp.ddp import DDPClient, NoiseLayout, delta_noise, edge_noise, edge_seed, gaussians
+from dpfl.algorithms.secure.mpdp.ddp import DDPClient, NoiseLayout, pairwise_sum
 
 SHARE_INFO = b"dpfl/mpdp/v1/share"
 
@@ -70,13 +70,6 @@ def recover_key(owner: int, owner_public: bytes, holders: Mapping[int, DDPClient
 
 def dropped_noise(owner: int, key: KeyPair, neighbour_publics: Mapping[int, bytes], count: int, scale: float,
                   family: str, stream: int, run_id: bytes, round_: int, layout: NoiseLayout | None = None) -> np.ndarray:
-    """Σ over the owner's surviving neighbours v of what v added for the edge (v, owner): +Δ if v < owner, else -Δ."""
-    total = np.zeros(count)
-    for v, pk in sorted(neighbour_publics.items()):
-        seed = edge_seed(key, pk, run_id, round_, owner, v)
-        if family == "dn":
-            d = edge_noise(seed, layout, scale) if layout is not None else delta_noise(seed, count, scale)
-        else:
-            d = scale * gaussians(seed, count, stream)
-        total += d if v < owner else -d
-    return total
+    """Σ over the owner's surviving neighbours v of what v added for the edge (v, owner): +Δ if v < owner, else -Δ,
+    i.e. minus the owner's own pairwise sum with them."""
+    return -pairwise_sum(key, owner, neighbour_publics, count, scale, run_id, round_, family, stream, layout)
