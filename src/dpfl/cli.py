@@ -104,11 +104,20 @@ def run(
                          "datasets, models, losses, aggregators and local programs it registers can be named in the "
                          "config.")] = None,
 ) -> None:
-    """Run a federated experiment described by a YAML config."""
+    """Run a federated experiment described by a YAML config (an MP-DP config, `scheme: mpdp`, runs its `method`)."""
     from dpfl.experiment.config import load_config
+    from dpfl.experiment.mpdp_directory import is_mpdp_config
     from dpfl.results.outcome import print_outcome
 
     try:
+        if config.is_file() and is_mpdp_config(config):
+            if resume:
+                raise UserError("--resume: MP-DP runs keep no checkpoints (the server's secrets are per round); "
+                                "re-run into a new --out")
+            if import_:
+                raise UserError("--import: MP-DP configs name their data and network directly")
+            _run_mpdp(config, list(set_ or []), out)
+            return
         _import_plugins(import_ or [])
         cfg = load_config(config, list(set_ or []))
         out = out or Path("runs") / cfg.name
@@ -116,6 +125,26 @@ def run(
         print_outcome(out, console, summary)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+def _run_mpdp(config: Path, sets: list[str], out: Optional[Path]) -> None:
+    """An MP-DP run (`dpfl.experiment.mpdp_directory`): flat `--set field=value` overrides, then the outcome."""
+    import yaml
+
+    from dpfl.experiment.mpdp_config import load_mpdp_config
+    from dpfl.experiment.mpdp_directory import execute_mpdp
+    from dpfl.results.mpdp_outcome import print_mpdp_outcome
+
+    overrides: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected field=value")
+        overrides[key.strip()] = yaml.safe_load(value)
+    cfg = load_mpdp_config(config, **overrides)
+    out = out or Path("runs") / cfg.name
+    summary = execute_mpdp(cfg, out, progress=lambda line: errors.print(line, markup=False, highlight=False))
+    print_mpdp_outcome(out, console, summary)
 
 
 @app.command()

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, forward, mp_server
+from dpfl.algorithms.secure.mpdp.residual import norm_free_resnet
 from dpfl.algorithms.secure.mpdp.views import ClientView
 from dpfl.attacks.demask import demask
 
@@ -20,6 +21,8 @@ def _init(plan, seed=0):
     (FactorPlan((6, 8, 5, 3), bias=True), (6,)),
     (FactorPlan.from_module(nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                                           nn.Linear(3 * 4 * 4, 4)), (1, 8, 8)), (1, 8, 8)),
+    (FactorPlan.from_module(norm_free_resnet(1, 6, 4, widths=(3, 4), blocks=1, bias=True), (1, 6, 6),
+                            allow_residual=True), (1, 6, 6)),
 ])
 def test_teacher_targets_recover_the_mask_and_the_true_function(plan, shape):  # T32
     weights = _init(plan)

@@ -32,3 +32,24 @@ def test_reproduce_mpdp_bad_input_is_one_line(tmp_path):
     assert code == 2 and "--scale must be" in err
     code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", tmp_path, "--methods", "magic")
     assert code == 2 and "unknown method" in err
+
+
+def test_full_scale_runs_the_cifar_configs_when_the_files_exist(tmp_path, monkeypatch):
+    """With (fake, tiny) CIFAR-10 files the full scale's CIFAR-10 settings become jobs with dpfl's norm-free
+    tied-residual ResNet20 and run; CIFAR-100 (absent) and BreakHis (no loader) are listed as skipped."""
+    from data.fakes import write_cifar10
+
+    from dpfl.reproduce.mpdp import jobs, run_job
+
+    write_cifar10(tmp_path / "data" / "cifar10" / "cifar-10-batches-py", per_batch=20, n_test=6)
+    monkeypatch.setenv("DPFL_DATA", str(tmp_path / "data"))
+    todo, skipped = jobs("full", seeds=1, methods=["mpdp"], rounds=1)
+    assert {j.setting for j in todo} == {f"{name}-eps{e}" for name in ("full_c10_k5", "full_c10_k100_verified",
+                                                                       "full_c10_k100_paper") for e in (1, 3)}
+    assert set(skipped) == {"full_c100_k5", "full_breakhis_k5"} and "not found locally" in skipped["full_c100_k5"]
+    job = next(j for j in todo if j.setting == "full_c10_k5-eps1")
+    assert job.config.model == "resnet" and job.config.blocks == 3
+    row = run_job(job, tmp_path / "out")
+    assert row["status"] == "ok", row
+    paper = next(j for j in todo if j.setting == "full_c10_k100_paper-eps3")
+    assert paper.config.mode == "unverified"

@@ -21,9 +21,10 @@ from dpfl.algorithms.secure.mpdp.views import ClientView
 class Demasked:
     r_hat: torch.Tensor
     params: list[torch.Tensor]  # an ordinary network for the view's plan (no transitional layers)
+    shortcuts: tuple[torch.Tensor, ...] = ()  # its residual shortcuts' diagonals (not identities: W3 folding)
 
     def predict(self, x: torch.Tensor, view: ClientView) -> torch.Tensor:
-        out, _ = forward(self.params, None, x.to(torch.float64), view.plan)
+        out, _ = forward(self.params, None, x.to(torch.float64), view.plan, self.shortcuts or None)
         return out
 
 
@@ -43,4 +44,4 @@ def demask(view: ClientView, x: torch.Tensor, targets: torch.Tensor) -> Demasked
     params[w] = params[w] - r_hat[:, None] * view.alpha_weights()[None, :]
     if len(last) == 2:  # α carries +1 for the last bias
         params[last[1]] = params[last[1]] - r_hat
-    return Demasked(r_hat, params)
+    return Demasked(r_hat, params, view.folded_shortcuts())

@@ -9,32 +9,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from dpfl.experiment.config.base import _Section
-from dpfl.experiment.config.errors import _fail
+from dpfl.experiment.config.errors import _config_error, _fail
+from dpfl.experiment.config.loading import read_config_mapping
 
 
 class MPDPConfig(_Section):
-    """dataset: digits or fashion_mnist (in [0, 1]). model: mlp (ReLU MLP with `hidden` widths, on flattened inputs)
-    or cnn (conv(8)-maxpool-conv(16)-linear, spec §11's ci_digits_cnn); bias: with biases (spec §7.3).
+    """dataset: digits, fashion_mnist, cifar10 or cifar100 (in [0, 1]; file-backed sets are read from local files
+    only, never downloaded). model: mlp (ReLU MLP with `hidden` widths, on flattened inputs), cnn
+    (conv(8)-maxpool-conv(16)-linear, spec §11's ci_digits_cnn) or resnet (a norm-free ResNet of tied residual blocks,
+    `widths` per stage and `blocks` per stage: EXPERIMENTAL, spec §7.4); bias: with biases (spec §7.3).
     clients N, all taking part every round (rho = 1, IID equal shards); FedSGD: one gradient per client per round
     on a batch drawn without replacement from its shard. epsilon: the per-round NOMINAL target of Theorems 10/11
     (graph complete or n_out with n; mode unverified stamps a run outside Theorem 11). sigma_delta_factor: σ_Δ as a
     multiple of its admissible minimum. clip B; sensitivity S = B (add_remove) or 2B (replace).
     dropout: the share of clients that (simulated, seeded) leave each round after key agreement. dropout_policy abort
-    (the round is discarded and re-run with fresh secrets) or secagg_recovery (the survivors' Shamir shares of the
-    dropped clients' keys let the server remove their Δ: the round is flagged "reduced protection").
+    (the round is discarded and re-run with fresh secrets; refused with dropout > 0, where every re-run would lose
+    clients again) or secagg_recovery (the survivors' Shamir shares of the dropped clients' keys let the server
+    remove their Δ: the round is flagged "reduced protection").
     mask_corrections: pairwise zero-sum masks (std 1e3 S) on Ψ_k, Φ_k so the server learns only their sums (W2).
-    noise_family gaussian_conditional: Gaussian η and Δ in perturbed coordinates, audited per round (W1)."""
+    noise_family gaussian_conditional: Gaussian η and Δ in perturbed coordinates, audited per round (W1).
+    method: what `dpfl run` runs (MP-DP, MP-DP-Naive, MP-CDP or FedSGD-FedAvg; `dpfl reproduce mpdp` runs them all)."""
 
+    scheme: Literal["mpdp"] = "mpdp"  # marks the YAML as an MP-DP config for `dpfl run`
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     seed: int = Field(0, ge=0)
-    dataset: Literal["digits", "fashion_mnist"] = "digits"
+    dataset: Literal["digits", "fashion_mnist", "cifar10", "cifar100"] = "digits"
     train_per_client: int | None = Field(None, ge=1)
-    model: Literal["mlp", "cnn"] = "mlp"
+    model: Literal["mlp", "cnn", "resnet"] = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [64, 32], min_length=1)
+    widths: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1)
+    blocks: int = Field(3, ge=1)
     bias: bool = False
     clients: int = Field(5, ge=2)
     rounds: int = Field(30, ge=1, le=100_000)
@@ -54,8 +61,7 @@ class MPDPConfig(_Section):
     dropout: float = Field(0.0, ge=0, lt=1)
     mask_corrections: bool = False
     noise_family: Literal["dn", "gaussian_conditional"] = "dn"
-    methods: list[Literal["mpdp", "mpdp_naive", "mp_cdp", "fedavg"]] = Field(
-        default_factory=lambda: ["mpdp", "mpdp_naive", "mp_cdp", "fedavg"], min_length=1)
+    method: Literal["mpdp", "mpdp_naive", "mp_cdp", "fedavg"] = "mpdp"  # what `dpfl run` runs
     reproducible_secrets: bool = True  # simulation: the server's factors from the run seed (deployment refuses it)
     eval_every: int = Field(5, ge=1)
 
@@ -71,6 +77,10 @@ class MPDPConfig(_Section):
         if self.dropout and int(self.dropout * self.clients) == 0:
             _fail("dropout", f"drops no client of {self.clients} per round", self.dropout,
                   f"0, or at least {1 / self.clients:.4g}")
+        if self.dropout and self.dropout_policy == "abort":  # every attempt would lose clients again
+            _fail("dropout", "with dropout_policy abort every re-run of a round loses floor(dropout x clients) "
+                  "clients again, so the run could never finish", self.dropout,
+                  "0, or dropout_policy secagg_recovery")
         return self
 
     @property
@@ -79,8 +89,9 @@ class MPDPConfig(_Section):
 
 
 def load_mpdp_config(path: str | Path, **overrides: object) -> MPDPConfig:
-    data = yaml.safe_load(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: an MP-DP config is a mapping of fields")
+    data = dict(read_config_mapping(path))
     data.update(overrides)
-    return MPDPConfig.model_validate(data)
+    try:
+        return MPDPConfig.model_validate(data)
+    except ValidationError as exc:  # one line, naming the field, as for every dpfl config
+        raise _config_error(exc, MPDPConfig) from None

@@ -1,8 +1,8 @@
 """The round loop of MP-DP and its baselines (spec bidirectional.md §6, §8, §9, §11), in float64.
 
 Every method runs on the same IID shards, the same initial model, the same per-round batches and the same number
-of FedSGD rounds. The model is a bias-free ReLU MLP trained with MSE on one-hot targets (the loss MP-DP's recovery
-is exact for). Privacy: MP-DP and MP-DP-Naive report NOMINAL per-round guarantees and their per-client composition
+of FedSGD rounds. The model (an MLP, a CNN or a norm-free tied-residual ResNet) is trained with MSE on one-hot
+targets (the loss MP-DP's recovery is exact for). Privacy: MP-DP and MP-DP-Naive report NOMINAL per-round guarantees and their per-client composition
 (never entered in dpfl's accountant: spec §8.6); MP-CDP's Gaussian rounds go through dpfl's RDP accountant.
 """
 
@@ -23,9 +23,11 @@ from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, perturbed_round
 from dpfl.algorithms.secure.mpdp.ddp import MissingPeersError
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, round_generator
 from dpfl.algorithms.secure.mpdp.privacy import NOMINAL_LABEL, composed, min_sigma_delta, solve_sigma_eta
+from dpfl.algorithms.secure.mpdp.residual import norm_free_resnet
 from dpfl.algorithms.secure.mpdp.views import ClientView
 from dpfl.attacks.demask import demask
 from dpfl.data import load_dataset
+from dpfl.data.catalog import FILE_BACKED
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
 from dpfl.privacy.analytic_gaussian import analytic_gaussian_sigma
@@ -52,9 +54,10 @@ class FederatedArrays:
 
 
 def federated_arrays(cfg: MPDPConfig) -> FederatedArrays:
-    """IID equal shards of the training set (seeded; flattened for the MLP); `train_per_client` caps each shard."""
-    data = load_dataset(cfg.dataset)
-    keep = (lambda t: t.to(torch.float64)) if cfg.model == "cnn" else (lambda t: t.reshape(t.shape[0], -1).to(torch.float64))  # noqa: E731
+    """IID equal shards of the training set (seeded; flattened for the MLP); `train_per_client` caps each shard.
+    File-backed datasets are read from local files only (spec §11: loaders never download)."""
+    data = load_dataset(cfg.dataset, **({"download": False} if cfg.dataset in FILE_BACKED else {}))
+    keep = (lambda t: t.reshape(t.shape[0], -1).to(torch.float64)) if cfg.model == "mlp" else (lambda t: t.to(torch.float64))  # noqa: E731
     x = keep(data.x_train)
     y = torch.nn.functional.one_hot(data.y_train.long(), data.n_classes).to(torch.float64)
     order = numpy_generator(cfg.seed, Purpose.PARTITION).permutation(len(x))
@@ -70,23 +73,36 @@ LAST_LAYER_SCALE = 0.1  # outputs start near 0 under MSE: FedSGD on digits reach
 
 def initial_weights(plan: FactorPlan, seed: int) -> list[torch.Tensor]:
     """He-normal weights and zero biases, the last layer's weight scaled by LAST_LAYER_SCALE; the same for every
-    method of a seed."""
+    method of a seed. Without normalisation a residual network needs Fixup's initialisation (Zhang et al., arXiv
+    1901.09321, with two layers per branch): each block's last layer starts at zero and its other layers are scaled
+    by (number of blocks)^(-1/2), so the network starts as its chain of shortcuts."""
     g = torch_generator(seed, Purpose.INIT)
+    ends = {sk.target for sk in plan.skips}
+    inside = {layer for sk in plan.skips for layer in range(sk.source + 1, sk.target)}
     out = []
     for (layer, kind), shape in zip(plan.params(), plan.shapes(), strict=True):
         if kind == "bias":
             out.append(torch.zeros(shape, dtype=torch.float64))
             continue
         w = torch.randn(shape, generator=g, dtype=torch.float64) * math.sqrt(2.0 / math.prod(shape[1:]))
-        out.append(w * LAST_LAYER_SCALE if layer == plan.layers - 1 else w)
+        if layer == plan.layers - 1:
+            w = w * LAST_LAYER_SCALE
+        elif layer in ends:
+            w = torch.zeros_like(w)
+        elif layer in inside:
+            w = w / math.sqrt(len(plan.skips))
+        out.append(w)
     return out
 
 
 def model_plan(cfg: MPDPConfig, input_shape: tuple[int, ...], n_classes: int) -> FactorPlan:
-    """The config's network as a FactorPlan: the MLP of `hidden`, or spec §11's digits CNN."""
+    """The config's network as a FactorPlan: the MLP of `hidden`, spec §11's digits CNN, or a norm-free ResNet."""
     if cfg.model == "mlp":
         return FactorPlan((math.prod(input_shape), *cfg.hidden, n_classes), bias=cfg.bias)
     c, h, w = input_shape
+    if cfg.model == "resnet":  # the config's choice of model is the opt-in to the experimental tied residuals
+        net = norm_free_resnet(c, h, n_classes, tuple(cfg.widths), cfg.blocks, cfg.bias)
+        return FactorPlan.from_module(net, input_shape, allow_residual=True)
     net = nn.Sequential(nn.Conv2d(c, 8, 3, padding=1, bias=cfg.bias), nn.ReLU(), nn.MaxPool2d(2),
                         nn.Conv2d(8, 16, 3, padding=1, bias=cfg.bias), nn.ReLU(), nn.Flatten(),
                         nn.Linear(16 * (h // 2) * (w // 2), n_classes, bias=cfg.bias))

@@ -1,6 +1,6 @@
 """MP-DP's comparison (Yang et al., arXiv 2412.11737; spec bidirectional.md §9, §11): `dpfl reproduce mpdp`.
 
-Methods on the same shards, initial model, batches and FedSGD rounds (the MSE-trained bias-free MLP of the config):
+Methods on the same shards, initial model, batches and FedSGD rounds (the config's MSE-trained network):
 
 | method | what runs |
 |---|---|
@@ -12,9 +12,10 @@ Methods on the same shards, initial model, batches and FedSGD rounds (the MSE-tr
 
 `ci`: configs/mpdp/ci_digits_mlp.yaml at nominal per-round epsilon 3 (the spec's), 30 and 300, ci_digits_cnn.yaml
 at 3 and 300, and ci_digits_k100.yaml (K = 100, n-out graph, Theorem 11) at its epsilon 3, 2 seeds;
-ci_fmnist_mlp.yaml when Fashion-MNIST is found locally. `full` (CIFAR-10/100 and BreakHis with norm-free ResNets)
-needs tied residuals in the model perturbation (spec §7.4), which dpfl does not have yet: those settings are listed
-as skipped with that reason.
+ci_fmnist_mlp.yaml when Fashion-MNIST is found locally. `full`: full_c10_k5, full_c100_k5 (Theorem 10),
+full_c10_k100_verified (n = 68) and full_c10_k100_paper (n = 5, UNVERIFIED) at nominal epsilon 1 and 3, 3 seeds,
+with dpfl's norm-free tied-residual ResNets (EXPERIMENTAL, spec §7.4), when the CIFAR files are found locally;
+BreakHis is listed as skipped (dpfl has no BreakHis loader).
 
 OUT/results.csv: setting, method, seed, epsilon (nominal per round; empty for fedavg), accuracy (final, the true
 model on the test set), round_seconds, server_seconds (per round), client_seconds (per client per round),
@@ -37,6 +38,7 @@ from typing import Any
 
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
+from dpfl.experiment.mpdp_directory import write_run_files
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
@@ -49,14 +51,13 @@ COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", 
 SCALES = {
     "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_cnn.yaml", (3.0, 300.0)),
                                    ("ci_digits_k100.yaml", (3.0,)), ("ci_fmnist_mlp.yaml", (3.0,)))},
-    "full": {"seeds": 3, "configs": ()},
+    "full": {"seeds": 3, "configs": tuple((f"{name}.yaml", (1.0, 3.0)) for name in (
+        "full_c10_k5", "full_c100_k5", "full_c10_k100_verified", "full_c10_k100_paper"))},
 }
 SKIPPED = {
     "ci": {},
-    "full": {name: "needs norm-free ResNets with tied residuals in the model perturbation (spec §7.4) and the "
-                   "dataset files; not implemented yet"
-             for name in ("full_c10_k5", "full_c100_k5", "full_breakhis_k5", "full_c10_k100_paper",
-                          "full_c10_k100_verified")},
+    "full": {"full_breakhis_k5": "dpfl has no BreakHis loader (the histopathology PNGs would need a local "
+                                 "image-folder reader); no config ships"},
 }
 
 
@@ -120,8 +121,7 @@ def run_job(job: MPDPJob, out: Path) -> dict[str, Any]:
         (d / "error.txt").write_text(traceback.format_exc())
         return {"setting": job.setting, "method": job.method, "seed": job.seed, "status": f"failed: {e}",
                 "run_dir": str(d)}
-    write_text_atomic(d / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in result.history))
-    write_json_atomic(d / "privacy.json", result.privacy)
+    write_run_files(d, result)
     row = {**{k: result.summary.get(k) for k in COLUMNS}, "setting": job.setting, "method": job.method,
            "status": "ok", "run_dir": str(d.relative_to(out))}
     write_json_atomic(summary_path, row)

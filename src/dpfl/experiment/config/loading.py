@@ -33,6 +33,11 @@ def load_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfig:
     Raises ConfigError (one line) for a missing/unreadable file, invalid YAML, a document that is not a
     mapping, a malformed override, and any invalid field.
     """
+    return validate_config(apply_overrides(read_config_mapping(path), overrides))
+
+
+def read_config_mapping(path: Path | str) -> dict[str, Any]:
+    """A config file's top-level mapping (bounded read, dpfl's YAML reading, depth limit); one-line ConfigErrors."""
     path = Path(path)
     try:
         with path.open(encoding="utf-8") as file:
@@ -49,7 +54,7 @@ def load_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the config must be a YAML mapping of fields (got {_show(data)})", str(path))
     _refuse_deep(data)  # before the overrides copy it
-    return validate_config(apply_overrides(data, overrides))
+    return data
 
 
 def _refuse_deep(data: Any) -> None:

@@ -10,6 +10,7 @@ from dpfl.algorithms.secure.mpdp.ddp import DDPClient, NoiseLayout, edge_seed, s
 from dpfl.algorithms.secure.mpdp.dn import dn, dn_star_abs
 from dpfl.algorithms.secure.mpdp.lmt import lmt
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, UnsupportedModelError, forward, mp_server, recover
+from dpfl.algorithms.secure.mpdp.residual import TiedResidual, norm_free_resnet
 
 
 def _init(plan, seed=0):
@@ -35,7 +36,7 @@ def _assert_exact(plan, input_shape, seed=0):
     payload, sec = mp_server(weights, plan, np.random.default_rng(seed))
     x, y = _data(input_shape, plan.out_dim)
     y_true, _ = forward(weights, None, x, plan)
-    y_hat, alpha = forward(list(payload.odd), payload.transitional, x, plan)
+    y_hat, alpha = forward(list(payload.odd), payload.transitional, x, plan, payload.shortcuts)
     assert torch.allclose(y_hat, y_true + alpha[:, None] * sec.mask, rtol=0, atol=1e-10)
     res = lmt(payload, x, y)
     want = _true(plan, weights, x, y)
@@ -105,3 +106,62 @@ def test_unsupported_modules_are_refused_by_name(module, match):  # T17 (residua
     with pytest.raises(UnsupportedModelError, match=match):
         FactorPlan.from_module(module, (1, 4, 4) if isinstance(module[0] if isinstance(module, nn.Sequential) else
                                                              module, nn.Conv2d) else (4,))
+
+
+def _module_weights(module):
+    return [p.detach().to(torch.float64).clone() for p in module.parameters()]
+
+
+def _residual_cnn(bias):
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=bias), nn.ReLU(),
+                         TiedResidual(nn.Conv2d(4, 4, 3, padding=1, bias=bias), nn.ReLU(),
+                                      nn.Conv2d(4, 4, 3, padding=1, bias=bias)),
+                         nn.MaxPool2d(2),
+                         TiedResidual(nn.Conv2d(4, 4, 3, padding=1, bias=bias), nn.ReLU(),
+                                      nn.Conv2d(4, 4, 3, padding=1, bias=bias)),
+                         nn.Flatten(), nn.Linear(4 * 4 * 4, 5, bias=bias))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("build,shape", [
+    (_residual_cnn, (1, 8, 8)),
+    (lambda bias: nn.Sequential(nn.Linear(5, 6, bias=bias), nn.ReLU(),
+                                TiedResidual(nn.Linear(6, 6, bias=bias), nn.ReLU(), nn.Linear(6, 6, bias=bias)),
+                                nn.Linear(6, 3, bias=bias)), (5,)),
+    (lambda bias: norm_free_resnet(2, 6, 4, widths=(3, 5), blocks=2, bias=bias), (2, 6, 6)),
+])
+def test_tied_residual_blocks_recover_exactly(build, shape, bias):  # T16
+    torch.manual_seed(0)
+    module = build(bias).to(torch.float64)
+    plan = FactorPlan.from_module(module, shape, allow_residual=True)
+    assert plan.skips and all(sk.source < sk.target for sk in plan.skips)
+    x, _ = _data(shape, plan.out_dim)
+    plain, _ = forward(_module_weights(module), None, x, plan)  # the plan computes the module
+    assert torch.allclose(plain, module(x), rtol=0, atol=1e-12)
+    _assert_exact(plan, shape)
+
+
+def test_the_shortcut_diagonal_is_r_out_times_s_in():
+    plan = FactorPlan.from_module(_residual_cnn(False), (1, 8, 8), allow_residual=True)
+    assert [(sk.source, sk.target) for sk in plan.skips] == [(0, 2), (2, 4)]
+    payload, sec = mp_server(_init(plan), plan, np.random.default_rng(3))
+    assert torch.equal(payload.shortcuts[1], sec.r[4] * sec.s[2])
+    with pytest.raises(ValueError, match="shortcut diagonals"):  # the expanded net cannot skip them
+        forward(list(payload.odd), payload.transitional, torch.rand(2, 1, 8, 8, dtype=torch.float64), plan)
+
+
+@pytest.mark.parametrize("module,match,allow", [
+    (_residual_cnn(False), "'2' \\(TiedResidual\\).*experimental.*allow_residual", False),
+    (nn.Sequential(nn.Linear(4, 4), nn.ReLU(), TiedResidual(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 3)),
+                   nn.Linear(3, 2)), "identity shortcuts", True),
+    (nn.Sequential(nn.Linear(4, 4), nn.ReLU(), TiedResidual(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2)),
+     "must end with a trainable layer", True),
+    (nn.Sequential(TiedResidual(nn.Linear(4, 4)), nn.Linear(4, 2)), "must follow a hidden layer", True),
+    (nn.Sequential(nn.Linear(4, 4), nn.ReLU(),
+                   TiedResidual(nn.Linear(4, 4), nn.ReLU(), TiedResidual(nn.Linear(4, 4)), nn.Linear(4, 4)),
+                   nn.Linear(4, 2)), "cannot be nested", True),
+])
+def test_residual_blocks_are_refused_unless_allowed_and_tied(module, match, allow):  # T16
+    shape = (1, 8, 8) if isinstance(module[0], nn.Conv2d) else (4,)
+    with pytest.raises(UnsupportedModelError, match=match):
+        FactorPlan.from_module(module, shape, allow_residual=allow)

@@ -11,7 +11,7 @@ from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, perturbed_round
 from dpfl.algorithms.secure.mpdp.ddp import MissingPeersError
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, round_generator
 from dpfl.experiment.mpdp_config import MPDPConfig
-from dpfl.experiment.mpdp_run import federated_arrays, initial_weights, run_mpdp
+from dpfl.experiment.mpdp_run import federated_arrays, initial_weights, model_plan, run_mpdp
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
 
 PLAN = FactorPlan((64, 16, 12, 10))
@@ -34,6 +34,23 @@ def test_noise_free_mpdp_round_is_exactly_fedsgd(arrays):
     private = perturbed_round(weights, PLAN, batches, st, 0, round_generator(1), dict.fromkeys(batches))
     for a, b in zip(plain.weights, private.weights, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-9)  # the Δ of 10 edges at σ_Δ = 1e3 cancel to ~1e-12
+
+
+def test_noise_free_mpdp_round_on_a_tied_residual_resnet_is_exactly_fedsgd():  # T16 through the round
+    cfg = MPDPConfig(name="t", clients=3, model="resnet", widths=[3, 4], blocks=1, bias=True)
+    images = federated_arrays(cfg)
+    plan = model_plan(cfg, tuple(images.shards[0][0].shape[1:]), images.n_classes)
+    weights = initial_weights(plan, 0)
+    ends = [i for i, (layer, kind) in enumerate(plan.params()) if kind == "weight" and layer in {2, 5}]
+    assert [sk.target for sk in plan.skips] == [2, 5] and all(not weights[i].any() for i in ends)  # Fixup: zero
+    g = torch.Generator().manual_seed(0)
+    weights = [w + 0.1 * torch.randn(w.shape, generator=g, dtype=torch.float64) for w in weights]
+    batches = {c: (images.shards[c][0][:8], images.shards[c][1][:8]) for c in range(3)}
+    plain = plain_round(weights, batches, RoundSettings("fedavg", lr=0.3), torch.Generator(), plan)
+    st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0, sigma_delta=1e3)
+    private = perturbed_round(weights, plan, batches, st, 0, round_generator(1), dict.fromkeys(batches))
+    for a, b in zip(plain.weights, private.weights, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-9)
 
 
 def test_missing_peer_discards_the_round_with_no_update(arrays):  # T21
@@ -80,7 +97,9 @@ def test_run_with_simulated_dropouts_and_recovery_flags_the_rounds(arrays):
     result = run_mpdp(cfg, "mpdp", arrays=arrays)
     assert result.privacy["reduced_protection_rounds"] == [1, 2, 3] and result.privacy["discarded_rounds"] == 0
     with pytest.raises(Exception, match="drops no client"):
-        MPDPConfig(name="t", clients=5, dropout=0.1)
+        MPDPConfig(name="t", clients=5, dropout=0.1, dropout_policy="secagg_recovery")
+    with pytest.raises(Exception, match="could never finish"):  # abort would discard every attempt of every round
+        MPDPConfig(name="t", clients=5, dropout=0.2)
 
 
 def test_the_server_never_broadcasts_the_true_model(arrays):  # G2, over every round

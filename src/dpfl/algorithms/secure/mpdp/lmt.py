@@ -38,7 +38,7 @@ class LMTResult:
 
 
 def _outputs(params: list[torch.Tensor], payload: ClientPayload, x: torch.Tensor) -> torch.Tensor:
-    y_hat, alpha = forward(params, payload.transitional, x, payload.plan)
+    y_hat, alpha = forward(params, payload.transitional, x, payload.plan, payload.shortcuts)
     return torch.cat([y_hat, alpha.unsqueeze(1)], dim=1)  # O = [ŷ, α], [B, n_L + 1]
 
 

@@ -2,11 +2,12 @@
 with one-time positive factors and an additive mask, keep the factors as the server's secret.
 
 Scope: sequential ReLU networks of fully connected and 2-d convolution layers, with or without biases, with max or
-average pooling and one flatten, and a linear last layer (§7.1-§7.3); anything else is refused by name (§7.5).
+average pooling and one flatten, and a linear last layer (§7.1-§7.3), and, when allowed, tied residual blocks with
+identity shortcuts (§7.4, residual.py); anything else is refused by name (§7.5).
 Trainable layer l = 1..L has output factor r^(l) (l < L) and input factor s^(l-1) (l > 1): a weight entry gets
 r_out s_in (a conv weight r_c s_c' over its kernel; a linear layer after flatten gives feature j the s of its
 channel), a hidden bias r^(l). After the ReLU of each hidden layer a transitional diagonal 1/(s^(l) r^(l)) per
-channel and another ReLU are inserted. The last layer gets the additive mask r = γ∘r^(a): its output is
+channel and another ReLU are inserted; a residual block's shortcut gets the diagonal r_out∘s_in. The last layer gets the additive mask r = γ∘r^(a): its output is
 y + α(x) r with α the sum of the perturbed penultimate features (+1 when the last layer has a bias).
 """
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpfl.algorithms.secure.mpdp.dn import dn_star_abs
+from dpfl.algorithms.secure.mpdp.residual import TiedResidual
 
 
 class UnsupportedModelError(ValueError):
@@ -45,10 +47,31 @@ class Layer:
 
 @dataclass(frozen=True)
 class Op:
-    kind: str  # "layer" | "relu" | "maxpool" | "avgpool" | "flatten"
-    index: int = -1  # the layer (0-based) of a "layer" op
+    kind: str  # "layer" | "relu" | "maxpool" | "avgpool" | "flatten" | "skip_start" | "skip_end"
+    index: int = -1  # the layer (0-based) of a "layer" op, the block of a "skip_*" op
     kernel: tuple[int, int] = (1, 1)
     stride: tuple[int, int] = (1, 1)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A tied residual block: its input leaves layer `source` (after that layer's ReLU and transitional layer), its
+    shortcut joins the output of layer `target` (the body's last layer) before the block's ReLU."""
+
+    source: int
+    target: int
+
+
+def _children(module: nn.Sequential, prefix: str = ""):  # type: ignore[no-untyped-def]
+    """(name, module, marker) in execution order; a TiedResidual is opened ("start") and closed ("end") around its
+    body's children."""
+    for name, m in module.named_children():
+        if isinstance(m, TiedResidual):
+            yield prefix + name, m, "start"
+            yield from _children(m.body, f"{prefix}{name}.body.")
+            yield prefix + name, m, "end"
+        else:
+            yield prefix + name, m, None
 
 
 def _mlp(sizes: tuple[int, ...], bias: bool) -> tuple[tuple[Layer, ...], tuple[Op, ...]]:
@@ -72,6 +95,7 @@ class FactorPlan:
     bias: bool = False
     layer_specs: tuple[Layer, ...] = ()
     ops: tuple[Op, ...] = ()
+    skips: tuple[Skip, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.layer_specs:
@@ -84,9 +108,10 @@ class FactorPlan:
             raise UnsupportedModelError("MP-DP needs at least two trainable layers and a linear last layer")
 
     @classmethod
-    def from_module(cls, module: nn.Module, input_shape: tuple[int, ...]) -> FactorPlan:
+    def from_module(cls, module: nn.Module, input_shape: tuple[int, ...], allow_residual: bool = False) -> FactorPlan:
         """The plan of an nn.Sequential of Linear / Conv2d / ReLU / MaxPool2d / AvgPool2d / Flatten (input_shape without
-        the batch axis); every other module is refused by name."""
+        the batch axis), and of TiedResidual blocks if `allow_residual` (experimental, spec §7.4); every other module
+        is refused by name."""
         if not isinstance(module, nn.Sequential):
             raise UnsupportedModelError(f"MP-DP takes an nn.Sequential, got {type(module).__name__}")
         layers: list[Layer] = []
@@ -94,8 +119,33 @@ class FactorPlan:
         shape = tuple(input_shape)
         relu_after = True
         flat_repeat = 1  # spatial positions per channel at the flatten
-        for name, m in module.named_children():
+        skips: list[Skip] = []
+        block: tuple[int, tuple[int, ...]] | None = None  # the open block's source layer and input shape
+        for name, m, marker in _children(module):
             where = f"module {name!r} ({type(m).__name__})"
+            if marker == "start":
+                if not allow_residual:
+                    raise UnsupportedModelError(f"{where}: residual blocks are experimental in MP-DP (spec §7.4); "
+                                                "pass allow_residual=True to use tied factors")
+                if block is not None:
+                    raise UnsupportedModelError(f"{where}: residual blocks cannot be nested")
+                if not layers or not relu_after:
+                    raise UnsupportedModelError(f"{where}: a residual block must follow a hidden layer's ReLU")
+                block = (len(layers) - 1, shape)
+                ops.append(Op("skip_start", len(skips)))
+                continue
+            if marker == "end":
+                assert block is not None
+                if ops[-1].kind != "layer":
+                    raise UnsupportedModelError(f"{where}: the block's body must end with a trainable layer (the "
+                                                "block applies the ReLU after the sum)")
+                if shape != block[1]:
+                    raise UnsupportedModelError(f"{where}: the body maps shape {block[1]} to {shape}; only identity "
+                                                "shortcuts are supported")
+                skips.append(Skip(block[0], len(layers) - 1))
+                ops += [Op("skip_end", len(skips) - 1), Op("relu")]
+                relu_after, block = True, None
+                continue
             if isinstance(m, (nn.Linear, nn.Conv2d)):
                 if layers and not relu_after:
                     raise UnsupportedModelError(f"{where}: every hidden layer must be followed by a ReLU")
@@ -150,7 +200,7 @@ class FactorPlan:
                                             f"({why.get(type(m), 'unknown module, refused rather than ignored')})")
         if not layers or layers[-1].kind != "linear" or ops[-1].kind != "layer":
             raise UnsupportedModelError("the last module must be a linear layer (it carries the additive mask)")
-        return cls(layer_specs=tuple(layers), ops=tuple(ops))
+        return cls(layer_specs=tuple(layers), ops=tuple(ops), skips=tuple(skips))
 
     @property
     def layers(self) -> int:
@@ -223,17 +273,23 @@ class ServerSecrets:
         """The diagonal of the transitional layer after original layer l (1-based): 1/(s^(l) r^(l))."""
         return 1.0 / (self.s[layer - 1] * self.r[layer - 1])
 
+    def shortcut(self, block: int) -> torch.Tensor:
+        """The diagonal on residual block b's shortcut: r of the body's last layer times s of the source layer."""
+        sk = self.plan.skips[block]
+        return self.r[sk.target] * self.s[sk.source]
+
 
 @dataclass(frozen=True)
 class ClientPayload:
     """What a client receives: the perturbed trainable tensors, the transitional diagonals, the plan (no factors),
-    the sizes and the round id."""
+    the sizes, the round id and the residual blocks' shortcut diagonals."""
 
     odd: tuple[torch.Tensor, ...]
     transitional: tuple[torch.Tensor, ...]
     sizes: tuple[int, ...]
     round_id: int
     plan: FactorPlan | None = None
+    shortcuts: tuple[torch.Tensor, ...] = ()
 
 
 def draw_secrets(plan: FactorPlan, gen: np.random.Generator, mask_scale: float = 1.0) -> ServerSecrets:
@@ -267,7 +323,8 @@ def mp_server(weights: list[torch.Tensor] | tuple[torch.Tensor, ...], plan: Fact
             hat = hat + (sec.mask.unsqueeze(1) if kind == "weight" else sec.mask)
         hats.append(hat)
     trans = tuple(sec.transitional(l) for l in range(1, L))
-    return ClientPayload(tuple(hats), trans, plan.sizes, round_id, plan), sec
+    shortcuts = tuple(sec.shortcut(b) for b in range(len(plan.skips)))
+    return ClientPayload(tuple(hats), trans, plan.sizes, round_id, plan, shortcuts), sec
 
 
 def _per_channel(d: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -275,11 +332,17 @@ def _per_channel(d: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 def forward(params: list[torch.Tensor] | tuple[torch.Tensor, ...], transitional: tuple[torch.Tensor, ...] | None,
-            x: torch.Tensor, plan: FactorPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            x: torch.Tensor, plan: FactorPlan | None = None,
+            shortcuts: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, n_L], α [B]) of the expanded net, or of the plain net when `transitional` is None (α = 0).
-    `plan` None: a bias-free MLP read from the tensors' shapes."""
+    `plan` None: a bias-free MLP read from the tensors' shapes. `shortcuts`: the residual blocks' diagonals (the
+    payload's for the expanded net; None in the plain net means identity shortcuts)."""
     if plan is None:
         plan = FactorPlan((params[0].shape[1], *[p.shape[0] for p in params]))
+    if transitional is not None and len(shortcuts or ()) != len(plan.skips):
+        raise ValueError(f"the expanded network has {len(plan.skips)} residual blocks and needs their shortcut "
+                         f"diagonals, got {len(shortcuts or ())}")
+    saved: dict[int, torch.Tensor] = {}
     tensors: dict[int, list[torch.Tensor]] = {}
     for (layer, _), t in zip(plan.params(), params, strict=True):
         tensors.setdefault(layer, []).append(t)
@@ -304,6 +367,11 @@ def forward(params: list[torch.Tensor] | tuple[torch.Tensor, ...], transitional:
             h = F.avg_pool2d(h, op.kernel, op.stride)
         elif op.kind == "flatten":
             h = h.flatten(1)
+        elif op.kind == "skip_start":
+            saved[op.index] = h
+        elif op.kind == "skip_end":
+            skip = saved.pop(op.index)
+            h = h + (skip if shortcuts is None else skip * _per_channel(shortcuts[op.index], skip))
     if transitional is None:
         return h, torch.zeros(h.shape[0], dtype=h.dtype)
     return h, pen.flatten(1).sum(1) + (1.0 if plan.layer_specs[-1].bias else 0.0)

@@ -22,7 +22,8 @@ class ClientView:
 
     def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(ŷ(x), α(x)) of the perturbed model: all a client can compute."""
-        return forward(list(self.payload.odd), self.payload.transitional, x.to(torch.float64), self.plan)
+        return forward(list(self.payload.odd), self.payload.transitional, x.to(torch.float64), self.plan,
+                       self.payload.shortcuts)
 
     def folded(self) -> list[torch.Tensor]:
         """The transitional diagonals folded into the next layer's input axis: an ordinary network (same plan, no
@@ -35,6 +36,12 @@ class ClientView:
             d = self.payload.transitional[layer - 1].repeat_interleave(spec.in_repeat)
             out[i] = out[i] * d.reshape(1, -1, *([1] * (out[i].dim() - 2)))
         return out
+
+    def folded_shortcuts(self) -> tuple[torch.Tensor, ...]:
+        """The residual shortcuts of the folded network: without the source layer's transitional diagonal d the
+        block input is the expanded one divided by d, so the shortcut takes d on top of its own diagonal."""
+        return tuple(sc * self.payload.transitional[sk.source]
+                     for sc, sk in zip(self.payload.shortcuts, self.plan.skips, strict=True))
 
     def alpha_weights(self) -> torch.Tensor:
         """α(x) = Σ_j d_j h_j + [last bias] over the folded net's penultimate features h: the d_j, per input feature

@@ -1,0 +1,55 @@
+"""An MP-DP run as a run directory: `dpfl run configs/mpdp/<name>.yaml` (the config's `scheme: mpdp` selects it).
+
+The directory holds config.yaml, metrics.jsonl (one row per round), privacy.json (the method's guarantee: NOMINAL
+for mpdp and mpdp_naive, accounted for mp_cdp) and summary.json, written last. MP-DP runs keep no checkpoints (the
+server's secrets are drawn per round and never stored), so a killed run is re-run from the start, not resumed.
+`dpfl reproduce mpdp` writes the same files for each of its runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dpfl.experiment.config.errors import ConfigError
+from dpfl.experiment.config.loading import read_config_mapping
+from dpfl.experiment.mpdp_config import MPDPConfig
+from dpfl.experiment.mpdp_run import MPDPResult, run_mpdp
+from dpfl.experiment.run_directory import RunDirectoryError
+from dpfl.results.run_files import write_json_atomic, write_text_atomic
+
+SCHEME = "mpdp"
+
+
+def is_mpdp_config(path: str | Path) -> bool:
+    """Whether the YAML file at `path` is an MP-DP config (top-level `scheme: mpdp`); a file that is not readable
+    YAML is not, and the run config's loader reports what is wrong with it."""
+    try:
+        return read_config_mapping(path).get("scheme") == SCHEME
+    except ConfigError:
+        return False
+
+
+def write_run_files(out: Path, result: MPDPResult) -> None:
+    """metrics.jsonl and privacy.json of a finished run (summary.json is the caller's, written last)."""
+    write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in result.history))
+    write_json_atomic(out / "privacy.json", result.privacy)
+
+
+def execute_mpdp(cfg: MPDPConfig, out: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run cfg's `method` into `out` (which must not exist or be empty) and return the summary."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        state = "a finished run" if (out / "summary.json").exists() else "an unfinished run: MP-DP runs cannot resume"
+        raise RunDirectoryError(f"{out} already exists and is not empty ({state}; choose another --out)")
+    result = run_mpdp(cfg, cfg.method, progress=progress)  # data and calibration errors surface before any write
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    write_run_files(out, result)
+    summary = {"name": cfg.name, "scheme": SCHEME, **result.summary, "rounds_done": cfg.rounds}
+    write_json_atomic(out / "summary.json", summary)
+    return summary

@@ -1,0 +1,46 @@
+"""What `dpfl run` prints after an MP-DP run: accuracy, the guarantee with its label, the model hiding as measured.
+
+Every epsilon printed here comes from the run's privacy.json, computed for the run as it ran: NOMINAL for mpdp and
+mpdp_naive (the idealised Gaussian model of Theorems 5/6, never in dpfl's accountant), accounted for mp_cdp.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+METHOD_NAMES = {"mpdp": "MP-DP", "mpdp_naive": "MP-DP-Naive", "mp_cdp": "MP-CDP (trusted server)",
+                "fedavg": "FedSGD-FedAvg (no privacy)"}
+
+
+def _f(v: Any, spec: str = ".3f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> None:
+    privacy = json.loads((Path(out) / "privacy.json").read_text())
+    method = summary["method"]
+    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
+    say(f"\n{summary['name']} ({METHOD_NAMES.get(method, method)}): {summary['rounds_done']} rounds, "
+        f"accuracy of the true model {_f(summary.get('accuracy'))}")
+    if method in ("mpdp", "mpdp_naive"):
+        say(f"guarantee: NOMINAL, per round and client eps = {privacy['per_round_epsilon']:g}, "
+            f"delta = {privacy['delta']:g} ({privacy['label']})")
+        for stamp in privacy.get("stamps") or []:
+            say(stamp)
+        composed = {c["composed"]["epsilon"] for c in privacy.get("per_client", []) if "composed" in c}
+        if composed:
+            say(f"composed over the run per client (nominal, {privacy['per_client'][0]['composed']['which']}): "
+                f"eps from {min(composed):.4g} to {max(composed):.4g}")
+        say(f"model hiding, measured (W3): client 0's last received model scores "
+            f"{_f(summary.get('perturbed_accuracy'))} as received, {_f(summary.get('demasked_accuracy'))} after it "
+            "demasked it with its own labels")
+    elif method == "mp_cdp":
+        say(f"guarantee: per client, eps = {privacy['epsilon_total']:.4g} at delta = {privacy['delta']:g} over "
+            f"{summary['rounds_done']} rounds, {privacy['guarantee']}; accountant {privacy['accountant']}")
+    else:
+        say("no privacy: a non-private reference")
+    say(f"round time {_f(summary.get('round_seconds'), '.4f')} s; run directory {out}")

@@ -1,0 +1,51 @@
+"""`dpfl run` on an MP-DP config (scheme: mpdp): a complete run directory, the guarantee with its label, one-line
+errors, no resume, nothing written on a bad config."""
+
+import json
+import shutil
+
+import yaml
+from cli_runner import cli
+
+from dpfl.experiment.mpdp_directory import is_mpdp_config
+from dpfl.reproduce.jobs import config_dir
+
+
+def test_run_writes_the_run_directory_and_prints_the_nominal_guarantee(tmp_path):
+    out = tmp_path / "run"
+    code, stdout, err = cli("run", config_dir("mpdp") / "ci_digits_mlp.yaml", "--set", "rounds=3", "--set",
+                            "eval_every=1", "--out", out)
+    assert code == 0, err
+    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "privacy.json", "summary.json"}
+    privacy = json.loads((out / "privacy.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert privacy["guarantee"] == "nominal" and privacy["in_ledger"] is False
+    assert "NOMINAL, per round and client eps = 3" in stdout and privacy["label"] in stdout
+    assert summary["method"] == "mpdp" and summary["rounds_done"] == 3
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    assert yaml.safe_load((out / "config.yaml").read_text())["rounds"] == 3  # the run's config, overrides applied
+    code, _, err = cli("run", config_dir("mpdp") / "ci_digits_mlp.yaml", "--out", out)
+    assert code == 2 and "already exists" in err  # a finished run is never overwritten
+    code, _, err = cli("run", config_dir("mpdp") / "ci_digits_mlp.yaml", "--out", out, "--resume")
+    assert code == 2 and "keep no checkpoints" in err
+
+
+def test_mp_cdp_prints_its_accounted_epsilon(tmp_path):
+    code, stdout, err = cli("run", config_dir("mpdp") / "ci_digits_mlp.yaml", "--set", "rounds=2", "--set",
+                            "method=mp_cdp", "--out", tmp_path / "cdp")
+    assert code == 0, err
+    privacy = json.loads((tmp_path / "cdp" / "privacy.json").read_text())
+    assert f"eps = {privacy['epsilon_total']:.4g}" in stdout and privacy["accountant"] == "rdp"
+
+
+def test_bad_mpdp_configs_are_one_line_and_write_nothing(tmp_path):
+    path = tmp_path / "c.yaml"
+    shutil.copy(config_dir("mpdp") / "ci_digits_mlp.yaml", path)
+    assert is_mpdp_config(path)
+    for sets, match in ((["method=magic"], "method: not an allowed value"),
+                        (["dropout=0.2"], "dropout: with dropout_policy abort"),
+                        (["rounds"], "expected field=value")):
+        args = [a for s in sets for a in ("--set", s)]
+        code, _, err = cli("run", path, *args, "--out", tmp_path / "x")
+        assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x").exists()
