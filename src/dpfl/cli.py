@@ -768,6 +768,48 @@ def _noise_table(out: Path, scale: str, settings: Optional[str], datasets: Optio
 
 
 # ---- bench ---------------------------------------------------------------------------------------------
+@app.command()
+def audit(
+    config: Annotated[Path, typer.Argument(help="YAML config of the run to audit.")],
+    canaries: Annotated[int, typer.Option(help="Canary clients, each included with probability 1/2.")] = 200,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field (repeatable).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write OUT/audit.json too.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Empirical lower bound on the run's epsilon (canary clients, one run, 95% confidence) next to the reported one."""
+    from dpfl.attacks.audit import audit_client_level
+    from dpfl.experiment.config import load_config
+    from dpfl.results.run_files import write_json_atomic
+
+    try:
+        if canaries < 2:
+            raise UserError(f"--canaries must be >= 2, got {canaries}")
+        if out is not None and (out / "audit.json").exists():
+            raise UserError(f"{out / 'audit.json'} already exists (choose another --out)")
+        cfg = load_config(config, list(set_ or []))
+        result = audit_client_level(cfg, canaries)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(out / "audit.json", result)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    if as_json:
+        emit_json(result)
+        return
+    reported = result["epsilon_reported"]
+    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
+    say(f"{cfg.name}: {result['unit']}-level audit with {result['canaries']} canaries ({result['included']} "
+        f"included), {result['rounds_run']} rounds")
+    say(f"empirical lower bound eps >= {result['epsilon_lower_bound']:.3f} at {result['confidence']:.0%} confidence "
+        f"(delta {result['delta']:g}; {result['correct']} of {result['guesses']} guesses right)")
+    if reported is None:
+        say("reported: none (the run is not private)")
+    else:
+        verdict = ("REFUTED: the run leaks more than it reports" if result["refuted"] else
+                   "consistent (the attack did not refute the claim; this does not show the reported epsilon is tight)")
+        say(f"reported eps = {reported:.3f}: {verdict}")
+
+
 @bench_app.command("secagg")
 def bench_secagg(
     clients: Annotated[int, typer.Option(help="Clients in the round.")] = 100,

@@ -26,6 +26,7 @@ class Purpose(enum.IntEnum):
     CLUSTER = 9  # cluster draws and clustering seeds (clustered FL)
     CHOICE = 10  # a client's private choice among models (exponential mechanism noise)
     SECAGG = 11  # simulated dropouts of secure aggregation
+    AUDIT = 12  # privacy audits: which canaries are included, their directions
 
 
 def derive_seed(seed: int, *keys: int) -> int:

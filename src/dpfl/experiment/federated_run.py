@@ -196,6 +196,9 @@ class FederatedRun:
                 unit=algorithm.unit,
             )
         self.calibrated: CalibratedNoise | None = None  # what the noise was calibrated for, if it was
+        # privacy audits only (dpfl.attacks.audit): (client ids, their local updates, round) -> the updates that go
+        # into the upload stage; canary clients' updates are replaced there, before any clipping or noise
+        self.update_hook: Callable[[list[int], P.Params, int], P.Params] | None = None
         self.noise = self._noise_multipliers(noise_multipliers)
         self._calibrate_stage()
 
@@ -493,6 +496,8 @@ class FederatedRun:
         ids = [int(i) for i in selected]
         if alg.personal is not None:  # keep the local part on the client; the rest is the shared update
             deltas = alg.personal.shared_update(deltas, ids)
+        if self.update_hook is not None:
+            deltas = self.update_hook(ids, deltas, r)
         uploads = alg.upload.apply(deltas, ids, self.seed, r)
         return LocalRound(uploads, self._view(selected, expected), self._channel(selected, steps.tolist()),
                           noise_sq.tolist(), P.num_parameters(w))
