@@ -31,6 +31,8 @@ reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce a paper's comp
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(data_app, name="data")
 bench_app = typer.Typer(no_args_is_help=True, help="Measure the cost of dpfl's protocols on this machine.")
+attack_app = typer.Typer(no_args_is_help=True, help="Attacks that measure what a run's mechanism stops in practice.")
+app.add_typer(attack_app, name="attack")
 app.add_typer(reproduce_app, name="reproduce")
 app.add_typer(bench_app, name="bench")
 
@@ -808,6 +810,85 @@ def audit(
         verdict = ("REFUTED: the run leaks more than it reports" if result["refuted"] else
                    "consistent (the attack did not refute the claim; this does not show the reported epsilon is tight)")
         say(f"reported eps = {reported:.3f}: {verdict}")
+
+
+def _config_of(run_or_config: Path, sets: list[str]):
+    """A config file, or a run directory's config.yaml."""
+    from dpfl.experiment.config import load_config
+
+    path = run_or_config / "config.yaml" if run_or_config.is_dir() else run_or_config
+    return load_config(path, sets)
+
+
+def _fresh_out(out: Path, names: tuple[str, ...]) -> None:
+    taken = [n for n in names if (out / n).exists()]
+    if taken:
+        raise UserError(f"{out / taken[0]} already exists (choose another --out)")
+
+
+@attack_app.command("invert")
+def attack_invert(
+    run_or_config: Annotated[Path, typer.Argument(help="A config, or a run directory (its config.yaml).")],
+    out: Annotated[Path, typer.Option(help="Writes OUT/inversion.json and OUT/inversion.png.")],
+    batch: Annotated[int, typer.Option(help="Records in the probed client's one-step upload (1 or 8 in the spec).")] = 1,
+    steps: Annotated[int, typer.Option(help="Optimiser steps of each attack.")] = 200,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field (repeatable).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the attacks' dummies and the feature extractor.")] = 0,
+) -> None:
+    """Gradient inversion (DLG, Inverting Gradients) of one client's upload, as the server receives it."""
+    from dpfl.attacks.figures import reconstruction_grid
+    from dpfl.attacks.probe import invert_probe, probe_round
+    from dpfl.results.run_files import write_json_atomic
+
+    try:
+        if steps < 1:
+            raise UserError(f"--steps must be >= 1, got {steps}")
+        _fresh_out(out, ("inversion.json", "inversion.png"))
+        cfg = _config_of(run_or_config, list(set_ or []))
+        probe = probe_round(cfg, batch)
+        result = invert_probe(probe, steps, seed)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"config": cfg.name, "batch": batch, "steps": steps, "unit": probe.unit, "observer": probe.observer,
+              "attacks": {k: {m: v[m] for m in ("psnr", "image_mse", "feature_mse")} for k, v in result.items()}}
+    write_json_atomic(out / "inversion.json", report)
+    reconstruction_grid(probe.x, {k: v["reconstruction"] for k, v in result.items()}, out / "inversion.png",
+                        f"{cfg.name}: batch {batch}, " + (f"{probe.unit}-level DP" if probe.unit else "not private"))
+    for name, r in report["attacks"].items():
+        console.print(f"{name}: PSNR {r['psnr']:.1f} dB, image MSE {r['image_mse']:.4f}, feature MSE "
+                      f"{r['feature_mse']:.4f}", highlight=False)
+    console.print(f"what was inverted: client 0's upload as seen by {probe.observer}; wrote {out}/inversion.png",
+                  markup=False, highlight=False)
+
+
+@attack_app.command("mia")
+def attack_mia(
+    run: Annotated[Path, typer.Argument(help="A finished run directory (dpfl run).")],
+    out: Annotated[Path, typer.Option(help="Writes OUT/mia.json and OUT/roc.png.")],
+    seed: Annotated[int, typer.Option(help="Seed of the attacker's half and the shadow classifier.")] = 0,
+) -> None:
+    """Membership inference against the run's released model (loss, confidence and shadow attacks)."""
+    from dpfl.attacks.membership import plot_roc
+    from dpfl.attacks.released import attack_released_model
+    from dpfl.results.run_files import write_json_atomic
+
+    try:
+        _fresh_out(out, ("mia.json", "roc.png"))
+        result = attack_released_model(run, seed)
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    out.mkdir(parents=True, exist_ok=True)
+    attacks = result["attacks"]
+    plot_roc({k: (v["fpr"], v["tpr"]) for k, v in attacks.items()}, out / "roc.png",
+             title=f"membership inference: {result['name']}")
+    keep = ("asr", "auc", "tpr_at_1fpr", "threshold_protocol", "n_members", "n_nonmembers")
+    write_json_atomic(out / "mia.json", {**result, "attacks": {k: {m: v.get(m) for m in keep}
+                                                                for k, v in attacks.items()}})
+    for name, v in attacks.items():
+        console.print(f"{name}: ASR {v['asr']:.3f}, AUC {v['auc']:.3f}, TPR at 1% FPR {v['tpr_at_1fpr']:.3f}",
+                      highlight=False)
+    console.print(f"wrote {out}/mia.json and {out}/roc.png (ASR 0.5 = guessing)", markup=False, highlight=False)
 
 
 @bench_app.command("secagg")

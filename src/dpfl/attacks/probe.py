@@ -1,0 +1,123 @@
+"""A probe round: what the server receives from one client, for gradient inversion (the adapter between dpfl's
+algorithms and `dpfl.attacks.inversion`).
+
+The probe runs the config's own algorithm for one local step: client 0 holds exactly `batch` records (drawn from the
+private half of the classes, as in the spec's protocol: the other half trains the feature extractor), its local
+program takes one step of size lr on them (so every record is in the batch, whatever the sampling), and its upload
+stage (clipping, noise) acts as in a run. The server's view of that upload is turned into the gradient it implies,
+-upload / lr, at the round's global model. Everything else of the config (model, privacy, noise calibration from the
+budgets for the probe's schedule) is the run's. Secure aggregation is refused: there the server sees only the sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import nn
+
+from dpfl.attacks.image_metrics import feature_mse, image_mse, psnr, train_feature_extractor
+from dpfl.attacks.inversion import dlg, gradient_from_update, inverting_gradients
+from dpfl.data.federated import ClientData
+from dpfl.engine import params as P
+from dpfl.experiment.build import build_data, build_run
+from dpfl.experiment.config import RunConfig, config_to_dict, validate_config
+
+EXTRACTOR_EPOCHS = 8
+
+
+@dataclass
+class Probe:
+    model: nn.Module  # at the round's global weights
+    gradient: list[torch.Tensor]  # -upload / lr, in model.parameters() order
+    x: torch.Tensor  # the client's records (the truth)
+    y: torch.Tensor
+    loss: str
+    unit: str | None
+    observer: str
+    public: tuple[torch.Tensor, torch.Tensor]  # records of the public classes (never the client's)
+    n_classes: int
+
+
+def probe_round(cfg: RunConfig, batch: int) -> Probe:
+    """Client 0's upload after one local step on `batch` records of the private classes, as the server sees it."""
+    if cfg.secure_aggregation is not None:
+        raise ValueError("with secure aggregation the server sees only the sum of the uploads, never one client's: "
+                         "there is no single upload to invert")
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
+    data = build_data(cfg)
+    if len(data.input_shape) != 3 or data.n_classes < 2:
+        raise ValueError(f"gradient inversion needs an image classification dataset, {cfg.data.dataset!r} has "
+                         f"samples of shape {tuple(data.input_shape)}")
+    private = data.n_classes // 2 + data.n_classes % 2  # classes 0 .. private-1 are the clients' secrets
+    c0 = data.clients[0]
+    rows = torch.nonzero(c0.y_train < private).flatten()
+    if len(rows) < batch:
+        raise ValueError(f"--batch {batch} is larger than client 0's {len(rows)} records of the private classes")
+    order = np.lexsort((np.arange(len(rows)), _first_of_each_label(c0.y_train[rows].numpy())))
+    pick = rows[torch.as_tensor(order[:batch])]
+    x, y = c0.x_train[pick], c0.y_train[pick]
+    probe_client = ClientData(x, y, c0.x_test, c0.y_test)
+    probe_data = replace(data, clients=[probe_client, *data.clients[1:]])
+    d = config_to_dict(cfg)
+    d["data"] = {"dataset": "provided", "clients": cfg.data.clients}
+    d["training"].pop("local_epochs", None)
+    d["training"].update(local_steps=1, batch_size=batch)
+    run = build_run(validate_config(d), data=probe_data)
+    start = run.initial_state().params
+    local = run.local_round(0, start, np.array([0]), run.algorithm.selection.expected_count(run.n_clients))
+    upload = P.unstack(local.uploads, 0)
+    names = [n for n, p in run.model.named_parameters() if p.requires_grad]
+    gradient = gradient_from_update([upload[n] for n in names], cfg.training.optimizer.lr)
+    public = data.y_test >= private
+    alg = run.algorithm
+    observer = ("the server (trusted by the mechanism: central DP protects the released models, not this upload)"
+                if alg.central else alg.observer)
+    return Probe(run.model, gradient, x, y, getattr(run.model, "loss_kind", "cross_entropy"), alg.unit, observer,
+                 (data.x_test[public], data.y_test[public]), data.n_classes)
+
+
+def _first_of_each_label(labels: np.ndarray) -> np.ndarray:
+    """A sort key that puts one record of each label first, then the second of each, ...: distinct labels in the
+    batch whenever there are enough classes, so reconstructions pair with records by label."""
+    seen: dict[int, int] = {}
+    key = np.empty(len(labels), dtype=np.int64)
+    for i, label in enumerate(labels.tolist()):
+        key[i] = seen.get(label, 0)
+        seen[label] = key[i] + 1
+    return key
+
+
+def matched(reconstruction: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """The reconstructions reordered to the records they are closest to (image MSE, optimal assignment): the
+    attacker does not know which dummy became which record, and a swap is not a failure to reconstruct."""
+    cost = ((reconstruction[:, None] - truth[None]) ** 2).flatten(2).mean(2).numpy()
+    rows, cols = linear_sum_assignment(cost)
+    out = torch.empty_like(reconstruction)
+    out[torch.as_tensor(cols)] = reconstruction[torch.as_tensor(rows)]
+    return out
+
+
+def invert_probe(probe: Probe, steps: int = 200, seed: int = 0) -> dict[str, Any]:
+    """DLG and Inverting Gradients on the probe's gradient: per method psnr, image_mse, feature_mse (extractor
+    trained on the public classes), and the reconstructions (clipped to [0, 1], matched to the records)."""
+    x = probe.x.to(torch.float64)
+    model = probe.model.to(torch.float64)
+    grads = [g.to(torch.float64) for g in probe.gradient]
+    extractor = train_feature_extractor(probe.public[0].to(torch.float64), probe.public[1], probe.n_classes, seed,
+                                        epochs=EXTRACTOR_EPOCHS)
+    methods = {
+        "dlg": lambda: dlg(model, grads, probe.y, tuple(x.shape), steps=steps, seed=seed, loss=probe.loss),
+        "inverting_gradients": lambda: inverting_gradients(model, grads, probe.y, tuple(x.shape), steps=steps, lr=0.1,
+                                                           tv_weight=1e-5, seed=seed, loss=probe.loss),
+    }
+    out: dict[str, Any] = {}
+    for name, attack in methods.items():
+        rec = matched(attack().reconstruction.detach().clamp(0.0, 1.0), x)
+        out[name] = {"psnr": psnr(rec, x), "image_mse": image_mse(rec, x), "feature_mse": feature_mse(extractor, rec, x),
+                     "reconstruction": rec}
+    return out

@@ -1,0 +1,84 @@
+"""The model a finished run released, as the membership attacker sees it (the adapter between run directories and
+`dpfl.attacks.membership`).
+
+Every client receives the global model, so a curious client (or anyone the model is published to) can query it. The
+run directory holds the final global parameters in checkpoint.pt (written when the run ends) and its config; the
+data split is rebuilt from the config's seed, so members (the clients' training records) and non-members (the global
+test set, never trained on) are exactly the run's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from dpfl.attacks.membership import run_membership_attacks
+from dpfl.data.federated import FederatedDataset
+from dpfl.engine import params as P
+from dpfl.experiment.build import build_data
+from dpfl.experiment.config import RunConfig, load_config
+from dpfl.models.registry import build_model
+
+PREDICT_BATCH = 4096
+
+
+@dataclass
+class ReleasedModel:
+    cfg: RunConfig
+    data: FederatedDataset
+    model: nn.Module
+    params: P.Params
+    loss: str
+
+    def predict(self, x: Any) -> torch.Tensor:
+        """The released model's outputs (logits, or scores for MSE-trained models), evaluation mode, no gradients."""
+        x = torch.as_tensor(x)
+        self.model.eval()
+        with torch.no_grad():
+            return torch.cat([functional_call(self.model, self.params, (x[i:i + PREDICT_BATCH],))
+                              for i in range(0, len(x), PREDICT_BATCH)])
+
+    def members(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.cat([c.x_train for c in self.data.clients]), torch.cat([c.y_train for c in self.data.clients]))
+
+    def nonmembers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.x_test, self.data.y_test
+
+
+def released_model(run_dir: str | Path) -> ReleasedModel:
+    """The final global model of a finished run directory (`dpfl run`), with the run's data split."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "summary.json").is_file():
+        raise FileNotFoundError(f"{run_dir}: not a finished dpfl run directory (no summary.json)")
+    if json.loads((run_dir / "summary.json").read_text()).get("scheme") == "mpdp":
+        raise ValueError(f"{run_dir}: an MP-DP run keeps no model (MP-DP runs are attacked inside `dpfl reproduce "
+                         "mpdp`, through mpdp.views)")
+    if not (run_dir / "checkpoint.pt").is_file():
+        raise FileNotFoundError(f"{run_dir}: has no checkpoint.pt, so the released model was not kept")
+    cfg = load_config(run_dir / "config.yaml")
+    if cfg.data.dataset == "provided" or cfg.model.name == "provided":
+        raise ValueError(f"{run_dir}: the run's data or model was passed as an object; attack it from Python")
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    if state.get("stop_reason") is None:
+        raise ValueError(f"{run_dir}: checkpoint.pt is not the final state of the run")
+    data = build_data(cfg)
+    model = build_model(cfg.model.name, tuple(data.input_shape), data.n_classes, seed=cfg.seed, **cfg.model.options)
+    params = {name: t.to(next(model.parameters()).dtype) for name, t in state["params"].items()}
+    return ReleasedModel(cfg, data, model, params, getattr(model, "loss_kind", "cross_entropy"))
+
+
+def attack_released_model(run_dir: str | Path, seed: int = 0) -> dict[str, Any]:
+    """Loss, confidence and shadow attacks on the released model (members: the clients' training records;
+    non-members: the test set; balanced, half known to the attacker, half held out for the metrics)."""
+    released = released_model(run_dir)
+    if released.data.n_classes < 2:
+        raise ValueError("membership inference needs a classification dataset")
+    results = run_membership_attacks(released.predict, released.members(), released.nonmembers(), seed=seed,
+                                     loss=released.loss)
+    return {"run": str(run_dir), "name": released.cfg.name, "loss": released.loss, "attacks": results}
