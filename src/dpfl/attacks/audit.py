@@ -12,7 +12,8 @@ with probability 1 − confidence); a run that forgot to clip or to add noise sh
 
 What it does not prove: a bound below the reported ε says only that this attack did not refute the claim; it is
 not evidence that the reported ε is tight. Scope: client-level mechanisms (udp, central DP-FedAvg, and their
-secure-aggregation forms) and non-private runs; sample-level mechanisms need canary records (not in yet).
+secure-aggregation forms) and non-private runs; sample-level mechanisms are audited with canary records
+(`sample_audit.py`; `audit_config` picks the audit of the run's unit).
 """
 
 from __future__ import annotations
@@ -76,16 +77,16 @@ def audit_client_level(cfg: RunConfig, canaries: int = 200, confidence: float = 
     if canaries < 2:
         raise ValueError(f"an audit needs at least 2 canaries, got {canaries}")
     if cfg.privacy.unit == "sample":
-        raise ValueError(f"algorithm {cfg.algorithm.name!r} protects sample-level privacy; dpfl audits client-level "
-                         "mechanisms and non-private runs (sample-level canary records are not in yet)")
+        raise ValueError(f"algorithm {cfg.algorithm.name!r} protects sample-level privacy: audit it with canary "
+                         "records (sample_audit.audit_sample_level, or audit_config)")
     n = cfg.data.clients
     included = numpy_generator(cfg.seed, Purpose.AUDIT).random(canaries) < 0.5
     audited = _with_clients(cfg, n + int(included.sum()))
     run = build_run(audited)
     unit = run.algorithm.unit
     if unit not in ("client", None):
-        raise ValueError(f"algorithm {cfg.algorithm.name!r} protects {unit}-level privacy; dpfl audits client-level "
-                         "mechanisms and non-private runs (sample-level canary records are not in yet)")
+        raise ValueError(f"algorithm {cfg.algorithm.name!r} protects {unit}-level privacy: the client-level audit "
+                         "takes client-level mechanisms and non-private runs (audit_config picks the right audit)")
     start = run.initial_state().params
     dim = P.num_parameters(start)
     g = torch_generator(cfg.seed, Purpose.AUDIT, 0, 1)
@@ -106,3 +107,13 @@ def audit_client_level(cfg: RunConfig, canaries: int = 200, confidence: float = 
             "included": int(included.sum()), "canary_norm": canary.norm, "algorithm": cfg.algorithm.name,
             "mechanism": cfg.privacy.mechanism, "rounds_run": len(result.history), "stop_reason": result.stop_reason,
             "refuted": reported is not None and bound.epsilon_lower_bound > reported}
+
+
+def audit_config(cfg: RunConfig, canaries: int = 200, confidence: float = 0.95) -> dict[str, Any]:
+    """The audit of the run's own unit: canary records for a sample-level mechanism (`sample_audit`), canary
+    clients for a client-level one or a non-private run."""
+    if cfg.privacy.unit == "sample":
+        from dpfl.attacks.sample_audit import audit_sample_level
+
+        return audit_sample_level(cfg, canaries, confidence)
+    return audit_client_level(cfg, canaries, confidence)

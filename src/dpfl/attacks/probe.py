@@ -27,6 +27,7 @@ from dpfl.experiment.build import build_data, build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, validate_config
 
 EXTRACTOR_EPOCHS = 8
+EXTRACTOR_RECORDS = 2000
 
 
 @dataclass
@@ -102,14 +103,22 @@ def matched(reconstruction: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def invert_probe(probe: Probe, steps: int = 200, seed: int = 0) -> dict[str, Any]:
-    """DLG and Inverting Gradients on the probe's gradient: per method psnr, image_mse, feature_mse (extractor
-    trained on the public classes), and the reconstructions (clipped to [0, 1], matched to the records)."""
+def public_extractor(probe: Probe, seed: int = 0) -> nn.Module:
+    """The feature extractor of the metrics: a small CNN trained (fixed seed) on at most EXTRACTOR_RECORDS test
+    records of the public classes, which the probed records never come from. It depends only on the data split
+    and the seed, so a study trains it once for all its settings."""
+    x, y = probe.public[0][:EXTRACTOR_RECORDS], probe.public[1][:EXTRACTOR_RECORDS]
+    return train_feature_extractor(x.to(torch.float64), y, probe.n_classes, seed, epochs=EXTRACTOR_EPOCHS)
+
+
+def invert_probe(probe: Probe, steps: int = 200, seed: int = 0, extractor: nn.Module | None = None) -> dict[str, Any]:
+    """DLG and Inverting Gradients on the probe's gradient: per method psnr, image_mse, feature_mse (the
+    `public_extractor`, trained here unless given), and the reconstructions (clipped to [0, 1], matched to the
+    records)."""
     x = probe.x.to(torch.float64)
     model = probe.model.to(torch.float64)
     grads = [g.to(torch.float64) for g in probe.gradient]
-    extractor = train_feature_extractor(probe.public[0].to(torch.float64), probe.public[1], probe.n_classes, seed,
-                                        epochs=EXTRACTOR_EPOCHS)
+    extractor = extractor if extractor is not None else public_extractor(probe, seed)
     methods = {
         "dlg": lambda: dlg(model, grads, probe.y, tuple(x.shape), steps=steps, seed=seed, loss=probe.loss),
         "inverting_gradients": lambda: inverting_gradients(model, grads, probe.y, tuple(x.shape), steps=steps, lr=0.1,
