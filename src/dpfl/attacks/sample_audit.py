@@ -83,11 +83,9 @@ from dpfl.attacks.one_run import lower_bound
 from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.data.registry import PROVIDED
 from dpfl.engine.losses import per_sample_loss
-from dpfl.experiment.build import build_data, build_run
+from dpfl.experiment.build import build_data, build_run, refuse_mismatched_objects
 from dpfl.experiment.config import RunConfig, config_to_dict
-from dpfl.experiment.config.errors import ConfigError
 from dpfl.experiment.config.loading import validate_config
-from dpfl.experiment.config.model import PROVIDED_MODEL
 from dpfl.privacy.events import ADD_REMOVE, REPLACE_ONE, neighboring_relation
 from dpfl.seeding import Purpose, numpy_generator
 
@@ -203,12 +201,7 @@ def audit_sample_level(cfg: RunConfig, canaries: int = 200, confidence: float = 
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     _refuse(cfg, cfg.privacy.unit)
-    if (cfg.data.dataset == PROVIDED) != (data is not None):
-        raise ConfigError(f"data: dataset {PROVIDED!r} means the data is passed as an object "
-                          "(audit_sample_level(cfg, data=...)); any other dataset is loaded from the config", "data")
-    if (cfg.model.name == PROVIDED_MODEL) != (model is not None):
-        raise ConfigError(f"model: name {PROVIDED_MODEL!r} means the model is passed as an object "
-                          "(audit_sample_level(cfg, model=...)); any other name is built from the registry", "model")
+    refuse_mismatched_objects(cfg, data, model, "audit_sample_level(cfg")
     base = data if data is not None else build_data(cfg)
     n, m = base.n_clients, int(canaries)
     included = numpy_generator(cfg.seed, Purpose.AUDIT, 0, INCLUSION_STREAM).random(m) < 0.5

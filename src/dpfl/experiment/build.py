@@ -524,6 +524,17 @@ def _calibration_target(cfg: RunConfig) -> str | float:
     return float(eps)
 
 
+def refuse_mismatched_objects(cfg: RunConfig, data: Any, model: Any, call: str) -> None:
+    """Data and model objects come with the config's `provided` names and only with them (`call` names the entry
+    point in the message, e.g. "dpfl.run(config")."""
+    if (cfg.data.dataset == PROVIDED) != (data is not None):
+        raise ConfigError(f"data: dataset {PROVIDED!r} means the data is passed as an object ({call}, data=...)); "
+                          "any other dataset is loaded from the config", "data")
+    if (cfg.model.name == PROVIDED_MODEL) != (model is not None):
+        raise ConfigError(f"model: name {PROVIDED_MODEL!r} means the model is passed as an object ({call}, "
+                          "model=...)); any other name is built from the registry", "model")
+
+
 def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn.Module | None = None) -> FederatedRun:
     """A FederatedRun for `cfg`; call ``.run(checkpoint_every=cfg.checkpoint.every)`` on it.
 
@@ -534,12 +545,7 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
         raise ConfigError(f"device: the engine runs on cpu only for now (got {cfg.device!r}; allowed: cpu)", "device")
     if cfg.backend != "local":  # pragma: no cover - the schema rejects other backends
         raise ConfigError(f"backend: not available yet (got {cfg.backend!r}; allowed: local)", "backend")
-    if (cfg.data.dataset == PROVIDED) != (data is not None):
-        raise ConfigError(f"data: dataset {PROVIDED!r} means the data is passed as an object (dpfl.run(config, "
-                          "data=...)); any other dataset is loaded from the config", "data")
-    if (cfg.model.name == PROVIDED_MODEL) != (model is not None):
-        raise ConfigError(f"model: name {PROVIDED_MODEL!r} means the model is passed as an object (dpfl.run(config, "
-                          "model=...)); any other name is built from the registry", "model")
+    refuse_mismatched_objects(cfg, data, model, "dpfl.run(config")
     data = data if data is not None else build_data(cfg)
     if model is not None:
         model = copy.deepcopy(model)
