@@ -27,10 +27,7 @@ import torch
 from dpfl.attacks.one_run import lower_bound
 from dpfl.engine import params as P
 from dpfl.experiment.build import build_run
-from dpfl.experiment.config import RunConfig
-from dpfl.experiment.config.errors import ConfigError
-from dpfl.experiment.config.loading import validate_config
-from dpfl.experiment.config import config_to_dict
+from dpfl.experiment.config import ConfigError, RunConfig, config_to_dict, validate_config
 from dpfl.seeding import Purpose, numpy_generator, torch_generator
 
 CANARY_SCALE = 10.0  # canary update norm / clip: clipping must act on it, so a run that does not clip is caught
@@ -61,6 +58,16 @@ class ClientCanaries:
         return P.unflatten(flat, deltas)
 
 
+def reported_claim(rows: list[dict[str, Any]]) -> tuple[float | None, float]:
+    """(ε, δ) the audited canaries are claimed to have: the largest of the run's one guarantee per client
+    (`epsilon_guarantee`: the ledger's ε, or Noisy-FedAvg's f-DP headline) over the rows given, at their largest δ;
+    (None, 0) when there is no row (a non-private run)."""
+    if not rows:
+        return None, 0.0
+    return (max(float(c.get("epsilon_guarantee", c["epsilon_spent"])) for c in rows),
+            max(float(c["delta"]) for c in rows))
+
+
 def _with_clients(cfg: RunConfig, clients: int) -> RunConfig:
     data = config_to_dict(cfg)
     if isinstance(data["privacy"].get("budgets"), list):
@@ -83,10 +90,6 @@ def audit_client_level(cfg: RunConfig, canaries: int = 200, confidence: float = 
     included = numpy_generator(cfg.seed, Purpose.AUDIT).random(canaries) < 0.5
     audited = _with_clients(cfg, n + int(included.sum()))
     run = build_run(audited)
-    unit = run.algorithm.unit
-    if unit not in ("client", None):
-        raise ValueError(f"algorithm {cfg.algorithm.name!r} protects {unit}-level privacy: the client-level audit "
-                         "takes client-level mechanisms and non-private runs (audit_config picks the right audit)")
     start = run.initial_state().params
     dim = P.num_parameters(start)
     g = torch_generator(cfg.seed, Purpose.AUDIT, 0, 1)
@@ -98,10 +101,8 @@ def audit_client_level(cfg: RunConfig, canaries: int = 200, confidence: float = 
     result = run.run()
     change = (P.flatten(result.params, leading=0) - P.flatten(start, leading=0)).to(torch.float64)
     scores = (directions @ change / max(float(change.norm()), 1e-300)).numpy()
-    clients = result.privacy.get("clients") or []
-    canary_rows = [c for c in clients if c.get("client", -1) >= n]
-    reported = max((c["epsilon_spent"] for c in canary_rows), default=None) if unit is not None else None
-    delta = max((c["delta"] for c in canary_rows), default=0.0) if unit is not None else 0.0
+    rows = [c for c in result.privacy.get("clients") or [] if c["client"] >= n]
+    reported, delta = reported_claim(rows if run.algorithm.unit is not None else [])
     bound = lower_bound(scores, included, delta, confidence)
     return {**bound.to_dict(), "epsilon_reported": reported, "unit": "client", "statistic": STATISTIC,
             "included": int(included.sum()), "canary_norm": canary.norm, "algorithm": cfg.algorithm.name,

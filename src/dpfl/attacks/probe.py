@@ -22,6 +22,7 @@ from torch import nn
 from dpfl.attacks.image_metrics import feature_mse, image_mse, psnr, train_feature_extractor
 from dpfl.attacks.inversion import dlg, gradient_from_update, inverting_gradients
 from dpfl.data.federated import ClientData
+from dpfl.data.registry import PROVIDED
 from dpfl.engine import params as P
 from dpfl.experiment.build import build_data, build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, validate_config
@@ -65,7 +66,7 @@ def probe_round(cfg: RunConfig, batch: int) -> Probe:
     probe_client = ClientData(x, y, c0.x_test, c0.y_test)
     probe_data = replace(data, clients=[probe_client, *data.clients[1:]])
     d = config_to_dict(cfg)
-    d["data"] = {"dataset": "provided", "clients": cfg.data.clients}
+    d["data"] = {"dataset": PROVIDED, "clients": cfg.data.clients}
     d["training"].pop("local_epochs", None)
     d["training"].update(local_steps=1, batch_size=batch)
     run = build_run(validate_config(d), data=probe_data)

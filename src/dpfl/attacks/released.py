@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from dpfl.attacks.membership import run_membership_attacks
 from dpfl.data.federated import FederatedDataset
+from dpfl.data.registry import PROVIDED
 from dpfl.engine import params as P
+from dpfl.engine.evaluation import outputs
 from dpfl.experiment.build import build_data
-from dpfl.experiment.config import RunConfig, load_config
+from dpfl.experiment.config import PROVIDED_MODEL, RunConfig, load_config
+from dpfl.experiment.run_directory import CHECKPOINT, CONFIG, SUMMARY, load_checkpoint
 from dpfl.models.registry import build_model
-
-PREDICT_BATCH = 4096
 
 
 @dataclass
@@ -38,11 +38,7 @@ class ReleasedModel:
 
     def predict(self, x: Any) -> torch.Tensor:
         """The released model's outputs (logits, or scores for MSE-trained models), evaluation mode, no gradients."""
-        x = torch.as_tensor(x)
-        self.model.eval()
-        with torch.no_grad():
-            return torch.cat([functional_call(self.model, self.params, (x[i:i + PREDICT_BATCH],))
-                              for i in range(0, len(x), PREDICT_BATCH)])
+        return outputs(self.model, self.params, torch.as_tensor(x))
 
     def members(self) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.cat([c.x_train for c in self.data.clients]), torch.cat([c.y_train for c in self.data.clients]))
@@ -54,19 +50,19 @@ class ReleasedModel:
 def released_model(run_dir: str | Path) -> ReleasedModel:
     """The final global model of a finished run directory (`dpfl run`), with the run's data split."""
     run_dir = Path(run_dir)
-    if not (run_dir / "summary.json").is_file():
-        raise FileNotFoundError(f"{run_dir}: not a finished dpfl run directory (no summary.json)")
-    if json.loads((run_dir / "summary.json").read_text()).get("scheme") == "mpdp":
+    if not (run_dir / SUMMARY).is_file():
+        raise FileNotFoundError(f"{run_dir}: not a finished dpfl run directory (no {SUMMARY})")
+    if json.loads((run_dir / SUMMARY).read_text()).get("scheme") == "mpdp":
         raise ValueError(f"{run_dir}: an MP-DP run keeps no model (MP-DP runs are attacked inside `dpfl reproduce "
                          "mpdp`, through mpdp.views)")
-    if not (run_dir / "checkpoint.pt").is_file():
-        raise FileNotFoundError(f"{run_dir}: has no checkpoint.pt, so the released model was not kept")
-    cfg = load_config(run_dir / "config.yaml")
-    if cfg.data.dataset == "provided" or cfg.model.name == "provided":
+    if not (run_dir / CHECKPOINT).is_file():
+        raise FileNotFoundError(f"{run_dir}: has no {CHECKPOINT}, so the released model was not kept")
+    cfg = load_config(run_dir / CONFIG)
+    if cfg.data.dataset == PROVIDED or cfg.model.name == PROVIDED_MODEL:
         raise ValueError(f"{run_dir}: the run's data or model was passed as an object; attack it from Python")
-    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    state = load_checkpoint(run_dir / CHECKPOINT)  # checked like a resume reads it: a damaged file is one line
     if state.get("stop_reason") is None:
-        raise ValueError(f"{run_dir}: checkpoint.pt is not the final state of the run")
+        raise ValueError(f"{run_dir}: {CHECKPOINT} is not the final state of the run")
     data = build_data(cfg)
     model = build_model(cfg.model.name, tuple(data.input_shape), data.n_classes, seed=cfg.seed, **cfg.model.options)
     params = {name: t.to(next(model.parameters()).dtype) for name, t in state["params"].items()}

@@ -77,11 +77,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call
 
+from dpfl.attacks.audit import reported_claim
 from dpfl.attacks.one_run import lower_bound
 from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.data.registry import PROVIDED
+from dpfl.engine.evaluation import outputs
 from dpfl.engine.losses import per_sample_loss
 from dpfl.experiment.build import build_data, build_run, refuse_mismatched_objects
 from dpfl.experiment.config import RunConfig, config_to_dict
@@ -161,15 +162,7 @@ def with_canaries(data: FederatedDataset, canaries: CanaryRecords, relation: str
 def canary_scores(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                   loss: str) -> np.ndarray:
     """Minus the per-record loss of `model` with `params` on the canaries (eval mode): higher = guessed included."""
-    loss_fn = per_sample_loss(loss)
-    was_training = model.training
-    model.eval()
-    try:
-        out = [loss_fn(functional_call(model, dict(params), (x[lo: lo + SCORE_BATCH],)), y[lo: lo + SCORE_BATCH])
-               for lo in range(0, len(x), SCORE_BATCH)]
-    finally:
-        model.train(was_training)
-    return -torch.cat(out).double().numpy()
+    return -per_sample_loss(loss)(outputs(model, params, x, SCORE_BATCH), y).double().numpy()
 
 
 def claimed_relation(cfg: RunConfig) -> str:
@@ -225,11 +218,7 @@ def audit_sample_level(cfg: RunConfig, canaries: int = 200, confidence: float = 
     rows = result.privacy.get("clients") or []
     holders = canary.holders()
     rows = [c for c in rows if c["client"] in holders] or rows  # no canary included: the run's largest
-    if unit is None or not rows:
-        reported, delta = None, 0.0
-    else:
-        reported = max(float(c.get("epsilon_guarantee", c["epsilon_spent"])) for c in rows)
-        delta = max(float(c["delta"]) for c in rows)
+    reported, delta = reported_claim(rows if unit is not None else [])
     bound = lower_bound(scores, included, delta, confidence)
     return {**bound.to_dict(), "epsilon_reported": reported, "unit": "sample",
             "statistic": f"-({loss} loss of the final global model on the canary)", "canary_design": DESIGN,

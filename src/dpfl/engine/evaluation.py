@@ -12,6 +12,19 @@ from dpfl.engine.losses import per_sample_loss
 
 
 @torch.no_grad()
+def outputs(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
+    """`model`'s outputs with `params` on `x`, in batches, in eval mode (restored after): what anyone holding the
+    released model can compute (the attacks' view of it)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return torch.cat([functional_call(model, dict(params), (x[lo : lo + batch_size],))
+                          for lo in range(0, len(x), batch_size)])
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
 def evaluate(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
              loss: str = "cross_entropy", batch_size: int = 2048) -> tuple[float | None, float | None]:
     """(accuracy, mean loss) of `model` with `params`; accuracy is None for regression losses."""

@@ -19,7 +19,7 @@ from dpfl.experiment.config.errors import ConfigError
 from dpfl.experiment.config.loading import read_config_mapping
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import MPDPResult, run_mpdp
-from dpfl.experiment.run_directory import RunDirectoryError
+from dpfl.experiment.run_directory import CONFIG, METRICS, PRIVACY, SUMMARY, RunDirectoryError
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 SCHEME = "mpdp"
@@ -36,20 +36,20 @@ def is_mpdp_config(path: str | Path) -> bool:
 
 def write_run_files(out: Path, result: MPDPResult) -> None:
     """metrics.jsonl and privacy.json of a finished run (summary.json is the caller's, written last)."""
-    write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in result.history))
-    write_json_atomic(out / "privacy.json", result.privacy)
+    write_text_atomic(out / METRICS, "".join(json.dumps(row) + "\n" for row in result.history))
+    write_json_atomic(out / PRIVACY, result.privacy)
 
 
 def execute_mpdp(cfg: MPDPConfig, out: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run cfg's `method` into `out` (which must not exist or be empty) and return the summary."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        state = "a finished run" if (out / "summary.json").exists() else "an unfinished run: MP-DP runs cannot resume"
+        state = "a finished run" if (out / SUMMARY).exists() else "an unfinished run: MP-DP runs cannot resume"
         raise RunDirectoryError(f"{out} already exists and is not empty ({state}; choose another --out)")
     result = run_mpdp(cfg, cfg.method, progress=progress)  # data and calibration errors surface before any write
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    write_text_atomic(out / CONFIG, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     write_run_files(out, result)
     summary = {"name": cfg.name, "scheme": SCHEME, **result.summary, "rounds_done": cfg.rounds}
-    write_json_atomic(out / "summary.json", summary)
+    write_json_atomic(out / SUMMARY, summary)
     return summary

@@ -145,11 +145,12 @@ def _inspect(cfg: RunConfig, out: Path) -> _Found:
         read_privacy(out)
     if summary is not None:
         return _Found(_sha256(raw), summary, None)
-    checkpoint = _load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
+    checkpoint = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None
     return _Found(_sha256(raw), None, checkpoint)
 
 
-def _load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's content, after checking it is a whole torch archive with every RunState key (else one line)."""
     problem = _archive_problem(path)
     data: Any = None
     if problem is None:

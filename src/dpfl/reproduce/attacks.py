@@ -8,7 +8,8 @@ on the base config (configs/attacks/ci_fmnist.yaml):
 - gradient inversion of one client's upload of 4 records in a probe round (`attacks.probe`; the better of DLG and
   Inverting Gradients by PSNR);
 - the empirical audit of the mechanism's unit (`attacks.audit`: canary clients for fedavg and client, canary records
-  for dpsgd), a 95%-confidence lower bound on epsilon next to the reported one.
+  for dpsgd), a 95%-confidence lower bound on epsilon next to the epsilon the audited run (the setting plus its
+  canaries, calibrated to the same budget) reports.
 
 OUT/results.csv: method, epsilon, psnr, mia_asr, mia_auc, tpr_at_1fpr, eps_lower, eps_reported, accuracy,
 audit_unit, status. Each setting's attacks.json is written last: a re-run skips finished settings.
@@ -129,7 +130,8 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str) -> str:
              "psnr: the better of DLG and Inverting Gradients on one client's upload of 4 records in a probe round (higher "
              "= more leakage). mia: the strongest of the loss, confidence and shadow attacks on the released model "
              "(ASR 0.5 = guessing). eps_lower: a 95%-confidence empirical lower bound on epsilon from canaries "
-             "(one run; Steinke et al. 2023); it can refute a reported epsilon, never confirm it.", ""]
+             "(one run; Steinke et al. 2023), next to the epsilon the audited run (the setting plus its canaries, calibrated to "
+             "the same budget) reports; it can refute a reported epsilon, never confirm it.", ""]
     body = [[r["method"], _f(r.get("epsilon"), "g"), _f(r.get("accuracy"), ".3f"), _f(r.get("psnr"), ".1f"),
              _f(r.get("mia_asr"), ".3f"), _f(r.get("mia_auc"), ".3f"), _f(r.get("tpr_at_1fpr"), ".3f"),
              _f(r.get("eps_lower"), ".3f"), _f(r.get("eps_reported"), ".3f"), r.get("audit_unit") or "n/a",
