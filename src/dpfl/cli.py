@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dpfl.engine.backends.errors import BackendError
 from dpfl.results.json_output import emit_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -127,6 +128,9 @@ def run(
         print_outcome(out, console, summary)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except BackendError as e:  # workers lost twice in a round: the run keeps its last checkpoint
+        _fail(f"{e}; continue from the last checkpoint with: dpfl run {config} --resume"
+              + (f" --out {out}" if out is not None else ""))
 
 
 def _run_mpdp(config: Path, sets: list[str], out: Optional[Path]) -> None:

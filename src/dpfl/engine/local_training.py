@@ -116,6 +116,9 @@ class ClientPlan:
 
     step_lrs, if given, are the learning rates of its `steps` local steps (a schedule eta_{k,t} such
     as Noisy-FedAvg's cyclic or stage-wise rates); None uses the spec's constant lr.
+    key, if given, keys the client's batch and noise generators instead of `client` (which then only
+    indexes `data`): a process holding one client's records (a Flower node) trains it as client 0 of its
+    own data with the run-wide id as key, and draws exactly the batches and noise the simulation draws.
     """
 
     client: int
@@ -123,6 +126,12 @@ class ClientPlan:
     steps: int
     noise_multiplier: float = 0.0
     step_lrs: tuple[float, ...] | None = None
+    key: int | None = None
+
+    @property
+    def stream(self) -> int:
+        """The id the client's generators are keyed by (seeding.py: (seed, round, client, purpose))."""
+        return self.client if self.key is None else self.key
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -326,14 +335,14 @@ def _run_chunk(
     buf = torch.zeros_like(flat) if spec.momentum else None
     clients = torch.tensor([p.client for p in plans])
     batches = [
-        BatchStream(spec.sampling, data.size(p.client), p.batch_size, torch_generator(seed, Purpose.BATCH, round_, p.client),
+        BatchStream(spec.sampling, data.size(p.client), p.batch_size, torch_generator(seed, Purpose.BATCH, round_, p.stream),
                     p.steps)
         for p in plans
     ]
     dim = sum(w[n][0].numel() for n in names)  # noise lives on trainable coordinates only
     noisy = [p.noise_multiplier > 0 for p in plans]
     noises = [
-        NoiseStream(dim, p.steps, torch_generator(seed, Purpose.NOISE, round_, p.client)) if noisy[i] else None
+        NoiseStream(dim, p.steps, torch_generator(seed, Purpose.NOISE, round_, p.stream)) if noisy[i] else None
         for i, p in enumerate(plans)
     ]
     noise_sums = torch.zeros(k, dim) if any(noisy) else None

@@ -46,6 +46,9 @@ from dpfl.algorithms.server.splitting import presets as splitting_presets
 from dpfl.algorithms.server.splitting.aggregator import EngineOperator, SplittingAggregator
 from dpfl.algorithms.server.pfa_plus import PFAPlus
 from dpfl.algorithms.server.robust_hdp import RobustHDP
+from dpfl.engine.backends.base import Backend
+from dpfl.engine.backends.errors import BackendError
+from dpfl.engine.backends.local import LocalBackend
 from dpfl.data import federated_dataset
 from dpfl.data.clustered import clustered_split
 from dpfl.data.registry import load_dataset
@@ -535,6 +538,20 @@ def refuse_mismatched_objects(cfg: RunConfig, data: Any, model: Any, call: str) 
                           "model=...)); any other name is built from the registry", "model")
 
 
+def build_backend(cfg: RunConfig) -> Backend:
+    """Where the run's local training happens; `backend: ray` without Ray installed is one line naming the extra."""
+    if cfg.backend == "local":
+        return LocalBackend()
+    from dpfl.engine.backends.ray import RayBackend, import_ray
+
+    try:
+        import_ray()
+    except BackendError as err:
+        raise ConfigError(f"backend: {err}", "backend") from None
+    assert cfg.ray is not None  # filled in by the schema
+    return RayBackend(actors=cfg.ray.actors, threads=cfg.ray.threads_per_actor, address=cfg.ray.address)
+
+
 def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn.Module | None = None) -> FederatedRun:
     """A FederatedRun for `cfg`; call ``.run(checkpoint_every=cfg.checkpoint.every)`` on it.
 
@@ -543,8 +560,6 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
     """
     if cfg.device != "cpu":
         raise ConfigError(f"device: the engine runs on cpu only for now (got {cfg.device!r}; allowed: cpu)", "device")
-    if cfg.backend != "local":  # pragma: no cover - the schema rejects other backends
-        raise ConfigError(f"backend: not available yet (got {cfg.backend!r}; allowed: local)", "backend")
     refuse_mismatched_objects(cfg, data, model, "dpfl.run(config")
     data = data if data is not None else build_data(cfg)
     if model is not None:
@@ -589,6 +604,7 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
                        if cfg.privacy.misreport is not None else None),
             calibration=cfg.privacy.calibration,
             participation=cfg.privacy.participation,
+            backend=build_backend(cfg),
         )
     except ValueError as err:
         where = "privacy.budgets" if calibrating else "config"

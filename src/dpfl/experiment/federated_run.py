@@ -25,18 +25,20 @@ from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.pfa import NoPublicClients
 from dpfl.algorithms.server.stop import StopTraining
 from dpfl.algorithms.server.view import ServerView
+from dpfl.experiment.client_round import train_phases
 from dpfl.engine import params as P
 from dpfl.engine.allocator import tune_malloc
 from dpfl.engine.evaluation import evaluate
-from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, run_local
+from dpfl.engine.backends.base import Backend
+from dpfl.engine.backends.local import LocalBackend
+from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS
 from dpfl.engine.pooled import PooledData
 from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun, calibrate_run, calibration_targets
 from dpfl.privacy.ledger import PrivacyLedger
-from dpfl.seeding import Purpose, derive_seed, numpy_generator
+from dpfl.seeding import Purpose, numpy_generator
 
-PHASE_KEY = 0x5048  # seeds of a phased local program's later phases: derive_seed(seed, PHASE_KEY, phase)
 REDRAWS = 50  # draws of a round's sample before giving up on a public participant (spec §4.2)
 FLOAT_BYTES = 4
 
@@ -79,6 +81,15 @@ class LocalRound:
     channel: NoiseChannel
     noise_sq_norm: list[float]  # per client: ||sum_t xi_t||^2 of the Gaussian noise it drew
     dim: int  # model parameters p
+
+
+@dataclass
+class RemoteRound:
+    """What remote clients return for a round: their uploads (in the order asked) and their local facts."""
+
+    uploads: P.Params  # [K, ...]
+    steps: list[int]
+    noise_sq_norm: list[float]
 
 
 @dataclass
@@ -126,6 +137,8 @@ class FederatedRun:
     computed for (PFA semantics), and the epsilon reported is still the accountant's epsilon of the
     noise actually used, which may exceed the budget (the run is then tagged meets_budgets: false).
     batch_sizes: per client (or one).
+    backend: where the cohort's local training runs (engine/backends: in process by default, or Ray actors); the
+    run's result does not depend on it (all randomness is keyed by seed, round and client).
     """
 
     def __init__(
@@ -147,6 +160,7 @@ class FederatedRun:
         misreport: Mapping[int, float] | None = None,
         calibration: str = "accountant",
         participation: str = "expected",
+        backend: Backend | None = None,
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -159,6 +173,7 @@ class FederatedRun:
         self.data, self.model, self.algorithm = data, model, algorithm
         self.rounds, self.seed, self.eval_every, self.max_elements = rounds, seed, eval_every, max_elements
         self.accountant = accountant
+        self.backend: Backend = backend if backend is not None else LocalBackend()
         self._client_events: tuple[tuple[Any, Any], dict] = ((None, None), {})  # see _event_cache
         self.pooled = PooledData.from_clients([c.x_train for c in data.clients], [c.y_train for c in data.clients])
         n = self.pooled.n_clients
@@ -199,6 +214,9 @@ class FederatedRun:
         # privacy audits only (dpfl.attacks.audit): (client ids, their local updates, round) -> the updates that go
         # into the upload stage; canary clients' updates are replaced there, before any clipping or noise
         self.update_hook: Callable[[list[int], P.Params, int], P.Params] | None = None
+        # a real federation (dpfl.flower): `round(run, r, w, ids)` returns the selected clients' uploads `[K, ...]`,
+        # their local steps and noise norms (a `RemoteRound`), computed by the clients themselves
+        self.remote_clients: Any = None
         self.noise = self._noise_multipliers(noise_multipliers)
         self._calibrate_stage()
 
@@ -354,6 +372,20 @@ class FederatedRun:
         self.steps_done = np.array(state.steps_done, dtype=np.int64)
         stop_reason = state.stop_reason
         r = state.round
+        try:
+            w, r, history, stop_reason = self._rounds(w, r, retired, history, stop_reason, on_round, on_checkpoint,
+                                                      checkpoint_every)
+        finally:
+            self.backend.close()  # workers of a remote backend end with the run (or its failure)
+        stop_reason = stop_reason or "rounds"
+        if on_checkpoint is not None:
+            on_checkpoint(self._state(r, w, retired, history, stop_reason))
+        return RunResult(w, history, self.ledger, self.noise, stop_reason, self.privacy_summary(stop_reason, r, history))
+
+    def _rounds(self, w: P.Params, r: int, retired: set[int], history: list[dict[str, Any]], stop_reason: str | None,
+                on_round: Callable[[dict[str, Any]], None] | None, on_checkpoint: Callable[[RunState], None] | None,
+                checkpoint_every: int) -> tuple[P.Params, int, list[dict[str, Any]], str | None]:
+        """Rounds r+1 .. until the last, a budget or a stop; a checkpoint every `checkpoint_every` rounds."""
         while stop_reason is None and r < self.rounds:
             try:
                 step = self._one_round(r, w, retired)
@@ -370,10 +402,7 @@ class FederatedRun:
                 on_round(row)
             if on_checkpoint is not None and r % checkpoint_every == 0 and r < self.rounds:
                 on_checkpoint(self._state(r, w, retired, history, None))
-        stop_reason = stop_reason or "rounds"
-        if on_checkpoint is not None:
-            on_checkpoint(self._state(r, w, retired, history, stop_reason))
-        return RunResult(w, history, self.ledger, self.noise, stop_reason, self.privacy_summary(stop_reason, r, history))
+        return w, r, history, stop_reason
 
     def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]], stop: str | None) -> RunState:
         ledger = self.ledger.to_dict() if self.ledger is not None else None
@@ -479,28 +508,29 @@ class FederatedRun:
         aggregators on the same uploads) can reuse exactly the engine's round; it records nothing in the ledger.
         """
         alg = self.algorithm
-        current, stacked = (starts, True) if starts is not None else (w, False)
-        steps, noise_sq = np.zeros(len(selected), dtype=np.int64), np.zeros(len(selected))
-        for index, phase in enumerate(getattr(alg.local, "phases", (alg.local,))):  # CENTAUR: head, then body
-            plans = [phase.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
-                     for i in selected]
-            seed = self.seed if index == 0 else derive_seed(self.seed, PHASE_KEY, index)  # fresh batches and noise
-            spec = phase.spec_at(r)
-            res = run_local(self.model, spec, plans, self.pooled, current, seed=seed, round_=r,
-                            stacked_start=stacked, max_elements=self.max_elements,
-                            anchor=w if spec.prox_to == "anchor" else None)
-            current, stacked = res.params, True
-            steps += np.array(res.steps, dtype=np.int64)
-            noise_sq += np.array(res.noise_sq_norm)
-        deltas = P.sub(current, starts if starts is not None else P.broadcast(w, len(selected)))
         ids = [int(i) for i in selected]
+        if self.remote_clients is not None:  # the clients train on their own machines (a Flower federation)
+            if starts is not None or alg.personal is not None or self.update_hook is not None:
+                raise ValueError(f"algorithm {alg.name!r}: remote clients run stateless local programs from the "
+                                 "global model only (no personal starts, client state or audit hook)")
+            remote = self.remote_clients.round(self, r, w, ids)
+            return LocalRound(remote.uploads, self._view(selected, expected), self._channel(selected, remote.steps),
+                              remote.noise_sq_norm, P.num_parameters(w))
+        trained = train_phases(
+            alg, self.model, self.backend, self.pooled,
+            lambda phase: [phase.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
+                           for i in selected],
+            starts if starts is not None else w, stacked=starts is not None, seed=self.seed, round_=r,
+            max_elements=self.max_elements, global_model=w)
+        current = trained.params
+        deltas = P.sub(current, starts if starts is not None else P.broadcast(w, len(selected)))
         if alg.personal is not None:  # keep the local part on the client; the rest is the shared update
             deltas = alg.personal.shared_update(deltas, ids)
         if self.update_hook is not None:
             deltas = self.update_hook(ids, deltas, r)
         uploads = alg.upload.apply(deltas, ids, self.seed, r)
-        return LocalRound(uploads, self._view(selected, expected), self._channel(selected, steps.tolist()),
-                          noise_sq.tolist(), P.num_parameters(w))
+        return LocalRound(uploads, self._view(selected, expected), self._channel(selected, trained.steps),
+                          trained.noise_sq_norm, P.num_parameters(w))
 
     def _select(self, eligible: np.ndarray, r: int) -> np.ndarray:
         """The round's participants; re-drawn (up to REDRAWS times) while the aggregator rejects the sample.

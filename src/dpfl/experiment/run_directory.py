@@ -115,6 +115,12 @@ class _Found:
         self.fingerprint, self.summary, self.checkpoint = fingerprint, summary, checkpoint
 
 
+def _placed_alike(cfg: RunConfig) -> str:
+    """The config without where it runs (backend, ray): a run may resume on another backend, since its result does
+    not depend on it (all randomness is keyed by seed, round and client); config.yaml keeps the one it started on."""
+    return config_to_yaml(cfg.model_copy(update={"backend": "local", "ray": None}))
+
+
 def _inspect(cfg: RunConfig, out: Path) -> _Found:
     """Read and check every file of `out` against `cfg`; raise before anything is written."""
     path = out / CONFIG
@@ -131,7 +137,7 @@ def _inspect(cfg: RunConfig, out: Path) -> _Found:
         raise RunDirectoryError(
             f"{path}: corrupt: not a valid dpfl config ({detail}); nothing was changed; without its saved config the "
             "run cannot be resumed: restore config.yaml from a copy, or re-run the experiment into a new --out") from None
-    if config_to_yaml(saved) != config_to_yaml(cfg):
+    if config_to_yaml(saved) != config_to_yaml(cfg) and _placed_alike(saved) != _placed_alike(cfg):
         where = _first_difference(config_to_dict(saved), config_to_dict(cfg))
         note = ("" if config_to_yaml(saved).encode("utf-8") == raw else
                 f"; note: {CONFIG} is not in the form dpfl writes it (edited, cut short, or written by another dpfl "

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from dpfl.experiment.config.algorithm import AlgorithmConfig
+from dpfl.experiment.config.backend import RayConfig
 from dpfl.experiment.config.base import _Section
 from dpfl.experiment.config.budgets import _BUDGETS_ALLOWED, Rhdp20Budgets, _all_unlimited, _has_unlimited
 from dpfl.experiment.config.data import DataConfig
@@ -44,6 +45,7 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0)
     device: Literal["cpu", "cuda"] = "cpu"
     backend: Literal["local", "ray"] = "local"
+    ray: RayConfig | None = None
     data: DataConfig
     model: ModelConfig
     algorithm: AlgorithmConfig
@@ -63,12 +65,15 @@ class RunConfig(_Section):
                 _fail("", "cuda is not available on this machine", v, "cpu")
         return v
 
-    @field_validator("backend")
-    @classmethod
-    def _backend_available(cls, v: str) -> str:
-        if v == "ray":
-            _fail("", "the ray backend is not available yet", v, "local")
-        return v
+    @model_validator(mode="after")
+    def _ray_section(self) -> RunConfig:
+        """`ray` settings go with `backend: ray` only (left out: its defaults)."""
+        if self.ray is not None and self.backend != "ray":
+            _fail("ray", "the ray section configures backend 'ray'; this run's backend is "
+                  f"{self.backend!r}", "{...}", "null (or set backend: ray)")
+        if self.backend == "ray" and self.ray is None:
+            self.ray = RayConfig()
+        return self
 
     @property
     def planned_cohort(self) -> int | None:

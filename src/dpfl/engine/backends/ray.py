@@ -1,0 +1,204 @@
+"""The cohort sharded across Ray actors, each training its shard with the vectorised engine.
+
+Each actor receives the model and every client's records once, when it starts (through Ray's object store);
+each round the start model is put in the store once and every actor reads it from there. Shards are dealt by
+cost (records a client processes: steps x batch size) so the actors finish together, and the results are put
+back in plan order. Every client's batches and noise are keyed by (seed, round, client), so the round's
+result does not depend on how the cohort is sharded (tests/engine/test_ray_backend.py checks it bit for bit).
+
+An actor that dies mid-round (its process or node lost) is replaced and its shard retried once; a second
+failure raises `BackendError` and the round is not applied, so a run directory keeps its last checkpoint and
+resumes. An error inside the local program (a bad plan, say) is the program's error, raised as it would be
+in process, never retried.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpfl.engine import params as P
+from dpfl.engine.backends.errors import BackendError
+from dpfl.engine.local_training import ClientPlan, LocalResult, LocalSpec, run_local
+from dpfl.engine.pooled import PooledData
+
+INSTALL_HINT = "pip install 'dpfl[ray]'"
+START_TIMEOUT_S = 300.0  # an actor that has not started by then will not (no free CPU in the cluster, say)
+
+
+def import_ray() -> Any:
+    """The ray module, or one clear line naming the extra that installs it."""
+    try:
+        import ray
+    except ImportError:
+        raise BackendError(f"backend 'ray' needs Ray, which is not installed: {INSTALL_HINT}") from None
+    return ray
+
+
+def deal(plans: Sequence[ClientPlan], shards: int) -> list[list[int]]:
+    """Plan indices per shard, heaviest client first to the least loaded shard (no empty shard is returned)."""
+    loads = [0] * shards
+    out: list[list[int]] = [[] for _ in range(shards)]
+    for i in sorted(range(len(plans)), key=lambda i: -(plans[i].steps * plans[i].batch_size)):
+        s = min(range(shards), key=lambda s: (loads[s], s))
+        out[s].append(i)
+        loads[s] += max(1, plans[i].steps * plans[i].batch_size)
+    return [sorted(rows) for rows in out if rows]
+
+
+class ShardWorker:
+    """One actor: the model and the records, kept for the whole run; trains whatever shard it is given."""
+
+    def __init__(self, model: nn.Module, data: PooledData, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.model, self.data = model, data
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def train(self, spec: LocalSpec, plans: Sequence[ClientPlan], start: Mapping[str, torch.Tensor], seed: int,
+              round_: int, stacked_start: bool, max_elements: int,
+              anchor: Mapping[str, torch.Tensor] | None) -> LocalResult:
+        return run_local(self.model, spec, plans, self.data, start, seed=seed, round_=round_,
+                         stacked_start=stacked_start, max_elements=max_elements, anchor=anchor)
+
+
+def has_dropout(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+
+
+class RayBackend:
+    """`actors` Ray actors with `threads` torch threads each, on `address` (None: a Ray instance on this machine).
+
+    Ray is started on first use (or the running instance is used) and stopped by `close` only if this backend
+    started it.
+    """
+
+    name = "ray"
+
+    def __init__(self, *, actors: int = 2, threads: int = 1, address: str | None = None) -> None:
+        if actors < 1 or threads < 1:
+            raise ValueError(f"actors and threads must be >= 1, got {actors} and {threads}")
+        self.n_actors, self.threads, self.address = actors, threads, address
+        self.actors: list[Any] = []
+        self.retries = 0  # shards retried after an actor died (reported by benchmarks and tests)
+        self._owned_ray = False
+        self._bound: tuple[int, int] | None = None  # ids of the model and data the actors hold
+        self._refs: tuple[Any, Any] | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def _start_ray(self) -> Any:
+        ray = import_ray()
+        if not ray.is_initialized():
+            need = self.n_actors * self.threads
+            kw: dict[str, Any] = {"address": self.address} if self.address else {
+                "num_cpus": max(need, os.cpu_count() or 1), "include_dashboard": False}
+            ray.init(logging_level="ERROR", log_to_driver=False, **kw)
+            self._owned_ray = True
+        available = ray.cluster_resources().get("CPU", 0)
+        if available < self.n_actors * self.threads:
+            raise BackendError(f"backend 'ray': {self.n_actors} actors x {self.threads} threads need "
+                               f"{self.n_actors * self.threads} CPUs; the Ray cluster has {available:g}")
+        return ray
+
+    def _spawn(self) -> Any:
+        ray = import_ray()
+        assert self._refs is not None
+        return ray.remote(num_cpus=self.threads)(ShardWorker).remote(*self._refs, self.threads)
+
+    def _bind(self, model: nn.Module, data: PooledData) -> None:
+        """Start the actors with this model and these records (again, if the run gave others)."""
+        if self._bound == (id(model), id(data)) and self.actors:
+            return
+        if has_dropout(model):
+            raise BackendError("backend 'ray' cannot shard a model with dropout: its masks are drawn for the whole "
+                               "cohort at once, so a shard would draw others; use backend 'local'")
+        ray = self._start_ray()
+        self._kill_actors()
+        self._refs = (ray.put(model), ray.put(data))
+        self.actors = [self._spawn() for _ in range(self.n_actors)]
+        try:
+            ray.get([a.ready.remote() for a in self.actors], timeout=START_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 -- any start failure is the backend's, said in one line
+            self.close()
+            raise BackendError(f"backend 'ray': the actors did not start within {START_TIMEOUT_S:g} s ({err})") from None
+        self._bound = (id(model), id(data))
+
+    def _kill_actors(self) -> None:
+        if not self.actors:
+            return
+        ray = import_ray()
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001, S110 -- already gone
+                pass
+        self.actors = []
+
+    def close(self) -> None:
+        """Stop the actors (and Ray, if this backend started it); a later `train` starts them again."""
+        self._kill_actors()
+        self._bound, self._refs = None, None
+        if self._owned_ray:
+            import_ray().shutdown()
+            self._owned_ray = False
+
+    # ---- one round ---------------------------------------------------------------------------
+    def train(self, model: nn.Module, spec: LocalSpec, plans: Sequence[ClientPlan], data: PooledData,
+              start: Mapping[str, torch.Tensor], *, seed: int, round_: int, stacked_start: bool,
+              max_elements: int, anchor: Mapping[str, torch.Tensor] | None) -> LocalResult:
+        if not plans:
+            raise ValueError("no clients to train")
+        self._bind(model, data)
+        ray = import_ray()
+        shards = deal(plans, len(self.actors))
+        shared = None if stacked_start else ray.put(dict(start))  # one broadcast per round, read by every actor
+        anchor_ref = ray.put(dict(anchor)) if anchor is not None else None
+
+        def submit(j: int) -> Any:
+            rows = shards[j]
+            begin = ray.put(P.select(start, torch.tensor(rows))) if stacked_start else shared
+            return self.actors[j].train.remote(spec, [plans[i] for i in rows], begin, seed, round_, stacked_start,
+                                               max_elements, anchor_ref)
+
+        pending = [submit(j) for j in range(len(shards))]
+        results = [self._collect(j, ref, submit, round_) for j, ref in enumerate(pending)]
+        return _merge(plans, shards, results)
+
+    def _collect(self, j: int, ref: Any, submit: Any, round_: int) -> LocalResult:
+        """Shard j's result; if its actor died, a new actor retries it once."""
+        ray = import_ray()
+        for attempt in (0, 1):
+            try:
+                return ray.get(ref)
+            except ray.exceptions.RayTaskError as err:  # the local program raised: its own error, not retried
+                raise err.as_instanceof_cause() from None
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+                    ray.exceptions.ObjectLostError) as err:
+                if attempt == 1:
+                    raise BackendError(f"round {round_ + 1}: shard {j} failed twice (its actor died: "
+                                       f"{type(err).__name__}); the round was not applied") from None
+                self.retries += 1
+                self.actors[j] = self._spawn()
+                ref = submit(j)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _merge(plans: Sequence[ClientPlan], shards: list[list[int]], results: list[LocalResult]) -> LocalResult:
+    """The shards' results back in plan order."""
+    k = len(plans)
+    first = results[0].params
+    params = {n: t.new_empty((k, *t.shape[1:])) for n, t in first.items()}
+    steps, used, empties, noise = [0] * k, [0] * k, [0] * k, [0.0] * k
+    for rows, res in zip(shards, results):
+        index = torch.tensor(rows)
+        for n in params:
+            params[n][index] = res.params[n]
+        for j, i in enumerate(rows):
+            steps[i], used[i], empties[i] = res.steps[j], res.records_used[j], res.empty_batches[j]
+            noise[i] = res.noise_sq_norm[j] if res.noise_sq_norm else 0.0
+    return LocalResult(params, steps, used, empties, noise)
