@@ -15,6 +15,7 @@ in process, never retried.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -97,7 +98,9 @@ class RayBackend:
             need = self.n_actors * self.threads
             kw: dict[str, Any] = {"address": self.address} if self.address else {
                 "num_cpus": max(need, os.cpu_count() or 1), "include_dashboard": False}
-            ray.init(logging_level="ERROR", log_to_driver=False, **kw)
+            with warnings.catch_warnings():  # Ray's notices about GPUs and future defaults; dpfl runs on CPUs
+                warnings.simplefilter("ignore", FutureWarning)
+                ray.init(logging_level="ERROR", log_to_driver=False, **kw)
             self._owned_ray = True
         available = ray.cluster_resources().get("CPU", 0)
         if available < self.n_actors * self.threads:
