@@ -79,7 +79,7 @@ class LocalRound:
     uploads: P.Params  # [K, ...] in view order
     view: ServerView
     channel: NoiseChannel
-    noise_sq_norm: list[float]  # per client: ||sum_t xi_t||^2 of the Gaussian noise it drew
+    noise_sq_norm: list[float] | None  # per client: ||sum_t xi_t||^2 of the Gaussian noise it drew (None: unknown)
     dim: int  # model parameters p
 
 
@@ -89,7 +89,7 @@ class RemoteRound:
 
     uploads: P.Params  # [K, ...]
     steps: list[int]
-    noise_sq_norm: list[float]
+    noise_sq_norm: list[float] | None  # None: the clients keep their noise to themselves (secret seeds)
 
 
 @dataclass
@@ -589,10 +589,12 @@ class FederatedRun:
         if not self.algorithm.local.private or spec.momentum != 0 or self.algorithm.personal is not None:
             return {}
         w, view, lr = weights.to(torch.float64), local.view, spec.lr
-        n_sq = torch.tensor(local.noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
         scale = local.dim * lr * lr  # not lr**2: a float power overflows with an exception, a product to inf
-        return {"noise_stat_empirical": float((w.pow(2) * n_sq).sum() / scale),
-                "noise_stat_analytic": float((w.pow(2) * local.channel.update_noise_variance(view, local.dim)).sum() / scale)}
+        out = {"noise_stat_analytic": float((w.pow(2) * local.channel.update_noise_variance(view, local.dim)).sum() / scale)}
+        if local.noise_sq_norm is not None:  # unknown when remote clients keep their noise secret
+            n_sq = torch.tensor(local.noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
+            out["noise_stat_empirical"] = float((w.pow(2) * n_sq).sum() / scale)
+        return out
 
     def _eligible(self, active: np.ndarray, server_event: DpEvent | None, r: int) -> np.ndarray:
         """Clients whose round r (if they take part) keeps them within budget.

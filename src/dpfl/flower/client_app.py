@@ -1,0 +1,134 @@
+"""The ClientApp: one SuperNode = one dpfl client, which trains on its own records and returns its upload.
+
+`client_upload` is the whole computation (testable without Flower's runtime); it repeats the clients' side of
+`FederatedRun.local_round` for one client: `train_phases` with the client's plan keyed by its run-wide id, then
+`end - w`, then the upload stage (`alg.upload.apply`). With the run seed (shared-seed, testing only) the node draws
+exactly the batches and noise the simulation draws for that client; by default it draws them from its own secret
+seed (node config `seed`, else `secrets.randbits`), which the server never learns.
+
+Demo simplification: the node derives its partition from the config's public dataset (`build_data`, then client
+`partition-id` of the split); a real node would load its own records instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from dpfl.flower import require_flwr
+
+require_flwr()
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+
+from dpfl.engine import params as P  # noqa: E402
+from dpfl.engine.backends.local import LocalBackend  # noqa: E402
+from dpfl.engine.pooled import PooledData  # noqa: E402
+from dpfl.experiment.client_round import train_phases  # noqa: E402
+from dpfl.flower.arrays import from_record, to_record  # noqa: E402
+from dpfl.flower.protocol import FACTS, GLOBAL, NODE, PARTITION_ID, PLAN, UPLOAD, TrainPlan  # noqa: E402
+
+
+@dataclass
+class ClientSide:
+    """What a node builds once per config: the local program and upload stage, the model, its own records."""
+
+    algorithm: Any
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+_BUILT: dict[tuple[str, int], ClientSide] = {}
+_SECRET_SEED: list[int] = []
+
+
+def client_side(config_yaml: str, partition: int) -> ClientSide:
+    """The node's algorithm, model and records for `config_yaml` (cached per config and partition)."""
+    key = (hashlib.sha256(config_yaml.encode()).hexdigest(), partition)
+    if key not in _BUILT:
+        from dpfl.experiment.build import build_algorithm, build_data
+        from dpfl.experiment.config import validate_config
+        from dpfl.models import build_model
+
+        cfg = validate_config(yaml.safe_load(config_yaml))
+        data = build_data(cfg)  # demo: the split of a public dataset; a real node loads its own records
+        if not 0 <= partition < len(data.clients):
+            raise ValueError(f"partition-id {partition} is not a client of this config (0..{len(data.clients) - 1})")
+        model = build_model(cfg.model.name, tuple(data.input_shape), data.n_classes, seed=cfg.seed, **cfg.model.options)
+        own = data.clients[partition]
+        _BUILT.clear()  # one run at a time per node process
+        _BUILT[key] = ClientSide(build_algorithm(cfg, model), model, own.x_train, own.y_train)
+    return _BUILT[key]
+
+
+def node_seed(node_config: Any) -> int:
+    """The node's secret seed: node config `seed`, else one random draw per process (never sent to the server)."""
+    if "seed" in node_config:
+        return int(node_config["seed"])
+    if not _SECRET_SEED:
+        _SECRET_SEED.append(secrets.randbits(62))
+    return _SECRET_SEED[0]
+
+
+def client_upload(side: ClientSide, plan: TrainPlan, w: P.Params, seed: int) -> tuple[P.Params, int, float]:
+    """Client `plan.client`'s upload `[1, ...]` for round `plan.round` from the global model `w`, its local steps
+    and its DP-SGD noise norm; exactly `FederatedRun.local_round`'s row for that client when `seed` is the run's."""
+    if len(side.x) != plan.records:
+        raise ValueError(f"client {plan.client} holds {len(side.x)} records, the server calibrated for {plan.records}")
+    alg, cid, r = side.algorithm, plan.client, plan.round
+    upload_stage = alg.upload.with_noise(plan.upload_noise) if plan.upload_noise >= 0 else alg.upload
+    own = PooledData.from_clients([side.x], [side.y])
+    trained = train_phases(
+        alg, side.model, LocalBackend(), own,
+        lambda phase: [replace(phase.plan(cid, plan.records, plan.batch_size, plan.noise_multiplier, r), client=0, key=cid)],
+        w, stacked=False, seed=seed, round_=r, max_elements=plan.max_elements, global_model=w)
+    deltas = P.sub(trained.params, P.broadcast(w, 1))
+    upload = upload_stage.apply(deltas, [cid], seed, r)
+    return upload, int(trained.steps[0]), float(trained.noise_sq_norm[0])
+
+
+def client_app(shared_seed: bool | None = None) -> ClientApp:
+    """A ClientApp; `shared_seed` (default: the run config's `shared-seed`, false) lets the node accept the run seed
+    from the server (testing equivalence only)."""
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        if PARTITION_ID not in context.node_config:
+            raise ValueError("start the SuperNode with --node-config 'partition-id=<its dpfl client id>'")
+        pid = int(context.node_config[PARTITION_ID])
+        return Message(RecordDict({NODE: ConfigRecord({PARTITION_ID: pid})}), reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        plan = TrainPlan.from_config(msg.content[PLAN])
+        pid = int(context.node_config[PARTITION_ID])
+        if plan.client != pid:
+            raise ValueError(f"this node holds client {pid}'s records, the server asked for client {plan.client}")
+        allowed = shared_seed if shared_seed is not None else bool(context.run_config.get("shared-seed", False))
+        if plan.seed >= 0 and not allowed:
+            raise ValueError("the server sent a seed but this run does not share seeds (run config shared-seed)")
+        seed = plan.seed if plan.seed >= 0 else node_seed(context.node_config)
+        side = client_side(plan.config_yaml, pid)
+        w = from_record(msg.content[GLOBAL], P.model_params(side.model))
+        upload, steps, noise_sq = client_upload(side, plan, w, seed)
+        # the norm of a secret noise stays on the node: only with the run's seed, which the server knows anyway, does
+        # it go back (for the noise_stat_empirical diagnostic)
+        facts: dict[str, Any] = {"steps": steps}
+        if plan.seed >= 0:
+            facts["noise-sq-norm"] = noise_sq
+        content = RecordDict({UPLOAD: to_record(P.unstack(upload, 0)), FACTS: MetricRecord(facts)})
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+app = client_app()

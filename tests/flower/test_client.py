@@ -1,0 +1,86 @@
+"""The ClientApp's computation equals the simulation's clients, bit for bit; unsupported algorithms are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+import torch  # noqa: E402
+
+from cli_runner import cli  # noqa: E402
+from dpfl.engine import params as P  # noqa: E402
+from dpfl.experiment.build import build_run  # noqa: E402
+from dpfl.experiment.config import config_to_yaml, load_config  # noqa: E402
+from dpfl.flower.client_app import client_side, client_upload  # noqa: E402
+from dpfl.flower.protocol import TrainPlan  # noqa: E402
+from dpfl.flower.strategy import DpflStrategy  # noqa: E402
+
+from .helpers import CONFIG, ROOT  # noqa: E402
+
+UDP = ["data.clients=3", "training.rounds=3"]  # configs/digits_udp.yaml: update clipping + noise, calibrated noise
+
+
+def _plan(run, cid: int, r: int, yaml_text: str, seed: int) -> TrainPlan:
+    upload_noise = getattr(run.algorithm.upload, "noise_multiplier", None)
+    return TrainPlan(r, cid, int(run.n_records[cid]), int(run.batch_sizes[cid]), float(run.noise[cid]),
+                     -1.0 if upload_noise is None else float(upload_noise), seed, run.max_elements, yaml_text)
+
+
+@pytest.mark.parametrize("config, overrides", [(CONFIG, []), (ROOT / "configs" / "digits_udp.yaml", UDP)],
+                         ids=["dpsgd", "udp"])
+def test_client_upload_is_the_simulations_row(config: Path, overrides: list[str]):
+    """torch.equal (bitwise) with FederatedRun.local_round's row, in round 1 and from a trained model in round 2."""
+    cfg = load_config(config, overrides)
+    run = build_run(cfg)
+    yaml_text = config_to_yaml(cfg)
+    w = P.model_params(run.model)
+    for r in (0, 1):
+        local = run.local_round(r, w, np.arange(3), 3.0)
+        for cid in range(3):
+            upload, steps, noise_sq = client_upload(client_side(yaml_text, cid), _plan(run, cid, r, yaml_text, run.seed),
+                                                    w, run.seed)
+            for name in w:
+                assert torch.equal(upload[name][0], local.uploads[name][cid]), (r, cid, name)
+            assert noise_sq == local.noise_sq_norm[cid]
+            assert steps == run.algorithm.local.steps_for(int(run.n_records[cid]), int(run.batch_sizes[cid]))
+        w = {n: t + local.uploads[n].mean(0) for n, t in w.items()}
+
+
+def test_secret_seed_draws_other_noise():
+    """A node's own seed gives another upload than the run seed (the server cannot know the noise)."""
+    cfg = load_config(CONFIG)
+    run = build_run(cfg)
+    yaml_text = config_to_yaml(cfg)
+    w = P.model_params(run.model)
+    side = client_side(yaml_text, 0)
+    shared, _, _ = client_upload(side, _plan(run, 0, 0, yaml_text, run.seed), w, run.seed)
+    secret, _, _ = client_upload(side, _plan(run, 0, 0, yaml_text, -1), w, 123456789)
+    assert not torch.equal(shared["fc.weight"], secret["fc.weight"])
+
+
+def test_wrong_record_count_is_refused():
+    cfg = load_config(CONFIG)
+    run = build_run(cfg)
+    yaml_text = config_to_yaml(cfg)
+    plan = _plan(run, 0, 0, yaml_text, run.seed)
+    plan = TrainPlan(**{**plan.to_config(), "records": plan.records + 1})
+    with pytest.raises(ValueError, match="the server calibrated for"):
+        client_upload(client_side(yaml_text, 0), plan, P.model_params(run.model), run.seed)
+
+
+def test_secure_aggregation_is_refused(tmp_path: Path):
+    cfg = load_config(ROOT / "configs" / "secure" / "digits_distributed.yaml", ["training.rounds=2"])
+    with pytest.raises(ValueError, match="cannot run on Flower: secure aggregation"):
+        DpflStrategy(cfg, tmp_path / "out").build()
+
+
+def test_guide_prints_each_side():
+    code, out, err = cli("flower", "guide", "--nodes", "2", "--port", "19000")
+    assert code == 0, err
+    assert "flower-superlink --insecure --port 19000" in out
+    assert out.count("flower-supernode --insecure --superlink 127.0.0.1:19000") == 2
+    assert "--node-config 'partition-id=1'" in out and "flwr run examples/flower dpfl-local" in out
