@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
@@ -108,7 +109,9 @@ def main(argv=None) -> int:
     from dpfl.engine.backends.ray import RayBackend
 
     cpus = os.cpu_count() or 1
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     settings = [("local", None, cpus), ("ray", 1, cpus), ("ray", 2, max(1, cpus // 2))]
     out: dict = {"cpus": cpus, "torch": torch.__version__, "ray": ray.__version__, "loadavg_start": loadavg(),
                  "workloads": {}}

@@ -5,6 +5,7 @@ cleanly (resumable) otherwise."""
 from __future__ import annotations
 
 import sys
+import warnings
 
 import pytest
 import torch
@@ -49,7 +50,9 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray instance for the module (the backend then uses it and does not shut it down)."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    with warnings.catch_warnings():  # Ray's notice about GPU environment variables
+        warnings.simplefilter("ignore", FutureWarning)
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 
