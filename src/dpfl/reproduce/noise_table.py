@@ -7,16 +7,25 @@ applies every aggregator to the same uploads: WeiAvg, DPFedAvg (uniform), Robust
 share the clients' own calibration; Minimum-ε recalibrates everyone to the smallest ε and so trains
 its own round 1. Both the analytic value (σ_i² from T_i, η, C, z_i, b_i) and the empirical one (the
 noise actually drawn) are reported. Nothing is charged to a ledger: this is a diagnostic, not a run.
+
+Two ε conversions, side by side (`CONVERSIONS`): "dp_accounting", the noise dpfl calibrates (dp-accounting's
+RDP-to-(ε, δ) conversion, the run's own accountant), and "classic", the noise the thesis's code calibrated
+(spec heterogeneous_dp §2.3, §7.3 "code parity"): the smallest z with min_α [RDP(α) − log δ / (α − 1)] ≤ ε over
+the spec's orders, rounded up to 2 decimals. The classic conversion is looser, so it buys more noise for the
+same ε: the table shows how much of the thesis's numbers that explains.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.oracle import OracleAverage
@@ -27,6 +36,57 @@ from dpfl.engine import params as P
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 TABLE_METHODS = ("weiavg", "fedavg", "min_eps", "robust_hdp", "oracle")
+CONVERSIONS = ("dp_accounting", "classic")
+Z_MAX = 1e4  # largest noise multiplier the classic calibration searches
+CLASSIC_DECIMALS = 2  # the RHDP code rounded sigma up to 2 decimals (spec heterogeneous_dp §2.3 round_sigma_decimals)
+
+
+def classic_noise(run: FederatedRun, decimals: int | None = CLASSIC_DECIMALS) -> np.ndarray:
+    """Each client's DP-SGD noise multiplier under the classic conversion: the smallest z (relative precision 1e-9;
+    then rounded up to `decimals`, as the RHDP code did) whose classic ε for the client's planned steps (same
+    steps, sampling and target as `run`'s own calibration) is at most its target, which it never exceeds."""
+    from dpfl.privacy.events import dpsgd_event
+    from dpfl.privacy.two_stage import epsilon
+
+    plan = run.planned_run("dpsgd")
+    if plan.local_sampling != "poisson":
+        raise ValueError("the classic calibration is for Poisson-sampled DP-SGD (the thesis's setting)")
+    assert plan.records is not None and plan.batch_sizes is not None and plan.local_steps is not None
+    targets = plan.targets if plan.targets is not None else [b.epsilon for b in plan.budgets]
+    parts = plan.participations()
+    cache: dict[tuple, float] = {}
+    out = np.empty(plan.n_clients)
+    for i in range(plan.n_clients):
+        b, m = int(plan.batch_sizes[i]), int(plan.records[i])
+        steps = max(1, int(round(parts[i] * int(plan.local_steps[i]))))
+        key = (float(targets[i]), plan.budgets[i].delta, min(1.0, b / m), steps)
+        if key not in cache:
+            target, delta, q, t = key
+
+            def eps(z: float, q: float = q, t: int = t, delta: float = delta) -> float:
+                return epsilon(dpsgd_event(z, t, sampling="poisson", sample_rate=q), delta, "classic")
+
+            lo, hi = 1e-3, 1.0
+            while eps(hi) > target:
+                lo, hi = hi, hi * 2
+                if hi > Z_MAX:
+                    raise ValueError(f"client {i}: no noise up to {Z_MAX:g} reaches epsilon {target:g} (classic)")
+            while hi - lo > 1e-9 * hi:
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if eps(mid) <= target else (mid, hi)
+            cache[key] = hi if decimals is None else math.ceil(hi * 10**decimals) / 10**decimals
+        out[i] = cache[key]
+    return out
+
+
+def _built(cfg: RunConfig, conversion: str) -> FederatedRun:
+    """`cfg`'s run with its clients' noise calibrated under `conversion`."""
+    run = build_run(cfg)
+    if conversion == "classic":
+        run.noise = classic_noise(run)
+    elif conversion != "dp_accounting":
+        raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
+    return run
 
 
 def _variant(cfg: RunConfig, name: str, params: dict[str, Any]) -> RunConfig:
@@ -41,15 +101,18 @@ def _first_round(run: FederatedRun):
     return w, run.local_round(0, w, everyone, run.algorithm.selection.expected_count(run.n_clients))
 
 
-def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHODS) -> dict[str, dict[str, float]]:
-    """{method: {"noise_stat_analytic", "noise_stat_empirical"}} of round 1 of `cfg` (full participation)."""
+def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHODS,
+                            conversion: str = "dp_accounting") -> dict[str, dict[str, float]]:
+    """{method: {"noise_stat_analytic", "noise_stat_empirical", "z_mean"}} of round 1 of `cfg` (full
+    participation), every client's noise calibrated under `conversion` (module docstring)."""
     unknown = sorted(set(methods) - set(TABLE_METHODS))
     if unknown:
         raise ValueError(f"no round-1 noise statistic for {unknown}; choose from {TABLE_METHODS}")
     out: dict[str, dict[str, float]] = {}
     shared = [m for m in methods if m != "min_eps"]
     if shared:
-        run = build_run(_variant(cfg, "robust_hdp", dict(cfg.algorithm.params) if cfg.algorithm.name == "robust_hdp" else {}))
+        run = _built(_variant(cfg, "robust_hdp", dict(cfg.algorithm.params) if cfg.algorithm.name == "robust_hdp"
+                              else {}), conversion)
         w, local = _first_round(run)
         aggregators = {"weiavg": FedAvg("epsilon"), "fedavg": FedAvg("uniform"), "oracle": OracleAverage(),
                        "robust_hdp": run.algorithm.aggregator}
@@ -60,20 +123,22 @@ def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHO
             else:
                 agg.aggregate(w, local.uploads, local.view, run.seed, 0)  # Robust-HDP's weights come from the uploads
                 weights = agg.weights(local.view)
-            out[m] = run.noise_statistics(weights, local)
+            out[m] = {**run.noise_statistics(weights, local), "z_mean": float(np.mean(run.noise))}
     if "min_eps" in methods:
-        run = build_run(_variant(cfg, "min_eps", {"epsilon": "observed"}))
+        run = _built(_variant(cfg, "min_eps", {"epsilon": "observed"}), conversion)
         w, local = _first_round(run)
-        out["min_eps"] = run.noise_statistics(FedAvg("uniform").weights(local.view), local)
+        out["min_eps"] = {**run.noise_statistics(FedAvg("uniform").weights(local.view), local),
+                          "z_mean": float(np.mean(run.noise))}
     return {m: out[m] for m in methods}
 
 
 def write_noise_table(configs: Mapping[str, RunConfig], out: Path, *, label: str = "",
-                      on_setting: Callable[[str], None] | None = None) -> tuple[Path, Path]:
-    """Round-1 noise statistics of every setting into OUT/noise_table.{csv,md}; per-setting results cached.
+                      on_setting: Callable[[str], None] | None = None,
+                      conversions: Sequence[str] = CONVERSIONS) -> tuple[Path, Path]:
+    """Round-1 noise statistics of every setting, under each ε conversion, into OUT/noise_table.{csv,md}; each
+    (setting, conversion) is cached (OUT/noise_table/<setting>.json) and not recomputed for the same config.
 
-    `configs`: setting name -> its config at the spec's planned length (one seed). A setting already
-    computed (OUT/noise_table/<setting>.json for the same config) is not recomputed.
+    `configs`: setting name -> its config at the spec's planned length (one seed).
     """
     out = Path(out)
     rows: list[dict[str, Any]] = []
@@ -82,16 +147,21 @@ def write_noise_table(configs: Mapping[str, RunConfig], out: Path, *, label: str
         wanted = config_to_yaml(cfg)
         saved = json.loads(cache.read_text()) if cache.exists() else None
         if saved is None or saved["config"] != wanted:
-            if on_setting is not None:
-                on_setting(setting)
-            saved = {"config": wanted, "stats": round1_noise_statistics(cfg)}
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(cache, saved)
-        for method, stats in saved["stats"].items():
-            rows.append({"setting": setting, "method": method, "rounds_planned": cfg.training.rounds,
-                         "seed": cfg.seed, **stats})
+            saved = {"config": wanted}
+        for conversion in conversions:
+            key = _stats_key(conversion)
+            if key not in saved or any("z_mean" not in v for v in saved[key].values()):
+                if on_setting is not None:
+                    on_setting(f"{setting} ({conversion})")
+                saved[key] = round1_noise_statistics(cfg, conversion=conversion)
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(cache, saved)
+            for method, stats in saved[key].items():
+                rows.append({"setting": setting, "conversion": conversion, "method": method,
+                             "rounds_planned": cfg.training.rounds, "seed": cfg.seed, **stats})
     csv_path, md_path = out / "noise_table.csv", out / "noise_table.md"
-    header = ["setting", "method", "rounds_planned", "seed", "noise_stat_analytic", "noise_stat_empirical"]
+    header = ["setting", "conversion", "method", "rounds_planned", "seed", "z_mean", "noise_stat_analytic",
+              "noise_stat_empirical"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
     writer.writeheader()
@@ -101,10 +171,15 @@ def write_noise_table(configs: Mapping[str, RunConfig], out: Path, *, label: str
     return csv_path, md_path
 
 
+def _stats_key(conversion: str) -> str:
+    return "stats" if conversion == "dp_accounting" else f"stats_{conversion}"  # "stats": the earlier cache files
+
+
 def _markdown(rows: Sequence[Mapping[str, Any]], label: str) -> str:
     settings = list(dict.fromkeys(r["setting"] for r in rows))
+    conversions = [c for c in CONVERSIONS if any(r["conversion"] == c for r in rows)]
     methods = [m for m in TABLE_METHODS if any(r["method"] == m for r in rows)]
-    value = {(r["setting"], r["method"]): r for r in rows}
+    value = {(r["setting"], r["conversion"], r["method"]): r for r in rows}
     lines = ["# Round-1 noise statistic (Robust-HDP thesis Table 3.4)", "",
              (f"Scale: {label}. " if label else "") + "Σ_i w_i² σ_i² / (p η²): the per-parameter noise variance of the round-1 aggregate, normalised by η² "
              "(spec heterogeneous_dp §5). Every run is calibrated for its full planned length "
@@ -112,26 +187,33 @@ def _markdown(rows: Sequence[Mapping[str, Any]], label: str) -> str:
              "WeiAvg, DPFedAvg (uniform), Robust-HDP and the oracle aggregate the same uploads, Minimum-ε trains its "
              "own (everyone at the smallest ε). Cells: analytic (σ_i² = T_i η² p C² z_i² / b_i²) / empirical "
              "(σ_i² = ‖n_i‖², the noise actually drawn). The oracle is a privileged reference: it reads the true "
-             "noise. Lower is better.", ""]
-    lines += ["| setting | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+             "noise. Lower is better. Conversion: `dp_accounting` is the noise dpfl calibrates (dp-accounting's "
+             "RDP-to-(ε, δ) conversion); `classic` is the noise of the smallest z with min_α [RDP(α) − log δ/(α − 1)] "
+             "≤ ε, the conversion the thesis's code used (looser, so more noise for the same ε). z̄: the clients' mean "
+             "noise multiplier (of the shared calibration; Minimum-ε's own is in the CSV).", ""]
+    lines += ["| setting | conversion | z̄ | " + " | ".join(methods) + " |", "|---" * (len(methods) + 3) + "|"]
     for s in settings:
-        cells = []
-        for m in methods:
-            r = value.get((s, m))
-            cells.append("n/a" if r is None else f"{r['noise_stat_analytic']:.4g} / {r['noise_stat_empirical']:.4g}")
-        lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    if "oracle" in methods:
-        lines += ["", "Ratio to the oracle (analytic; ≥ 1, 1 is optimal):", "",
-                  "| setting | " + " | ".join(m for m in methods if m != "oracle") + " |",
-                  "|---" * len(methods) + "|"]
-        for s in settings:
-            best = value.get((s, "oracle"))
+        for c in conversions:
             cells = []
             for m in methods:
-                if m == "oracle":
-                    continue
-                r = value.get((s, m))
-                cells.append("n/a" if r is None or best is None else
-                             f"{r['noise_stat_analytic'] / best['noise_stat_analytic']:.3f}")
-            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+                r = value.get((s, c, m))
+                cells.append("n/a" if r is None else f"{r['noise_stat_analytic']:.4g} / {r['noise_stat_empirical']:.4g}")
+            shared = value.get((s, c, "weiavg")) or value.get((s, c, methods[0]))
+            z = f"{shared['z_mean']:.3f}" if shared is not None and "z_mean" in shared else "n/a"
+            lines.append(f"| {s} | {c} | {z} | " + " | ".join(cells) + " |")
+    if "oracle" in methods:
+        lines += ["", "Ratio to the oracle (analytic; ≥ 1, 1 is optimal):", "",
+                  "| setting | conversion | " + " | ".join(m for m in methods if m != "oracle") + " |",
+                  "|---" * (len(methods) + 1) + "|"]
+        for s in settings:
+            for c in conversions:
+                best = value.get((s, c, "oracle"))
+                cells = []
+                for m in methods:
+                    if m == "oracle":
+                        continue
+                    r = value.get((s, c, m))
+                    cells.append("n/a" if r is None or best is None else
+                                 f"{r['noise_stat_analytic'] / best['noise_stat_analytic']:.3f}")
+                lines.append(f"| {s} | {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
