@@ -1,4 +1,4 @@
-"""The ClientApp's computation equals the simulation's clients, bit for bit; unsupported algorithms are refused."""
+"""The ClientApp's computation equals the simulation's clients; unsupported algorithms are refused."""
 
 from __future__ import annotations
 
@@ -33,7 +33,10 @@ def _plan(run, cid: int, r: int, yaml_text: str, seed: int) -> TrainPlan:
 @pytest.mark.parametrize("config, overrides", [(CONFIG, []), (ROOT / "configs" / "digits_udp.yaml", UDP)],
                          ids=["dpsgd", "udp"])
 def test_client_upload_is_the_simulations_row(config: Path, overrides: list[str]):
-    """torch.equal (bitwise) with FederatedRun.local_round's row, in round 1 and from a trained model in round 2."""
+    """FederatedRun.local_round's row, in round 1 and from a trained model in round 2: the same batches and noise (the
+    noise norm), and the same upload to float tolerance. Bitwise at one torch thread (measured); with more, the
+    in-process engine runs a cohort in thread groups of one thread each while a lone client uses them all, so the
+    reductions round differently (the engine's own "alone vs in a cohort" tolerance, 1e-6)."""
     cfg = load_config(config, overrides)
     run = build_run(cfg)
     yaml_text = config_to_yaml(cfg)
@@ -44,8 +47,11 @@ def test_client_upload_is_the_simulations_row(config: Path, overrides: list[str]
             upload, steps, noise_sq = client_upload(client_side(yaml_text, cid), _plan(run, cid, r, yaml_text, run.seed),
                                                     w, run.seed)
             for name in w:
-                assert torch.equal(upload[name][0], local.uploads[name][cid]), (r, cid, name)
-            assert noise_sq == local.noise_sq_norm[cid]
+                torch.testing.assert_close(upload[name][0], local.uploads[name][cid], atol=1e-6, rtol=1e-5,
+                                           msg=f"round {r}, client {cid}, {name}")
+                if torch.get_num_threads() == 1:
+                    assert torch.equal(upload[name][0], local.uploads[name][cid]), (r, cid, name)
+            assert noise_sq == pytest.approx(local.noise_sq_norm[cid], rel=1e-6)
             assert steps == run.algorithm.local.steps_for(int(run.n_records[cid]), int(run.batch_sizes[cid]))
         w = {n: t + local.uploads[n].mean(0) for n, t in w.items()}
 

@@ -65,7 +65,7 @@ def test_dry_run_shows_a_missing_dataset(tmp_path):
     code, out, _ = cli("reproduce", "pfa", "--scale", "full", "--out", tmp_path, "--dry-run", "--dataset", "mnist",
                        "--methods", "pfa")
     assert code == 0
-    assert out.count("dataset mnist not found locally: would be skipped") == 4 * 5
+    assert out.count("dataset mnist not found locally: would be skipped") == 16 * 5  # settings x seeds
 
 
 @pytest.mark.parametrize("args, message", [

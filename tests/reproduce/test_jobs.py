@@ -40,14 +40,15 @@ def test_pfa_full_grid_is_the_spec_main_grid_on_fmnist():
     grid = pfa.grid("full")
     assert grid.label == "full"
     assert [s.name for s in grid.settings] == [
-        "fmnist-logr-iid-MixGauss1-M30-rdp", "fmnist-logr-iid-MixGauss3-M30-rdp",
-        "fmnist-cnn_pfa-iid-MixGauss1-M30-rdp", "fmnist-cnn_pfa-iid-MixGauss3-M30-rdp"]
-    assert len(grid.jobs) == 4 * len(PFA_AVAILABLE) * 5
+        f"fmnist-{model}-iid-{dist}-M{m}-rdp" for model in ("logr", "cnn_pfa") for dist in ("MixGauss1", "MixGauss3")
+        for m in (20, 30, 40, 50)]
+    assert len(grid.jobs) == 16 * len(PFA_AVAILABLE) * 5
     assert grid.seeds == [0, 1, 2, 3, 4]
     for job in grid.jobs:
         c = job.config
-        assert (c.data.clients, c.training.selection.kind, c.training.selection.k) == (30, "fixed", 24)
-        assert c.data.max_train_samples == 30 * 1200 and c.data.partition == "iid"
+        m = int(job.setting.rsplit("-M", 1)[1].split("-")[0])
+        assert (c.data.clients, c.training.selection.kind, c.training.selection.k) == (m, "fixed", int(0.8 * m))
+        assert c.data.max_train_samples == m * 1200 and c.data.partition == "iid"
         assert (c.training.local_steps, c.training.batch_size, c.training.rounds) == (100, 8, 100)
         assert c.seed == job.seed and c.data.dataset == "fashion_mnist"
         if c.privacy.mechanism != "none":

@@ -176,7 +176,7 @@ def test_a_missing_mnist_is_skipped_by_the_real_loader(tmp_path):
 
     if any(r["name"] == "mnist" and r.get("source") != "missing" for r in available()):
         pytest.skip("MNIST is available here")
-    grid = pfa.grid("full", datasets=["mnist"], seeds=1, rounds=1, settings_pattern="mnist-logr-*MixGauss1*",
+    grid = pfa.grid("full", datasets=["mnist"], seeds=1, rounds=1, settings_pattern="mnist-logr-*MixGauss1-M30*",
                     methods=["np_fedavg", "fedavg"])
     outcomes = run_jobs(grid.jobs, tmp_path)
     assert [o.status for o in outcomes] == [SKIPPED, SKIPPED]

@@ -13,7 +13,7 @@ Methods (spec §7.2 "Seeds and methods"), by the paper's names:
 | min_eps | min_eps, observed: everyone at the smallest reported ε | the paper's constants would overspend |
 
 Settings: `full` is the main grid restricted to what ships by default, {logr, cnn_pfa} x iid x
-{MixGauss1, MixGauss3} x M = 30 on the selected datasets (Fashion-MNIST by default; MNIST when its files
+{MixGauss1, MixGauss3} x M in {20, 30, 40, 50} (K = 0.8 M per round) on the selected datasets (Fashion-MNIST by default; MNIST when its files
 are present); `ci` is spec §7.4 (M = 10, tau = 10, R = 5, MixGauss1, both calibrations). The corrected
 calibration (RDP accountant + Poisson sampling) is the default; `pfa-heuristic` is the paper's formula with
 fixed-size batches. CIFAR-10 is not shipped (spec §7.2.5: the paper's model is ambiguous).
@@ -35,7 +35,7 @@ __all__ = ["CALIBRATIONS", "DISTRIBUTIONS", "MIN_EPS", "MODELS", "SPEC", "grid",
 PAPER = "pfa"
 MODELS = ("logr", "cnn_pfa")
 DISTRIBUTIONS = {"full": ("MixGauss1", "MixGauss3"), "ci": ("MixGauss1",)}
-CLIENTS = {"full": 30, "ci": 10}
+CLIENTS = {"full": (20, 30, 40, 50), "ci": (10,)}  # M, the population (spec §7.2 main grid; K = 0.8 M)
 PER_CLIENT = {"full": 1200, "ci": 200}
 SPEC = {"full": {"rounds": 100, "seeds": 5}, "ci": {"rounds": 5, "seeds": 1}}
 # calibration name -> (config overrides, setting-name suffix)
@@ -80,26 +80,25 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",),
     for c in cals:
         if c not in CALIBRATIONS:
             raise GridError(f"--calibration must be one of {', '.join(CALIBRATIONS)} or both, got {c!r}")
-    m, n = CLIENTS[scale], PER_CLIENT[scale]
-    k = int(0.8 * m)
+    n = PER_CLIENT[scale]
     out = []
     for dataset in datasets:
         short = dataset_short(dataset, scale, "PFA")
         for model in MODELS:
             base = config_dir() / "pfa" / f"{'ci_' if scale == 'ci' else ''}{short}_{model}.yaml"
-            for dist in DISTRIBUTIONS[scale]:
-                for cal in cals:
-                    cal_overrides, suffix = CALIBRATIONS[cal]
-                    batches = "Poisson" if cal == "accountant" else "fixed-size"
-                    overrides = (f"data.clients={m}", f"data.max_train_samples={m * n}", "data.partition=iid",
-                                 "training.selection={kind: fixed, k: %d}" % k,
-                                 f"privacy.budgets={{distribution: {dist}}}", *cal_overrides)
-                    out.append(Setting(
-                        name=f"{short}-{model}-iid-{dist}-M{m}-{suffix}", base=base, overrides=overrides,
-                        methods=methods(dist), dataset=dataset,
-                        describe=(f"{dataset}, {model}, i.i.d., M = {m} clients x {n} examples, K = {k} per round, "
-                                  f"budgets {dist}, calibration {cal} ({batches} batches)"),
-                        meta={"dist": dist, "model": model, "calibration": cal}))
+            for dist, m, cal in ((d, m, c) for d in DISTRIBUTIONS[scale] for m in CLIENTS[scale] for c in cals):
+                k = int(0.8 * m)
+                cal_overrides, suffix = CALIBRATIONS[cal]
+                batches = "Poisson" if cal == "accountant" else "fixed-size"
+                overrides = (f"data.clients={m}", f"data.max_train_samples={m * n}", "data.partition=iid",
+                             "training.selection={kind: fixed, k: %d}" % k,
+                             f"privacy.budgets={{distribution: {dist}}}", *cal_overrides)
+                out.append(Setting(
+                    name=f"{short}-{model}-iid-{dist}-M{m}-{suffix}", base=base, overrides=overrides,
+                    methods=methods(dist), dataset=dataset,
+                    describe=(f"{dataset}, {model}, i.i.d., M = {m} clients x {n} examples, K = {k} per round, "
+                              f"budgets {dist}, calibration {cal} ({batches} batches)"),
+                    meta={"dist": dist, "model": model, "calibration": cal, "clients": m}))
     return out
 
 
