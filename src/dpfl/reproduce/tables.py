@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.reproduce.jobs import Grid, Setting
+from dpfl.reproduce.pfa_report import accuracy_vs_m, overspent_clients
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
@@ -422,6 +423,8 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
     md += _fedceo_tables(grid, rows) if grid.paper == "fedceo" else _overview(grid, rows)
     if grid.paper == "robust-hdp":
         md += _noise_tables(grid, rows) + _misreport_tables(grid, rows, _curves_by_key(metrics))
+    if grid.paper == "pfa":
+        md += accuracy_vs_m(grid, rows, out) + overspent_clients(grid, ordered)
     for s in grid.settings:
         mine = [r for r in rows if r["setting"] == s.name]
         if mine:

@@ -1,0 +1,92 @@
+"""The PFA paper's two views that span settings: accuracy against the population M (its Figs. 3-4), and every
+client whose heuristic-calibrated run spent more than its budget under the real accountant.
+
+Both are regenerated from the run directories with the rest of results.md (`tables.write_results`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from dpfl.reproduce.jobs import Grid
+from dpfl.reproduce.runner import OK, Outcome
+from dpfl.results.run_files import as_number, read_privacy
+
+__all__ = ["accuracy_vs_m", "overspent_clients"]
+
+
+def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
+    """results.md lines: per (model, budgets, calibration) with two or more M run, a plot of the final accuracy
+    (mean ± std over seeds) against M, one line per method, and its table."""
+    from dpfl.results.plots import DPI, FIGSIZE, _legend_outside, _save
+
+    groups: dict[tuple[str, str, str], dict[int, str]] = {}
+    for s in grid.settings:
+        meta = s.meta
+        if "clients" in meta:
+            groups.setdefault((meta["model"], meta["dist"], meta["calibration"]), {})[int(meta["clients"])] = s.name
+    lines: list[str] = []
+    for (model, dist, cal), by_m in groups.items():
+        ms = sorted(m for m, name in by_m.items() if any(r["setting"] == name and r["status"] == OK for r in rows))
+        if len(ms) < 2:
+            continue
+        methods = list(dict.fromkeys(r["method"] for r in rows if r["setting"] in by_m.values()))
+        table, fig = [], Figure(figsize=FIGSIZE, dpi=DPI)
+        ax = fig.add_subplot(1, 1, 1)
+        ax.grid(True, alpha=0.3)
+        for method in methods:
+            means, stds = [], []
+            for m in ms:
+                acc = [r["final_accuracy"] for r in rows if r["setting"] == by_m[m] and r["method"] == method
+                       and r["status"] == OK and r["final_accuracy"] is not None]
+                means.append(float(np.mean(acc)) if acc else math.nan)
+                stds.append(float(np.std(acc)) if acc else math.nan)
+            ax.errorbar(ms, means, yerr=stds, marker="o", capsize=3, label=method)
+            table.append([method, *(f"{a:.4f} ± {s:.4f}" if math.isfinite(a) else "—" for a, s in zip(means, stds))])
+        ax.set_xlabel("clients M (K = 0.8 M per round)")
+        ax.set_ylabel("final test accuracy")
+        ax.set_xticks(ms)
+        ax.set_title(f"{model}, {dist}, calibration {cal}")
+        _legend_outside(fig, ax)
+        path = _save(fig, out / "plots" / f"accuracy_vs_M-{model}-{dist}-{cal}.png")
+        lines += [f"## Accuracy against M: {model}, {dist}, calibration {cal}", "",
+                  "| method | " + " | ".join(f"M = {m}" for m in ms) + " |", "|---" * (len(ms) + 1) + "|",
+                  *("| " + " | ".join(row) + " |" for row in table), "",
+                  f"![accuracy vs M]({path.relative_to(out).as_posix()})", ""]
+    return lines
+
+
+def overspent_clients(grid: Grid, outcomes: Sequence[Outcome]) -> list[str]:
+    """results.md lines: every client of a heuristic-calibrated run (status ok) whose epsilon under the run's
+    accountant exceeds its budget (the heuristic is not a guarantee), or the statement that none did."""
+    heuristic = {s.name for s in grid.settings if s.meta.get("calibration") == "pfa-heuristic"}
+    done = [o for o in outcomes if o.job.setting in heuristic and o.status == OK]
+    if not done:
+        return []
+    found: list[list[str]] = []
+    for o in done:
+        try:
+            privacy = read_privacy(o.run_dir)
+        except ValueError:
+            continue
+        for c in privacy.get("clients") or []:
+            spent, budget = as_number(c.get("epsilon_spent")), as_number(c.get("epsilon_budget"))
+            if spent is not None and budget is not None and spent > budget * (1 + 1e-9):
+                found.append([o.job.setting, o.job.method, str(o.job.seed), str(c["client"]), f"{budget:.4g}",
+                              f"{spent:.4g}", f"{spent / budget:.2f}"])
+    lines = ["## Heuristic calibration: clients over budget under the real accountant", "",
+             f"{len(done)} heuristic-calibrated runs read (PFA's formula is not a DP guarantee; dpfl reports the "
+             f"accountant's ε of the noise it gave). "]
+    if not found:
+        lines[-1] += "No client spent more than its budget."
+        return lines + [""]
+    lines[-1] += f"{len(found)} client-runs spent more than their budgets:"
+    header = ["setting", "method", "seed", "client", "budget ε", "accountant ε", "ratio"]
+    return lines + ["", "| " + " | ".join(header) + " |", "|---" * len(header) + "|",
+                    *("| " + " | ".join(row) + " |" for row in found), ""]

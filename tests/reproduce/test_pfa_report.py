@@ -1,0 +1,48 @@
+"""PFA's cross-setting views in results.md: accuracy against M, and clients the heuristic calibration overspent."""
+
+from __future__ import annotations
+
+import json
+
+from dpfl.reproduce import pfa
+from dpfl.reproduce.pfa_report import accuracy_vs_m, overspent_clients
+from dpfl.reproduce.runner import OK, run_jobs
+
+
+def _row(setting: str, method: str, seed: int, acc: float) -> dict:
+    return {"setting": setting, "method": method, "seed": seed, "status": OK, "final_accuracy": acc}
+
+
+def test_accuracy_against_m_is_one_table_and_plot_per_model_budgets_and_calibration(tmp_path):
+    grid = pfa.grid("full", settings_pattern="fmnist-logr-iid-MixGauss1-*", seeds=2)
+    rows = [_row(f"fmnist-logr-iid-MixGauss1-M{m}-rdp", method, seed, acc + seed / 100)
+            for m, base in ((20, 0.5), (40, 0.6)) for method, acc in (("pfa", base), ("weiavg", base - 0.1))
+            for seed in (0, 1)]
+    lines = accuracy_vs_m(grid, rows, tmp_path)
+    text = "\n".join(lines)
+    assert "## Accuracy against M: logr, MixGauss1, calibration accountant" in text
+    assert "| method | M = 20 | M = 40 |" in text  # only the M that ran
+    assert "| pfa | 0.5050 ± 0.0050 | 0.6050 ± 0.0050 |" in text
+    assert "| weiavg | 0.4050 ± 0.0050 | 0.5050 ± 0.0050 |" in text
+    assert (tmp_path / "plots" / "accuracy_vs_M-logr-MixGauss1-accountant.png").stat().st_size > 1000
+    assert accuracy_vs_m(grid, rows[:4], tmp_path) == []  # one M: nothing to plot against
+
+
+def test_every_client_the_heuristic_overspent_is_listed(tmp_path, fmnist):
+    """The ci grid's heuristic runs: the listed clients are exactly those whose privacy.json says accountant
+    epsilon > budget. There are some (seed 0: two large-budget clients of weiavg, ~20x over), as the heuristic's
+    noise is far too small at large epsilon (docs/heterogeneous.md)."""
+    grid = pfa.grid("ci", calibration="pfa-heuristic", methods=["weiavg", "min_eps"],
+                    settings_pattern="*logr*")
+    outcomes = run_jobs(grid.jobs, tmp_path)
+    assert all(o.status == OK for o in outcomes)
+    expected = []
+    for o in outcomes:
+        privacy = json.loads((o.run_dir / "privacy.json").read_text())
+        expected += [(o.job.method, c["client"]) for c in privacy["clients"]
+                     if c["epsilon_spent"] > c["epsilon_budget"] * (1 + 1e-9)]
+    lines = overspent_clients(grid, outcomes)
+    assert lines[0] == "## Heuristic calibration: clients over budget under the real accountant"
+    listed = [(cells[2].strip(), int(cells[4])) for cells in (line.split("|") for line in lines if line.startswith("| fmnist"))]
+    assert expected and sorted(listed) == sorted(expected)
+    assert f"{len(expected)} client-runs spent more than their budgets" in lines[2]
