@@ -90,3 +90,22 @@ def test_guide_prints_each_side():
     assert "flower-superlink --insecure --port 19000" in out
     assert out.count("flower-supernode --insecure --superlink 127.0.0.1:19000") == 2
     assert "--node-config 'partition-id=1'" in out and "flwr run examples/flower dpfl-local" in out
+
+
+def test_discovery_says_when_nodes_did_not_answer_in_time(monkeypatch):
+    """A node that has not answered the partition-id query (its ClientApp still starting) is named as such, not as a
+    missing partition."""
+    from dpfl.flower import clients
+    from dpfl.flower.clients import FederationError, discover
+
+    monkeypatch.setattr(clients, "Message", lambda *a, **kw: (a, kw))  # Flower's needs a running federation
+    class SlowGrid:
+        def get_node_ids(self):
+            return [11, 12, 13]
+
+        def send_and_receive(self, messages, timeout):
+            assert timeout == 7.0 and len(messages) == 3
+            return []  # nobody answered within the timeout
+
+    with pytest.raises(FederationError, match=r"0 of 3 SuperNodes answered the partition-id query in 7 s"):
+        discover(SlowGrid(), 3, timeout=1.0, reply_timeout=7.0)

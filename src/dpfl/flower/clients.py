@@ -26,8 +26,11 @@ class FederationError(RuntimeError):
     """The SuperNodes did not answer as a dpfl federation must (missing, duplicate or failing clients)."""
 
 
-def discover(grid: Grid, n_clients: int, timeout: float) -> dict[int, int]:
-    """{dpfl client id: Flower node id}, once every client 0..n-1 has a connected node (or FederationError)."""
+def discover(grid: Grid, n_clients: int, timeout: float, reply_timeout: float) -> dict[int, int]:
+    """{dpfl client id: Flower node id}, once every client 0..n-1 has a connected node (or FederationError).
+
+    `timeout`: seconds for the SuperNodes to connect; `reply_timeout`: for them to answer the query (a node's first
+    answer starts its ClientApp, which imports torch and dpfl: slow on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while len(list(grid.get_node_ids())) < n_clients:
         if time.monotonic() > deadline:
@@ -36,7 +39,10 @@ def discover(grid: Grid, n_clients: int, timeout: float) -> dict[int, int]:
         time.sleep(0.5)
     nodes = list(grid.get_node_ids())
     messages = [Message(RecordDict(), dst_node_id=n, message_type=QUERY, group_id="dpfl-discover") for n in nodes]
-    replies = list(grid.send_and_receive(messages, timeout=max(1.0, deadline - time.monotonic())))
+    replies = list(grid.send_and_receive(messages, timeout=reply_timeout))
+    if len(replies) < len(nodes):
+        raise FederationError(f"{len(replies)} of {len(nodes)} SuperNodes answered the partition-id query in "
+                              f"{reply_timeout:g} s (run config `timeout`)")
     found: dict[int, int] = {}
     for reply in replies:
         node = reply.metadata.src_node_id

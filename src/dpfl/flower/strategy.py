@@ -91,7 +91,7 @@ class DpflStrategy(Strategy):
         if self.out.exists() and any(self.out.iterdir()):
             raise ValueError(f"{self.out} already exists and is not empty (choose another run config `out`)")
         run = self.run = self.build()
-        nodes = discover(grid, run.n_clients, self.node_timeout)
+        nodes = discover(grid, run.n_clients, self.node_timeout, self.timeout)
         self.clients = run.remote_clients = FlowerClients(self, grid, nodes, self.timeout)
         result = Result()
 
