@@ -32,7 +32,7 @@ import torch
 from bench_common import loadavg, log
 
 
-def engine_workload(threads: int):
+def engine_workload():
     """engine.py's default round as (train(backend) -> LocalResult)."""
     from engine import CLIP, LR, MODEL, NOISE, load_client_data
 
@@ -117,15 +117,17 @@ def main(argv=None) -> int:
                  "workloads": {}}
     for workload in args.workloads.split(","):
         rows, reference = [], None
+        if workload == "engine":
+            one_round, info = engine_workload()  # data and model once; each setting times the same round
+        else:
+            info = {"population": 1000, "cohort": 100, "local_steps": 5, "batch": 8, "model": "relu_mlp"}
         for name, actors, threads in settings:
             log(f"{workload}: {name} actors={actors} threads={threads}")
             torch.set_num_threads(threads)
             backend = LocalBackend() if actors is None else RayBackend(actors=actors, threads=threads)
             if workload == "engine":
-                one_round, info = engine_workload(threads)
                 res = time_engine(backend, one_round, args.repeats)
             else:
-                info = {"population": 1000, "cohort": 100, "local_steps": 5, "batch": 8, "model": "relu_mlp"}
                 res = time_scale(backend, args.repeats)
             backend.close()
             params = res.pop("params")

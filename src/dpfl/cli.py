@@ -665,6 +665,18 @@ def _study_outcome(name: str, scale: str, rows: list[dict[str, Any]], md_path: P
         raise typer.Exit(1)
 
 
+def _run_study(name: str, scale: str, out: Path, tracebacks: str, study: Any) -> None:
+    """`study(progress)` -> (csv path, md path, rows), its problems as one line (user errors, an unwritable --out),
+    then the study's outcome."""
+    try:
+        csv_path, md_path, rows = study(lambda m: errors.print(m, markup=False, highlight=False))
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except OSError as e:
+        _fail(f"could not write to {out}: {e}")
+    _study_outcome(name, scale, rows, md_path, csv_path, tracebacks)
+
+
 @reproduce_app.command("mpdp")
 def reproduce_mpdp(
     out: _Out,
@@ -682,14 +694,9 @@ def reproduce_mpdp(
     command = " ".join(["dpfl reproduce mpdp --scale", scale, "--out", str(out)]
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("methods", methods))
                           if v is not None])
-    try:
-        csv_path, md_path, rows = run_study(scale, out, seeds=seeds, methods=wanted, rounds=rounds, command=command,
-                                            progress=lambda m: errors.print(m, markup=False, highlight=False))
-    except _user_errors() as e:
-        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    except OSError as e:
-        _fail(f"could not write to {out}: {e}")
-    _study_outcome("mpdp", scale, rows, md_path, csv_path, "in the run directories")
+    _run_study("mpdp", scale, out, "in the run directories",
+               lambda say: run_study(scale, out, seeds=seeds, methods=wanted, rounds=rounds, command=command,
+                                     progress=say))
 
 
 @reproduce_app.command("attacks")
@@ -706,14 +713,8 @@ def reproduce_attacks(
 
     command = " ".join(["dpfl reproduce attacks --scale", scale, "--out", str(out)]
                        + ([f"--rounds {rounds}"] if rounds is not None else []))
-    try:
-        csv_path, md_path, rows = run_study(scale, out, rounds=rounds, command=command,
-                                            progress=lambda m: errors.print(m, markup=False, highlight=False))
-    except _user_errors() as e:
-        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    except OSError as e:
-        _fail(f"could not write to {out}: {e}")
-    _study_outcome("attacks", scale, rows, md_path, csv_path, "in the run directories (error.txt)")
+    _run_study("attacks", scale, out, "in the run directories (error.txt)",
+               lambda say: run_study(scale, out, rounds=rounds, command=command, progress=say))
 
 
 @reproduce_app.command("fdp-sensitivity")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -225,8 +225,6 @@ def run_local(
         groups = [order[g::n_groups] for g in range(n_groups)]
     else:
         groups = [order[lo : lo + chunk] for lo in range(0, k, chunk)]
-    out = {n: torch.empty_like(t) for n, t in start_stack.items()}
-    steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
 
     def run(rows: list[int]) -> LocalResult:
         return _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, torch.tensor(rows)), names,
@@ -238,12 +236,23 @@ def run_local(
             results = _in_threads(run, groups, workers)
         else:
             results = (run(rows) for rows in groups)
-        for rows, res in zip(groups, results):
-            for j, i in enumerate(rows):
-                for n in out:
-                    out[n][i] = res.params[n][j]
-                steps[i], used[i], empties[i] = res.steps[j], res.records_used[j], res.empty_batches[j]
-                noise_sq[i] = res.noise_sq_norm[j]
+        return merge_groups(k, groups, results)
+
+
+def merge_groups(k: int, groups: Sequence[Sequence[int]], results: Iterable[LocalResult]) -> LocalResult:
+    """The results of groups of plans (group g holds plan indices `groups[g]`, its result in that order) as one
+    LocalResult in plan order (the engine's thread groups, a Ray backend's shards)."""
+    out: P.Params = {}
+    steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
+    for rows, res in zip(groups, results):
+        index = torch.tensor(list(rows), dtype=torch.int64)
+        for n, t in res.params.items():
+            if n not in out:
+                out[n] = t.new_empty((k, *t.shape[1:]))
+            out[n][index] = t
+        for j, i in enumerate(rows):
+            steps[i], used[i], empties[i] = res.steps[j], res.records_used[j], res.empty_batches[j]
+            noise_sq[i] = res.noise_sq_norm[j]
     return LocalResult(out, steps, used, empties, noise_sq)
 
 

@@ -101,17 +101,18 @@ def epsilon(event: dpa.DpEvent, delta: float, conversion: Conversion = "dp_accou
     raise ValueError(f"conversion must be one of {', '.join(CONVERSIONS)}, got {conversion!r}")
 
 
-def calibrate_grid(event_of: callable, target: float, delta: float, conversion: Conversion = "dp_accounting") -> float:
-    """The smallest z in {0.01, 0.02, ..., 100} with epsilon(event_of(z)) <= target (epsilon falls as z grows)."""
+def calibrate_grid(event_of: callable, target: float, delta: float, conversion: Conversion = "dp_accounting",
+                   z_max: float = Z_MAX) -> float:
+    """The smallest z in {0.01, 0.02, ..., z_max} with epsilon(event_of(z)) <= target (epsilon falls as z grows)."""
     if not (math.isfinite(target) and target > 0):
         raise ValueError(f"the target epsilon must be a finite number > 0, got {target}")
-    lo, hi = 1, round(Z_MAX / Z_GRID)  # grid indices: z = k * Z_GRID
+    lo, hi = 1, round(z_max / Z_GRID)  # grid indices: z = k * Z_GRID
 
     def ok(k: int) -> bool:
         return epsilon(event_of(k * Z_GRID), delta, conversion) <= target
 
     if not ok(hi):
-        raise ValueError(f"no noise multiplier up to {Z_MAX:g} reaches epsilon {target:g} at delta {delta:g}")
+        raise ValueError(f"no noise multiplier up to {z_max:g} reaches epsilon {target:g} at delta {delta:g}")
     if ok(lo):
         return lo * Z_GRID
     while hi - lo > 1:  # invariant: not ok(lo), ok(hi)

@@ -18,7 +18,6 @@ same ε: the table shows how much of the thesis's numbers that explains.
 from __future__ import annotations
 
 import csv
-import math
 import io
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -38,15 +37,14 @@ from dpfl.results.run_files import write_json_atomic, write_text_atomic
 TABLE_METHODS = ("weiavg", "fedavg", "min_eps", "robust_hdp", "oracle")
 CONVERSIONS = ("dp_accounting", "classic")
 Z_MAX = 1e4  # largest noise multiplier the classic calibration searches
-CLASSIC_DECIMALS = 2  # the RHDP code rounded sigma up to 2 decimals (spec heterogeneous_dp §2.3 round_sigma_decimals)
 
 
-def classic_noise(run: FederatedRun, decimals: int | None = CLASSIC_DECIMALS) -> np.ndarray:
-    """Each client's DP-SGD noise multiplier under the classic conversion: the smallest z (relative precision 1e-9;
-    then rounded up to `decimals`, as the RHDP code did) whose classic ε for the client's planned steps (same
+def classic_noise(run: FederatedRun) -> np.ndarray:
+    """Each client's DP-SGD noise multiplier under the classic conversion, as the RHDP code calibrated it: the
+    smallest multiple of 0.01 (sigma rounded up to 2 decimals) whose classic ε for the client's planned steps (same
     steps, sampling and target as `run`'s own calibration) is at most its target, which it never exceeds."""
     from dpfl.privacy.events import dpsgd_event
-    from dpfl.privacy.two_stage import epsilon
+    from dpfl.privacy.two_stage import calibrate_grid
 
     plan = run.planned_run("dpsgd")
     if plan.local_sampling != "poisson":
@@ -62,19 +60,8 @@ def classic_noise(run: FederatedRun, decimals: int | None = CLASSIC_DECIMALS) ->
         key = (float(targets[i]), plan.budgets[i].delta, min(1.0, b / m), steps)
         if key not in cache:
             target, delta, q, t = key
-
-            def eps(z: float, q: float = q, t: int = t, delta: float = delta) -> float:
-                return epsilon(dpsgd_event(z, t, sampling="poisson", sample_rate=q), delta, "classic")
-
-            lo, hi = 1e-3, 1.0
-            while eps(hi) > target:
-                lo, hi = hi, hi * 2
-                if hi > Z_MAX:
-                    raise ValueError(f"client {i}: no noise up to {Z_MAX:g} reaches epsilon {target:g} (classic)")
-            while hi - lo > 1e-9 * hi:
-                mid = (lo + hi) / 2
-                lo, hi = (lo, mid) if eps(mid) <= target else (mid, hi)
-            cache[key] = hi if decimals is None else math.ceil(hi * 10**decimals) / 10**decimals
+            cache[key] = calibrate_grid(lambda z, q=q, t=t: dpsgd_event(z, t, sampling="poisson", sample_rate=q),
+                                        target, delta, "classic", z_max=Z_MAX)
         out[i] = cache[key]
     return out
 

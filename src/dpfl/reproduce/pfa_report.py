@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from dpfl.reproduce.jobs import Grid
 from dpfl.reproduce.runner import OK, Outcome
@@ -24,7 +23,7 @@ __all__ = ["accuracy_vs_m", "overspent_clients"]
 def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
     """results.md lines: per (model, budgets, calibration) with two or more M run, a plot of the final accuracy
     (mean ± sample std over seeds, ddof = 1) against M, one line per method, and its table."""
-    from dpfl.results.plots import DPI, FIGSIZE, _legend_outside, _save
+    from dpfl.results.plots import _legend_outside, _new_figure, _save
 
     groups: dict[tuple[str, str, str], dict[int, str]] = {}
     for s in grid.settings:
@@ -37,9 +36,8 @@ def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> l
         if len(ms) < 2:
             continue
         methods = list(dict.fromkeys(r["method"] for r in rows if r["setting"] in by_m.values()))
-        table, fig = [], Figure(figsize=FIGSIZE, dpi=DPI)
-        ax = fig.add_subplot(1, 1, 1)
-        ax.grid(True, alpha=0.3)
+        table = []
+        fig, ax = _new_figure()
         for method in methods:
             means, stds = [], []
             for m in ms:

@@ -24,7 +24,7 @@ from torch import nn
 
 from dpfl.engine import params as P
 from dpfl.engine.backends.errors import BackendError
-from dpfl.engine.local_training import ClientPlan, LocalResult, LocalSpec, run_local
+from dpfl.engine.local_training import ClientPlan, LocalResult, LocalSpec, merge_groups, run_local
 from dpfl.engine.pooled import PooledData
 
 INSTALL_HINT = "pip install 'dpfl[ray]'"
@@ -170,7 +170,7 @@ class RayBackend:
 
         pending = [submit(j) for j in range(len(shards))]
         results = [self._collect(j, ref, submit, round_) for j, ref in enumerate(pending)]
-        return _merge(plans, shards, results)
+        return merge_groups(len(plans), shards, results)
 
     def _collect(self, j: int, ref: Any, submit: Any, round_: int) -> LocalResult:
         """Shard j's result; if its actor died, a new actor retries it once."""
@@ -190,18 +190,3 @@ class RayBackend:
                 ref = submit(j)
         raise AssertionError("unreachable")  # pragma: no cover
 
-
-def _merge(plans: Sequence[ClientPlan], shards: list[list[int]], results: list[LocalResult]) -> LocalResult:
-    """The shards' results back in plan order."""
-    k = len(plans)
-    first = results[0].params
-    params = {n: t.new_empty((k, *t.shape[1:])) for n, t in first.items()}
-    steps, used, empties, noise = [0] * k, [0] * k, [0] * k, [0.0] * k
-    for rows, res in zip(shards, results):
-        index = torch.tensor(rows)
-        for n in params:
-            params[n][index] = res.params[n]
-        for j, i in enumerate(rows):
-            steps[i], used[i], empties[i] = res.steps[j], res.records_used[j], res.empty_batches[j]
-            noise[i] = res.noise_sq_norm[j] if res.noise_sq_norm else 0.0
-    return LocalResult(params, steps, used, empties, noise)
