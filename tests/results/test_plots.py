@@ -3,7 +3,7 @@ from __future__ import annotations
 import matplotlib.image as mpimg
 import pytest
 
-from dpfl.results import plot_accuracy, plot_budget_vs_spent, plot_compare, plot_epsilon, read_metrics, read_privacy
+from dpfl.results import plot_accuracy, plot_budget_vs_spent, plot_compare, plot_epsilon, plot_errorbars, read_metrics, read_privacy
 
 from .fakes import make_accounted_run, make_unaccounted_run
 
@@ -29,6 +29,8 @@ def test_accounted_plots_are_800_by_500(tmp_path, accounted):
     assert_png(plot_epsilon(metrics, privacy, tmp_path / "epsilon.png"))
     assert_png(plot_budget_vs_spent(privacy, tmp_path / "budget.png"))
     assert_png(plot_compare({"a": metrics, "b": metrics[:3]}, tmp_path / "cmp.png"))
+    series = {"a": ([20, 30], [0.5, 0.6], [0.01, float("nan")]), "b": ([30, 40], [0.4, 0.45], [0.02, 0.03])}
+    assert_png(plot_errorbars(series, tmp_path / "bars.png", xlabel="M", ylabel="accuracy", title="t"))
 
 
 def test_many_clients_use_bands(tmp_path):

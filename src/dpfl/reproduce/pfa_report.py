@@ -23,7 +23,7 @@ __all__ = ["accuracy_vs_m", "overspent_clients"]
 def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
     """results.md lines: per (model, budgets, calibration) with two or more M run, a plot of the final accuracy
     (mean ± sample std over seeds, ddof = 1) against M, one line per method, and its table."""
-    from dpfl.results.plots import _legend_outside, _new_figure, _save
+    from dpfl.results.plots import plot_errorbars
 
     groups: dict[tuple[str, str, str], dict[int, str]] = {}
     for s in grid.settings:
@@ -36,8 +36,7 @@ def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> l
         if len(ms) < 2:
             continue
         methods = list(dict.fromkeys(r["method"] for r in rows if r["setting"] in by_m.values()))
-        table = []
-        fig, ax = _new_figure()
+        table, series = [], {}
         for method in methods:
             means, stds = [], []
             for m in ms:
@@ -45,16 +44,12 @@ def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> l
                        and r["status"] == OK and r["final_accuracy"] is not None]
                 means.append(float(np.mean(acc)) if acc else math.nan)
                 stds.append(float(np.std(acc, ddof=1)) if len(acc) > 1 else math.nan)  # as results.md's other cells
-            ax.errorbar(ms, means, yerr=[0.0 if math.isnan(s) else s for s in stds], marker="o", capsize=3,
-                        label=method)
+            series[method] = (ms, means, stds)
             table.append([method, *("—" if math.isnan(a) else f"{a:.4f} ± " + ("n/a" if math.isnan(s) else f"{s:.4f}")
                                     for a, s in zip(means, stds))])
-        ax.set_xlabel("clients M (K = 0.8 M per round)")
-        ax.set_ylabel("final test accuracy")
-        ax.set_xticks(ms)
-        ax.set_title(f"{model}, {dist}, calibration {cal}")
-        _legend_outside(fig, ax)
-        path = _save(fig, out / "plots" / f"accuracy_vs_M-{model}-{dist}-{cal}.png")
+        path = plot_errorbars(series, out / "plots" / f"accuracy_vs_M-{model}-{dist}-{cal}.png",
+                              xlabel="clients M (K = 0.8 M per round)", ylabel="final test accuracy",
+                              title=f"{model}, {dist}, calibration {cal}")
         lines += [f"## Accuracy against M: {model}, {dist}, calibration {cal}", "",
                   "| method | " + " | ".join(f"M = {m}" for m in ms) + " |", "|---" * (len(ms) + 1) + "|",
                   *("| " + " | ".join(row) + " |" for row in table), "",

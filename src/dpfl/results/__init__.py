@@ -27,12 +27,13 @@ from dpfl.results.run_files import (
 
 if TYPE_CHECKING:
     from dpfl.results.compare import compare_runs, format_table, run_row
-    from dpfl.results.plots import plot_accuracy, plot_budget_vs_spent, plot_compare, plot_epsilon
+    from dpfl.results.plots import plot_accuracy, plot_budget_vs_spent, plot_compare, plot_epsilon, plot_errorbars
     from dpfl.results.report import write_plots, write_report
 
 _LAZY = {
     "compare_runs": "compare", "format_table": "compare", "run_row": "compare",
     "plot_accuracy": "plots", "plot_budget_vs_spent": "plots", "plot_compare": "plots", "plot_epsilon": "plots",
+    "plot_errorbars": "plots",
     "write_plots": "report", "write_report": "report",
 }
 
@@ -60,6 +61,7 @@ __all__ = [
     "plot_budget_vs_spent",
     "plot_compare",
     "plot_epsilon",
+    "plot_errorbars",
     "read_config_text",
     "read_metrics",
     "read_privacy",

@@ -34,6 +34,7 @@ __all__ = [
     "plot_epsilon",
     "plot_budget_vs_spent",
     "plot_compare",
+    "plot_errorbars",
 ]
 
 FIGSIZE = (8, 5)
@@ -247,5 +248,21 @@ def plot_compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_title(title or f"Test accuracy per round ({len(series)} runs)")
+    _legend_outside(fig, ax)
+    return _save(fig, path)
+
+
+def plot_errorbars(series: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
+                   path: str | os.PathLike[str], *, xlabel: str, ylabel: str, title: str) -> Path:
+    """One line per name through (x, mean) with ± std bars (NaN std: no bar), e.g. accuracy against a grid
+    parameter over seeds; the x ticks are the union of the xs."""
+    fig, ax = _new_figure()
+    for name, (xs, means, stds) in series.items():
+        ax.errorbar(list(xs), list(means), yerr=[0.0 if math.isnan(s) else s for s in stds], marker="o",
+                    capsize=3, label=name)
+    ax.set_xticks(sorted({x for xs, _, _ in series.values() for x in xs}))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     _legend_outside(fig, ax)
     return _save(fig, path)
