@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -632,11 +634,8 @@ def reproduce_splitting(
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
                                                    ("methods", methods)) if v is not None])
 
-    def say(message: str) -> None:
-        errors.print(message, markup=False, highlight=False)
-
-    try:
-        if dry_run:
+    if dry_run:
+        with _study_errors(out):
             todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings, methods=wanted)
             for job in todo.convex:
                 done = job.paths(out)[1].is_file()
@@ -644,14 +643,10 @@ def reproduce_splitting(
                               f"{'finished' if done else 'new'}", markup=False, highlight=False)
             for line in describe_jobs(todo.cnn, out) if todo.cnn is not None else ():
                 console.print(line, markup=False, highlight=False)
-            return
-        csv_path, md_path, rows = run_study(scale, out, seeds=seeds, rounds=rounds, settings_pattern=settings,
-                                            methods=wanted, progress=say, command=command)
-    except _user_errors() as e:
-        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    except OSError as e:
-        _fail(f"could not write to {out}: {e}")
-    _study_outcome("splitting", scale, rows, md_path, csv_path, f"in {out / 'logs'}")
+        return
+    _run_study("splitting", scale, out, f"in {out / 'logs'}",
+               lambda say: run_study(scale, out, seeds=seeds, rounds=rounds, settings_pattern=settings,
+                                     methods=wanted, progress=say, command=command))
 
 
 def _study_outcome(name: str, scale: str, rows: list[dict[str, Any]], md_path: Path, csv_path: Path,
@@ -668,13 +663,20 @@ def _study_outcome(name: str, scale: str, rows: list[dict[str, Any]], md_path: P
 def _run_study(name: str, scale: str, out: Path, tracebacks: str, study: Any) -> None:
     """`study(progress)` -> (csv path, md path, rows), its problems as one line (user errors, an unwritable --out),
     then the study's outcome."""
-    try:
+    with _study_errors(out):
         csv_path, md_path, rows = study(lambda m: errors.print(m, markup=False, highlight=False))
+    _study_outcome(name, scale, rows, md_path, csv_path, tracebacks)
+
+
+@contextmanager
+def _study_errors(out: Path) -> Iterator[None]:
+    """A study's problems as one line and exit code 2: user errors (bad scale, pattern, ...) and an unwritable --out."""
+    try:
+        yield
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:
         _fail(f"could not write to {out}: {e}")
-    _study_outcome(name, scale, rows, md_path, csv_path, tracebacks)
 
 
 @reproduce_app.command("mpdp")
