@@ -91,7 +91,7 @@ def test_the_search_selects_on_validation_in_two_stages_and_resumes(tmp_path):
     result = run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg1.5", execute=execute, command="test")
     assert len(calls) == 11 + 12 - 1  # stage 2 holds stage 1's (0.316, 1.04, 10)
     assert result.chosen == {"1.5": {"lam": 0.316, "theta": 1.06, "interval": 25, "val_accuracy": pytest.approx(0.65),
-                                     "udp_fedavg_val_accuracy": 0.5, "runs": 22}}
+                                     "udp_fedavg_val_accuracy": 0.5, "runs": 22, "lam_at_grid_edge": None}}
     rows = list(csv.DictReader((tmp_path / "search.csv").open()))
     assert len(rows) == 22 and {r["stage"] for r in rows} == {"1", "2"}
     assert json.loads((tmp_path / "search.json").read_text())["chosen"]["1.5"]["theta"] == 1.06
@@ -100,6 +100,17 @@ def test_the_search_selects_on_validation_in_two_stages_and_resumes(tmp_path):
     again, calls2 = _fake_execute(lambda p: 0.0)
     assert run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg1.5", execute=again).chosen == result.chosen
     assert calls2 == []  # every run was finished: nothing re-ran
+    assert "grid's largest" not in md and "grid's smallest" not in md
+
+
+@pytest.mark.parametrize("direction, edge", [(1, "largest"), (-1, "smallest")])
+def test_a_lambda_chosen_at_the_grid_edge_is_flagged(tmp_path, direction, edge):
+    execute, _ = _fake_execute(lambda p: 0.5 if p is None else 0.5 + direction * math.log10(p["lam"]) / 100)
+    result = run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg2.0", execute=execute)
+    grid = LAMBDA_GRIDS["2.0"]
+    assert result.chosen["2.0"]["lam"] == (max(grid) if direction > 0 else min(grid))
+    assert result.chosen["2.0"]["lam_at_grid_edge"] == edge
+    assert f"the chosen λ is the grid's {edge}" in (tmp_path / "search.md").read_text()
 
 
 def test_cli_search_refuses_options_that_do_not_apply(tmp_path):

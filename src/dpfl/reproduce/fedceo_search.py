@@ -139,12 +139,17 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
             chosen[sigma] = {"lam": winner["lam"], "theta": winner["theta"], "interval": winner["interval"],
                              "val_accuracy": winner["final_val_accuracy"],
                              "udp_fedavg_val_accuracy": reference and reference.get("final_val_accuracy"),
-                             "runs": len(mine)}
+                             "runs": len(mine), "lam_at_grid_edge": _edge(winner["lam"], LAMBDA_GRIDS[sigma])}
     label = first.label
     paths = (write_text_atomic(out / "search.csv", csv_text(rows, cols)),
              write_text_atomic(out / "search.md", _markdown(rows, chosen, scale, label, command)),
              write_text_atomic(out / "search.json", json.dumps({"scale": label, "chosen": chosen}, indent=2) + "\n"))
     return SearchResult(rows, chosen, paths)
+
+
+def _edge(lam: float, grid: Sequence[float]) -> str | None:
+    """"largest" / "smallest" when the chosen λ is an end of its grid: the optimum may lie beyond the grid."""
+    return "largest" if lam == max(grid) else "smallest" if lam == min(grid) else None
 
 
 def _fmt(v: Any) -> str:
@@ -164,6 +169,13 @@ def _markdown(rows: Sequence[dict[str, Any]], chosen: dict[str, dict[str, Any]],
     for sigma, c in chosen.items():
         lines.append(f"| {sigma} | {c['lam']:g} | {c['theta']:g} | {c['interval']} | {_fmt(c['val_accuracy'])} | "
                      f"{_fmt(c['udp_fedavg_val_accuracy'])} | {c['runs']} |")
+    for sigma, c in chosen.items():
+        if c["lam_at_grid_edge"] == "largest":
+            lines += ["", f"**σ_g = {sigma}: the chosen λ is the grid's largest**, so the optimum may lie beyond the "
+                      "grid; larger λ smooths less, and as λ grows FedCEO tends to UDP-FedAvg with personal copies."]
+        elif c["lam_at_grid_edge"] == "smallest":
+            lines += ["", f"**σ_g = {sigma}: the chosen λ is the grid's smallest**, so the optimum may lie beyond the "
+                      "grid (smaller λ smooths harder)."]
     lines += ["", "## Every run", "", "| σ_g | stage | method | val acc | status |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['sigma']} | {r['stage']} | {r['method']} | {_fmt(r.get('final_val_accuracy'))} | "
