@@ -551,7 +551,8 @@ def reproduce_fedceo(
     out: _Out,
     scale: Annotated[str, typer.Option("--scale", help="ci (minutes: checks that it runs), reduced (the full setting "
                                                        "with T = 50, E = 1: about 10 minutes per seed) or full (the "
-                                                       "paper's T = 300, E = 30: days on a CPU).")],
+                                                       "paper's T = 300, E = 30: about 10 minutes per run on one "
+                                                       "core, 15 runs).")],
     seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", help="fashion_mnist (the default); at --scale full also the paper's own emnist (mlp2) and "
@@ -597,7 +598,7 @@ def reproduce_fdp_accuracy(
 def reproduce_rdpcfl(
     out: _Out,
     scale: Annotated[str, typer.Option("--scale", help=(
-        "ci (Fashion-MNIST rotation, 21 clients x 1,000 records, 20 rounds, eps 5, 2 seeds, 7 methods; about 10 "
+        "ci (Fashion-MNIST rotation, 21 clients x 1,000 records, 20 rounds, eps 5, 2 seeds, 7 methods; about 4-9 "
         "minutes per run on one core) or full (the "
         "thesis grid: rotation / label flip / label shift at N_i = 8000, E = 200, eps 3/4/5/10/15, 4 seeds: weeks "
         "on a CPU; MNIST rotation where its files exist)."))],
@@ -617,7 +618,7 @@ def reproduce_splitting(
     scale: Annotated[str, typer.Option("--scale", help=(
         "ci (heterogeneous least squares and logistic regression, 6 methods with and without Anderson, 1 seed; "
         "about 5 minutes), reduced (the CNN comparison only: 3 partitions x 5 methods x (tau 0, 10) x 4 seeds at 30 "
-        "rounds of ONE local epoch; about 40 s per run) or full (convex: adds the heterogeneity, noise, "
+        "rounds of ONE local epoch; about 50 s per run) or full (convex: adds the heterogeneity, noise, "
         "partial-participation, diminishing-step and DP settings, 3 seeds, measured 53 min per seed on a busy 2-core "
         "machine; CNN: 100 rounds of 10 local epochs, 4 seeds, about 10 s per round: days)."))],
     seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
