@@ -272,3 +272,12 @@ def test_cli_runs_a_job_and_writes_the_results(tmp_path, fmnist):
         [row] = list(csv.DictReader(f))
     assert (row["method"], row["status"]) == ("ppsgd", "ok") and float(row["acc_personal_final"]) >= 0
     assert json.loads((tmp_path / "runs/fmnist-mlp-sg2.0/ppsgd/seed0/summary.json").read_text())["rounds_done"] == 1
+
+
+def test_a_search_of_some_sigmas_sets_only_those(monkeypatch):
+    monkeypatch.setitem(fedceo.SEARCHED, "full", {"2.0": (0.5, 1.02, 30)})
+    by_setting = {s.name: s.meta for s in fedceo.settings("full")}
+    assert (by_setting["fmnist-mlp-sg2.0"]["lam"], by_setting["fmnist-mlp-sg2.0"]["interval"]) == ("0.5", "30")
+    assert "chosen on the validation splits" in by_setting["fmnist-mlp-sg2.0"]["source"]
+    assert by_setting["fmnist-mlp-sg1.0"]["lam"] == "70"  # not searched yet: the paper's EMNIST row, said so
+    assert "NOT tuned" in by_setting["fmnist-mlp-sg1.0"]["source"]

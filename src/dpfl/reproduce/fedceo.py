@@ -95,7 +95,7 @@ def base_config(scale: str) -> Path:
 
 def fedceo_params(scale: str, sigma: str) -> tuple[float, float, int, str]:
     """(λ, ϑ, I, where they come from) for a scale and σ_g."""
-    if scale in SEARCHED:
+    if sigma in SEARCHED.get(scale, {}):  # a scale's search may cover only some σ_g (full: one at a time)
         lam, theta, interval = SEARCHED[scale][sigma]
         return lam, theta, interval, f"chosen on the validation splits by `--scale {scale} --search`"
     lam, theta, interval = FEDCEO_PARAMS[sigma]
