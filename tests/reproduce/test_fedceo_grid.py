@@ -58,12 +58,14 @@ def test_grid_is_three_sigmas_by_five_methods(scale):
 
 
 @pytest.mark.parametrize("scale", ["ci", "full"])
-def test_fedceo_parameters_are_the_papers_table_2_rows(scale):
+def test_fedceo_parameters_are_the_papers_table_2_rows_unless_searched(scale):
     grid = fedceo.grid(scale)
     for job in grid.jobs:
         if job.config.algorithm.name != "fedceo":
             continue
-        lam, theta, interval = TABLE2[job.setting.removeprefix("fmnist-mlp-sg")]
+        sigma = job.setting.removeprefix("fmnist-mlp-sg")
+        searched = fedceo.SEARCHED.get(scale, {}).get(sigma)  # a sigma_g searched at this scale uses its choice
+        lam, theta, interval = searched or TABLE2[sigma]
         p = job.config.algorithm.params
         assert (p["lam"], p["interval"]) == (lam, interval if scale == "full" else 5)
         assert p["theta"] == (1.0 if job.method == "fedceo_theta1" else theta)
@@ -281,3 +283,6 @@ def test_a_search_of_some_sigmas_sets_only_those(monkeypatch):
     assert "chosen on the validation splits" in by_setting["fmnist-mlp-sg2.0"]["source"]
     assert by_setting["fmnist-mlp-sg1.0"]["lam"] == "70"  # not searched yet: the paper's EMNIST row, said so
     assert "NOT tuned" in by_setting["fmnist-mlp-sg1.0"]["source"]
+    notes = fedceo.grid("full").selection  # each note says which sigma_g it covers
+    assert any(n.startswith("FedCEO λ/ϑ/I on fashion_mnist, σ_g 2.0: chosen") for n in notes)
+    assert any(n.startswith("FedCEO λ/ϑ/I on fashion_mnist, σ_g 1.0, 1.5: the paper's") for n in notes)
