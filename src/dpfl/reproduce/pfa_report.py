@@ -7,6 +7,7 @@ Both are regenerated from the run directories with the rest of results.md (`tabl
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,7 @@ def overspent_clients(grid: Grid, outcomes: Sequence[Outcome]) -> list[str]:
     summary: dict[tuple[str, str], list[float]] = {}
     for row in found:
         summary.setdefault((row[0], row[1]), []).append(float(row[6]))
-    runs = {(o.job.setting, o.job.method): 0 for o in done}
-    for o in done:
-        runs[(o.job.setting, o.job.method)] += 1
+    runs = Counter((o.job.setting, o.job.method) for o in done)
     lines += ["", "| setting | method | client-runs over budget | runs | largest ratio |", "|---|---|---|---|---|",
               *(f"| {s} | {m} | {len(r)} | {runs[(s, m)]} | {max(r):.2f} |" for (s, m), r in summary.items()), ""]
     header = ["setting", "method", "seed", "client", "budget ε", "accountant ε", "ratio"]
