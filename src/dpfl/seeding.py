@@ -27,6 +27,7 @@ class Purpose(enum.IntEnum):
     CHOICE = 10  # a client's private choice among models (exponential mechanism noise)
     SECAGG = 11  # simulated dropouts of secure aggregation
     AUDIT = 12  # privacy audits: which canaries are included, their directions
+    ATTACK = 13  # attack evaluations: which records an attacker is scored on
 
 
 def derive_seed(seed: int, *keys: int) -> int:

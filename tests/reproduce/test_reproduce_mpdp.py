@@ -18,6 +18,8 @@ def test_reproduce_mpdp_ci_smoke(tmp_path):
     assert {"ci_digits_mlp-eps3", "ci_digits_mlp-eps30", "ci_digits_mlp-eps300", "ci_digits_k100"} <= settings
     assert all(r["status"] == "ok" for r in rows)
     assert {r["epsilon"] for r in rows if r["method"] == "fedavg"} == {""}
+    assert all(0 <= float(r["mia_asr"]) <= 1 for r in rows)  # every method's target is attacked
+    assert {r["method"] for r in rows if r["mia_asr_adaptive"]} == {"mpdp"}  # demasking exists only for MP-DP
     md = (out / "results.md").read_text()
     assert "ci_digits_cnn-eps3" in settings and "NOMINAL" in md
     mtime = (out / "runs" / "ci_digits_k100" / "mpdp-seed0" / "summary.json").stat().st_mtime

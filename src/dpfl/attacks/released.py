@@ -53,8 +53,8 @@ def released_model(run_dir: str | Path) -> ReleasedModel:
     if not (run_dir / SUMMARY).is_file():
         raise FileNotFoundError(f"{run_dir}: not a finished dpfl run directory (no {SUMMARY})")
     if json.loads((run_dir / SUMMARY).read_text()).get("scheme") == "mpdp":
-        raise ValueError(f"{run_dir}: an MP-DP run keeps no model (the clients' demasking attack on MP-DP runs "
-                         "inside `dpfl reproduce mpdp`; membership inference against MP-DP is not implemented)")
+        raise ValueError(f"{run_dir}: an MP-DP run keeps no model (the attacks on MP-DP, clients' demasking and "
+                         "membership inference and the server's gradient inversion, run inside `dpfl reproduce mpdp`)")
     if not (run_dir / CHECKPOINT).is_file():
         raise FileNotFoundError(f"{run_dir}: has no {CHECKPOINT}, so the released model was not kept")
     cfg = load_config(run_dir / CONFIG)

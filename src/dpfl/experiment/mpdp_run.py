@@ -25,9 +25,9 @@ from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forwa
 from dpfl.algorithms.secure.mpdp.privacy import NOMINAL_LABEL, composed, min_sigma_delta, solve_sigma_eta
 from dpfl.algorithms.secure.mpdp.residual import norm_free_resnet
 from dpfl.algorithms.secure.mpdp.views import ClientView
-from dpfl.attacks.demask import demask
 from dpfl.data import load_dataset
 from dpfl.data.catalog import FILE_BACKED
+from dpfl.experiment.mpdp_attacks import client_attacks
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
 from dpfl.privacy.analytic_gaussian import analytic_gaussian_sigma
@@ -51,6 +51,7 @@ class FederatedArrays:
     x_test: torch.Tensor
     y_test: torch.Tensor  # labels
     n_classes: int
+    image_shape: tuple[int, ...] = ()  # one record as an image (C, H, W); the MLP's inputs are it flattened
 
 
 def federated_arrays(cfg: MPDPConfig) -> FederatedArrays:
@@ -65,7 +66,7 @@ def federated_arrays(cfg: MPDPConfig) -> FederatedArrays:
     if per * cfg.clients > len(x):
         raise ValueError(f"{cfg.clients} clients x {per} records exceed the {len(x)} training records of {cfg.dataset}")
     shards = [(x[order[k * per:(k + 1) * per]], y[order[k * per:(k + 1) * per]]) for k in range(cfg.clients)]
-    return FederatedArrays(shards, keep(data.x_test), data.y_test.long(), data.n_classes)
+    return FederatedArrays(shards, keep(data.x_test), data.y_test.long(), data.n_classes, tuple(data.x_train.shape[1:]))
 
 
 LAST_LAYER_SCALE = 0.1  # outputs start near 0 under MSE: FedSGD on digits reaches 0.76 in 30 rounds, not 0.38
@@ -259,22 +260,10 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
         per_client = [composed(cfg.epsilon, cfg.delta, p) for p in participations]
         privacy["per_client"] = [{"client": k, **c} for k, c in enumerate(per_client)]
         privacy["composed_epsilon_max"] = max(c["composed"]["epsilon"] for c in per_client)
-    if last:
-        privacy["model_hiding"] = demasking_report(ClientView(last[0]), arrays)
+    privacy.update(client_attacks(arrays, cfg.seed, view=ClientView(last[0])) if last
+                   else client_attacks(arrays, cfg.seed, weights=weights, plan=plan))
     summary = summarize(cfg, method, history, privacy, time.perf_counter() - t_start)
     return MPDPResult(method, history, privacy, summary, weights)
-
-
-def demasking_report(view: ClientView, arrays: FederatedArrays) -> dict[str, Any]:
-    """W3 measured: client 0 demasks the last model it received with its own one-hot labels (attacks.demask);
-    accuracies on the test set of the perturbed outputs as received, and of the demasked network."""
-    x0, y0 = arrays.shards[0]
-    attack = demask(view, x0, y0)
-    y_hat, _ = view.outputs(arrays.x_test)
-    return {"attack": "adaptive demasking by client 0 (folded transitional layers, least-squares mask from its "
-                      "one-hot labels) of the last model it received",
-            "perturbed_accuracy": float((y_hat.argmax(1) == arrays.y_test).double().mean()),
-            "demasked_accuracy": float((attack.predict(arrays.x_test, view).argmax(1) == arrays.y_test).double().mean())}
 
 
 def summarize(cfg: MPDPConfig, method: str, history: list[dict[str, Any]], privacy: dict[str, Any],
@@ -282,6 +271,7 @@ def summarize(cfg: MPDPConfig, method: str, history: list[dict[str, Any]], priva
     rounds = len(history)
     client_keys = ("lmt_seconds", "ddp_seconds") if method in ("mpdp", "mpdp_naive") else ("client_seconds",)
     server_keys = ("server_seconds", "recover_update_seconds") if method in ("mpdp", "mpdp_naive") else ()
+    membership = privacy.get("membership", {})
     per_round = lambda keys: sum(row.get(k, 0.0) for row in history for k in keys) / rounds  # noqa: E731
     final = history[-1]
     return {"setting": cfg.name, "method": method, "seed": cfg.seed,
@@ -292,4 +282,6 @@ def summarize(cfg: MPDPConfig, method: str, history: list[dict[str, Any]], priva
             "epsilon_composed": privacy.get("composed_epsilon_max", privacy.get("epsilon_total")),
             "demasked_accuracy": privacy.get("model_hiding", {}).get("demasked_accuracy"),
             "perturbed_accuracy": privacy.get("model_hiding", {}).get("perturbed_accuracy"),
+            "mia_asr": membership.get("plain", {}).get("asr"), "mia_auc": membership.get("plain", {}).get("auc"),
+            "mia_asr_adaptive": membership.get("adaptive", {}).get("asr"),
             "epsilon_label": privacy.get("label", privacy.get("guarantee")), "rounds": rounds, "seconds": seconds}

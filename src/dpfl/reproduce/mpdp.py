@@ -22,8 +22,13 @@ model on the test set), round_seconds, server_seconds (per round), client_second
 upload_bytes (per client per round), violation_rate (share of client-rounds whose noise-free recovered gradient
 exceeded S), epsilon_composed (per client over the run: nominal composition for mpdp*, dpfl's accountant for
 mp_cdp), perturbed_accuracy and demasked_accuracy (mpdp*: the last model client 0 received, as received and after
-it demasked it with its own labels, spec §10 W3), status, run_dir. Every run directory has metrics.jsonl, privacy.json and summary.json (written last: a
-re-run skips finished runs).
+it demasked it with its own labels, spec §10 W3), mia_asr and mia_auc (membership inference by a client, the
+strongest of the loss, confidence and shadow attacks by AUC: on the perturbed model as received for mpdp*, on the
+plaintext global model otherwise; 0.5 = guessing), mia_asr_adaptive (mpdp*: the same on client 0's demasked network),
+psnr_b1 and psnr_b8 (gradient inversion by the server of client 0's probe upload at the final true model, batch 1
+and 8, the stronger of DLG and Inverting Gradients in dB, higher = more leakage: experiment/mpdp_inversion.py),
+status, run_dir. Every run directory has metrics.jsonl, privacy.json (every attack's ASR, AUC and TPR at 1% FPR)
+and summary.json (written last: a re-run skips finished runs).
 """
 
 from __future__ import annotations
@@ -39,15 +44,17 @@ from typing import Any
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
 from dpfl.experiment.mpdp_directory import write_run_files
-from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
+from dpfl.experiment.mpdp_inversion import inversion_report
+from dpfl.experiment.mpdp_run import federated_arrays, model_plan, run_mpdp
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
-           "upload_bytes", "violation_rate", "epsilon_composed", "perturbed_accuracy", "demasked_accuracy", "status",
-           "run_dir"]
+           "upload_bytes", "violation_rate", "epsilon_composed", "perturbed_accuracy", "demasked_accuracy", "mia_asr",
+           "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "status", "run_dir"]
+INVERSION_STEPS = 200  # per attack and probe batch, as in `dpfl reproduce attacks`
 SCALES = {
     "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_cnn.yaml", (3.0, 300.0)),
                                    ("ci_digits_k100.yaml", (3.0,)), ("ci_fmnist_mlp.yaml", (3.0,)))},
@@ -116,13 +123,18 @@ def run_job(job: MPDPJob, out: Path) -> dict[str, Any]:
     method = "mpdp" if job.method == "mpdp_oracle_clip" else job.method
     cfg = job.config.model_copy(update={"clip_mode": "oracle_true"}) if job.method == "mpdp_oracle_clip" else job.config
     try:
-        result = run_mpdp(cfg, method)
+        arrays = federated_arrays(cfg)
+        result = run_mpdp(cfg, method, arrays=arrays)
+        plan = model_plan(cfg, tuple(arrays.shards[0][0].shape[1:]), arrays.n_classes)
+        inversion = inversion_report(cfg, method, result.weights, plan, arrays, steps=INVERSION_STEPS)
+        result.privacy["inversion"] = inversion
     except Exception as e:  # noqa: BLE001 - a failed run is a row with its message; the study goes on
         (d / "error.txt").write_text(traceback.format_exc())
         return {"setting": job.setting, "method": job.method, "seed": job.seed, "status": f"failed: {e}",
                 "run_dir": str(d)}
     write_run_files(d, result)
     row = {**{k: result.summary.get(k) for k in COLUMNS}, "setting": job.setting, "method": job.method,
+           **{f"psnr_b{b}": r.get("psnr") for b, r in inversion.get("batches", {}).items()},
            "status": "ok", "run_dir": str(d.relative_to(out))}
     write_json_atomic(summary_path, row)
     return row
@@ -147,11 +159,31 @@ def _fmt(v: Any, spec: str) -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _mean_or_na(values: Sequence[Any], spec: str) -> str:
+    return "n/a" if any(v is None for v in values) else format(statistics.fmean(values), spec)
+
+
+def _mia_cell(rs: Sequence[dict[str, Any]]) -> str:
+    """Membership inference ASR, mean ± std over seeds, with the demasked network's in parentheses (mpdp*).
+    Runs made before the attack was added have no value: n/a."""
+    if any(r.get("mia_asr") is None for r in rs):
+        return "n/a"
+    cell = mean_std([r["mia_asr"] for r in rs])
+    if all(r.get("mia_asr_adaptive") is not None for r in rs):
+        cell += f" ({mean_std([r['mia_asr_adaptive'] for r in rs])})"
+    return cell
+
+
 def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str], command: str) -> str:
     lines = [f"# MP-DP comparison ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
              "Accuracy: the TRUE model on the test set after the last round, mean ± sample std over seeds. Epsilons "
              "of mpdp* are NOMINAL per-round guarantees (Theorems 10/11, assuming the idealised Gaussian model; see "
-             "docs/secure.md W1/W2); mp_cdp's are dpfl's accountant's. Times are per round on this machine.", ""]
+             "docs/secure.md W1/W2); mp_cdp's are dpfl's accountant's. Times are per round on this machine. MIA ASR: "
+             "membership inference by a client (strongest of loss, confidence and shadow attacks; 0.5 = guessing) on "
+             "the model it received: perturbed for mpdp* (in parentheses: after client 0 demasked it), the plaintext "
+             "global model otherwise. Inversion PSNR: the server inverting client 0's upload in a probe round at the "
+             "final true model (for mpdp*, the Eq. (18) recovered noisy gradient; stronger of DLG and Inverting "
+             "Gradients; higher = more leakage).", ""]
     ok = [r for r in rows if r.get("status") == "ok"]
     for setting in sorted({r["setting"] for r in ok}):
         mine = [r for r in ok if r["setting"] == setting]
@@ -169,10 +201,12 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str]
                          _fmt(max(r["epsilon_composed"] for r in rs), ".4g") if rs[0]["epsilon_composed"] is not None
                          else "n/a",
                          mean_std([r.get("demasked_accuracy") for r in rs]) if rs[0].get("demasked_accuracy") is not None
-                         else "n/a"])
+                         else "n/a", _mia_cell(rs),
+                         " / ".join(_mean_or_na([r.get(f"psnr_b{b}") for r in rs], ".1f") for b in (1, 8))])
         lines += [f"## {setting}", ""]
         lines += md_table(["method", "seeds", "accuracy", "round s", "server s", "client s", "upload B/client",
-                           "violation rate", "composed ε (max)", "demasked acc. (W3)"], body)
+                           "violation rate", "composed ε (max)", "demasked acc. (W3)", "MIA ASR (demasked)",
+                           "inversion PSNR dB b1 / b8"], body)
         lines.append("")
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:

@@ -31,7 +31,7 @@ from dpfl.algorithms.secure.mpdp.ddp import (
 from dpfl.algorithms.secure.mpdp.privacy import conditional_audit
 from dpfl.algorithms.secure.mpdp.recovery import deal_shares, dropped_noise, recover_key
 from dpfl.algorithms.secure.mpdp.lmt import LMTResult, clip_joint, lmt
-from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, mp_server, recover
+from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, ServerSecrets, forward, mp_server, recover
 from dpfl.algorithms.secure.mpdp.update import RunningSums, apply_update
 from dpfl.algorithms.secure.protocol import default_threshold
 
@@ -158,9 +158,12 @@ def _client_terms(payload: ClientPayload, weights: list[torch.Tensor], x: torch.
 def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
                     st: RoundSettings, round_: int, secret_gen: np.random.Generator,
                     private_seeds: Mapping[int, int | None], drop: set[int] | frozenset[int] = frozenset(),
-                    on_broadcast: Callable[[ClientPayload, list[torch.Tensor]], Any] | None = None) -> RoundOutcome:
+                    on_broadcast: Callable[[ClientPayload, list[torch.Tensor]], Any] | None = None,
+                    on_upload: Callable[[int, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], ServerSecrets],
+                                        Any] | None = None) -> RoundOutcome:
     """One MP-DP (or MP-DP-Naive) round; raises MissingPeersError, with no update applied, if a client in
-    `drop` agreed on edges and never uploaded."""
+    `drop` agreed on edges and never uploaded. `on_upload(k, upload, Ψ, Φ, secrets)`: each client's upload as the
+    server receives it, with the server's secrets (the server's view, for the inversion attack)."""
     seconds = dict.fromkeys(("server", "lmt", "ddp", "recover_update"), 0.0)
     t0 = time.perf_counter()
     payload, sec = mp_server(weights, plan, secret_gen, round_, st.mask_scale)
@@ -210,6 +213,8 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapp
         t0 = time.perf_counter()
         sums.add(k, upload, psi, phi)
         seconds["recover_update"] += time.perf_counter() - t0
+        if on_upload is not None:
+            on_upload(k, upload, psi, phi, sec)
         own = recover(res.grads, res.psi, res.phi, sec)  # noise-free, for the sensitivity-violation rate only
         violations += _norm(own) > st.S * (1 + 1e-9)
         ratio.append(_norm([sec.factor(p) * g_ for p, g_ in enumerate(res.grads)]) / max(_norm(own), 1e-300))

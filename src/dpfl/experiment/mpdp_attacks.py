@@ -1,0 +1,76 @@
+"""What a curious client learns from an MP-DP comparison run (spec bidirectional.md §10), measured at its end.
+
+Two attacks, both by a client on the last model it received: adaptive demasking (W3: client 0 removes the model
+hiding with its own labels, `attacks.demask`) and membership inference (`attacks.membership`: loss, confidence and
+shadow attacks). The MIA target is what the spec names: for mpdp* the perturbed model Ŵ as received ("plain") and
+client 0's demasked network ("adaptive"); for fedavg and mp_cdp the plaintext global model after the last round.
+Members are the clients' training records and non-members the test set (never trained on); the attacker knows half
+of each (balanced) and is scored on the other half.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, forward
+from dpfl.algorithms.secure.mpdp.views import ClientView
+from dpfl.attacks.demask import Demasked, demask
+from dpfl.attacks.membership import run_membership_attacks
+from dpfl.seeding import Purpose, numpy_generator
+
+if TYPE_CHECKING:
+    from dpfl.experiment.mpdp_run import FederatedArrays
+
+__all__ = ["KEPT_METRICS", "client_attacks", "demasking_report", "membership_report"]
+
+KEPT_METRICS = ("asr", "auc", "tpr_at_1fpr", "threshold_protocol", "n_members", "n_nonmembers")
+
+
+def demasking_report(view: ClientView, attack: Demasked, arrays: FederatedArrays) -> dict[str, Any]:
+    """W3 measured: test accuracies of the perturbed outputs as received and of client 0's demasked network."""
+    y_hat, _ = view.outputs(arrays.x_test)
+    return {"attack": "adaptive demasking by client 0 (folded transitional layers, least-squares mask from its "
+                      "one-hot labels) of the last model it received",
+            "perturbed_accuracy": float((y_hat.argmax(1) == arrays.y_test).double().mean()),
+            "demasked_accuracy": float((attack.predict(arrays.x_test, view).argmax(1) == arrays.y_test).double().mean())}
+
+
+def _members(arrays: FederatedArrays, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clients' training records with integer labels, subsampled (seeded) to the test set's size: the attack
+    balances both sides to the smaller one anyway, and this keeps its forward passes to twice the test set."""
+    x = torch.cat([s[0] for s in arrays.shards])
+    y = torch.cat([s[1] for s in arrays.shards]).argmax(1)
+    keep = numpy_generator(seed, Purpose.ATTACK).permutation(len(x))[:len(arrays.y_test)]
+    idx = torch.as_tensor(np.sort(keep))
+    return x[idx], y[idx]
+
+
+def membership_report(predict: Callable[[torch.Tensor], torch.Tensor], arrays: FederatedArrays,
+                      seed: int) -> dict[str, Any]:
+    """The loss, confidence and shadow attacks on `predict` (MSE-on-one-hot scores), and the strongest by AUC."""
+    results = run_membership_attacks(predict, _members(arrays, seed), (arrays.x_test, arrays.y_test), seed=seed,
+                                     loss="mse_onehot")
+    attacks = {name: {k: r[k] for k in KEPT_METRICS} for name, r in results.items()}
+    best = max(attacks, key=lambda name: attacks[name]["auc"])
+    return {"attacks": attacks, "strongest": best, "asr": attacks[best]["asr"], "auc": attacks[best]["auc"]}
+
+
+def client_attacks(arrays: FederatedArrays, seed: int, *, view: ClientView | None = None,
+                   weights: list[torch.Tensor] | None = None, plan: FactorPlan | None = None) -> dict[str, Any]:
+    """The privacy.json blocks of the client attacks: with an MP-DP `view`, model_hiding and membership (plain and
+    adaptive); otherwise membership on the plaintext `weights`."""
+    if view is None:
+        if weights is None:
+            raise ValueError("client_attacks needs the perturbed view (mpdp*) or the plaintext weights")
+        plain = membership_report(lambda x: forward(weights, None, x, plan)[0], arrays, seed)
+        return {"membership": {"target": "the plaintext global model after the last round", "plain": plain}}
+    attack = demask(view, *arrays.shards[0])
+    return {"model_hiding": demasking_report(view, attack, arrays),
+            "membership": {"target": "the last perturbed model a client received (plain: its outputs as received; "
+                                     "adaptive: client 0's demasked network)",
+                           "plain": membership_report(lambda x: view.outputs(x)[0], arrays, seed),
+                           "adaptive": membership_report(lambda x: attack.predict(x, view), arrays, seed)}}
