@@ -688,18 +688,22 @@ def reproduce_mpdp(
         "found; 2 seeds; a few minutes) or full (CIFAR-10/100 with norm-free tied-residual ResNets at epsilon 1 and "
         "3, 3 seeds, when the files are found locally: days of CPU; BreakHis listed as skipped)."))],
     seeds: _Seeds = None, rounds: _Rounds = None, methods: _Methods = None,
+    inversion_steps: Annotated[Optional[int], typer.Option("--inversion-steps", help=(
+        "Steps of each gradient-inversion attack on client 0's probe upload (default 200, as `reproduce attacks`; "
+        "0 skips the inversion)."))] = None,
 ) -> None:
     """MP-DP (bidirectional privacy) against MP-DP with an oracle clip, MP-DP-Naive, MP-CDP and FedAvg on the same
-    FedSGD rounds. Writes OUT/results.csv, results.md and runs/."""
-    from dpfl.reproduce.mpdp import run_study
+    FedSGD rounds, with the attacks of spec §10 on each run. Writes OUT/results.csv, results.md and runs/."""
+    from dpfl.reproduce.mpdp import INVERSION_STEPS, run_study
 
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce mpdp --scale", scale, "--out", str(out)]
-                       + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("methods", methods))
-                          if v is not None])
+                       + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("methods", methods),
+                                                    ("inversion-steps", inversion_steps)) if v is not None])
+    steps = INVERSION_STEPS if inversion_steps is None else inversion_steps
     _run_study("mpdp", scale, out, "in the run directories",
                lambda say: run_study(scale, out, seeds=seeds, methods=wanted, rounds=rounds, command=command,
-                                     progress=say))
+                                     progress=say, inversion_steps=steps))
 
 
 @reproduce_app.command("attacks")

@@ -9,7 +9,7 @@ from cli_runner import cli
 def test_reproduce_mpdp_ci_smoke(tmp_path):
     out = tmp_path / "mpdp"
     code, stdout, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--seeds", 1, "--rounds", 2,
-                            "--methods", "mpdp,mp_cdp,fedavg")
+                            "--methods", "mpdp,mp_cdp,fedavg", "--inversion-steps", 5)
     assert code == 0, err
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert {"setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds",
@@ -20,11 +20,13 @@ def test_reproduce_mpdp_ci_smoke(tmp_path):
     assert {r["epsilon"] for r in rows if r["method"] == "fedavg"} == {""}
     assert all(0 <= float(r["mia_asr"]) <= 1 for r in rows)  # every method's target is attacked
     assert {r["method"] for r in rows if r["mia_asr_adaptive"]} == {"mpdp"}  # demasking exists only for MP-DP
+    assert all(r["psnr_b1"] for r in rows)  # the server's inversion ran on every method (K = 100: batch 8 skipped)
+    assert {r["setting"] for r in rows if not r["psnr_b8"]} == {"ci_digits_k100"}
     md = (out / "results.md").read_text()
     assert "ci_digits_cnn-eps3" in settings and "NOMINAL" in md
     mtime = (out / "runs" / "ci_digits_k100" / "mpdp-seed0" / "summary.json").stat().st_mtime
     code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--seeds", 1, "--rounds", 2,
-                       "--methods", "mpdp,mp_cdp,fedavg")
+                       "--methods", "mpdp,mp_cdp,fedavg", "--inversion-steps", 5)
     assert code == 0, err
     assert (out / "runs" / "ci_digits_k100" / "mpdp-seed0" / "summary.json").stat().st_mtime == mtime
 
@@ -34,6 +36,8 @@ def test_reproduce_mpdp_bad_input_is_one_line(tmp_path):
     assert code == 2 and "--scale must be" in err
     code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", tmp_path, "--methods", "magic")
     assert code == 2 and "unknown method" in err
+    code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", tmp_path, "--inversion-steps", -1)
+    assert code == 2 and "--inversion-steps must be >= 0" in err
 
 
 def test_full_scale_runs_the_cifar_configs_when_the_files_exist(tmp_path, monkeypatch):
@@ -51,7 +55,7 @@ def test_full_scale_runs_the_cifar_configs_when_the_files_exist(tmp_path, monkey
     assert set(skipped) == {"full_c100_k5", "full_breakhis_k5"} and "not found locally" in skipped["full_c100_k5"]
     job = next(j for j in todo if j.setting == "full_c10_k5-eps1")
     assert job.config.model == "resnet" and job.config.blocks == 3
-    row = run_job(job, tmp_path / "out")
-    assert row["status"] == "ok", row
+    row = run_job(job, tmp_path / "out", inversion_steps=2)  # the attacks run through the tied-residual ResNet
+    assert row["status"] == "ok" and row["psnr_b1"] is not None and row["mia_asr"] is not None, row
     paper = next(j for j in todo if j.setting == "full_c10_k100_paper-eps3")
     assert paper.config.mode == "unverified"

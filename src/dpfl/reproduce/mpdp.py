@@ -113,8 +113,9 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
     return out, skipped
 
 
-def run_job(job: MPDPJob, out: Path) -> dict[str, Any]:
-    """Runs one job into its directory (skipped if summary.json exists) and returns its results.csv row."""
+def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS) -> dict[str, Any]:
+    """Runs one job into its directory (skipped if summary.json exists) and returns its results.csv row.
+    `inversion_steps`: per attack and probe batch; 0 skips the inversion (recorded as skipped)."""
     d = job.directory(out)
     summary_path = d / "summary.json"
     if summary_path.is_file():
@@ -126,7 +127,8 @@ def run_job(job: MPDPJob, out: Path) -> dict[str, Any]:
         arrays = federated_arrays(cfg)
         result = run_mpdp(cfg, method, arrays=arrays)
         plan = model_plan(cfg, tuple(arrays.shards[0][0].shape[1:]), arrays.n_classes)
-        inversion = inversion_report(cfg, method, result.weights, plan, arrays, steps=INVERSION_STEPS)
+        inversion = (inversion_report(cfg, method, result.weights, plan, arrays, steps=inversion_steps)
+                     if inversion_steps > 0 else {"skipped": "--inversion-steps 0"})
         result.privacy["inversion"] = inversion
     except Exception as e:  # noqa: BLE001 - a failed run is a row with its message; the study goes on
         (d / "error.txt").write_text(traceback.format_exc())
@@ -142,13 +144,15 @@ def run_job(job: MPDPJob, out: Path) -> dict[str, Any]:
 
 def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Sequence[str] | None = None,
               rounds: int | None = None, progress: Callable[[str], None] | None = None,
-              command: str = "") -> tuple[Path, Path, list[dict[str, Any]]]:
+              command: str = "", inversion_steps: int = INVERSION_STEPS) -> tuple[Path, Path, list[dict[str, Any]]]:
+    if inversion_steps < 0:
+        raise ValueError(f"--inversion-steps must be >= 0, got {inversion_steps}")
     todo, skipped = jobs(scale, seeds, methods, rounds)
     rows = []
     for i, job in enumerate(todo, 1):
         if progress is not None:
             progress(f"[{i}/{len(todo)}] {job.setting} {job.method} seed {job.seed}")
-        rows.append(run_job(job, out))
+        rows.append(run_job(job, out, inversion_steps))
     out.mkdir(parents=True, exist_ok=True)
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
     md_path = write_text_atomic(out / "results.md", markdown(scale, rows, skipped, command))
