@@ -93,9 +93,46 @@ def test_inversion_recovers_an_unprotected_record_and_not_an_mpdp_upload(digits)
     clear = inversion_report(cfg, "fedavg", weights, plan, digits, steps=60, batches=(1,))
     noisy = inversion_report(cfg, "mpdp", weights, plan, digits, steps=60, batches=(1,))
     assert clear["batches"]["1"]["psnr"] > 40 > 20 > noisy["batches"]["1"]["psnr"]
-    assert set(noisy["batches"]["1"]["attacks"]) == {"dlg", "inverting_gradients"} and "R∘" in noisy["target"]
-    hardened = inversion_report(cfg.model_copy(update={"mask_corrections": True}), "mpdp", weights, plan, digits)
-    assert "mask_corrections" in hardened["skipped"]
+    views = noisy["batches"]["1"]["views"]
+    assert set(views) == {"recovered", "upload_at_w_hat"} and "R∘" in views["recovered"]["target"]
+    assert set(views["recovered"]["attacks"]) == {"dlg", "inverting_gradients"}
+    hardened = inversion_report(cfg.model_copy(update={"mask_corrections": True}), "mpdp", weights, plan, digits,
+                                steps=20, batches=(1,))
+    assert set(hardened["batches"]["1"]["views"]) == {"upload_at_w_hat"}  # Eq. (18) cannot be formed
+
+
+def test_the_raw_upload_leaks_under_the_oracle_clip_not_under_the_joint_clip(digits):
+    """The noise is calibrated to S on the recovered gradient. Under the oracle clip the perturbed gradient at Ŵ is
+    not bounded (the mask terms make it much larger), so matching the raw upload at Ŵ recovers the record; the
+    spec's joint clip bounds it by S and the record stays hidden. Measured: 32-61 dB vs 6-8 dB on this data."""
+    from dpfl.experiment.mpdp_inversion import inversion_report
+    from dpfl.experiment.mpdp_run import model_plan
+
+    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=30.0)
+    plan = model_plan(cfg, (64,), 10)
+    weights = run_mpdp(cfg, "fedavg", arrays=digits).weights
+    psnr = {mode: inversion_report(cfg.model_copy(update={"clip_mode": mode}), "mpdp", weights, plan, digits,
+                                   steps=60, batches=(1,))["batches"]["1"]["views"]["upload_at_w_hat"]
+            for mode in ("oracle_true", "perturbed_joint")}
+    best = {mode: max(a["psnr"] for a in v["attacks"].values()) for mode, v in psnr.items()}
+    assert best["oracle_true"] > 25 > 12 > best["perturbed_joint"]
+
+
+def test_the_fallback_network_has_the_clients_lmt_gradient(digits):
+    """With Ψ, Φ masked the server matches the upload at Ŵ: the PerturbedNetwork's gradient of the MSE loss is
+    exactly the g of the client's LMT, so a noise-free upload would be matched exactly."""
+    from dpfl.algorithms.secure.mpdp.lmt import lmt
+    from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, mp_server, round_generator
+    from dpfl.attacks.inversion import observed_gradient
+    from dpfl.experiment.mpdp_inversion import PerturbedNetwork
+    from dpfl.experiment.mpdp_run import initial_weights
+
+    plan = FactorPlan((64, 16, 12, 10))
+    payload, _ = mp_server(initial_weights(plan, 0), plan, round_generator(2), 0, 1.0)
+    x, y = digits.shards[0][0][:4], digits.shards[0][1][:4]
+    got = observed_gradient(PerturbedNetwork(payload, flatten=True), x.reshape(4, 1, 8, 8), y.argmax(1), "mse_onehot")
+    for a, b in zip(got, lmt(payload, x, y).grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_inversion_skips_what_cannot_be_probed_and_says_why(digits):
@@ -106,5 +143,6 @@ def test_inversion_skips_what_cannot_be_probed_and_says_why(digits):
     plan = model_plan(cfg, (64,), 10)
     dead = [torch.zeros_like(w) for w in initial_weights(plan, 0)]  # bias-free and all zero: the gradient is 0
     report = inversion_report(cfg, "fedavg", dead, plan, digits, steps=5, batches=(1, 10**4))
-    assert "exactly zero" in report["batches"]["1"]["skipped"]
+    assert "exactly zero" in report["batches"]["1"]["views"]["clear"]["skipped"]
+    assert "psnr" not in report["batches"]["1"]
     assert "fewer than 10000" in report["batches"]["10000"]["skipped"]

@@ -3,13 +3,18 @@ server"), through the same attacks as every other algorithm (`attacks.probe.inve
 Gradients, PSNR, image MSE and feature MSE).
 
 A probe round at the run's final TRUE model W: client 0 holds `batch` records of the private classes (distinct
-labels), the other clients their usual first batch, and the round runs as in training. What the server inverts:
-- mpdp, mpdp_naive: client 0's Eq. (18) recovered noisy gradient R∘(∇F̂(Ŵ) − rᵀΨ + υΦ) = ∇F(W) + R∘(noise), which
-  the server forms from the upload and its own secrets, matched against gradients of dummy data at W;
-- mp_cdp: the clipped true gradient (the server is trusted: it sees it in the clear, the noise is added to the mean);
-- fedavg: the true gradient.
-With `mask_corrections` the server cannot form Eq. (18); the spec's fallback (matching ∇F̂ at Ŵ) is not
-implemented, so those runs record why they have no inversion.
+labels), the other clients their usual first batch, and the round runs as in training. The server's views of
+client 0's upload (every one is attacked; the strongest counts, since a server uses whichever works):
+- `recovered` (mpdp, mpdp_naive): the Eq. (18) recovered noisy gradient R∘(∇F̂(Ŵ) − rᵀΨ + υΦ) = ∇F(W) + R∘(noise),
+  formed from the upload and the server's own secrets, matched against gradients of dummy data at W. With
+  `mask_corrections` (mpdp) Ψ, Φ are masked and this view does not exist.
+- `upload_at_w_hat` (mpdp, mpdp_naive): the upload as received, ∇F̂(Ŵ) plus noise, matched against gradients of dummy
+  data at Ŵ, which the server built. The spec names it as the fallback for `mask_corrections`, but the upload is in
+  the server's hands in every run. The noise is calibrated to the sensitivity S of the RECOVERED gradient; ∇F̂(Ŵ) is
+  bounded by S only under the spec's joint clip, not under the oracle clip of the true gradient.
+- `clear`: mp_cdp's clipped true gradient (the trusted server sees it before the noise is added to the mean), or
+  fedavg's true gradient.
+The W2 probe of the noise-free Ψ, Φ is not implemented.
 """
 
 from __future__ import annotations
@@ -21,20 +26,37 @@ import torch
 from torch import nn
 
 from dpfl.algorithms.secure.mpdp.algorithm import perturbed_round, true_gradient
-from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, forward, recover, round_generator
+from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, recover, round_generator
 from dpfl.attacks.probe import Probe, invert_probe, public_extractor
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import FederatedArrays, noise_settings
 from dpfl.seeding import Purpose, derive_seed
 
-__all__ = ["BATCHES", "TARGETS", "PlanNetwork", "inversion_report", "probe_gradient"]
+__all__ = ["BATCHES", "TARGETS", "PerturbedNetwork", "PlanNetwork", "inversion_report", "masked", "probe_targets"]
 
 BATCHES = (1, 8)  # the spec's probe batch sizes
 PROBE_ROUND = 10**6  # the probe round's index in the seeds: never one of the run's rounds
-TARGETS = {"mpdp": "client 0's Eq. (18) recovered noisy gradient, the true gradient plus R∘(its noise)",
-           "mpdp_naive": "client 0's recovered noisy gradient, the true gradient plus R∘(its Gaussian noise)",
-           "mp_cdp": "client 0's clipped true gradient (the trusted server sees it in the clear)",
-           "fedavg": "client 0's true gradient"}
+TARGETS = {"clear": "client 0's gradient at the true model as the server receives it (fedavg: the true gradient; "
+                    "mp_cdp: clipped, the trusted server sees it before the noise)",
+           "recovered": "client 0's Eq. (18) recovered noisy gradient, the true gradient plus R∘(its noise), matched at "
+                        "the true model W",
+           "upload_at_w_hat": "client 0's upload as received, the perturbed gradient at Ŵ plus its noise, matched at Ŵ "
+                              "(the spec's fallback for mask_corrections; open to the server in every MP-DP run)"}
+
+
+class PerturbedNetwork(nn.Module):
+    """The expanded network a round's payload describes (Ŵ with its transitional layers and shortcut diagonals),
+    its perturbed tensors the parameters: its gradient of ½‖ŷ - ȳ‖² is what a client's LMT computes."""
+
+    def __init__(self, payload: ClientPayload, flatten: bool) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList([nn.Parameter(w.detach().clone()) for w in payload.odd])
+        self.payload, self.flatten = payload, flatten
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.payload
+        return forward(list(self.weights), p.transitional, x.reshape(len(x), -1) if self.flatten else x, p.plan,
+                       p.shortcuts)[0]
 
 
 class PlanNetwork(nn.Module):
@@ -63,22 +85,26 @@ def _probe_records(arrays: FederatedArrays, batch: int) -> tuple[torch.Tensor, t
     return x[pick], onehot[pick]
 
 
-def probe_gradient(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], plan: FactorPlan,
-                   arrays: FederatedArrays, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
-    """The gradient the server recovers from client 0's upload in a probe round at `weights` (module docstring)."""
+def probe_targets(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], plan: FactorPlan,
+                  arrays: FederatedArrays, x: torch.Tensor, y: torch.Tensor
+                  ) -> dict[str, tuple[nn.Module, list[torch.Tensor]]]:
+    """What the server can invert from client 0's upload in a probe round at `weights`, by view (TARGETS): the
+    network the dummy gradients are taken on and the target gradient."""
     settings, _ = noise_settings(cfg, method)
-    if method == "fedavg":
-        return true_gradient(weights, x, y, plan)
-    if method == "mp_cdp":
+    flatten = cfg.model == "mlp"
+    if method in ("fedavg", "mp_cdp"):
         g = true_gradient(weights, x, y, plan)
-        norm = math.sqrt(sum(float((t**2).sum()) for t in g))
-        return [t * min(1.0, settings.clip / norm) if norm > 0 else t for t in g]
-    seen: list[list[torch.Tensor]] = []
+        if method == "mp_cdp":
+            norm = math.sqrt(sum(float((t**2).sum()) for t in g))
+            g = [t * min(1.0, settings.clip / norm) if norm > 0 else t for t in g]
+        return {"clear": (PlanNetwork(weights, plan, flatten), g)}
+    seen: dict[str, Any] = {}
 
     def server_view(k: int, upload: list[torch.Tensor], psi: list[torch.Tensor], phi: list[torch.Tensor],
                     sec: Any) -> None:
         if k == 0:
-            seen.append(recover(upload, psi, phi, sec))
+            seen["upload"] = upload
+            seen["recovered"] = recover(upload, psi, phi, sec)
 
     batches = {0: (x, y)}
     for k in range(1, cfg.clients):
@@ -86,42 +112,54 @@ def probe_gradient(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], pl
         batches[k] = (bx[:cfg.batch_size], by[:cfg.batch_size])
     secret_gen = round_generator(derive_seed(cfg.seed, Purpose.SERVER_NOISE, PROBE_ROUND))
     seeds = {k: derive_seed(cfg.seed, Purpose.NOISE, PROBE_ROUND, k) for k in batches}
-    perturbed_round(weights, plan, batches, settings, PROBE_ROUND, secret_gen, seeds, on_upload=server_view)
-    return seen[0]
+    perturbed_round(weights, plan, batches, settings, PROBE_ROUND, secret_gen, seeds, on_upload=server_view,
+                    on_broadcast=lambda payload, _: seen.setdefault("payload", payload))
+    views = {"upload_at_w_hat": (PerturbedNetwork(seen["payload"], flatten), seen["upload"])}
+    if not masked(cfg, method):  # with Ψ, Φ masked the recovered gradient cannot be formed
+        views["recovered"] = (PlanNetwork(weights, plan, flatten), seen["recovered"])
+    return views
+
+
+def masked(cfg: MPDPConfig, method: str) -> bool:
+    return method == "mpdp" and cfg.mask_corrections
 
 
 def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], plan: FactorPlan,
                      arrays: FederatedArrays, *, steps: int = 200, extractor: nn.Module | None = None,
                      batches: tuple[int, ...] = BATCHES) -> dict[str, Any]:
-    """DLG and Inverting Gradients on the probe gradient, per probe batch size: PSNR (dB, higher = more leakage),
-    image MSE, feature MSE, and the strongest attack's PSNR. `extractor`: the public feature extractor (trained
-    here from the test set's public classes when None; it depends only on the dataset, so callers share it)."""
-    if method in ("mpdp", "mpdp_naive") and cfg.mask_corrections:
-        return {"skipped": "mask_corrections: the server cannot form the Eq. (18) recovered gradient, and the spec's "
-                           "fallback (matching the perturbed gradient at Ŵ) is not implemented"}
+    """DLG and Inverting Gradients on every view the server has of the probe upload, per probe batch size: PSNR
+    (dB, higher = more leakage), image MSE, feature MSE, and the strongest (view, attack)'s PSNR: the server
+    uses whichever works. `extractor`: the public feature extractor (trained here from the test set's public
+    classes when None; it depends only on the dataset, so callers share it)."""
     if len(arrays.image_shape) != 3:
         return {"skipped": f"records of shape {arrays.image_shape} are not images"}
-    model = PlanNetwork(weights, plan, flatten=cfg.model == "mlp")
-    out: dict[str, Any] = {"target": TARGETS[method], "steps": steps, "batches": {}}
+    out: dict[str, Any] = {"steps": steps, "batches": {}}
+    public = arrays.y_test >= arrays.n_classes // 2 + arrays.n_classes % 2
     for b in batches:
         records = _probe_records(arrays, b)
         if records is None:
             out["batches"][str(b)] = {"skipped": f"client 0 holds fewer than {b} records of the private classes"}
             continue
         x, y = records
-        gradient = probe_gradient(cfg, method, weights, plan, arrays, x, y)
-        if all(float(g.abs().max()) == 0.0 for g in gradient):
-            out["batches"][str(b)] = {"skipped": "the probe gradient is exactly zero (no unit of the model is "
-                                                 "active on these records): there is nothing to invert"}
-            continue
         images = x.reshape(b, *arrays.image_shape)
-        public = arrays.y_test >= arrays.n_classes // 2 + arrays.n_classes % 2
-        probe = Probe(model, gradient, images, y.argmax(1), "mse_onehot", None, "the server",
-                      (arrays.x_test[public].reshape(-1, *arrays.image_shape), arrays.y_test[public]),
-                      arrays.n_classes)
-        extractor = extractor if extractor is not None else public_extractor(probe, cfg.seed)
-        attacks = invert_probe(probe, steps=steps, seed=cfg.seed, extractor=extractor)
-        kept = {name: {k: v for k, v in r.items() if k != "reconstruction"} for name, r in attacks.items()}
-        best = max(kept, key=lambda name: kept[name]["psnr"])
-        out["batches"][str(b)] = {"attacks": kept, "strongest": best, "psnr": kept[best]["psnr"]}
+        views: dict[str, Any] = {}
+        for view, (model, gradient) in probe_targets(cfg, method, weights, plan, arrays, x, y).items():
+            if all(float(g.abs().max()) == 0.0 for g in gradient):
+                views[view] = {"target": TARGETS[view], "skipped": "the probe gradient is exactly zero (no unit of "
+                               "the model is active on these records): there is nothing to invert"}
+                continue
+            probe = Probe(model, gradient, images, y.argmax(1), "mse_onehot", None, "the server",
+                          (arrays.x_test[public].reshape(-1, *arrays.image_shape), arrays.y_test[public]),
+                          arrays.n_classes)
+            extractor = extractor if extractor is not None else public_extractor(probe, cfg.seed)
+            attacks = invert_probe(probe, steps=steps, seed=cfg.seed, extractor=extractor)
+            views[view] = {"target": TARGETS[view],
+                           "attacks": {name: {k: v for k, v in r.items() if k != "reconstruction"}
+                                       for name, r in attacks.items()}}
+        scored = [(v, a, r["psnr"]) for v, rv in views.items() for a, r in rv.get("attacks", {}).items()]
+        entry: dict[str, Any] = {"views": views}
+        if scored:
+            view, attack, best = max(scored, key=lambda t: t[2])
+            entry.update(strongest=f"{attack} on {view}", psnr=best)
+        out["batches"][str(b)] = entry
     return out

@@ -26,7 +26,9 @@ it demasked it with its own labels, spec §10 W3), mia_asr and mia_auc (membersh
 strongest of the loss, confidence and shadow attacks by AUC: on the perturbed model as received for mpdp*, on the
 plaintext global model otherwise; 0.5 = guessing), mia_asr_adaptive (mpdp*: the same on client 0's demasked network),
 psnr_b1 and psnr_b8 (gradient inversion by the server of client 0's probe upload at the final true model, batch 1
-and 8, the stronger of DLG and Inverting Gradients in dB, higher = more leakage: experiment/mpdp_inversion.py),
+and 8, the strongest of DLG and Inverting Gradients on every view the server has, in dB, higher = more leakage;
+psnr_b*_recovered and psnr_b*_upload: mpdp*'s two views, the Eq. (18) recovered gradient matched at W and the raw
+upload matched at Ŵ: experiment/mpdp_inversion.py),
 status, run_dir. Every run directory has metrics.jsonl, privacy.json (every attack's ASR, AUC and TPR at 1% FPR)
 and summary.json (written last: a re-run skips finished runs).
 """
@@ -53,7 +55,8 @@ from dpfl.results.run_files import write_json_atomic, write_text_atomic
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
            "upload_bytes", "violation_rate", "epsilon_composed", "perturbed_accuracy", "demasked_accuracy", "mia_asr",
-           "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "status", "run_dir"]
+           "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered", "psnr_b8_recovered",
+           "psnr_b1_upload", "psnr_b8_upload", "status", "run_dir"]
 INVERSION_STEPS = 200  # per attack and probe batch, as in `dpfl reproduce attacks`
 SCALES = {
     "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_cnn.yaml", (3.0, 300.0)),
@@ -113,6 +116,18 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
     return out, skipped
 
 
+def inversion_columns(inversion: dict[str, Any]) -> dict[str, float | None]:
+    """psnr_b{b}: the strongest (view, attack); psnr_b{b}_recovered / _upload: the best attack on the Eq. (18)
+    recovered gradient and on the raw upload at Ŵ (mpdp*; empty where the view does not exist)."""
+    row: dict[str, float | None] = {}
+    for b, entry in inversion.get("batches", {}).items():
+        row[f"psnr_b{b}"] = entry.get("psnr")
+        for view, col in (("recovered", "recovered"), ("upload_at_w_hat", "upload")):
+            attacks = entry.get("views", {}).get(view, {}).get("attacks")
+            row[f"psnr_b{b}_{col}"] = max(a["psnr"] for a in attacks.values()) if attacks else None
+    return row
+
+
 def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS) -> dict[str, Any]:
     """Runs one job into its directory (skipped if summary.json exists) and returns its results.csv row.
     `inversion_steps`: per attack and probe batch; 0 skips the inversion (recorded as skipped)."""
@@ -136,7 +151,7 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS) -> 
                 "run_dir": str(d)}
     write_run_files(d, result)
     row = {**{k: result.summary.get(k) for k in COLUMNS}, "setting": job.setting, "method": job.method,
-           **{f"psnr_b{b}": r.get("psnr") for b, r in inversion.get("batches", {}).items()},
+           **inversion_columns(inversion),
            "status": "ok", "run_dir": str(d.relative_to(out))}
     write_json_atomic(summary_path, row)
     return row
