@@ -198,6 +198,9 @@ def test_aggregate_is_weighted_sum_with_server_lr_and_cached_weights():
     assert w[:2].max() < w[2:].min()  # noisy clients get less weight
     d = agg.last_diagnostics
     assert d["round"] == 3 and len(d["sigma2"]) == 8 and d["blocks"][0]["converged"]
+    m = agg.diagnostics()  # what metrics.jsonl gets
+    assert m["pcp_iterations"] == [b["iterations"] for b in d["blocks"]] and m["pcp_iterations"][0] > 0
+    assert m["pcp_converged"] and not m["pcp_reused"] and m["sigma2_estimate"] == d["sigma2"]
     with pytest.raises(ValueError, match="differ"):
         agg.weights(ServerView.simple([100] * 7))
     with pytest.raises(ValueError, match="call aggregate"):
@@ -235,6 +238,7 @@ def test_schedule_once_reuses_weights_by_client_id_and_needs_full_participation(
     view2 = dataclasses.replace(view, clients=perm)
     run(agg, shuffled, view2)
     assert torch.equal(agg.last_weights, w1[perm]) and agg.last_diagnostics["reused"]
+    assert agg.diagnostics() == {"pcp_reused": True}
     with pytest.raises(ValueError, match="full participation"):
         run(agg, {n: u[:7] for n, u in uploads.items()}, ServerView.simple([100] * 7, expected_clients=8))
     with pytest.raises(ValueError, match="full participation"):

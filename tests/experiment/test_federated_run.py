@@ -185,6 +185,9 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(kind):
 
     if kind == "pfa_plus":
         assert [row["traffic"]["warmup"] for row in full.history][:2] == [True, False]
+    if kind == "robust_hdp_once":  # the robust PCA's diagnostics reach the metrics
+        assert full.history[0]["pcp_iterations"][0] > 0 and full.history[0]["pcp_converged"]
+        assert full.history[1]["pcp_reused"] and "pcp_iterations" not in full.history[1]
     mid = states[0].to_dict()
     resumed = make().run(state=type(states[0]).from_dict(mid))
     assert _without_time(resumed.history) == _without_time(full.history)

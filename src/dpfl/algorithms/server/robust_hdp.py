@@ -158,6 +158,21 @@ class RobustHDP:
         w = noise_weights(sigma2, self.floor)
         return torch.from_numpy(w), {"blocks": infos, "sigma2": sigma2.tolist()}
 
+    def diagnostics(self) -> dict[str, Any]:
+        """The round's metrics: the robust PCA's iterations, convergence, relative residual and rank(L) per row
+        block, and the per-client noise estimates sigma_i^2 (only the reuse flag when schedule "once" reused
+        its weights)."""
+        d = self.last_diagnostics or {}
+        out: dict[str, Any] = {"pcp_reused": bool(d.get("reused", False))}
+        blocks = d.get("blocks") or []
+        if blocks:
+            out.update(pcp_iterations=[b["iterations"] for b in blocks],
+                       pcp_converged=all(b["converged"] for b in blocks),
+                       pcp_rel_residual=[b["rel_residual"] for b in blocks], pcp_rank=[b["rank"] for b in blocks])
+        if d.get("sigma2"):
+            out["sigma2_estimate"] = d["sigma2"]
+        return out
+
     # -- checkpointed state (schedule "once" reuses its round-1 weights) ------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"once": None if self._once is None else dict(self._once)}
