@@ -249,6 +249,10 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
         privacy["reduced_protection"] = ("in these rounds clients dropped after key agreement and the server rebuilt "
                                          "their pairwise noise from the survivors' key shares: their neighbours' "
                                          "uploads had less pairwise noise than the calculator assumed")
+    if method in ("mpdp", "mpdp_naive") and cfg.clip_mode != "perturbed_joint":
+        privacy["label"] += (f"; clip_mode {cfg.clip_mode}: the upload (the perturbed gradient at Ŵ) is not bounded "
+                             "by S, so this ε does NOT hold towards the server (the raw upload can be inverted; "
+                             "docs/secure.md)")
     if method == "mpdp":
         privacy["hardening"] = {"mask_corrections": cfg.mask_corrections, "noise_family": cfg.noise_family,
                                 "clip_mode": cfg.clip_mode}

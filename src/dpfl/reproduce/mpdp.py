@@ -197,7 +197,9 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str]
     lines = [f"# MP-DP comparison ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
              "Accuracy: the TRUE model on the test set after the last round, mean ± sample std over seeds. Epsilons "
              "of mpdp* are NOMINAL per-round guarantees (Theorems 10/11, assuming the idealised Gaussian model; see "
-             "docs/secure.md W1/W2); mp_cdp's are dpfl's accountant's. Times are per round on this machine. MIA ASR: "
+             "docs/secure.md W1/W2); mpdp_oracle_clip's do NOT hold towards the server, whose view, the upload, its clip "
+             "does not bound (see the inversion column); mp_cdp's are dpfl's accountant's. Times are per round on "
+             "this machine. MIA ASR: "
              "membership inference by a client (strongest of loss, confidence and shadow attacks; 0.5 = guessing) on "
              "the model it received: perturbed for mpdp* (in parentheses: after client 0 demasked it), the plaintext "
              "global model otherwise. Inversion PSNR: the server inverting client 0's upload in a probe round at the "

@@ -167,6 +167,7 @@ def test_ci_config_learns_with_the_oracle_clip_and_reports_everything(arrays):  
         assert s[key] is not None
     assert s["upload_bytes"] == 8 * PLAN_DIM * 12
     assert "nominal" in s["epsilon_label"]
+    assert "does NOT hold towards the server" in s["epsilon_label"]  # the oracle clip does not bound the upload
 
 
 PLAN_DIM = 64 * 64 + 64 * 32 + 32 * 10
