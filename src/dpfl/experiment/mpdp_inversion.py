@@ -14,7 +14,9 @@ client 0's upload (every one is attacked; the strongest counts, since a server u
   bounded by S only under the spec's joint clip, not under the oracle clip of the true gradient.
 - `clear`: mp_cdp's clipped true gradient (the trusted server sees it before the noise is added to the mean), or
   fedavg's true gradient.
-The W2 probe of the noise-free Ψ, Φ is not implemented.
+- `phi` (mpdp* without `mask_corrections`): the W2 probe. Φ_k = ∂ mean ½α² at Ŵ is uploaded without noise (only Σ_k
+  Φ_k is needed, but each client sends its own); the attacks match it through `AlphaNetwork`. It depends on the
+  inputs only, so this view needs no labels.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import FederatedArrays, noise_settings
 from dpfl.seeding import Purpose, derive_seed
 
-__all__ = ["BATCHES", "TARGETS", "PerturbedNetwork", "PlanNetwork", "inversion_report", "masked", "probe_targets"]
+__all__ = ["BATCHES", "TARGETS", "AlphaNetwork", "PerturbedNetwork", "PlanNetwork", "inversion_report", "masked", "probe_targets"]
 
 BATCHES = (1, 8)  # the spec's probe batch sizes
 PROBE_ROUND = 10**6  # the probe round's index in the seeds: never one of the run's rounds
@@ -41,7 +43,9 @@ TARGETS = {"clear": "client 0's gradient at the true model as the server receive
            "recovered": "client 0's Eq. (18) recovered noisy gradient, the true gradient plus R∘(its noise), matched at "
                         "the true model W",
            "upload_at_w_hat": "client 0's upload as received, the perturbed gradient at Ŵ plus its noise, matched at Ŵ "
-                              "(the spec's fallback for mask_corrections; open to the server in every MP-DP run)"}
+                              "(the spec's fallback for mask_corrections; open to the server in every MP-DP run)",
+           "phi": "client 0's correction term Φ = ∂ mean ½α² at Ŵ, uploaded WITHOUT noise (W2: correction-term "
+                  "leakage; needs no labels)"}
 
 
 class PerturbedNetwork(nn.Module):
@@ -57,6 +61,18 @@ class PerturbedNetwork(nn.Module):
         p = self.payload
         return forward(list(self.weights), p.transitional, x.reshape(len(x), -1) if self.flatten else x, p.plan,
                        p.shortcuts)[0]
+
+
+class AlphaNetwork(PerturbedNetwork):
+    """The same network read through α(x): outputs [α + 1, 0], so that with label 0 the MSE-on-one-hot loss is
+    ½α², whose batch-mean gradient at Ŵ is Φ (spec §4). It lets the inversion attacks match Φ unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.payload
+        y_hat, alpha = forward(list(self.weights), p.transitional, x.reshape(len(x), -1) if self.flatten else x,
+                               p.plan, p.shortcuts)
+        # α does not read the last layer, whose Φ is zero; 0·ŷ keeps that layer in the graph with a zero gradient
+        return torch.stack([alpha + 1.0 + 0.0 * y_hat.sum(1), torch.zeros_like(alpha)], 1)
 
 
 class PlanNetwork(nn.Module):
@@ -87,9 +103,10 @@ def _probe_records(arrays: FederatedArrays, batch: int) -> tuple[torch.Tensor, t
 
 def probe_targets(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], plan: FactorPlan,
                   arrays: FederatedArrays, x: torch.Tensor, y: torch.Tensor
-                  ) -> dict[str, tuple[nn.Module, list[torch.Tensor]]]:
+                  ) -> dict[str, tuple[nn.Module, list[torch.Tensor], torch.Tensor]]:
     """What the server can invert from client 0's upload in a probe round at `weights`, by view (TARGETS): the
-    network the dummy gradients are taken on and the target gradient."""
+    network the dummy gradients are taken on, the target gradient, and the labels its loss uses."""
+    labels = y.argmax(1)
     settings, _ = noise_settings(cfg, method)
     flatten = cfg.model == "mlp"
     if method in ("fedavg", "mp_cdp"):
@@ -97,13 +114,13 @@ def probe_targets(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], pla
         if method == "mp_cdp":
             norm = math.sqrt(sum(float((t**2).sum()) for t in g))
             g = [t * min(1.0, settings.clip / norm) if norm > 0 else t for t in g]
-        return {"clear": (PlanNetwork(weights, plan, flatten), g)}
+        return {"clear": (PlanNetwork(weights, plan, flatten), g, labels)}
     seen: dict[str, Any] = {}
 
     def server_view(k: int, upload: list[torch.Tensor], psi: list[torch.Tensor], phi: list[torch.Tensor],
                     sec: Any) -> None:
         if k == 0:
-            seen["upload"] = upload
+            seen["upload"], seen["phi"] = upload, phi
             seen["recovered"] = recover(upload, psi, phi, sec)
 
     batches = {0: (x, y)}
@@ -114,9 +131,10 @@ def probe_targets(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], pla
     seeds = {k: derive_seed(cfg.seed, Purpose.NOISE, PROBE_ROUND, k) for k in batches}
     perturbed_round(weights, plan, batches, settings, PROBE_ROUND, secret_gen, seeds, on_upload=server_view,
                     on_broadcast=lambda payload, _: seen.setdefault("payload", payload))
-    views = {"upload_at_w_hat": (PerturbedNetwork(seen["payload"], flatten), seen["upload"])}
-    if not masked(cfg, method):  # with Ψ, Φ masked the recovered gradient cannot be formed
-        views["recovered"] = (PlanNetwork(weights, plan, flatten), seen["recovered"])
+    views = {"upload_at_w_hat": (PerturbedNetwork(seen["payload"], flatten), seen["upload"], labels)}
+    if not masked(cfg, method):  # with Ψ, Φ masked neither the recovered gradient nor Φ_k can be read
+        views["recovered"] = (PlanNetwork(weights, plan, flatten), seen["recovered"], labels)
+        views["phi"] = (AlphaNetwork(seen["payload"], flatten), seen["phi"], torch.zeros_like(labels))  # W2
     return views
 
 
@@ -143,12 +161,12 @@ def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], 
         x, y = records
         images = x.reshape(b, *arrays.image_shape)
         views: dict[str, Any] = {}
-        for view, (model, gradient) in probe_targets(cfg, method, weights, plan, arrays, x, y).items():
+        for view, (model, gradient, labels) in probe_targets(cfg, method, weights, plan, arrays, x, y).items():
             if all(float(g.abs().max()) == 0.0 for g in gradient):
                 views[view] = {"target": TARGETS[view], "skipped": "the probe gradient is exactly zero (no unit of "
                                "the model is active on these records): there is nothing to invert"}
                 continue
-            probe = Probe(model, gradient, images, y.argmax(1), "mse_onehot", None, "the server",
+            probe = Probe(model, gradient, images, labels, "mse_onehot", None, "the server",
                           (arrays.x_test[public].reshape(-1, *arrays.image_shape), arrays.y_test[public]),
                           arrays.n_classes)
             extractor = extractor if extractor is not None else public_extractor(probe, cfg.seed)

@@ -253,6 +253,9 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
         privacy["label"] += (f"; clip_mode {cfg.clip_mode}: the upload (the perturbed gradient at Ŵ) is not bounded "
                              "by S, so this ε does NOT hold towards the server (the raw upload can be inverted; "
                              "docs/secure.md)")
+    if method in ("mpdp", "mpdp_naive") and not (method == "mpdp" and cfg.mask_corrections):
+        privacy["label"] += ("; Ψ and Φ are uploaded without noise (W2): the server can reconstruct a client's "
+                             "records from Φ (measured, docs/secure.md); mask_corrections hides them")
     if method == "mpdp":
         privacy["hardening"] = {"mask_corrections": cfg.mask_corrections, "noise_family": cfg.noise_family,
                                 "clip_mode": cfg.clip_mode}

@@ -27,8 +27,8 @@ strongest of the loss, confidence and shadow attacks by AUC: on the perturbed mo
 plaintext global model otherwise; 0.5 = guessing), mia_asr_adaptive (mpdp*: the same on client 0's demasked network),
 psnr_b1 and psnr_b8 (gradient inversion by the server of client 0's probe upload at the final true model, batch 1
 and 8, the strongest of DLG and Inverting Gradients on every view the server has, in dB, higher = more leakage;
-psnr_b*_recovered and psnr_b*_upload: mpdp*'s two views, the Eq. (18) recovered gradient matched at W and the raw
-upload matched at Ŵ: experiment/mpdp_inversion.py),
+psnr_b*_recovered, psnr_b*_upload and psnr_b*_phi: mpdp*'s views, the Eq. (18) recovered gradient matched at W, the
+raw upload matched at Ŵ, and the noise-free correction term Φ_k (W2): experiment/mpdp_inversion.py),
 status, run_dir. Every run directory has metrics.jsonl, privacy.json (every attack's ASR, AUC and TPR at 1% FPR)
 and summary.json (written last: a re-run skips finished runs).
 """
@@ -56,7 +56,7 @@ METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
            "upload_bytes", "violation_rate", "epsilon_composed", "perturbed_accuracy", "demasked_accuracy", "mia_asr",
            "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered", "psnr_b8_recovered",
-           "psnr_b1_upload", "psnr_b8_upload", "status", "run_dir"]
+           "psnr_b1_upload", "psnr_b8_upload", "psnr_b1_phi", "psnr_b8_phi", "status", "run_dir"]
 INVERSION_STEPS = 200  # per attack and probe batch, as in `dpfl reproduce attacks`
 SCALES = {
     "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_cnn.yaml", (3.0, 300.0)),
@@ -117,12 +117,13 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
 
 
 def inversion_columns(inversion: dict[str, Any]) -> dict[str, float | None]:
-    """psnr_b{b}: the strongest (view, attack); psnr_b{b}_recovered / _upload: the best attack on the Eq. (18)
-    recovered gradient and on the raw upload at Ŵ (mpdp*; empty where the view does not exist)."""
+    """psnr_b{b}: the strongest (view, attack); psnr_b{b}_recovered / _upload / _phi: the best attack on the
+    Eq. (18) recovered gradient, on the raw upload at Ŵ and on the noise-free Φ_k (mpdp*; empty where the view
+    does not exist)."""
     row: dict[str, float | None] = {}
     for b, entry in inversion.get("batches", {}).items():
         row[f"psnr_b{b}"] = entry.get("psnr")
-        for view, col in (("recovered", "recovered"), ("upload_at_w_hat", "upload")):
+        for view, col in (("recovered", "recovered"), ("upload_at_w_hat", "upload"), ("phi", "phi")):
             attacks = entry.get("views", {}).get(view, {}).get("attacks")
             row[f"psnr_b{b}_{col}"] = max(a["psnr"] for a in attacks.values()) if attacks else None
     return row
@@ -203,8 +204,9 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str]
              "membership inference by a client (strongest of loss, confidence and shadow attacks; 0.5 = guessing) on "
              "the model it received: perturbed for mpdp* (in parentheses: after client 0 demasked it), the plaintext "
              "global model otherwise. Inversion PSNR: the server inverting client 0's upload in a probe round at the "
-             "final true model (for mpdp*, the Eq. (18) recovered noisy gradient; stronger of DLG and Inverting "
-             "Gradients; higher = more leakage).", ""]
+             "final true model, the strongest of DLG and Inverting Gradients on every view the server has (for mpdp*: "
+             "the Eq. (18) recovered gradient, the raw upload at Ŵ and the noise-free correction term Φ; the CSV "
+             "has each); higher = more leakage.", ""]
     ok = [r for r in rows if r.get("status") == "ok"]
     for setting in sorted({r["setting"] for r in ok}):
         mine = [r for r in ok if r["setting"] == setting]

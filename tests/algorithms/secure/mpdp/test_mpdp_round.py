@@ -168,6 +168,9 @@ def test_ci_config_learns_with_the_oracle_clip_and_reports_everything(arrays):  
     assert s["upload_bytes"] == 8 * PLAN_DIM * 12
     assert "nominal" in s["epsilon_label"]
     assert "does NOT hold towards the server" in s["epsilon_label"]  # the oracle clip does not bound the upload
+    assert "uploaded without noise (W2)" in s["epsilon_label"]  # Φ leaks unless mask_corrections
+    hardened = run_mpdp(cfg.model_copy(update={"rounds": 1, "mask_corrections": True}), "mpdp", arrays=arrays)
+    assert "uploaded without noise" not in hardened.summary["epsilon_label"]
 
 
 PLAN_DIM = 64 * 64 + 64 * 32 + 32 * 10
