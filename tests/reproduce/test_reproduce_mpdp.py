@@ -22,6 +22,9 @@ def test_reproduce_mpdp_ci_smoke(tmp_path):
     assert {r["method"] for r in rows if r["mia_asr_adaptive"]} == {"mpdp"}  # demasking exists only for MP-DP
     assert all(r["psnr_b1"] for r in rows)  # the server's inversion ran on every method (K = 100: batch 8 skipped)
     assert {r["setting"] for r in rows if not r["psnr_b8"]} == {"ci_digits_k100"}
+    hardened = [r for r in rows if r["setting"].startswith("ci_digits_mlp_hardened")]
+    assert {r["method"] for r in hardened} == {"mpdp"}  # its config lists MP-DP's methods only
+    assert all(r["psnr_b1_upload"] and not r["psnr_b1_recovered"] and not r["psnr_b1_phi"] for r in hardened)
     md = (out / "results.md").read_text()
     assert "ci_digits_cnn-eps3" in settings and "NOMINAL" in md
     mtime = (out / "runs" / "ci_digits_k100" / "mpdp-seed0" / "summary.json").stat().st_mtime

@@ -11,7 +11,8 @@ Methods on the same shards, initial model, batches and FedSGD rounds (the config
 | fedavg | FedSGD in the clear, no privacy |
 
 `ci`: configs/mpdp/ci_digits_mlp.yaml at nominal per-round epsilon 3 (the spec's), 30 and 300, ci_digits_cnn.yaml
-at 3 and 300, and ci_digits_k100.yaml (K = 100, n-out graph, Theorem 11) at its epsilon 3, 2 seeds;
+at 3 and 300, ci_digits_k100.yaml (K = 100, n-out graph, Theorem 11) at its epsilon 3, and ci_digits_mlp_hardened.yaml
+(mask_corrections) at 30 and 300 for mpdp and mpdp_oracle_clip only, 2 seeds;
 ci_fmnist_mlp.yaml when Fashion-MNIST is found locally. `full`: full_c10_k5, full_c100_k5 (Theorem 10),
 full_c10_k100_verified (n = 68) and full_c10_k100_paper (n = 5, UNVERIFIED) at nominal epsilon 1 and 3, 3 seeds,
 with dpfl's norm-free tied-residual ResNets (EXPERIMENTAL, spec §7.4), when the CIFAR files are found locally;
@@ -60,7 +61,9 @@ COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", 
 INVERSION_STEPS = 200  # per attack and probe batch, as in `dpfl reproduce attacks`
 SCALES = {
     "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_cnn.yaml", (3.0, 300.0)),
-                                   ("ci_digits_k100.yaml", (3.0,)), ("ci_fmnist_mlp.yaml", (3.0,)))},
+                                   ("ci_digits_k100.yaml", (3.0,)), ("ci_fmnist_mlp.yaml", (3.0,)),
+                                   # mask_corrections changes only MP-DP: its baselines would repeat ci_digits_mlp
+                                   ("ci_digits_mlp_hardened.yaml", (30.0, 300.0), ("mpdp", "mpdp_oracle_clip")))},
     "full": {"seeds": 3, "configs": tuple((f"{name}.yaml", (1.0, 3.0)) for name in (
         "full_c10_k5", "full_c100_k5", "full_c10_k100_verified", "full_c10_k100_paper"))},
 }
@@ -98,7 +101,7 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
     n_seeds = seeds if seeds is not None else SCALES[scale]["seeds"]
     skipped = dict(SKIPPED[scale])
     out: list[MPDPJob] = []
-    for filename, epsilons in SCALES[scale]["configs"]:
+    for filename, epsilons, *only in SCALES[scale]["configs"]:  # an optional third entry: the config's methods
         base = load_mpdp_config(config_dir("mpdp") / filename, **({"rounds": rounds} if rounds else {}))
         try:
             federated_arrays(base)
@@ -109,7 +112,7 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
             setting = _setting_name(base, eps, len(epsilons) > 1)
             for seed in range(n_seeds):
                 cfg = base.model_copy(update={"epsilon": eps, "seed": seed})
-                for method in wanted:
+                for method in (m for m in wanted if not only or m in only[0]):
                     if method == "fedavg" and eps != epsilons[0]:
                         continue  # no epsilon: once per config and seed
                     out.append(MPDPJob(setting if method != "fedavg" else base.name, method, seed, cfg))
