@@ -115,3 +115,13 @@ def test_w1_the_aggregate_noise_is_not_gaussian():  # T23: if this ever passes K
     assert kstest(x / x.std(), "norm").pvalue < 1e-3
     excess = float(((x - x.mean()) ** 4).mean() / x.var() ** 2 - 3)
     assert excess > 0.5  # heavy-tailed scale mixture (dpfl's check measured about 1.6)
+
+
+def test_a_simulation_seed_fixes_the_round_key_and_none_draws_a_fresh_one():
+    """Seeded simulations are reproducible end to end (the pairwise noise of one upload included); without a seed
+    every client draws its key from OS entropy, as in deployment."""
+    assert DDPClient(0, private_seed=5).public == DDPClient(0, private_seed=5).public
+    assert DDPClient(0, private_seed=5).public != DDPClient(0, private_seed=6).public
+    assert DDPClient(0).public != DDPClient(0).public
+    a, b = DDPClient(0, private_seed=5), DDPClient(0, private_seed=5)
+    assert np.array_equal(a.eta(10, 1.0), b.eta(10, 1.0))  # the key's stream does not shift η's

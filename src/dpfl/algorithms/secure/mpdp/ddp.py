@@ -20,6 +20,7 @@ from dpfl.algorithms.secure.mpdp.dn import dn_star_abs, dn_star_abs_from_uniform
 
 EDGE_INFO = b"dpfl/mpdp/v1/edge"
 DELTA_STREAM, CORRECTION_MASK_STREAM, BIAS_FACTOR_STREAM = 1, 2, 3
+KEY_STREAM = 0x6B6579  # a seeded simulation's round key comes from SeedSequence([seed, KEY_STREAM]), not the η stream
 
 
 X_LMAX = 200  # series terms of the shared |DN*(2)| bias factors drawn from stream 3 (with the tail correction)
@@ -143,11 +144,14 @@ def pairwise_sum(keys: KeyPair, cid: int, peers: Mapping[int, bytes], count: int
 
 
 class DDPClient:
-    """One client's round keys and private generator (seeded from os.urandom unless a simulation seed is given)."""
+    """One client's round keys and private generator, from fresh OS entropy unless a simulation seed is given:
+    then both come from it (the key from its own stream), so a seeded simulation is reproducible end to end, the
+    pairwise noise of one upload included."""
 
     def __init__(self, cid: int, private_seed: int | None = None) -> None:
         self.cid = cid
-        self.keys = KeyPair()
+        self.keys = KeyPair() if private_seed is None else KeyPair.from_private_bytes(
+            np.random.default_rng([private_seed, KEY_STREAM]).bytes(32))
         self.rng = np.random.default_rng(private_seed)  # None: fresh OS entropy
 
     @property
