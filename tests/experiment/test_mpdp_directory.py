@@ -21,6 +21,9 @@ def test_run_writes_the_run_directory_and_prints_the_nominal_guarantee(tmp_path)
     summary = json.loads((out / "summary.json").read_text())
     assert privacy["guarantee"] == "nominal" and privacy["in_ledger"] is False
     assert "NOMINAL, per round and client eps = 3" in stdout and privacy["label"] in stdout
+    m = privacy["membership"]  # the client attacks, as measured, are printed from privacy.json
+    assert (f"ASR {m['plain']['asr']:.3f} on the model as received, {m['adaptive']['asr']:.3f} after demasking"
+            in stdout)
     assert summary["method"] == "mpdp" and summary["rounds_done"] == 3
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
     assert yaml.safe_load((out / "config.yaml").read_text())["rounds"] == 3  # the run's config, overrides applied
@@ -36,6 +39,7 @@ def test_mp_cdp_prints_its_accounted_epsilon(tmp_path):
     assert code == 0, err
     privacy = json.loads((tmp_path / "cdp" / "privacy.json").read_text())
     assert f"eps = {privacy['epsilon_total']:.4g}" in stdout and privacy["accountant"] == "rdp"
+    assert f"ASR {privacy['membership']['plain']['asr']:.3f} on the global model" in stdout
 
 
 def test_bad_mpdp_configs_are_one_line_and_write_nothing(tmp_path):

@@ -1,4 +1,4 @@
-"""What `dpfl run` prints after an MP-DP run: accuracy, the guarantee with its label, the model hiding as measured.
+"""What `dpfl run` prints after an MP-DP run: accuracy, the guarantee with its label, the client attacks as measured.
 
 Every epsilon printed here comes from the run's privacy.json, computed for the run as it ran: NOMINAL for mpdp and
 mpdp_naive (the idealised Gaussian model of Theorems 5/6, never in dpfl's accountant), accounted for mp_cdp.
@@ -43,4 +43,10 @@ def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> 
             f"{summary['rounds_done']} rounds, {privacy['guarantee']}; accountant {privacy['accountant']}")
     else:
         say("no privacy: a non-private reference")
+    membership = privacy.get("membership")
+    if membership:  # runs written before the attack was added have none
+        adaptive = membership.get("adaptive")
+        say(f"membership inference by a client, measured: ASR {_f(membership['plain']['asr'])} on "
+            + ("the model as received" if adaptive else "the global model")
+            + (f", {_f(adaptive['asr'])} after demasking" if adaptive else "") + " (0.5 = guessing)")
     say(f"round time {_f(summary.get('round_seconds'), '.4f')} s; run directory {out}")
