@@ -44,6 +44,11 @@ class Probe:
     n_classes: int
 
 
+def private_classes(n_classes: int) -> int:
+    """Classes 0 .. private-1 are the clients' secrets (the larger half); the rest train the feature extractor."""
+    return n_classes // 2 + n_classes % 2
+
+
 def probe_round(cfg: RunConfig, batch: int) -> Probe:
     """Client 0's upload after one local step on `batch` records of the private classes, as the server sees it."""
     if cfg.secure_aggregation is not None:
@@ -55,7 +60,7 @@ def probe_round(cfg: RunConfig, batch: int) -> Probe:
     if len(data.input_shape) != 3 or data.n_classes < 2:
         raise ValueError(f"gradient inversion needs an image classification dataset, {cfg.data.dataset!r} has "
                          f"samples of shape {tuple(data.input_shape)}")
-    private = data.n_classes // 2 + data.n_classes % 2  # classes 0 .. private-1 are the clients' secrets
+    private = private_classes(data.n_classes)
     c0 = data.clients[0]
     rows = torch.nonzero(c0.y_train < private).flatten()
     if len(rows) < batch:

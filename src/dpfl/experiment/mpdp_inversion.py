@@ -21,15 +21,14 @@ client 0's upload (every one is attacked; the strongest counts, since a server u
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from dpfl.algorithms.secure.mpdp.algorithm import perturbed_round, true_gradient
+from dpfl.algorithms.secure.mpdp.algorithm import clipped, perturbed_round, true_gradient
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, recover, round_generator
-from dpfl.attacks.probe import Probe, invert_probe, public_extractor
+from dpfl.attacks.probe import Probe, invert_probe, private_classes, public_extractor
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import FederatedArrays, noise_settings
 from dpfl.seeding import Purpose, derive_seed
@@ -93,7 +92,7 @@ def _probe_records(arrays: FederatedArrays, batch: int) -> tuple[torch.Tensor, t
     client 0 holds fewer."""
     x, onehot = arrays.shards[0]
     labels = onehot.argmax(1)
-    private = arrays.n_classes // 2 + arrays.n_classes % 2
+    private = private_classes(arrays.n_classes)
     by_label = [torch.nonzero(labels == c).flatten().tolist() for c in range(private)]
     order = [rows[i] for i in range(max(map(len, by_label))) for rows in by_label if i < len(rows)]
     if len(order) < batch:
@@ -113,8 +112,7 @@ def probe_targets(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], pla
     if method in ("fedavg", "mp_cdp"):
         g = true_gradient(weights, x, y, plan)
         if method == "mp_cdp":
-            norm = math.sqrt(sum(float((t**2).sum()) for t in g))
-            g = [t * min(1.0, settings.clip / norm) if norm > 0 else t for t in g]
+            g = clipped(g, settings.clip)
         return {"clear": (PlanNetwork(weights, plan, flatten), g, labels)}
     seen: dict[str, Any] = {}
 
@@ -153,7 +151,7 @@ def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], 
     if len(arrays.image_shape) != 3:
         return {"skipped": f"records of shape {arrays.image_shape} are not images"}
     out: dict[str, Any] = {"steps": steps, "batches": {}}
-    public = arrays.y_test >= arrays.n_classes // 2 + arrays.n_classes % 2
+    public = arrays.y_test >= private_classes(arrays.n_classes)
     for b in batches:
         records = _probe_records(arrays, b)
         if records is None:

@@ -123,6 +123,12 @@ def _clip_factor(norm: float, bound: float) -> float:
     return min(1.0, bound / norm) if norm > 0 else 1.0
 
 
+def clipped(grads: list[torch.Tensor], bound: float) -> list[torch.Tensor]:
+    """The gradient scaled to norm at most `bound` (MP-CDP's clip of each client's true gradient)."""
+    c = _clip_factor(_norm(grads), bound)
+    return [c * t for t in grads]
+
+
 def plain_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
                 st: RoundSettings, gen: torch.Generator, plan: FactorPlan | None = None) -> RoundOutcome:
     """fedavg (no noise) or mp_cdp (trusted server: clipped true gradients, Gaussian on the mean)."""
@@ -132,8 +138,7 @@ def plain_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.T
     for x, y in batches.values():
         g = true_gradient(weights, x, y, plan)
         if st.method == "mp_cdp":
-            c = _clip_factor(_norm(g), st.clip)
-            g = [c * t for t in g]
+            g = clipped(g, st.clip)
             violations += _norm(g) > st.S * (1 + 1e-9)
         total = [a + b for a, b in zip(total, g, strict=True)]
     K = len(batches)
