@@ -563,12 +563,18 @@ def reproduce_fedceo(
         "--search", help="Instead of the comparison: choose FedCEO's lambda, theta, I per sigma_g on the clients' "
                          "validation splits (coordinate search over the spec's grids, one seed). Writes "
                          "OUT/search.{csv,md,json}; honours --rounds and --settings.")] = False,
+    search_result: Annotated[Optional[Path], typer.Option(
+        "--search-result", help="The comparison with FedCEO's lambda, theta, I from this search.json (written by "
+                                "--search at the same --scale and --rounds) for every sigma_g whose search is "
+                                "complete; refused if it is incomplete or from another scale.")] = None,
 ) -> None:
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
     if search:
+        if search_result is not None:
+            _fail("--search-result sets the comparison's values: it does not apply to --search")
         _fedceo_search(out, scale, rounds, settings, dataset, seeds, methods, dry_run)
         return
-    _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run)
+    _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, search_result=search_result)
 
 
 @reproduce_app.command("fdp-accuracy")
@@ -777,9 +783,10 @@ def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optio
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     for sigma, c in result.chosen.items():
+        state = "" if c["complete"] else f"; INCOMPLETE: {c['runs']} of {c['planned']} runs finished"
         console.print(f"sigma_g {sigma}: lambda {c['lam']:g}, theta {c['theta']:g}, I {c['interval']} "
-                      f"(val acc {c['val_accuracy']:.4f}; udp_fedavg {c['udp_fedavg_val_accuracy'] or float('nan'):.4f})",
-                      highlight=False)
+                      f"(val acc {c['val_accuracy']:.4f}; udp_fedavg {c['udp_fedavg_val_accuracy'] or float('nan'):.4f}"
+                      f"{state})", highlight=False)
     console.print("search: " + "  ".join(str(p) for p in result.paths), highlight=False)
     failed = [r for r in result.rows if r["status"] == FAILED]
     if failed:

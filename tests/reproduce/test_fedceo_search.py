@@ -91,12 +91,13 @@ def test_the_search_selects_on_validation_in_two_stages_and_resumes(tmp_path):
     result = run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg1.5", execute=execute, command="test")
     assert len(calls) == 11 + 12 - 1  # stage 2 holds stage 1's (0.316, 1.04, 10)
     assert result.chosen == {"1.5": {"lam": 0.316, "theta": 1.06, "interval": 25, "val_accuracy": pytest.approx(0.65),
-                                     "udp_fedavg_val_accuracy": 0.5, "runs": 22, "lam_at_grid_edge": None}}
+                                     "udp_fedavg_val_accuracy": 0.5, "runs": 22, "planned": 22, "complete": True,
+                                     "lam_at_grid_edge": None}}
     rows = list(csv.DictReader((tmp_path / "search.csv").open()))
     assert len(rows) == 22 and {r["stage"] for r in rows} == {"1", "2"}
     assert json.loads((tmp_path / "search.json").read_text())["chosen"]["1.5"]["theta"] == 1.06
     md = (tmp_path / "search.md").read_text()
-    assert "| 1.5 | 0.316 | 1.06 | 25 | 0.6500 | 0.5000 | 22 |" in md and "REDUCTION" in md
+    assert "| 1.5 | 0.316 | 1.06 | 25 | 0.6500 | 0.5000 | 22 of 22 |" in md and "REDUCTION" in md
     again, calls2 = _fake_execute(lambda p: 0.0)
     assert run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg1.5", execute=again).chosen == result.chosen
     assert calls2 == []  # every run was finished: nothing re-ran
@@ -119,3 +120,75 @@ def test_cli_search_refuses_options_that_do_not_apply(tmp_path):
     code, _, err = cli("reproduce", "fedceo", "--search", "--scale", "huge", "--out", tmp_path)
     assert code == 2 and "--scale must be one of ci, reduced, full" in err
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def _peak_at(lam):
+    """A stand-in score whose FedCEO optimum is at `lam` (theta/I do not matter) and udp_fedavg scores 0.5."""
+    return lambda p: 0.5 if p is None else 0.6 - abs(math.log10(p["lam"] / lam)) / 10
+
+
+def test_searches_of_one_sigma_at_a_time_keep_each_others_choice(tmp_path):
+    execute, _ = _fake_execute(_peak_at(0.316))
+    run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg1.5", execute=execute)
+    execute, calls = _fake_execute(_peak_at(0.1))
+    result = run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg2.0", execute=execute)
+    assert len(calls) == 1 + 10 + 12 - 1  # only sigma_g 2.0 ran; 1.5's finished runs were collected
+    assert {s: (c["lam"], c["complete"]) for s, c in result.chosen.items()} == {"1.5": (0.316, True),
+                                                                              "2.0": (0.1, True)}
+    rows = list(csv.DictReader((tmp_path / "search.csv").open()))
+    assert sorted({r["sigma"] for r in rows}) == ["1.5", "2.0"] and len(rows) == 22 + 22
+    # a σ_g whose stage 2 is not finished is reported, but not as complete
+    (tmp_path / "runs/search-fmnist-mlp-sg1.5/fedceo-lam0.316-th1.08-I25/seed0/summary.json").unlink()
+    result = run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg2.0", execute=execute)
+    assert (result.chosen["1.5"]["runs"], result.chosen["1.5"]["complete"]) == (21, False)
+    assert "21 of 22 (**incomplete**: not final)" in (tmp_path / "search.md").read_text()
+
+
+def test_the_comparison_takes_complete_choices_from_a_search_result(tmp_path):
+    execute, _ = _fake_execute(lambda p: 0.5 if p is None else
+                               0.6 - abs(math.log10(p["lam"] / 1.0)) / 10 + (0.01 if p["theta"] == 1.08 else 0))
+    run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg2.0", execute=execute)
+    path = tmp_path / "search.json"
+    assert fedceo.searched_params(path, "reduced")["2.0"][:3] == (1.0, 1.08, 5)
+    grid = fedceo.grid("reduced", search_result=path)
+    jobs = {(j.setting, j.method): j.config.algorithm.params for j in grid.jobs if j.seed == 0}
+    assert (jobs["fmnist-mlp-sg2.0", "fedceo"]["lam"], jobs["fmnist-mlp-sg2.0", "fedceo"]["theta"]) == (1.0, 1.08)
+    assert jobs["fmnist-mlp-sg2.0", "fedceo_theta1"]["theta"] == 1.0  # the ablation keeps theta = 1
+    assert jobs["fmnist-mlp-sg1.5", "fedceo"]["lam"] == fedceo.SEARCHED["reduced"]["1.5"][0]  # not in the file
+    assert any(n.startswith("FedCEO λ/ϑ/I on fashion_mnist, σ_g 2.0: chosen on the validation splits by the search "
+                            f"in {path}") for n in grid.selection)
+    with pytest.raises(GridError, match="searched at scale 'reduced'; this comparison's search would be 'full'"):
+        fedceo.searched_params(path, "full")
+    with pytest.raises(GridError, match="'reduced \\(reduced: 10 rounds instead of 50\\)'"):
+        fedceo.searched_params(path, "reduced", rounds=10)
+    data = json.loads(path.read_text())
+    data["chosen"]["2.0"]["complete"] = False
+    path.write_text(json.dumps(data))
+    with pytest.raises(GridError, match="search of sigma_g 2.0 .* is not complete \\(22 of 22 runs"):
+        fedceo.searched_params(path, "reduced")
+    del data["chosen"]["2.0"]["complete"]  # a search.json written before completeness was recorded
+    path.write_text(json.dumps(data))
+    with pytest.raises(GridError, match="not complete"):
+        fedceo.searched_params(path, "reduced")
+    path.write_text("{not json")
+    with pytest.raises(GridError, match="is not a search.json"):
+        fedceo.searched_params(path, "reduced")
+    with pytest.raises(GridError, match="no file"):
+        fedceo.searched_params(tmp_path / "missing.json", "reduced")
+
+
+def test_cli_comparison_with_a_search_result(tmp_path):
+    execute, _ = _fake_execute(_peak_at(0.178))
+    run_search("ci", tmp_path / "search", settings_pattern="fmnist-mlp-sg2.0", execute=execute)
+    path = tmp_path / "search" / "search.json"
+    code, out, err = cli("reproduce", "fedceo", "--scale", "ci", "--out", tmp_path / "cmp", "--dry-run",
+                         "--search-result", path)
+    assert code == 0, err
+    assert f"σ_g 2.0: chosen on the validation splits by the search in {path}" in out
+    code, _, err = cli("reproduce", "fedceo", "--scale", "reduced", "--out", tmp_path / "cmp", "--dry-run",
+                       "--search-result", path)
+    assert code == 2 and "searched at scale 'ci'" in err
+    code, _, err = cli("reproduce", "fedceo", "--search", "--scale", "ci", "--out", tmp_path / "cmp",
+                       "--search-result", path)
+    assert code == 2 and "does not apply to --search" in err
+    assert not (tmp_path / "cmp").exists()

@@ -18,11 +18,14 @@ full scale `--dataset emnist` / `--dataset cifar10` add the paper's own settings
 they are skipped when the files are missing.
 
 FedCEO's λ, ϑ, I per scale:
-- full (Fashion-MNIST): the paper's EMNIST/MLP rows (same input shape and model), NOT tuned for Fashion-MNIST:
-  a search at full scale (`--scale full --search`) is 69 runs of about 2 hours each on a CPU and has not been run.
+- full (Fashion-MNIST): chosen on the clients' validation splits by `--scale full --search` where that search
+  has been run (`SEARCHED`: σ_g = 2.0), else the paper's EMNIST/MLP rows (same input shape and model), NOT tuned
+  for Fashion-MNIST.
 - reduced: chosen on the clients' validation splits by `dpfl reproduce fedceo --scale reduced --search`
   (`SEARCHED`; coordinate search, see `dpfl.reproduce.fedceo_search`).
 - ci: the paper's EMNIST/MLP λ and ϑ with I = 5.
+`--search-result OUT/search.json` (written by a `--search` at the same scale and length) replaces these with the
+search's complete choices, σ_g by σ_g.
 
 Scales:
 - `full` is the paper's N = 100, K = 10, T = 300, E = 30, B = 64 with evaluation every 5 rounds (every
@@ -42,12 +45,13 @@ What is not reproduced:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
+from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, scale_label
 
-__all__ = ["FEDCEO_PARAMS", "LENET_PARAMS", "PAPER_DATASETS", "METHOD_NAMES", "SIGMAS", "SCALES", "SEARCHED", "SPEC", "base_config", "fedceo_override",
+__all__ = ["FEDCEO_PARAMS", "LENET_PARAMS", "PAPER_DATASETS", "METHOD_NAMES", "SIGMAS", "SCALES", "SEARCHED", "SPEC", "base_config", "fedceo_override", "searched_params",
            "fedceo_params", "grid", "methods", "settings", "udp_fedavg"]
 
 PAPER = "fedceo"
@@ -94,8 +98,47 @@ def base_config(scale: str) -> Path:
     return config_dir("fedceo") / BASES[scale]
 
 
-def fedceo_params(scale: str, sigma: str) -> tuple[float, float, int, str]:
-    """(λ, ϑ, I, where they come from) for a scale and σ_g."""
+Params = tuple[float, float, int, str]  # λ, ϑ, I, where they come from
+
+
+def searched_params(path: Path, scale: str, rounds: int | None = None) -> dict[str, Params]:
+    """σ_g -> (λ, ϑ, I, source) from a `--search` run's OUT/search.json, refused unless it matches this run.
+
+    The search must be at the same scale and length (its label, e.g. ``full``, is compared with the one a
+    search with these options would have) and a σ_g's choice must be complete (every run of both stages
+    finished): a partial search's best value is not the search's choice.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        label, chosen = data["scale"], data["chosen"]
+    except FileNotFoundError:
+        raise GridError(f"--search-result: no file {path} (run `dpfl reproduce fedceo --search` first)") from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise GridError(f"--search-result: {path} is not a search.json of `dpfl reproduce fedceo --search` "
+                        f"({type(err).__name__}: {err})") from None
+    _check_scale(scale)
+    expected = scale_label(scale, spec_rounds=SPEC[scale]["rounds"], spec_seeds=1, rounds=rounds, seeds=1)
+    if label != expected:
+        raise GridError(f"--search-result: {path} was searched at scale {label!r}; this comparison's search would be "
+                        f"{expected!r} (same --scale and --rounds)")
+    out = {}
+    for sigma, c in chosen.items():
+        if sigma not in SIGMAS:
+            raise GridError(f"--search-result: {path} has sigma_g {sigma!r}, not one of {', '.join(SIGMAS)}")
+        if c.get("complete") is not True:
+            raise GridError(f"--search-result: the search of sigma_g {sigma} in {path} is not complete "
+                            f"({c.get('runs')} of {c.get('planned', '?')} runs finished): finish it with the same "
+                            "`dpfl reproduce fedceo --search` command (it also rewrites an older search.json)")
+        out[sigma] = (float(c["lam"]), float(c["theta"]), int(c["interval"]),
+                      f"chosen on the validation splits by the search in {path}")
+    return out
+
+
+def fedceo_params(scale: str, sigma: str, searched: dict[str, Params] | None = None) -> Params:
+    """(λ, ϑ, I, where they come from) for a scale and σ_g; `searched` (from `searched_params`) comes first."""
+    if searched and sigma in searched:
+        return searched[sigma]
     if sigma in SEARCHED.get(scale, {}):  # a scale's search may cover only some σ_g (full: one at a time)
         lam, theta, interval = SEARCHED[scale][sigma]
         return lam, theta, interval, f"chosen on the validation splits by `--scale {scale} --search`"
@@ -128,8 +171,12 @@ def methods(lam: float, theta: float, interval: int) -> tuple[Method, ...]:
     )
 
 
-def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[Setting]:
-    """One setting per dataset and σ_g, e.g. ``fmnist-mlp-sg1.5`` (``emnist-mlp-*``, ``cifar10-lenet-*`` at full)."""
+def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",),
+             searched: dict[str, Params] | None = None) -> list[Setting]:
+    """One setting per dataset and σ_g, e.g. ``fmnist-mlp-sg1.5`` (``emnist-mlp-*``, ``cifar10-lenet-*`` at full).
+
+    `searched` (see `searched_params`) sets FedCEO's parameters of the Fashion-MNIST settings it covers.
+    """
     _check_scale(scale)
     for dataset in datasets:
         if dataset != "fashion_mnist" and dataset not in PAPER_DATASETS:
@@ -143,7 +190,7 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[S
             continue
         base = base_config(scale)
         for sigma in SIGMAS:
-            lam, theta, interval, source = fedceo_params(scale, sigma)
+            lam, theta, interval, source = fedceo_params(scale, sigma, searched)
             if interval % EVAL_EVERY[scale]:  # pragma: no cover - a guard for edits of the table
                 raise GridError(f"FedCEO interval {interval} is not a multiple of evaluation.every {EVAL_EVERY[scale]}")
             rounds = "" if scale != "reduced" else f", T = {SPEC[scale]['rounds']} (REDUCED from 300)"
@@ -177,9 +224,13 @@ def _paper_settings(dataset: str) -> list[Setting]:
 
 def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int | None = None,
          rounds: int | None = None, settings_pattern: str | None = None, methods: Sequence[str] | None = None,
-         extra: Sequence[str] = ()) -> Grid:
-    """The jobs of `dpfl reproduce fedceo` (see the module docstring); `extra` overrides apply to every job."""
-    chosen = settings(scale, datasets)
+         extra: Sequence[str] = (), search_result: Path | None = None) -> Grid:
+    """The jobs of `dpfl reproduce fedceo` (see the module docstring); `extra` overrides apply to every job.
+
+    `search_result`: a `--search`'s OUT/search.json whose complete choices set FedCEO's λ, ϑ, I.
+    """
+    searched = searched_params(search_result, scale, rounds) if search_result is not None else None
+    chosen = settings(scale, datasets, searched)
     sigmas: dict[tuple[str, str], list[str]] = {}  # (dataset, source) -> the σ_g it applies to
     for s in chosen:
         sigmas.setdefault((s.dataset, s.meta["source"]), []).append(s.meta["sigma"])

@@ -11,7 +11,10 @@ The winner is the run with the highest final `val_accuracy`: the global model af
 of the clients' validation splits, never the test split. Ties go to the earlier run (grid order). A
 `udp_fedavg` run per σ_g (same clients and noise, no smoothing) is the reference the table compares with.
 One seed (0). Every run lives in OUT/runs/search-<setting>/..., so an interrupted search resumes; the outputs
-are OUT/search.csv (every run), OUT/search.md and OUT/search.json (the choice per σ_g).
+are OUT/search.csv (every run), OUT/search.md and OUT/search.json (the choice per σ_g). They cover every σ_g
+searched in OUT: `--settings` chooses what runs, and the other σ_g's finished runs are collected. A choice is
+`complete` once every run of both stages has finished; `dpfl reproduce fedceo --search-result OUT/search.json`
+runs the comparison with the complete ones.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 
 from dpfl.reproduce import fedceo
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid
-from dpfl.reproduce.runner import OK, Outcome, Progress, run_jobs
+from dpfl.reproduce.runner import OK, Outcome, Progress, collect_finished, run_jobs
 from dpfl.reproduce.tables import columns, csv_text, job_row
 from dpfl.results.run_files import write_text_atomic
 
@@ -109,11 +112,16 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
     out = Path(out)
     cols = ["stage", "sigma", "lam", "theta", "interval", *columns("fedceo")]
     rows: list[dict[str, Any]] = []
+    selected = {j.setting for j in search_grid(scale, 1, rounds=rounds, settings_pattern=settings_pattern).jobs}
 
     def run(grid: Grid, stage: int) -> None:
+        """Run this invocation's jobs of `grid`; collect the other settings' runs finished by earlier ones."""
         seen = {(r["setting"], r["method"]) for r in rows}
         fresh = [j for j in grid.jobs if (j.setting, j.method) not in seen]  # stage 2 repeats stage 1's winner
-        for o in run_jobs(fresh, out, progress=progress, execute=execute):
+        outcomes = run_jobs([j for j in fresh if j.setting in selected], out, progress=progress, execute=execute)
+        outcomes += collect_finished([j for j in fresh if j.setting not in selected], out)
+        order = {(j.setting, j.method): i for i, j in enumerate(fresh)}
+        for o in sorted(outcomes, key=lambda o: order[(o.job.setting, o.job.method)]):
             row = job_row(o, grid.label, out, columns=cols)
             setting = grid.setting(o.job.setting)
             params = o.job.config.algorithm.params if o.job.config.algorithm.name == "fedceo" else {}
@@ -121,25 +129,32 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
                        interval=params.get("interval"))
             rows.append(row)
 
-    first = search_grid(scale, 1, rounds=rounds, settings_pattern=settings_pattern)
+    first = search_grid(scale, 1, rounds=rounds)  # every σ_g: those not selected are only collected
     run(first, 1)
+    planned = {s.meta["sigma"]: {(s.name, m.name) for m in s.methods} for s in first.settings}
     best_lam = {}
     for sigma in dict.fromkeys(r["sigma"] for r in rows):
         winner = _best([r for r in rows if r["sigma"] == sigma and r["lam"] is not None])
         if winner is not None:
             best_lam[sigma] = winner["lam"]
     if best_lam:
-        run(search_grid(scale, 2, best_lam=best_lam, rounds=rounds, settings_pattern=settings_pattern), 2)
+        second = search_grid(scale, 2, best_lam=best_lam, rounds=rounds)
+        run(second, 2)
+        for s in second.settings:
+            planned[s.meta["sigma"]] |= {(s.name, m.name) for m in s.methods}
     chosen = {}
     for sigma in dict.fromkeys(r["sigma"] for r in rows):
         mine = [r for r in rows if r["sigma"] == sigma]
         winner = _best([r for r in mine if r["lam"] is not None])
         reference = next((r for r in mine if r["method"] == "udp_fedavg"), None)
+        finished = {(r["setting"], r["method"]) for r in mine if r["status"] == OK}
         if winner is not None:
             chosen[sigma] = {"lam": winner["lam"], "theta": winner["theta"], "interval": winner["interval"],
                              "val_accuracy": winner["final_val_accuracy"],
                              "udp_fedavg_val_accuracy": reference and reference.get("final_val_accuracy"),
-                             "runs": len(mine), "lam_at_grid_edge": _edge(winner["lam"], LAMBDA_GRIDS[sigma])}
+                             "runs": len(finished), "planned": len(planned[sigma]),
+                             "complete": planned[sigma] <= finished,
+                             "lam_at_grid_edge": _edge(winner["lam"], LAMBDA_GRIDS[sigma])}
     label = first.label
     paths = (write_text_atomic(out / "search.csv", csv_text(rows, cols)),
              write_text_atomic(out / "search.md", _markdown(rows, chosen, scale, label, command)),
@@ -167,8 +182,9 @@ def _markdown(rows: Sequence[dict[str, Any]], chosen: dict[str, dict[str, Any]],
              "the test split is never used). One seed.", "",
              "## Chosen", "", "| σ_g | λ | ϑ | I | val acc | udp_fedavg val acc | runs |", "|---|---|---|---|---|---|---|"]
     for sigma, c in chosen.items():
+        runs = f"{c['runs']} of {c['planned']}" + ("" if c["complete"] else " (**incomplete**: not final)")
         lines.append(f"| {sigma} | {c['lam']:g} | {c['theta']:g} | {c['interval']} | {_fmt(c['val_accuracy'])} | "
-                     f"{_fmt(c['udp_fedavg_val_accuracy'])} | {c['runs']} |")
+                     f"{_fmt(c['udp_fedavg_val_accuracy'])} | {runs} |")
     for sigma, c in chosen.items():
         if c["lam_at_grid_edge"] == "largest":
             lines += ["", f"**σ_g = {sigma}: the chosen λ is the grid's largest**, so the optimum may lie beyond the "
