@@ -43,6 +43,7 @@ class MPDPResult:
     privacy: dict[str, Any]
     summary: dict[str, Any]
     weights: list[torch.Tensor] = field(repr=False, default_factory=list)
+    plan: FactorPlan | None = field(repr=False, default=None)  # the model the weights belong to
 
 
 @dataclass
@@ -270,7 +271,7 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
     privacy.update(client_attacks(arrays, cfg.seed, view=ClientView(last[0])) if last
                    else client_attacks(arrays, cfg.seed, weights=weights, plan=plan))
     summary = summarize(cfg, method, history, privacy, time.perf_counter() - t_start)
-    return MPDPResult(method, history, privacy, summary, weights)
+    return MPDPResult(method, history, privacy, summary, weights, plan)
 
 
 def summarize(cfg: MPDPConfig, method: str, history: list[dict[str, Any]], privacy: dict[str, Any],

@@ -48,7 +48,7 @@ from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
 from dpfl.experiment.mpdp_directory import write_run_files
 from dpfl.experiment.mpdp_inversion import inversion_report
-from dpfl.experiment.mpdp_run import federated_arrays, model_plan, run_mpdp
+from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
@@ -145,8 +145,7 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS) -> 
     try:
         arrays = federated_arrays(cfg)
         result = run_mpdp(cfg, method, arrays=arrays)
-        plan = model_plan(cfg, tuple(arrays.shards[0][0].shape[1:]), arrays.n_classes)
-        inversion = (inversion_report(cfg, method, result.weights, plan, arrays, steps=inversion_steps)
+        inversion = (inversion_report(cfg, method, result.weights, result.plan, arrays, steps=inversion_steps)
                      if inversion_steps > 0 else {"skipped": "--inversion-steps 0"})
         result.privacy["inversion"] = inversion
     except Exception as e:  # noqa: BLE001 - a failed run is a row with its message; the study goes on
