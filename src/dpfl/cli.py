@@ -612,10 +612,53 @@ def reproduce_rdpcfl(
     dataset: _Datasets = None, dry_run: _DryRun = False,
     epsilons: Annotated[Optional[str], typer.Option(
         "--epsilons", help="Comma-separated eps_total values replacing the scale's (ci: 5; full: 3,4,5,10,15).")] = None,
+    round1_analysis: Annotated[bool, typer.Option(
+        "--round1-analysis", help="Instead of the comparison: the spec's b^1 analysis. Each point trains round 1 "
+                                  "of an R-DPCFL run (noise calibrated for its planned length) and clusters it; "
+                                  "writes OUT/round1_analysis.{csv,md} (MSS, EM iterations, centre distance, "
+                                  "partition recovered). About 4 minutes per point at full scale.")] = False,
+    round1_batches: Annotated[Optional[str], typer.Option(
+        "--round1-batches", help="With --round1-analysis: comma-separated b^1 values ('full' or integers; default "
+                                 "ci 32,128,512,full, full 32,128,512,2048,full).")] = None,
 ) -> None:
     """R-DPCFL's comparison (TMLR 2025): rdpcfl, ifca, global, local, mr_mtl, oracle, fedavg on planted clusters.
     Writes OUT/results.csv (mean_acc, minority_acc, ari, clusters_found, ... per run), results.md, plots/."""
+    if round1_analysis:
+        _rdpcfl_round1(out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons, round1_batches)
+        return
+    if round1_batches is not None:
+        _fail("--round1-batches applies to --round1-analysis only")
     _reproduce("rdpcfl", out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons=epsilons)
+
+
+def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
+                   methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, epsilons: Optional[str],
+                   batches: Optional[str]) -> None:
+    from dpfl.reproduce.rdpcfl_round1 import analysis_grid, run_analysis
+
+    if rounds is not None or methods:
+        _fail("--round1-analysis: --rounds and --methods do not apply (each point is R-DPCFL calibrated for the "
+              "scale's planned rounds; choose b^1 with --round1-batches)")
+    command = " ".join(["dpfl reproduce rdpcfl --round1-analysis --scale", scale, "--out", str(out)]
+                       + [f"--{k} {v}" for k, v in (("seeds", seeds), ("settings", settings), ("epsilons", epsilons),
+                                                    ("round1-batches", batches)) if v is not None])
+    try:
+        grid = analysis_grid(scale, datasets=_dataset_names(datasets), seeds=seeds, settings_pattern=settings,
+                             batches=[b.strip() for b in batches.split(",") if b.strip()] if batches else None,
+                             epsilons=epsilons)
+        if dry_run:
+            console.print(f"R-DPCFL b^1 analysis, scale {grid.label}: {len(grid.jobs)} points -> {out / 'round1'}",
+                          markup=False, highlight=False)
+            for j in grid.jobs:
+                console.print(f"{j.setting} b^1={j.method[1:]} seed {j.seed}", markup=False, highlight=False)
+            return
+        done = iter(range(1, len(grid.jobs) + 1))
+        csv_path, md_path, _ = run_analysis(grid, out, command=command, on_point=lambda j, what: console.print(
+            f"[{next(done)}/{len(grid.jobs)}] {j.setting} b^1={j.method[1:]} seed{j.seed}: {what}", markup=False,
+            highlight=False))
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    console.print(f"results: {md_path}  {csv_path}", highlight=False)
 
 
 @reproduce_app.command("splitting")

@@ -44,7 +44,8 @@ from dpfl.reproduce.runner import OK, Outcome
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
-__all__ = ["COLUMNS", "EPSILONS", "SPEC", "grid", "methods", "row", "settings", "write_results"]
+__all__ = ["COLUMNS", "EPSILONS", "SPEC", "finds_minority", "grid", "methods", "parse_epsilons", "planted_clusters", "row", "same_partition",
+           "settings", "write_results"]
 
 PAPER = "rdpcfl"
 SPEC = {"ci": {"rounds": 20, "seeds": 2}, "full": {"rounds": 200, "seeds": 4}}
@@ -91,35 +92,42 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",),
     return out
 
 
+def parse_epsilons(epsilons: str | Sequence[float] | None) -> Sequence[float] | None:
+    """--epsilons as given ("3,5,10") or as numbers; None keeps the scale's."""
+    if not isinstance(epsilons, str):
+        return epsilons
+    try:
+        return [float(e) for e in epsilons.split(",") if e.strip()]
+    except ValueError:
+        raise GridError(f"--epsilons must be comma-separated numbers, got {epsilons!r}") from None
+
+
 def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int | None = None,
          rounds: int | None = None, settings_pattern: str | None = None, methods: Sequence[str] | None = None,
          extra: Sequence[str] = (), epsilons: str | Sequence[float] | None = None) -> Grid:
     """The jobs of `dpfl reproduce rdpcfl` (see the module docstring); `epsilons` ("3,5,10" or numbers) replaces
     the scale's eps_total values."""
-    if isinstance(epsilons, str):
-        try:
-            epsilons = [float(e) for e in epsilons.split(",") if e.strip()]
-        except ValueError:
-            raise GridError(f"--epsilons must be comma-separated numbers, got {epsilons!r}") from None
-    return build_grid(PAPER, scale, settings(scale, datasets, epsilons), spec_rounds=SPEC[scale]["rounds"],
+    return build_grid(PAPER, scale, settings(scale, datasets, parse_epsilons(epsilons)), spec_rounds=SPEC[scale]["rounds"],
                       spec_seeds=SPEC[scale]["seeds"], seeds=seeds, rounds=rounds, settings_pattern=settings_pattern,
                       methods=methods, extra=extra)
 
 
 # ---- one row per run ------------------------------------------------------------------------------------
-def _truth(job_config: Any) -> list[int]:
+def planted_clusters(job_config: Any) -> list[int]:
+    """The true cluster of each client, in client order (cluster 0 is the minority)."""
     c = job_config.data.clustered
     sizes = cluster_sizes(job_config.data.clients, c.clusters, c.minority_ratio)
     return [m for m, size in enumerate(sizes) for _ in range(size)]
 
 
-def _same_partition(a: Sequence[int], b: Sequence[int]) -> bool:
+def same_partition(a: Sequence[int], b: Sequence[int]) -> bool:
+    """The two labelings split the clients into the same groups (cluster ids themselves do not matter)."""
     def blocks(x: Sequence[int]) -> set[frozenset[int]]:
         return {frozenset(i for i, v in enumerate(x) if v == k) for k in set(x)}
     return blocks(a) == blocks(b)
 
 
-def _has_block(found: Sequence[int], truth: Sequence[int]) -> bool:
+def finds_minority(found: Sequence[int], truth: Sequence[int]) -> bool:
     """Some predicted cluster is exactly the minority (true cluster 0)."""
     minority = {i for i, t in enumerate(truth) if t == 0}
     return any({i for i, v in enumerate(found) if v == k} == minority for k in set(found))
@@ -141,7 +149,7 @@ def row(outcome: Outcome, out: Path) -> dict[str, Any]:
         return r
     r["run_dir"] = d.relative_to(out).as_posix() if d.is_relative_to(out) else str(d)
     r["seconds"] = round(sum(as_number(m.get("seconds")) or 0.0 for m in metrics), 1)
-    truth = _truth(job.config)
+    truth = planted_clusters(job.config)
     last = next((m for m in reversed(metrics) if "test_accuracy" in m), metrics[-1])
     if job.method in GLOBAL_MODEL:
         accs = last.get("test_acc_clients") or []
@@ -155,12 +163,12 @@ def row(outcome: Outcome, out: Path) -> dict[str, Any]:
     if final is not None:
         r["ari"] = float(adjusted_rand_score(truth, final))
         r["clusters_found"] = len(set(final))
-        r["recovered"] = _same_partition(final, truth)
-        r["minority_recovered"] = _has_block(final, truth)
+        r["recovered"] = same_partition(final, truth)
+        r["minority_recovered"] = finds_minority(final, truth)
     first = next((m for m in metrics if "round1_clusters" in m), None)
     if first is not None:
-        r["round1_recovered"] = _same_partition(first["round1_clusters"], truth)
-        r["round1_minority_recovered"] = _has_block(first["round1_clusters"], truth)
+        r["round1_recovered"] = same_partition(first["round1_clusters"], truth)
+        r["round1_minority_recovered"] = finds_minority(first["round1_clusters"], truth)
         r.update(mss=first.get("mss"), e_c=first.get("e_c"), degraded_to_global=bool(first.get("degraded_to_global")))
     r["selections"] = metrics[-1].get("selections_made")
     if job.method != "fedavg" and (d / "privacy.json").is_file():
