@@ -57,6 +57,12 @@ CONFIGS = {
     "pfa_plus": ["name=kill_pfa_plus", *_BASE, "training.rounds=4", "checkpoint.every=1",
                  "data.client_test_fraction=0.2", _EVEN, "training.selection={kind: fixed, k: 6}",
                  "algorithm={name: pfa_plus, params: {warmup_rounds: 1}}"],
+    # R-DPCFL (ci_digits_rotation's setting): round 1's GMM posteriors and cluster models must survive a resume
+    "rdpcfl": ["name=kill_rdpcfl", "training.rounds=4", "evaluation.every=1", "checkpoint.every=1",
+               "data={dataset: digits, clients: 11, partition: clustered, clustered: {clusters: 4, shift: rotation, "
+               "minority_ratio: 0.2, train_per_client: 300, val_fraction: 0.2}}", "model={name: cnn_digits}",
+               "training.batch_size=16", "training.optimizer.lr=0.05", "privacy.budgets=10.0", "privacy.delta=1e-4",
+               "algorithm={name: rdpcfl, params: {clusters: 4}}"],
 }
 
 
@@ -209,7 +215,7 @@ def test_killed_at_every_kind_of_point_in_turn_then_resumed_equals_the_uninterru
     assert_same_run(out, ref.out)
 
 
-@pytest.mark.parametrize("name", ["rhdp_once", "fedceo"])
+@pytest.mark.parametrize("name", ["rhdp_once", "fedceo", "rdpcfl"])
 def test_stateful_aggregator_killed_in_training_resumes_exactly(tmp_path, reference, name):
     ref = reference(name)
     every = 1 if "checkpoint.every=1" in CONFIGS[name] else 2
@@ -222,6 +228,8 @@ def test_stateful_aggregator_killed_in_training_resumes_exactly(tmp_path, refere
     assert state is not None and state["round"] >= every and state["aggregator_state"] is not None
     if name == "rhdp_once":
         assert state["aggregator_state"]["once"]  # the round-1 weights, reused by every later round
+    if name == "rdpcfl":  # the round-1 clustering, which later rounds draw from
+        assert state["aggregator_state"]["posteriors"] is not None
     _resume(name, out)
     assert_same_run(out, ref.out)
 

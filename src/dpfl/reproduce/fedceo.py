@@ -51,8 +51,9 @@ from pathlib import Path
 
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, scale_label
 
-__all__ = ["FEDCEO_PARAMS", "LENET_PARAMS", "PAPER_DATASETS", "METHOD_NAMES", "SIGMAS", "SCALES", "SEARCHED", "SPEC", "base_config", "fedceo_override", "searched_params",
-           "fedceo_params", "grid", "methods", "settings", "udp_fedavg"]
+__all__ = ["FEDCEO_PARAMS", "LENET_PARAMS", "PAPER_DATASETS", "METHOD_NAMES", "SIGMAS", "SCALES", "SEARCHED", "SPEC",
+           "base_config", "fedceo_override", "searched_params", "fedceo_params", "grid", "methods", "settings",
+           "udp_fedavg"]
 
 PAPER = "fedceo"
 SCALES = ("ci", "reduced", "full")

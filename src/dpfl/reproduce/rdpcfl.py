@@ -44,8 +44,8 @@ from dpfl.reproduce.runner import OK, Outcome
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
-__all__ = ["COLUMNS", "EPSILONS", "SPEC", "finds_minority", "grid", "methods", "parse_epsilons", "planted_clusters", "row", "same_partition",
-           "settings", "write_results"]
+__all__ = ["COLUMNS", "EPSILONS", "SPEC", "finds_minority", "grid", "methods", "parse_epsilons", "planted_clusters",
+           "row", "same_partition", "settings", "write_results"]
 
 PAPER = "rdpcfl"
 SPEC = {"ci": {"rounds": 20, "seeds": 2}, "full": {"rounds": 200, "seeds": 4}}

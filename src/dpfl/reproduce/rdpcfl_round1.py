@@ -1,4 +1,4 @@
-"""R-DPCFL's b^1 analysis (spec clustered_dpfl.md §7, §10): what the server's GMM sees after round 1, by round-1 batch.
+"""R-DPCFL's b^1 analysis (spec clustered_dpfl.md §7, §10): what the server's GMM sees after round 1, by b^1.
 
 R-DPCFL clusters the clients once, on their round-1 updates, which it trains at full batch (b^1 = N_i). The spec
 asks for MSS, the EM iterations and the mean pairwise distance between the GMM's cluster centres as functions of
@@ -12,9 +12,10 @@ trained and nothing is charged to a ledger: a diagnostic of the clustering step,
 instead would calibrate less noise and change what the GMM sees.
 
 Per point: the clusters found, MSS, MPO, EM iterations and convergence, centre distance, whether the round-1
-partition equals the planted one and whether the minority cluster is found exactly, the ARI, round 1's noise
-multiplier (one σ for every round of the run, calibrated for the schedule) and the seconds it took. Points are saved one by one (OUT/round1/<setting>/b<b>/seed<k>.json, with
-their config), so an interrupted analysis resumes; OUT/round1_analysis.{csv,md} and a plot summarise them.
+partition equals the planted one and whether the minority cluster is found exactly, the ARI, the noise
+multiplier (one σ for every round of the run, calibrated for the schedule) and the seconds it took. Points are
+saved one by one (OUT/round1/<setting>/b<b>/seed<k>.json, with their config), so an interrupted analysis
+resumes; OUT/round1_analysis.{csv,md} and OUT/plots/round1_analysis.png summarise them.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ POINTS_DIR = "round1"
 
 
 def _method(batch: str) -> Method:
-    return Method(f"b{batch}", "rdpcfl", (f"algorithm={{name: rdpcfl, params: {{clusters: 4, round1_batch: {batch}}}}}",),
-                  "full batch (R-DPCFL's round 1)" if batch == "full" else f"Poisson batches of expected size {batch}")
+    override = f"algorithm={{name: rdpcfl, params: {{clusters: 4, round1_batch: {batch}}}}}"
+    label = "full batch (R-DPCFL's round 1)" if batch == "full" else f"Poisson batches of expected size {batch}"
+    return Method(f"b{batch}", "rdpcfl", (override,), label)
 
 
 def analysis_grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int | None = None,
@@ -114,7 +116,8 @@ def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable
                  point: Callable[[Job], dict[str, Any]] = round1_point) -> tuple[Path, Path, list[dict[str, Any]]]:
     """Compute the missing points of `grid` (saved ones are reused), then OUT/round1_analysis.{csv,md}.
 
-    The tables also show points of the same scale saved by earlier invocations with other selections.
+    The tables show every setting of the scale at this invocation's b^1 values and seeds (`--settings` only
+    chooses what is computed), so points saved by earlier invocations for other settings appear too.
     """
     out = Path(out)
     for job in grid.jobs:
@@ -159,7 +162,8 @@ def _markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path, command: st
                 continue
             em = [r["em_iterations"] for r in pts]
             body.append([m.name[1:], f"{sum(r['recovered'] for r in pts)}/{len(pts)}",
-                         f"{sum(r['minority_recovered'] for r in pts)}/{len(pts)}", mean_std((r["ari"] for r in pts), ".2f"),
+                         f"{sum(r['minority_recovered'] for r in pts)}/{len(pts)}",
+                         mean_std((r["ari"] for r in pts), ".2f"),
                          mean_std((r["mss"] for r in pts), ".2f"), f"{statistics.fmean(em):.1f} ({max(em)})",
                          mean_std((r["centre_distance"] for r in pts), ".3f"), f"{pts[0]['noise_multiplier']:.3g}",
                          mean_std((r["seconds"] for r in pts), ".0f")])

@@ -250,7 +250,8 @@ class ClusteredAggregator:
     # ---- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"models": None if self.models is None else {n: t.clone() for n, t in self.models.items()},
-                "posteriors": None if self.posteriors is None else self.posteriors.copy(),
+                # a tensor, not an ndarray: checkpoints load with torch.load(weights_only=True), which refuses numpy
+                "posteriors": None if self.posteriors is None else torch.from_numpy(self.posteriors.copy()),
                 "assigned": dict(self.assigned), "facts": dict(self.facts), "n_clusters": self.n_clusters}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
