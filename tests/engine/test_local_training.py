@@ -473,3 +473,28 @@ def test_micro_batches_accumulate_to_the_one_shot_step():
         assert acc.records_used == one.records_used
     with pytest.raises(ValueError, match="micro_batch"):
         LocalSpec(lr=0.1, micro_batch=0)
+
+
+def test_a_step_beyond_the_memory_budget_is_accumulated_automatically(monkeypatch):
+    """A client step whose per-sample records alone exceed max_elements (a full-batch round) runs as physical
+    micro-batches sized to the budget; within the budget nothing changes (no micro-batches, the same floats)."""
+    import dpfl.engine.local_training as lt
+
+    model, data = small_cnn(), make_data(sizes=(50, 70))
+    plans = [ClientPlan(0, 50, 2, 1.0), ClientPlan(1, 70, 2, 0.7)]
+    w = P.model_params(model)
+    spec = LocalSpec(lr=0.1, sampling="poisson", clip=0.5)
+    seen = []
+    real = lt._accumulated
+    monkeypatch.setattr(lt, "_accumulated", lambda *a: seen.append(a[-1]) or real(*a))
+    for engine in ("auto", "vmap"):
+        seen.clear()
+        one = run_local(model, spec, plans, data, w, seed=9, round_=0, engine=engine)
+        assert set(seen) == {None}
+        seen.clear()
+        small = run_local(model, spec, plans, data, w, seed=9, round_=0, engine=engine, max_elements=50_000)
+        micro = set(seen)
+        assert len(micro) == 1 and 1 <= next(iter(micro)) < 70  # accumulated, in chunks smaller than the batch
+        for n in w:
+            torch.testing.assert_close(small.params[n], one.params[n], atol=1e-6, rtol=1e-5)
+        assert small.records_used == one.records_used

@@ -82,6 +82,7 @@ class TrainingConfig(_Section):
     also need rounds x local_steps <= 10,000,000 (their f-DP accounting keeps one step size per local step).
     micro_batch: DP-SGD computes per-sample gradients of at most this many records at once and sums the clipped
     ones (gradient accumulation: the same step, the noise drawn once; for batches that do not fit in memory).
+    Unset, a step whose records alone exceed the engine's memory budget is accumulated automatically.
     """
 
     rounds: int = Field(ge=1)
