@@ -261,6 +261,7 @@ class ClusteredAggregator:
             self.n_clusters = self.given_clusters
             return
         self.models = None if state["models"] is None else {n: t.clone() for n, t in state["models"].items()}
-        self.posteriors = None if state["posteriors"] is None else np.array(state["posteriors"])
+        posteriors = state["posteriors"]  # a tensor (checkpoints load weights-only); an ndarray in memory is fine too
+        self.posteriors = None if posteriors is None else torch.as_tensor(posteriors).numpy().copy()
         self.assigned = {int(c): int(m) for c, m in state["assigned"].items()}
         self.facts, self.n_clusters = dict(state["facts"]), state["n_clusters"]
