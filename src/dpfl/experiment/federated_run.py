@@ -499,6 +499,14 @@ class FederatedRun:
         self.model.train()
         return picks
 
+    def first_round(self) -> tuple[P.Params, LocalRound]:
+        """The initial model and round 1's local training from it of the clients round 1 selects, as the run's own
+        round 1 would train them; nothing is recorded. For diagnostics of round 1 at the run's full calibration
+        (the round-1 noise table, R-DPCFL's b^1 analysis)."""
+        w = P.model_params(self.model)
+        selected = self.algorithm.selection.select(list(range(self.n_clients)), self.seed, 0)
+        return w, self.local_round(0, w, selected, self.algorithm.selection.expected_count(self.n_clients))
+
     def local_round(self, r: int, w: P.Params, selected: np.ndarray, expected: float,
                     starts: P.Params | None = None) -> LocalRound:
         """Round r's local training of `selected` from `w`: their uploads, the server's view, the noise facts.

@@ -112,12 +112,13 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
     out = Path(out)
     cols = ["stage", "sigma", "lam", "theta", "interval", *columns("fedceo")]
     rows: list[dict[str, Any]] = []
-    selected = {j.setting for j in search_grid(scale, 1, rounds=rounds, settings_pattern=settings_pattern).jobs}
+    first = search_grid(scale, 1, rounds=rounds, settings_pattern=settings_pattern)
+    selected = {j.setting for j in first.jobs}  # the σ_g this invocation runs; the others are only collected
 
     def run(grid: Grid, stage: int) -> None:
         """Run this invocation's jobs of `grid`; collect the other settings' runs finished by earlier ones."""
         seen = {(r["setting"], r["method"]) for r in rows}
-        fresh = [j for j in grid.jobs if (j.setting, j.method) not in seen]  # stage 2 repeats stage 1's winner
+        fresh = [j for j in grid.all_jobs if (j.setting, j.method) not in seen]  # stage 2 repeats stage 1's winner
         outcomes = run_jobs([j for j in fresh if j.setting in selected], out, progress=progress, execute=execute)
         outcomes += collect_finished([j for j in fresh if j.setting not in selected], out)
         order = {(j.setting, j.method): i for i, j in enumerate(fresh)}
@@ -129,7 +130,6 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
                        interval=params.get("interval"))
             rows.append(row)
 
-    first = search_grid(scale, 1, rounds=rounds)  # every σ_g: those not selected are only collected
     run(first, 1)
     planned = {s.meta["sigma"]: {(s.name, m.name) for m in s.methods} for s in first.settings}
     best_lam = {}

@@ -31,7 +31,6 @@ from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, validate_config
 from dpfl.experiment.federated_run import FederatedRun
-from dpfl.engine import params as P
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 TABLE_METHODS = ("weiavg", "fedavg", "min_eps", "robust_hdp", "oracle")
@@ -82,12 +81,6 @@ def _variant(cfg: RunConfig, name: str, params: dict[str, Any]) -> RunConfig:
     return validate_config(data)
 
 
-def _first_round(run: FederatedRun):
-    w = P.model_params(run.model)
-    everyone = run.algorithm.selection.select(list(range(run.n_clients)), run.seed, 0)
-    return w, run.local_round(0, w, everyone, run.algorithm.selection.expected_count(run.n_clients))
-
-
 def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHODS,
                             conversion: str = "dp_accounting") -> dict[str, dict[str, float]]:
     """{method: {"noise_stat_analytic", "noise_stat_empirical", "z_mean"}} of round 1 of `cfg` (full
@@ -100,7 +93,7 @@ def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHO
     if shared:
         run = _built(_variant(cfg, "robust_hdp", dict(cfg.algorithm.params) if cfg.algorithm.name == "robust_hdp"
                               else {}), conversion)
-        w, local = _first_round(run)
+        w, local = run.first_round()
         aggregators = {"weiavg": FedAvg("epsilon"), "fedavg": FedAvg("uniform"), "oracle": OracleAverage(),
                        "robust_hdp": run.algorithm.aggregator}
         for m in shared:
@@ -113,7 +106,7 @@ def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHO
             out[m] = {**run.noise_statistics(weights, local), "z_mean": float(np.mean(run.noise))}
     if "min_eps" in methods:
         run = _built(_variant(cfg, "min_eps", {"epsilon": "observed"}), conversion)
-        w, local = _first_round(run)
+        w, local = run.first_round()
         out["min_eps"] = {**run.noise_statistics(FedAvg("uniform").weights(local.view), local),
                           "z_mean": float(np.mean(run.noise))}
     return {m: out[m] for m in methods}

@@ -225,15 +225,15 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
 
 def _plots(rows: Sequence[Mapping[str, Any]], out: Path) -> dict[str, Path]:
     """Accuracy and minority accuracy against eps_total, one line per method, one pair of panels per setting family."""
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: the caller's backend is left alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from dpfl.results.plots import write_png
 
     families = sorted({r["setting"].rsplit("-eps", 1)[0] for r in rows if r["status"] == OK})
     made = {}
     for family in families:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        fig = Figure(figsize=(10, 4))
+        axes = fig.subplots(1, 2)
         for m in dict.fromkeys(r["method"] for r in rows):
             mine = [r for r in rows if r["status"] == OK and r["method"] == m and r["setting"].startswith(family + "-eps")]
             eps = sorted({float(r["setting"].rsplit("-eps", 1)[1]) for r in mine})
@@ -252,9 +252,5 @@ def _plots(rows: Sequence[Mapping[str, Any]], out: Path) -> dict[str, Path]:
             ax.set_ylim(0, 1)
         axes[0].legend(fontsize=8)
         fig.tight_layout()
-        path = out / "plots" / f"accuracy_vs_eps_{family}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        made[family] = path
+        made[family] = write_png(fig, out / "plots" / f"accuracy_vs_eps_{family}.png", dpi=110)
     return made

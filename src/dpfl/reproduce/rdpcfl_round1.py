@@ -70,14 +70,11 @@ def round1_point(job: Job) -> dict[str, Any]:
     """Round 1 of `job`'s run (calibrated for its planned length) and R-DPCFL's clustering of its updates."""
     from sklearn.metrics import adjusted_rand_score
 
-    from dpfl.engine import params as P
     from dpfl.experiment.build import build_run
 
     start = time.perf_counter()
     run = build_run(job.config)
-    w = P.model_params(run.model)
-    everyone = run.algorithm.selection.select(list(range(run.n_clients)), run.seed, 0)
-    local = run.local_round(0, w, everyone, run.algorithm.selection.expected_count(run.n_clients))
+    w, local = run.first_round()
     aggregator = run.algorithm.aggregator
     aggregator.aggregate(w, local.uploads, local.view, run.seed, 0)
     facts = aggregator.facts
@@ -180,16 +177,16 @@ def _plot(rows: Sequence[dict[str, Any]], out: Path) -> Path | None:
     """MSS and the share of seeds recovering the partition against b^1, one line per setting."""
     if not rows:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: the caller's backend is left alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from dpfl.results.plots import write_png
 
     def order(b: str) -> float:
         return float("inf") if b == "full" else float(b)
 
     batches = sorted({r["round1_batch"] for r in rows}, key=order)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    axes = fig.subplots(1, 2)
     for setting in dict.fromkeys(r["setting"] for r in rows):
         mine = [r for r in rows if r["setting"] == setting]
         xs = [i for i, b in enumerate(batches) if any(r["round1_batch"] == b for r in mine)]
@@ -203,8 +200,4 @@ def _plot(rows: Sequence[dict[str, Any]], out: Path) -> Path | None:
     axes[1].set_ylim(-0.05, 1.05)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    path = out / "plots" / "round1_analysis.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return write_png(fig, out / "plots" / "round1_analysis.png", dpi=110)

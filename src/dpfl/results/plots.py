@@ -35,6 +35,7 @@ __all__ = [
     "plot_budget_vs_spent",
     "plot_compare",
     "plot_errorbars",
+    "write_png",
 ]
 
 FIGSIZE = (8, 5)
@@ -53,11 +54,17 @@ def _new_figure() -> tuple[Figure, Any]:
     return fig, ax
 
 
-def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+def write_png(fig: Figure, path: str | os.PathLike[str], dpi: int = DPI) -> Path:
+    """`fig` as a PNG at `path`, written atomically (no bbox_inches="tight": the size stays figsize x dpi); the
+    figure is cleared. For figures built with ``Figure`` directly, which never touch pyplot's backend."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)  # no bbox_inches="tight": the size stays 800 x 500
+    fig.savefig(buf, format="png", dpi=dpi)
     fig.clear()
     return write_bytes_atomic(path, buf.getvalue())
+
+
+def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    return write_png(fig, path)
 
 
 def _nan(x: Any) -> float:
