@@ -112,3 +112,18 @@ def test_cli_usage_errors(tmp_path):
     assert code == 0, err
     assert out.splitlines()[0].startswith("R-DPCFL b^1 analysis, scale ci: 8 points")
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_cli_runs_one_point_end_to_end(tmp_path, fmnist):
+    """`dpfl reproduce rdpcfl --round1-analysis` as a user runs it: one real ci point (full batch, eps 5, seed 0),
+    then the same command again reuses it."""
+    args = ("reproduce", "rdpcfl", "--round1-analysis", "--scale", "ci", "--seeds", "1", "--round1-batches", "full",
+            "--out", tmp_path)
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert "[1/1] fmnist-rotation-eps5 b^1=full seed0: 4 clusters" in out
+    row = next(csv.DictReader((tmp_path / "round1_analysis.csv").open()))
+    assert (row["round1_batch"], row["epsilon"]) == ("full", "5.0") and float(row["mss"]) > 0
+    assert float(row["noise_multiplier"]) > 0 and "b^1 analysis" in (tmp_path / "round1_analysis.md").read_text()
+    code, out, _ = cli(*args)
+    assert code == 0 and "seed0: saved before" in out
