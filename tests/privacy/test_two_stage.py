@@ -91,6 +91,18 @@ def test_baselines_calibrate_training_alone_and_round1_options():
     assert ts.n_selections(E, selection_rounds="every_round") == E - 2
 
 
+def test_a_given_selection_count_is_what_the_plan_charges():
+    """`n_sel` (the reference IFCA's floor(0.1 E)) replaces the window's count in the plan and its calibration."""
+    window = ts.plan(5.0, DELTA, N, B, K, E, round1_batch=None)
+    fewer = ts.plan(5.0, DELTA, N, B, K, E, round1_batch=None, n_sel=window.n_sel - 1)
+    assert fewer.n_sel == window.n_sel - 1 and fewer.eps_clust < window.eps_clust
+    whole = dpa.ComposedDpEvent([ts.training_event(fewer.noise_multiplier, N, B, K, E, None),
+                                 ts.selection_event(fewer.eps_sel, fewer.n_sel)])
+    assert fewer.planned_epsilon == pytest.approx(ts.epsilon(whole, DELTA), rel=1e-12)
+    with pytest.raises(ValueError, match="n_sel must be an integer >= 1"):
+        ts.plan(5.0, DELTA, N, B, K, E, n_sel=0)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(delta=1e-3), r"delta must be in \(0, 1/N_i\)"),
     (dict(split="half"), "split must be one of"),

@@ -8,7 +8,7 @@ rdpcfl and ifca_dp) meets client i's budget (`dpfl.privacy.two_stage.plan`).
 | algorithm | clusters | training accountant | selections |
 |---|---|---|---|
 | rdpcfl | GMM on round-1 updates (M given or chosen) | full-batch round 1, then b | window from E_c |
-| ifca_dp | M, random round-1 assignment | b in every round | rounds 1..floor(0.1 E) + 1 |
+| ifca_dp | M, random round-1 assignment | b in every round | rounds 1..floor(0.1 E) + 1 (reference: 2..) |
 | clustered_oracle | the true clusters | b in every round | none |
 | clustered_local | one per client (no communication) | b in every round | none |
 | mr_mtl | none: personal models pulled to their mean (lam) | b in every round | none |
@@ -16,6 +16,7 @@ rdpcfl and ifca_dp) meets client i's budget (`dpfl.privacy.two_stage.plan`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +51,11 @@ def build_clustered(cfg: RunConfig, params: Any, local: Any, data: FederatedData
                           "data.partition")
     selecting = name in ("rdpcfl", "ifca_dp")
     round1 = params.round1_batch if name == "rdpcfl" else None
+    reference_ifca = name == "ifca_dp" and params.ifca_round1 == "reference"
+    if reference_ifca and math.floor(params.clustering_rounds_ratio * t.rounds) < 1:
+        raise ConfigError(f"algorithm.params.ifca_round1: reference selects after rounds 2..floor(ratio E) + 1, none "
+                          f"with E = {t.rounds} and clustering_rounds_ratio = {params.clustering_rounds_ratio}",
+                          "algorithm.params.ifca_round1")
     plans = []
     for i, (budget, batch) in enumerate(zip(budgets, batch_sizes)):
         n_i = data.clients[i].n_train
@@ -60,6 +66,8 @@ def build_clustered(cfg: RunConfig, params: Any, local: Any, data: FederatedData
                 options.update(selection_ratio=params.selection_budget_ratio, split=params.split,
                                clustering_rounds_ratio=params.clustering_rounds_ratio,
                                selection_rounds=getattr(params, "selection_rounds", "window"))
+            if reference_ifca:  # no selection after the discarded round 1: floor(ratio E) of them
+                options["n_sel"] = math.floor(params.clustering_rounds_ratio * t.rounds)
             plans.append(two_stage.plan(budget.epsilon, budget.delta, n_i, min(batch, n_i), int(t.local_epochs),
                                         t.rounds, **options))
         except ValueError as err:
@@ -81,7 +89,8 @@ def build_clustered(cfg: RunConfig, params: Any, local: Any, data: FederatedData
         elif name == "ifca_dp":
             aggregator = ClusteredAggregator("ifca", eps_sel=plans[0].eps_sel, n_clusters=params.clusters,
                                              clustering_rounds_ratio=params.clustering_rounds_ratio,
-                                             score=params.selection_score, loss_cap=params.loss_cap, **common)
+                                             score=params.selection_score, loss_cap=params.loss_cap,
+                                             ifca_round1=params.ifca_round1, **common)
         elif name == "mr_mtl":
             aggregator = MeanRegularized(data.n_clients)
             local = replace(local, spec=replace(local.spec, prox_mu=params.lam, prox_to="anchor"))

@@ -140,8 +140,11 @@ class TwoStagePlan:
 def plan(eps_total: float, delta: float, n_records: int, batch: int, local_epochs: int, rounds: int, *,
          round1_batch: int | Literal["full"] | None = "full", selection_ratio: float = 0.03,
          clustering_rounds_ratio: float = 0.1, selection_rounds: Literal["window", "every_round"] = "window",
-         selections: bool = True, split: Split = "subtract", conversion: Conversion = "dp_accounting") -> TwoStagePlan:
-    """Calibrate one client (§4). `selections=False`: no private selection (Global, Local, Oracle, MR-MTL)."""
+         selections: bool = True, split: Split = "subtract", conversion: Conversion = "dp_accounting",
+         n_sel: int | None = None) -> TwoStagePlan:
+    """Calibrate one client (§4). `selections=False`: no private selection (Global, Local, Oracle, MR-MTL).
+    `n_sel`: the selections planned when the schedule is not §5.4's window (the reference IFCA: floor(0.1 E));
+    None: `n_selections(rounds, clustering_rounds_ratio, selection_rounds)`."""
     if not (math.isfinite(eps_total) and eps_total > 0):
         raise ValueError(f"eps_total must be a finite number > 0, got {eps_total}")
     if not 0 < delta < 1 / n_records:
@@ -162,7 +165,10 @@ def plan(eps_total: float, delta: float, n_records: int, batch: int, local_epoch
     if not 0 < selection_ratio < 1:
         raise ValueError(f"selection_budget_ratio must be in (0, 1), got {selection_ratio}")
     eps_sel = selection_ratio * eps_total
-    n_sel = n_selections(rounds, clustering_rounds_ratio, selection_rounds)
+    if n_sel is None:
+        n_sel = n_selections(rounds, clustering_rounds_ratio, selection_rounds)
+    elif not (isinstance(n_sel, int) and n_sel >= 1):
+        raise ValueError(f"n_sel must be an integer >= 1, got {n_sel!r}")
     chosen = selection_event(eps_sel, n_sel)
     eps_clust = eps_train = None
     if split == "subtract":

@@ -112,6 +112,69 @@ def test_ifca_and_fixed_baselines_run(blobs):
     assert all(isinstance(e.event, dpa.SelfComposedDpEvent) for e in result.ledger.entries(3))
 
 
+def test_reference_ifca_discards_round_1_then_draws_uniformly_and_selects_one_round_later():
+    """ifca_round1 = reference (§6, the reference code): round 1 trains from the initial model but moves no cluster
+    model; round 2 uses the same uniform draw the default IFCA uses in round 1; selections end rounds 2..floor(0.1 E)
+    + 1 (0-based 1..floor(0.1 E)), one fewer than the default's window, which starts a round earlier."""
+    E_ref = 40
+    ref = ClusteredAggregator("ifca", 6, E_ref, seed=3, eps_sel=0.5, n_clusters=3, ifca_round1="reference")
+    default = ClusteredAggregator("ifca", 6, E_ref, seed=3, eps_sel=0.5, n_clusters=3)
+    assert default.selection_rounds_planned() == [0, 1, 2, 3, 4]
+    assert ref.selection_rounds_planned() == [1, 2, 3, 4]
+    w = {"a": torch.arange(4, dtype=torch.float32)}
+    assert ref.start_points(w, list(range(6)), 0) is None  # everyone starts from the initial model
+    ref.aggregate(w, {"a": torch.randn(6, 4)}, ServerView.simple([5] * 6), 0, 0)
+    assert torch.equal(ref.models["a"], w["a"].repeat(3, 1))  # the uploads moved nothing
+    assert ref.model_choice(0, w) is None and ref.model_choice(1, w) is not None
+    starts = ref.start_points(w, list(range(6)), 1)
+    assert ref.trained == {c: default.cluster_of(c, 0) for c in range(6)}  # round 2: the default's uniform draw
+    assert torch.equal(starts["a"], w["a"].repeat(6, 1))
+    with pytest.raises(ValueError, match="no selection at all"):
+        ClusteredAggregator("ifca", 6, 9, eps_sel=0.5, n_clusters=3, ifca_round1="reference")  # floor(0.9) = 0
+    with pytest.raises(ValueError, match="ifca strategy only"):
+        ClusteredAggregator("rdpcfl", 6, 9, eps_sel=0.5, ifca_round1="reference")
+
+
+def _ifca_config(rounds: int, **params):
+    from dpfl.experiment.config import validate_config
+
+    return validate_config({
+        "name": "c", "seed": 2, "data": {"dataset": "digits", "clients": 6, "partition": "clustered",
+                                         "clustered": {"clusters": 3, "minority_ratio": 0.34, "train_per_client": 60}},
+        "model": {"name": "logr"}, "algorithm": {"name": "ifca_dp", "params": {"clusters": 3, **params}},
+        "training": {"rounds": rounds, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.1},
+                     "selection": {"kind": "all"}},
+        "privacy": {"mechanism": "dpsgd", "clip": 1.0, "sampling": "poisson", "budgets": 8.0, "delta": 1e-3},
+        "evaluation": {"every": 5}})
+
+
+def test_reference_ifca_run_charges_and_makes_floor_ratio_e_selections_and_keeps_round_1_out_of_the_models():
+    from dpfl.experiment.build import build_run
+
+    run = build_run(_ifca_config(20, ifca_round1="reference"))
+    states = []
+    result = run.run(on_checkpoint=states.append, checkpoint_every=1)
+    after_round1 = next(s for s in states if s.round == 1).aggregator_state["models"]
+    initial = build_run(_ifca_config(20, ifca_round1="reference")).initial_state().params
+    for n, t in after_round1.items():
+        assert torch.equal(t, initial[n].unsqueeze(0).repeat(3, *([1] * initial[n].ndim)))
+    assert run.algorithm.aggregator.facts["selections_made"] == 2  # floor(0.1 x 20), after rounds 2 and 3
+    selections = [e for e in result.ledger.entries(0) if isinstance(e.event, dpa.ZCDpEvent)]
+    assert sorted(e.round for e in selections) == [1, 2]
+    assert max(result.ledger.spent_all().values()) <= 8.0
+    default = build_run(_ifca_config(20))  # the default plans one more selection, so its noise is a little larger
+    assert default.noise[0] > run.noise[0]
+
+
+def test_reference_ifca_without_a_selection_round_is_a_config_error():
+    from dpfl.experiment.build import build_run
+    from dpfl.experiment.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ifca_round1.*none with E = 8"):
+        build_run(_ifca_config(8, ifca_round1="reference"))  # floor(0.1 x 8) = 0
+    build_run(_ifca_config(8))  # the default still selects after round 1
+
+
 def test_mr_mtl_with_lambda_0_is_local_training_and_the_mean_is_over_every_client():
     from dpfl.experiment.build import build_run
     from dpfl.experiment.config import validate_config

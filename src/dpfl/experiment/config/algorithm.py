@@ -246,9 +246,12 @@ class _SelectingParams(_ClusteredParams):
 
 
 class _IFCAParams(_SelectingParams):
-    """IFCA with private selection (§6): `clusters` models, uniform random round-1 assignment."""
+    """IFCA with private selection (§6): `clusters` models, uniform random round-1 assignment; `ifca_round1:
+    reference` follows the reference code (round 1 local DP training whose updates are discarded, round 2 uniform,
+    floor(0.1 E) selections after rounds 2..floor(0.1 E) + 1)."""
 
     clusters: int = Field(ge=1, le=1000)
+    ifca_round1: Literal["uniform", "reference"] = "uniform"
 
 
 class _RDPCFLParams(_SelectingParams):
@@ -341,7 +344,7 @@ class AlgorithmConfig(_Section):
     the cohort).
     rdpcfl: clusters, m_candidates, selection_budget_ratio, clustering_rounds_ratio, selection_rounds, split,
     conversion, selection_score (accuracy | neg_clipped_loss with loss_cap), round1_batch, cluster_init, pca_project,
-    scaler; ifca_dp: clusters (required) + the selection fields; clustered_oracle / clustered_local: conversion;
+    scaler; ifca_dp: clusters (required), ifca_round1 (uniform | reference) + the selection fields; clustered_oracle / clustered_local: conversion;
     mr_mtl: lam (>= 0, default 1) + conversion. All five: data.partition clustered (oracle), dpsgd, every client
     in every round.
 

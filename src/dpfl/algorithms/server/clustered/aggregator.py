@@ -16,6 +16,9 @@ Strategies:
   posterior pi_i afresh; private selections end the rounds of the window {E_c, ..., E_c + floor(0.1 E)} (or every
   round from E_c, `selection_rounds="every_round"`); assignments are frozen after the last one.
 - `ifca`: round 1 assigns clients uniformly at random; private selections end rounds 1..floor(0.1 E) + 1.
+  `ifca_round1="reference"` (the reference code): round 1 is plain local DP training whose updates the server
+  discards (the cluster models stay at the initial model), round 2 assigns uniformly at random, and the selections
+  end rounds 2..floor(0.1 E) + 1 (floor(0.1 E) of them: a selection after round 1 would compare M identical models).
 - `fixed`: a given assignment (Oracle: the true clusters; Local: one cluster per client; Global: one cluster).
 The global model the loop reports is the mean of the cluster models (not a method metric: read `acc_personal`).
 """
@@ -44,6 +47,7 @@ from dpfl.engine import params as P
 from dpfl.seeding import Purpose, derive_seed, numpy_generator
 
 STRATEGIES: tuple[str, ...] = ("rdpcfl", "ifca", "fixed")
+IFCA_ROUND1: tuple[str, ...] = ("uniform", "reference")  # IFCA's round 1: the spec's (§6), or the reference code's
 CLUSTER_DRAW_ROUND_KEY = 1  # numpy_generator(seed, CLUSTER, ...) rounds are offset by this: round 0 is IFCA's init
 
 
@@ -73,6 +77,7 @@ class ClusteredAggregator:
     privacy_plan: dict[str, Any] | None = field(default=None, repr=False)  # what the noise was calibrated for
     score: str = "accuracy"  # the selection score (private_selection.SCORES)
     loss_cap: float | None = None
+    ifca_round1: str = "uniform"
 
     linear_in_updates = False  # per-cluster means: no single weighted-sum noise statistic
 
@@ -90,6 +95,14 @@ class ClusteredAggregator:
             raise ValueError(f"{self.strategy} selects clusters privately: eps_sel must be > 0, got {self.eps_sel}")
         if self.strategy == "ifca" and (self.n_clusters is None or self.n_clusters < 1):
             raise ValueError("IFCA needs the number of clusters M >= 1")
+        if self.ifca_round1 not in IFCA_ROUND1:
+            raise ValueError(f"ifca_round1 must be one of {', '.join(IFCA_ROUND1)}, got {self.ifca_round1!r}")
+        if self.ifca_round1 == "reference" and self.strategy != "ifca":
+            raise ValueError("ifca_round1='reference' applies to the ifca strategy only")
+        if self.ifca_round1 == "reference" and not self.selection_rounds_planned():
+            raise ValueError(f"ifca_round1='reference' selects at the end of rounds 2..floor(ratio E) + 1: with "
+                             f"E = {self.rounds} and clustering_rounds_ratio = {self.clustering_rounds_ratio} that is "
+                             "no selection at all")
         if self.strategy == "rdpcfl":
             second_stage_rounds(0.0, self.rounds)  # E >= 3
         if self.cluster_init not in ("initial", "trained_client0"):
@@ -104,8 +117,8 @@ class ClusteredAggregator:
         if self.strategy == "fixed":
             return []
         n_sel = math.floor(self.clustering_rounds_ratio * self.rounds) + 1
-        if self.strategy == "ifca":
-            return [r for r in range(n_sel) if r < self.rounds - 1]
+        if self.strategy == "ifca":  # 0-based: rounds 0..n_sel-1, or 1..n_sel-1 after the reference's round 1
+            return [r for r in range(self._discards_round1(), n_sel) if r < self.rounds - 1]
         if "e_c_effective" not in self.facts or self.facts.get("degraded_to_global"):
             return []  # not clustered yet, or one cluster: nothing to choose (and nothing spent on it)
         first = self.facts["e_c_effective"]  # e = E_c, i.e. r = E_c - 1
@@ -126,10 +139,11 @@ class ClusteredAggregator:
 
     # ---- hooks of the round loop -------------------------------------------------------------------
     def start_points(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
-        """Each client's cluster model (None in R-DPCFL's round 1: everyone starts from the initial model)."""
+        """Each client's cluster model (None in round 1 of R-DPCFL and of the reference IFCA: everyone starts from
+        the initial model)."""
         if self.models is None:
             self._init_models(global_params)
-        if self.strategy == "rdpcfl" and round_ == 0:
+        if round_ == 0 and (self.strategy == "rdpcfl" or self._discards_round1()):
             self.trained = {}
             return None
         self.trained = {int(c): self.cluster_of(int(c), round_) for c in clients}
@@ -141,6 +155,8 @@ class ClusteredAggregator:
         clients = [int(c) for c in view.clients]
         if self.strategy == "rdpcfl" and round_ == 0:
             self._cluster(global_params, uploads, clients)
+        elif round_ == 0 and self._discards_round1():
+            pass  # the reference IFCA's round 1: local training only, no cluster model moves
         else:
             assert self.models is not None
             for m in sorted(set(self.trained.values())):
@@ -195,6 +211,8 @@ class ClusteredAggregator:
         notes: dict[str, Any] = {
             "releases": "every upload (DP-SGD, sample level)"
                         + ("; round 1 at full batch (q = 1)" if self.strategy == "rdpcfl" else "")
+                        + ("; round 1's uploads are charged but discarded (ifca_round1 = reference)"
+                           if self._discards_round1() else "")
                         + ("; every private cluster selection (exponential mechanism by Gumbel-max, eps_sel-DP, "
                            "(eps_sel^2 / 8)-zCDP each, score " + ("= training accuracy in percent, sensitivity "
                            "100 / (N_i - 1))" if self.score == "accuracy" else f"= minus the mean loss clipped to "
@@ -213,6 +231,10 @@ class ClusteredAggregator:
         return notes
 
     # ---- internals ---------------------------------------------------------------------------------
+    def _discards_round1(self) -> int:
+        """1 if round 1 is the reference IFCA's local training (uploads discarded, no selection after it), else 0."""
+        return int(self.strategy == "ifca" and self.ifca_round1 == "reference")
+
     def _init_models(self, global_params: P.Params) -> None:
         m = 1 if self.n_clusters is None else self.n_clusters
         self.models = {n: t.detach().unsqueeze(0).repeat(m, *([1] * t.ndim)).clone() for n, t in global_params.items()}
