@@ -210,15 +210,16 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | 
 
 def _plot(setting: str, setting_jobs: Sequence[SplittingJob], out: Path) -> Path | None:
     """Gap f(xbar) - f(theta*) against the round, one line per method and Anderson memory (seed 0)."""
-    import matplotlib
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # not pyplot: the caller's backend is left alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from dpfl.results.plots import write_png
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     drawn = False
     methods = list(dict.fromkeys(j.method for j in setting_jobs))
-    colours = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
+    colours = colormaps["tab10" if len(methods) <= 10 else "tab20"]
     for job in setting_jobs:
         metrics_path, _ = job.paths(out)
         if job.seed != 0 or not metrics_path.is_file():
@@ -231,18 +232,13 @@ def _plot(setting: str, setting_jobs: Sequence[SplittingJob], out: Path) -> Path
                     label=f"{job.method}" + (f" AA{job.anderson}" if job.anderson else ""))
         drawn = True
     if not drawn:
-        plt.close(fig)
         return None
     ax.set_xlabel("round")
     ax.set_ylabel("f(xbar) - f(theta*)  (floored at 2.2e-16 |f|)")
     ax.set_title(setting)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    path = out / PLOTS / f"gap_{setting}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return write_png(fig, out / PLOTS / f"gap_{setting}.png", dpi=120)
 
 
 def _fmt(v: Any, spec: str = ".2e") -> str:
