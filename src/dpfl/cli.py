@@ -922,6 +922,10 @@ def attack_invert(
     steps: Annotated[int, typer.Option(help="Optimiser steps of each attack.")] = 200,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field (repeatable).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the attacks' dummies and the feature extractor.")] = 0,
+    after_smoothing: Annotated[Optional[int], typer.Option(
+        "--after-smoothing", help="FedCEO only: attack client 0's smoothed model after the J-th smoothing (its round's "
+                                  "K clients train, the server's T-tSVD smooths at that threshold; spec fedceo §8) "
+                                  "instead of its upload.")] = None,
 ) -> None:
     """Gradient inversion (DLG, Inverting Gradients) of one client's upload, as the server receives it."""
     from dpfl.attacks.figures import reconstruction_grid
@@ -933,12 +937,13 @@ def attack_invert(
             raise UserError(f"--steps must be >= 1, got {steps}")
         _fresh_out(out, ("inversion.json", "inversion.png"))
         cfg = _config_of(run_or_config, list(set_ or []))
-        probe = probe_round(cfg, batch)
+        probe = probe_round(cfg, batch, after_smoothing)
         result = invert_probe(probe, steps, seed)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0])
     out.mkdir(parents=True, exist_ok=True)
-    report = {"config": cfg.name, "batch": batch, "steps": steps, "unit": probe.unit, "observer": probe.observer,
+    report = {"config": cfg.name, "batch": batch, "steps": steps, "after_smoothing": after_smoothing,
+              "unit": probe.unit, "observer": probe.observer,
               "attacks": {k: {m: v[m] for m in ("psnr", "image_mse", "feature_mse")} for k, v in result.items()}}
     write_json_atomic(out / "inversion.json", report)
     reconstruction_grid(probe.x, {k: v["reconstruction"] for k, v in result.items()}, out / "inversion.png",
@@ -946,7 +951,8 @@ def attack_invert(
     for name, r in report["attacks"].items():
         console.print(f"{name}: PSNR {r['psnr']:.1f} dB, image MSE {r['image_mse']:.4f}, feature MSE "
                       f"{r['feature_mse']:.4f}", highlight=False)
-    console.print(f"what was inverted: client 0's upload as seen by {probe.observer}; wrote {out}/inversion.png",
+    what = "client 0's upload" if after_smoothing is None else "client 0's smoothed model"
+    console.print(f"what was inverted: {what} as seen by {probe.observer}; wrote {out}/inversion.png",
                   markup=False, highlight=False)
 
 

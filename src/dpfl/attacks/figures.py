@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,9 +21,10 @@ def reconstruction_grid(truth: torch.Tensor, rows: Mapping[str, torch.Tensor], p
 
     all_rows = {"original": truth, **rows}
     batch = truth.shape[0]
-    fig = Figure(figsize=(1.2 * batch + 1.4, 1.2 * len(all_rows) + 0.5), dpi=100)
-    if title:
-        fig.suptitle(title, fontsize=9)
+    width = 1.2 * batch + 1.4
+    fig = Figure(figsize=(width, 1.2 * len(all_rows) + 0.5), dpi=100)
+    if title:  # wrapped to the figure's width (about 15 characters per inch at this size), so a batch of 1 shows it
+        fig.suptitle("\n".join(textwrap.wrap(title, max(20, int(15 * width)))), fontsize=9)
     for r, (name, images) in enumerate(all_rows.items()):
         for b in range(batch):
             ax = fig.add_subplot(len(all_rows), batch, r * batch + b + 1)

@@ -7,6 +7,15 @@ program takes one step of size lr on them (so every record is in the batch, what
 stage (clipping, noise) acts as in a run. The server's view of that upload is turned into the gradient it implies,
 -upload / lr, at the round's global model. Everything else of the config (model, privacy, noise calibration from the
 budgets for the probe's schedule) is the run's. Secure aggregation is refused: there the server sees only the sum.
+
+FedCEO (spec fedceo.md §8): `smoothing=j` attacks client 0's smoothed model ŵ_0 instead of its upload. The round's
+K clients (0..K-1, K the config's round size) take the same one step on their own records, the server's T-tSVD at
+the j-th smoothing's threshold smooths their models, and the gradient is -(ŵ_0 - w) / lr: what an observer of the
+models FedCEO hands back learns (the server itself also holds the raw upload, which smoothing cannot protect).
+
+A config that normalises its images (`normalize`) is attacked in image space: the probe's model normalises its
+input as the data pipeline did, and the records are de-normalised, so the dummies, Inverting Gradients' [0, 1] box
+and PSNR all work on [0, 1] pixels.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from torch import nn
 
 from dpfl.attacks.image_metrics import feature_mse, image_mse, psnr, train_feature_extractor
 from dpfl.attacks.inversion import dlg, gradient_from_update, inverting_gradients
+from dpfl.data.arrays import channel_stats
 from dpfl.data.federated import ClientData
 from dpfl.data.registry import PROVIDED
 from dpfl.engine import params as P
@@ -49,8 +59,30 @@ def private_classes(n_classes: int) -> int:
     return n_classes // 2 + n_classes % 2
 
 
-def probe_round(cfg: RunConfig, batch: int) -> Probe:
-    """Client 0's upload after one local step on `batch` records of the private classes, as the server sees it."""
+class NormalizedInput(nn.Module):
+    """`model` on raw images: (x - mean) / std first, as the config's data pipeline did (no parameters of its own)."""
+
+    def __init__(self, model: nn.Module, mean: torch.Tensor, std: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model((x - self.mean) / self.std)
+
+
+def normalization(cfg: RunConfig, n_channels: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(mean, std) as [1, C, 1, 1] tensors if the config's data pipeline normalises its images, else None."""
+    given = cfg.data.options.get("normalize")
+    if given is None and cfg.data.partition == "clustered" and cfg.data.clustered is not None:
+        given = cfg.data.clustered.normalize
+    return None if given is None else channel_stats(tuple(given), n_channels)
+
+
+def probe_round(cfg: RunConfig, batch: int, smoothing: int | None = None) -> Probe:
+    """Client 0's upload after one local step on `batch` records of the private classes, as the server sees it
+    (FedCEO with `smoothing=j`: its smoothed model ŵ_0 after the j-th smoothing, as it is handed back)."""
     if cfg.secure_aggregation is not None:
         raise ValueError("with secure aggregation the server sees only the sum of the uploads, never one client's: "
                          "there is no single upload to invert")
@@ -76,16 +108,43 @@ def probe_round(cfg: RunConfig, batch: int) -> Probe:
     d["training"].update(local_steps=1, batch_size=batch)
     run = build_run(validate_config(d), data=probe_data)
     start = run.initial_state().params
-    local = run.local_round(0, start, np.array([0]), run.algorithm.selection.expected_count(run.n_clients))
-    upload = P.unstack(local.uploads, 0)
+    expected = run.algorithm.selection.expected_count(run.n_clients)
+    alg = run.algorithm
+    if smoothing is None:
+        upload = P.unstack(run.local_round(0, start, np.array([0]), expected).uploads, 0)
+        observer = ("the server (trusted by the mechanism: central DP protects the released models, not this upload)"
+                    if alg.central else alg.observer)
+    else:
+        upload = _smoothed_update(run, start, smoothing, expected)
+        observer = (f"whoever receives client 0's smoothed model after smoothing {smoothing} (the server also holds "
+                    "the raw upload, which smoothing does not protect)")
     names = [n for n, p in run.model.named_parameters() if p.requires_grad]
     gradient = gradient_from_update([upload[n] for n in names], cfg.training.optimizer.lr)
     public = data.y_test >= private
-    alg = run.algorithm
-    observer = ("the server (trusted by the mechanism: central DP protects the released models, not this upload)"
-                if alg.central else alg.observer)
-    return Probe(run.model, gradient, x, y, getattr(run.model, "loss_kind", "cross_entropy"), alg.unit, observer,
-                 (data.x_test[public], data.y_test[public]), data.n_classes)
+    px, public_x, model = x, data.x_test[public], run.model
+    stats = normalization(cfg, x.shape[1])
+    if stats is not None:  # attack and score in image space
+        mean, std = stats
+        px, public_x = x * std + mean, data.x_test[public] * std + mean
+        model = NormalizedInput(run.model, mean, std)
+    return Probe(model, gradient, px, y, getattr(run.model, "loss_kind", "cross_entropy"), alg.unit, observer,
+                 (public_x, data.y_test[public]), data.n_classes)
+
+
+def _smoothed_update(run: Any, start: P.Params, smoothing: int, expected: float) -> P.Params:
+    """ŵ_0 - w: clients 0..K-1 train round 1, and FedCEO's server smooths their models at threshold j."""
+    from dpfl.algorithms.server.fedceo import FedCEO
+
+    aggregator = run.algorithm.aggregator
+    if not isinstance(aggregator, FedCEO):
+        raise ValueError(f"--after-smoothing attacks FedCEO's smoothed models; algorithm {run.algorithm.name!r} has "
+                         "no smoothing")
+    if smoothing < 1:
+        raise ValueError(f"--after-smoothing is the index j >= 1 of a smoothing, got {smoothing}")
+    k = len(run.algorithm.selection.select(list(range(run.n_clients)), run.seed, 0))
+    local = run.local_round(0, start, np.arange(k), expected)
+    aggregator.aggregate(start, local.uploads, local.view, run.seed, smoothing * aggregator.interval - 1)
+    return P.sub(aggregator.personal[0], start)
 
 
 def _first_of_each_label(labels: np.ndarray) -> np.ndarray:
@@ -122,7 +181,9 @@ def invert_probe(probe: Probe, steps: int = 200, seed: int = 0, extractor: nn.Mo
     `public_extractor`, trained here unless given), and the reconstructions (clipped to [0, 1], matched to the
     records)."""
     x = probe.x.to(torch.float64)
-    model = probe.model.to(torch.float64)
+    # eval(): dropout off. The attacker cannot know the mask the client's step drew (mlp2, cnn_mnist_splitting), and
+    # in train() mode every forward of the attack would draw a new one from the global RNG: irreproducible results.
+    model = probe.model.to(torch.float64).eval()
     grads = [g.to(torch.float64) for g in probe.gradient]
     extractor = extractor if extractor is not None else public_extractor(probe, seed)
     methods = {

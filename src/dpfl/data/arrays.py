@@ -76,11 +76,12 @@ def images_to_tensor(images: np.ndarray, scale: float = 255.0, normalize: Normal
     x = torch.from_numpy(np.array(images, dtype=np.float32)).div_(float(scale))  # a fresh, writable copy
     if normalize is None:
         return x
-    mean, std = _channel_stats(normalize, n_channels=x.shape[1])
+    mean, std = channel_stats(normalize, n_channels=x.shape[1])
     return x.sub_(mean).div_(std)
 
 
-def _channel_stats(normalize: Normalize, n_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+def channel_stats(normalize: Normalize, n_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) of a `normalize` pair as [1, C, 1, 1] float32 tensors (a scalar or one value per channel)."""
     try:
         mean, std = normalize
     except (TypeError, ValueError):

@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from dpfl.data.arrays import ArrayDataset, Normalize, _channel_stats
+from dpfl.data.arrays import ArrayDataset, Normalize, channel_stats
 from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.seeding import Purpose, numpy_generator
 
@@ -142,5 +142,5 @@ def _shifted(x: torch.Tensor, y: torch.Tensor, cluster: int, n_clusters: int, sh
 
 
 def _normalized(x: torch.Tensor, normalize: Normalize) -> torch.Tensor:
-    mean, std = _channel_stats(normalize, n_channels=x.shape[1])
+    mean, std = channel_stats(normalize, n_channels=x.shape[1])
     return (x - mean) / std
