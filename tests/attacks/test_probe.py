@@ -136,3 +136,16 @@ def test_attacks_on_a_dropout_model_are_reproducible():
     second = invert_probe(probe, steps=15, extractor=extractor)
     for name in first:
         assert torch.equal(first[name]["reconstruction"], second[name]["reconstruction"])
+
+
+def test_cli_invert_after_smoothing(tmp_path):
+    path = tmp_path / "fedceo.yaml"
+    path.write_text(config_to_yaml(validate_config(FEDCEO)))
+    code, stdout, err = cli("attack", "invert", path, "--steps", 5, "--after-smoothing", 2, "--out", tmp_path / "inv")
+    assert code == 0, err
+    report = json.loads((tmp_path / "inv" / "inversion.json").read_text())
+    assert report["after_smoothing"] == 2 and "smoothed model" in stdout
+    plain = tmp_path / "fedavg.yaml"
+    plain.write_text(config_to_yaml(validate_config(FEDAVG)))
+    code, _, err = cli("attack", "invert", plain, "--after-smoothing", 1, "--out", tmp_path / "x")
+    assert code == 2 and "no smoothing" in err
