@@ -567,14 +567,39 @@ def reproduce_fedceo(
         "--search-result", help="The comparison with FedCEO's lambda, theta, I from this search.json (written by "
                                 "--search at the same --scale and --rounds) for every sigma_g whose search is "
                                 "complete; refused if it is incomplete or from another scale.")] = None,
+    dlg: Annotated[bool, typer.Option(
+        "--dlg", help="Instead of the comparison: the gradient-inversion hook (spec §8, offline variant: mlp2 on "
+                      "Fashion-MNIST, the ci config): DLG and Inverting Gradients on one client's upload for FedAvg "
+                      "and at each sigma_g, and on FedCEO's smoothed model after smoothings 1 and 4. Writes "
+                      "OUT/dlg.{csv,md} and OUT/<point>/inversion.{json,png}; about 30 s per point.")] = False,
 ) -> None:
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
+    if dlg:
+        _fedceo_dlg(out, scale, search or search_result is not None or any(
+            v is not None for v in (seeds, rounds, settings, methods, dataset)) or dry_run)
+        return
     if search:
         if search_result is not None:
             _fail("--search-result sets the comparison's values: it does not apply to --search")
         _fedceo_search(out, scale, rounds, settings, dataset, seeds, methods, dry_run)
         return
     _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, search_result=search_result)
+
+
+def _fedceo_dlg(out: Path, scale: str, other_options: bool) -> None:
+    from dpfl.reproduce.fedceo_dlg import run_dlg_study
+
+    if other_options:
+        _fail("--dlg runs the spec's offline variant as it is: it takes only --out (and --scale ci)")
+    if scale != "ci":
+        _fail("--dlg is the offline variant on the ci config: use --scale ci (the paper's CIFAR-10 LeNet setting "
+              "needs CIFAR-10 files)")
+    try:
+        csv_path, md_path, _ = run_dlg_study(out, command=f"dpfl reproduce fedceo --dlg --scale ci --out {out}",
+                                             progress=lambda line: console.print(line, markup=False, highlight=False))
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    console.print(f"wrote {csv_path} and {md_path}", markup=False, highlight=False)
 
 
 @reproduce_app.command("fdp-accuracy")
