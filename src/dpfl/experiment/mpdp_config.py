@@ -31,7 +31,9 @@ class MPDPConfig(_Section):
     remove their Δ: the round is flagged "reduced protection").
     mask_corrections: pairwise zero-sum masks (std 1e3 S) on Ψ_k, Φ_k so the server learns only their sums (W2).
     noise_family gaussian_conditional: Gaussian η and Δ in perturbed coordinates, audited per round (W1).
-    method: what `dpfl run` runs (MP-DP, MP-DP-Naive, MP-CDP or FedSGD-FedAvg; `dpfl reproduce mpdp` runs them all)."""
+    method: what `dpfl run` runs (MP-DP, MP-DP-Naive, MP-CDP, FedSGD-FedAvg, or TP-SMC; `dpfl reproduce mpdp` runs
+    all but TP-SMC). tpsmc_*: TP-SMC's Paillier key size, decryption threshold, assumed honest clients h (each adds
+    1/h of MP-CDP's noise variance) and fixed-point fraction bits; TP-SMC is for tiny models (<= 5,000 weights)."""
 
     scheme: Literal["mpdp"] = "mpdp"  # marks the YAML as an MP-DP config for `dpfl run`
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -61,7 +63,11 @@ class MPDPConfig(_Section):
     dropout: float = Field(0.0, ge=0, lt=1)
     mask_corrections: bool = False
     noise_family: Literal["dn", "gaussian_conditional"] = "dn"
-    method: Literal["mpdp", "mpdp_naive", "mp_cdp", "fedavg"] = "mpdp"  # what `dpfl run` runs
+    method: Literal["mpdp", "mpdp_naive", "mp_cdp", "fedavg", "tp_smc"] = "mpdp"  # what `dpfl run` runs
+    tpsmc_key_bits: int = Field(1024, ge=64, le=8192)  # TP-SMC: the Paillier modulus n
+    tpsmc_threshold: int | None = Field(None, ge=1)  # clients needed to decrypt (None: floor(K/2) + 1)
+    tpsmc_honest: int | None = Field(None, ge=1)  # h, the honest clients the noise split assumes (None: K)
+    tpsmc_fraction_bits: int = Field(32, ge=1, le=64)
     reproducible_secrets: bool = True  # simulation: the server's factors from the run seed (deployment refuses it)
     eval_every: int = Field(5, ge=1)
 
@@ -77,6 +83,13 @@ class MPDPConfig(_Section):
         if self.dropout and int(self.dropout * self.clients) == 0:
             _fail("dropout", f"drops no client of {self.clients} per round", self.dropout,
                   f"0, or at least {1 / self.clients:.4g}")
+        if self.tpsmc_key_bits % 2:
+            _fail("tpsmc_key_bits", "must be even (two primes of half the size)", self.tpsmc_key_bits, "e.g. 1024")
+        for name in ("tpsmc_threshold", "tpsmc_honest"):
+            value = getattr(self, name)
+            if value is not None and value > self.clients:
+                _fail(name, f"cannot exceed the number of clients ({self.clients})", value,
+                      f"an integer in [1, {self.clients}]")
         if self.dropout and self.dropout_policy == "abort":  # every attempt would lose clients again
             _fail("dropout", "with dropout_policy abort every re-run of a round loses floor(dropout x clients) "
                   "clients again, so the run could never finish", self.dropout,

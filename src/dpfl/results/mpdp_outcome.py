@@ -1,7 +1,8 @@
 """What `dpfl run` prints after an MP-DP run: accuracy, the guarantee with its label, the client attacks as measured.
 
 Every epsilon printed here comes from the run's privacy.json, computed for the run as it ran: NOMINAL for mpdp and
-mpdp_naive (the idealised Gaussian model of Theorems 5/6, never in dpfl's accountant), accounted for mp_cdp.
+mpdp_naive (the idealised Gaussian model of Theorems 5/6, never in dpfl's accountant), accounted for mp_cdp and
+tp_smc (tp_smc under its stated honest-client assumption).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from rich.console import Console
 
 METHOD_NAMES = {"mpdp": "MP-DP", "mpdp_naive": "MP-DP-Naive", "mp_cdp": "MP-CDP (trusted server)",
-                "fedavg": "FedSGD-FedAvg (no privacy)"}
+                "fedavg": "FedSGD-FedAvg (no privacy)", "tp_smc": "TP-SMC (threshold Paillier)"}
 
 
 def _f(v: Any, spec: str = ".3f") -> str:
@@ -38,7 +39,7 @@ def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> 
         say(f"model hiding, measured (W3): client 0's last received model scores "
             f"{_f(summary.get('perturbed_accuracy'))} as received, {_f(summary.get('demasked_accuracy'))} after it "
             "demasked it with its own labels")
-    elif method == "mp_cdp":
+    elif method in ("mp_cdp", "tp_smc"):
         say(f"guarantee: per client, eps = {privacy['epsilon_total']:.4g} at delta = {privacy['delta']:g} over "
             f"{summary['rounds_done']} rounds, {privacy['guarantee']}; accountant {privacy['accountant']}")
     else:

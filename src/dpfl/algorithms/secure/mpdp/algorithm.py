@@ -5,6 +5,7 @@
 - `mpdp_naive`: MP_Server, then each client adds N(0, S^2 σ^2) to its perturbed gradient (no pairwise noise).
 - `mp_cdp`: a trusted server averages the clipped true gradients and adds N(0, (S σ_cdp / K)^2).
 - `fedavg`: FedSGD without privacy, in the clear.
+- `tp_smc`: the threshold-Paillier baseline (its round is `secure/tpsmc.py`).
 Recovery needs gradients taken at Ŵ_t, so every method takes one gradient step per round (FedSGD).
 """
 
@@ -35,7 +36,7 @@ from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, Serve
 from dpfl.algorithms.secure.mpdp.update import RunningSums, apply_update
 from dpfl.algorithms.secure.protocol import default_threshold
 
-METHODS = ("mpdp", "mpdp_naive", "mp_cdp", "fedavg")
+METHODS = ("mpdp", "mpdp_naive", "mp_cdp", "fedavg", "tp_smc")
 CLIP_MODES = ("perturbed_joint", "none", "oracle_true")
 NOISE_FAMILIES = ("dn", "gaussian_conditional")
 
