@@ -954,7 +954,7 @@ def attack_invert(
 ) -> None:
     """Gradient inversion (DLG, Inverting Gradients) of one client's upload, as the server receives it."""
     from dpfl.attacks.figures import reconstruction_grid
-    from dpfl.attacks.probe import invert_probe, probe_round
+    from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round
     from dpfl.results.run_files import write_json_atomic
 
     try:
@@ -969,7 +969,7 @@ def attack_invert(
     out.mkdir(parents=True, exist_ok=True)
     report = {"config": cfg.name, "batch": batch, "steps": steps, "after_smoothing": after_smoothing,
               "unit": probe.unit, "observer": probe.observer,
-              "attacks": {k: {m: v[m] for m in ("psnr", "image_mse", "feature_mse")} for k, v in result.items()}}
+              "attacks": inversion_metrics(result)}
     write_json_atomic(out / "inversion.json", report)
     reconstruction_grid(probe.x, {k: v["reconstruction"] for k, v in result.items()}, out / "inversion.png",
                         f"{cfg.name}: batch {batch}, " + (f"{probe.unit}-level DP" if probe.unit else "not private"))

@@ -176,6 +176,14 @@ def public_extractor(probe: Probe, seed: int = 0) -> nn.Module:
     return train_feature_extractor(x.to(torch.float64), y, probe.n_classes, seed, epochs=EXTRACTOR_EPOCHS)
 
 
+INVERSION_METRICS = ("psnr", "image_mse", "feature_mse")
+
+
+def inversion_metrics(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """`invert_probe`'s result without the reconstructions: per attack its psnr, image_mse and feature_mse."""
+    return {name: {m: r[m] for m in INVERSION_METRICS} for name, r in result.items()}
+
+
 def invert_probe(probe: Probe, steps: int = 200, seed: int = 0, extractor: nn.Module | None = None) -> dict[str, Any]:
     """DLG and Inverting Gradients on the probe's gradient: per method psnr, image_mse, feature_mse (the
     `public_extractor`, trained here unless given), and the reconstructions (clipped to [0, 1], matched to the

@@ -25,7 +25,7 @@ from typing import Any
 
 from dpfl.attacks.audit import audit_config
 from dpfl.attacks.figures import reconstruction_grid
-from dpfl.attacks.probe import invert_probe, probe_round, public_extractor
+from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, public_extractor
 from dpfl.attacks.released import attack_released_model
 from dpfl.experiment.config import RunConfig, config_to_dict, load_config, validate_config
 from dpfl.experiment.run_directory import execute
@@ -96,8 +96,7 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
                    eps_lower=audit["epsilon_lower_bound"], eps_reported=audit["epsilon_reported"],
                    accuracy=summary.get("final_accuracy"), audit_unit=audit["unit"], status="ok")
         write_json_atomic(d / "audit.json", audit)
-        write_json_atomic(d / "inversion.json", {k: {m: v[m] for m in ("psnr", "image_mse", "feature_mse")}
-                                                 for k, v in inversion.items()})
+        write_json_atomic(d / "inversion.json", inversion_metrics(inversion))
     except Exception as e:  # noqa: BLE001 - a failed setting is a row with its message; the study goes on
         d.mkdir(parents=True, exist_ok=True)
         (d / "error.txt").write_text(traceback.format_exc())

@@ -23,7 +23,7 @@ import torch
 
 from dpfl.attacks.figures import reconstruction_grid
 from dpfl.attacks.image_metrics import psnr
-from dpfl.attacks.probe import invert_probe, probe_round, public_extractor
+from dpfl.attacks.probe import INVERSION_METRICS, inversion_metrics, invert_probe, probe_round, public_extractor
 from dpfl.experiment.config import RunConfig, config_to_dict, load_config, validate_config
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table
@@ -35,7 +35,6 @@ CONFIG = "ci_fmnist_mlp.yaml"  # configs/fedceo/: mlp2, lr 0.1, clip 1, K = 5, F
 SIGMAS = (1.0, 1.5, 2.0)
 SMOOTHINGS = (1, 4)
 STEPS = 300  # the paper's DLG iterations
-METRICS = ("psnr", "image_mse", "feature_mse")
 COLUMNS = ["point", "sigma_g", "attacked", "after_smoothing", "dlg_psnr", "ig_psnr", "dlg_image_mse", "ig_image_mse",
            "dlg_feature_mse", "ig_feature_mse", "steps"]
 
@@ -110,7 +109,7 @@ def _attack(point: DlgPoint, d: Path, steps: int, cache: dict[str, Any]) -> None
                         f"{point.name}: {point.attacked}")
     write_json_atomic(d / "inversion.json", {
         "point": point.name, "sigma_g": point.sigma_g, "after_smoothing": point.smoothing, "steps": steps,
-        "observer": probe.observer, "attacks": {k: {m: v[m] for m in METRICS} for k, v in result.items()}})
+        "observer": probe.observer, "attacks": inversion_metrics(result)})
 
 
 def _row(point: DlgPoint, report: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +117,7 @@ def _row(point: DlgPoint, report: dict[str, Any]) -> dict[str, Any]:
     return {"point": point.name, "sigma_g": point.sigma_g, "attacked": point.attacked,
             "after_smoothing": point.smoothing, "steps": report["steps"],
             **{f"{short}_{m}": a[name][m] for short, name in (("dlg", "dlg"), ("ig", "inverting_gradients"))
-               for m in METRICS}}
+               for m in INVERSION_METRICS}}
 
 
 def _references(first: DlgPoint) -> dict[str, float]:

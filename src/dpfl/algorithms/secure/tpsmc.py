@@ -17,7 +17,8 @@ from collections.abc import Mapping
 
 import torch
 
-from dpfl.algorithms.secure.mpdp.algorithm import RoundOutcome, RoundSettings, _norm, clipped, true_gradient
+from dpfl.algorithms.secure.mpdp.algorithm import (RoundOutcome, RoundSettings, _flat, _norm, _unflat, clipped,
+                                                   true_gradient)
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan
 from dpfl.algorithms.secure.mpdp.update import apply_update
 from dpfl.algorithms.secure.threshold_paillier import FixedPoint, ThresholdKeys, combine
@@ -31,16 +32,16 @@ def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.T
     fp = FixedPoint(pub.n, fraction_bits)
     std = st.S * st.sigma_cdp / math.sqrt(honest)
     t0 = time.perf_counter()
+    # every coordinate must survive the sum: |g_j| <= B, noise within 40 std (probability < 1e-300 beyond)
+    fp.check_headroom(st.clip + 40 * std, len(batches))
     ciphertexts: list[list[int]] = []
     violations = 0
     for k, (x, y) in batches.items():
         g = clipped(true_gradient(weights, x, y, plan), st.clip)
         violations += _norm(g) > st.S * (1 + 1e-9)
-        flat = torch.cat([t.reshape(-1) for t in g])
+        flat = _flat(g)
         if std > 0:
             flat = flat + torch.randn(flat.shape, generator=noise[k], dtype=flat.dtype) * std
-        # every coordinate must survive the sum: |g_j| <= B, noise within 40 std (probability < 1e-300 beyond)
-        fp.check_headroom(st.clip + 40 * std, len(batches))
         ciphertexts.append([pub.encrypt(fp.encode(float(v))) for v in flat.tolist()])
     t1 = time.perf_counter()
     sums = [pub.add(column) for column in zip(*ciphertexts, strict=True)]
@@ -50,10 +51,6 @@ def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.T
              for c in sums]
     t2 = time.perf_counter()
     mean = torch.tensor(total, dtype=weights[0].dtype) / len(batches)
-    grads, i = [], 0
-    for w in weights:
-        grads.append(mean[i:i + w.numel()].reshape(w.shape))
-        i += w.numel()
     ciphertext_bytes = (2 * pub.n.bit_length() + 7) // 8
-    return RoundOutcome(apply_update(weights, grads, st.lr), {"client": t1 - t0, "decrypt": t2 - t1},
+    return RoundOutcome(apply_update(weights, _unflat(mean, weights), st.lr), {"client": t1 - t0, "decrypt": t2 - t1},
                         ciphertext_bytes * len(total), violations, len(batches))
