@@ -42,6 +42,18 @@ def test_mp_cdp_prints_its_accounted_epsilon(tmp_path):
     assert f"ASR {privacy['membership']['plain']['asr']:.3f} on the global model" in stdout
 
 
+def test_tp_smc_runs_as_a_user_runs_it_and_prints_its_assumption(tmp_path):
+    """`dpfl run ... --set method=tp_smc` (small keys and model: the encryption is per weight)."""
+    code, stdout, err = cli("run", config_dir("mpdp") / "ci_digits_mlp.yaml", "--set", "rounds=1", "--set",
+                            "method=tp_smc", "--set", "hidden=[6]", "--set", "tpsmc_key_bits=128",
+                            "--out", tmp_path / "tpsmc")
+    assert code == 0, err
+    privacy = json.loads((tmp_path / "tpsmc" / "privacy.json").read_text())
+    assert privacy["accountant"] == "rdp" and privacy["key_bits"] == 128
+    assert "TP-SMC (threshold Paillier)" in stdout and f"eps = {privacy['epsilon_total']:.4g}" in stdout
+    assert "ASSUMING at least h = 5 of the 5 clients are honest" in stdout
+
+
 def test_bad_mpdp_configs_are_one_line_and_write_nothing(tmp_path):
     path = tmp_path / "c.yaml"
     shutil.copy(config_dir("mpdp") / "ci_digits_mlp.yaml", path)
