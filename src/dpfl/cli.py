@@ -572,18 +572,33 @@ def reproduce_fedceo(
                       "Fashion-MNIST, the ci config): DLG and Inverting Gradients on one client's upload for FedAvg "
                       "and at each sigma_g, and on FedCEO's smoothed model after smoothings 1 and 4. Writes "
                       "OUT/dlg.{csv,md} and OUT/<point>/inversion.{json,png}; about 30 s per point.")] = False,
+    partition: Annotated[Optional[str], typer.Option(
+        "--partition", help="iid (the default) or shards (non-i.i.d.: 2 label-sorted shards per client, spec §5). "
+                            "Fashion-MNIST only; the settings' names carry it (fmnist-mlp-shards-sg1.5).")] = None,
+    mechanism: Annotated[Optional[str], typer.Option(
+        "--mechanism", help="dpsgd (the default, the authors' code) or udp (the paper's Algorithm 1: client-level "
+                            "DP, the update clipped and noised per upload; lambda must be re-tuned with --search). "
+                            "Fashion-MNIST only.")] = None,
+    tune_ablation: Annotated[bool, typer.Option(
+        "--tune-ablation", help="With --search: also choose the theta = 1 ablation's own lambda (a third stage, the "
+                                "lambda grid at the chosen I); the comparison's fedceo_theta1 then uses it.")] = False,
 ) -> None:
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
     if dlg:
         _fedceo_dlg(out, scale, search or search_result is not None or any(
-            v is not None for v in (seeds, rounds, settings, methods, dataset)) or dry_run)
+            v is not None for v in (seeds, rounds, settings, methods, dataset, partition, mechanism)) or dry_run
+            or tune_ablation)
         return
     if search:
         if search_result is not None:
             _fail("--search-result sets the comparison's values: it does not apply to --search")
-        _fedceo_search(out, scale, rounds, settings, dataset, seeds, methods, dry_run)
+        _fedceo_search(out, scale, rounds, settings, dataset, seeds, methods, dry_run, partition, mechanism,
+                       tune_ablation)
         return
-    _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, search_result=search_result)
+    if tune_ablation:
+        _fail("--tune-ablation is a stage of --search (the comparison takes its choice through --search-result)")
+    _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, search_result=search_result,
+               partition=partition, mechanism=mechanism)
 
 
 def _fedceo_dlg(out: Path, scale: str, other_options: bool) -> None:
@@ -833,7 +848,9 @@ def reproduce_fdp_sensitivity(
 
 
 def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optional[str],
-                   datasets: Optional[list[str]], seeds: Optional[int], methods: Optional[str], dry_run: bool) -> None:
+                   datasets: Optional[list[str]], seeds: Optional[int], methods: Optional[str], dry_run: bool,
+                   partition: Optional[str], mechanism: Optional[str], tune_ablation: bool) -> None:
+    from dpfl.reproduce.fedceo import DEFAULT, Variant
     from dpfl.reproduce.fedceo_search import run_search
     from dpfl.reproduce.runner import FAILED, RichProgress
 
@@ -843,18 +860,22 @@ def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optio
     if any(d != "fashion_mnist" for d in _dataset_names(datasets)):
         _fail("--dataset: the FedCEO search runs on fashion_mnist only (the paper's datasets have its Table 2 values)")
     command = " ".join(["dpfl reproduce fedceo --search --scale", scale, "--out", str(out)]
-                       + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings)) if v is not None])
+                       + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings), ("partition", partition),
+                                                   ("mechanism", mechanism)) if v is not None]
+                       + (["--tune-ablation"] if tune_ablation else []))
     try:
+        variant = Variant(partition or DEFAULT.partition, mechanism or DEFAULT.mechanism)
         with RichProgress(errors) as progress:
             result = run_search(scale, out, progress=progress, rounds=rounds, settings_pattern=settings,
-                                command=command)
+                                command=command, variant=variant, tune_ablation=tune_ablation)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     for sigma, c in result.chosen.items():
         state = "" if c["complete"] else f"; INCOMPLETE: {c['runs']} of {c['planned']} runs finished"
+        ablation = f"; theta = 1 ablation: lambda {c['ablation_lam']:g}" if "ablation_lam" in c else ""
         console.print(f"sigma_g {sigma}: lambda {c['lam']:g}, theta {c['theta']:g}, I {c['interval']} "
                       f"(val acc {c['val_accuracy']:.4f}; udp_fedavg {c['udp_fedavg_val_accuracy'] or float('nan'):.4f}"
-                      f"{state})", highlight=False)
+                      f"{ablation}{state})", highlight=False)
     console.print("search: " + "  ".join(str(p) for p in result.paths), highlight=False)
     failed = [r for r in result.rows if r["status"] == FAILED]
     if failed:

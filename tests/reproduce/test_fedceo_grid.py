@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import pytest
 
-from dpfl.experiment.build import resolve_budgets
+from dpfl.experiment.build import build_run, resolve_budgets
 from dpfl.experiment.config import config_to_dict, config_to_yaml, load_config
 from dpfl.reproduce import fedceo
 from dpfl.reproduce.jobs import GridError
@@ -286,3 +286,69 @@ def test_a_search_of_some_sigmas_sets_only_those(monkeypatch):
     notes = fedceo.grid("full").selection  # each note says which sigma_g it covers
     assert any(n.startswith("FedCEO λ/ϑ/I on fashion_mnist, σ_g 2.0: chosen") for n in notes)
     assert any(n.startswith("FedCEO λ/ϑ/I on fashion_mnist, σ_g 1.0, 1.5: the paper's") for n in notes)
+
+
+@pytest.mark.parametrize("partition, mechanism, suffix", [("shards", None, "-shards"), (None, "udp", "-udp"),
+                                                          ("shards", "udp", "-shards-udp")])
+def test_variants_change_only_the_partition_or_the_client_mechanism(partition, mechanism, suffix):
+    """Spec §9's non-i.i.d. and `udp` variants: the default grid plus the variant's overrides, and (udp) the
+    paper's UDP-FedAvg as the baseline; the paper's rows are used and labelled as not tuned for the variant."""
+    default = {(j.setting, j.method): j.config for j in fedceo.grid("full").jobs}
+    grid = fedceo.grid("full", partition=partition, mechanism=mechanism)
+    assert [s.name for s in grid.settings] == [f"fmnist-mlp{suffix}-sg{s}" for s in fedceo.SIGMAS]
+    for job in grid.jobs:
+        c = job.config
+        base = default[job.setting.replace(suffix, ""), job.method]
+        assert c.data.partition == (partition or "iid") and c.data.shards_per_client == 2
+        assert (c.privacy.mechanism, c.privacy.unit) == (("udp", "client") if mechanism else ("dpsgd", "sample"))
+        assert c.privacy.noise_multiplier == base.privacy.noise_multiplier
+        expected = {"udp_fedavg": "udp_fedavg" if mechanism else "dp_fedavg_local"}.get(job.method, base.algorithm.name)
+        assert c.algorithm.name == expected
+        if c.algorithm.name == "fedceo":  # no search of a variant is built in: the paper's EMNIST rows
+            lam, theta, interval = fedceo.FEDCEO_PARAMS[job.setting[-3:]]
+            assert (c.algorithm.params["lam"], c.algorithm.params["interval"]) == (lam, interval)
+        strip = {"name", "algorithm", "data", "privacy"}
+        assert ({k: v for k, v in config_to_dict(c).items() if k not in strip}
+                == {k: v for k, v in config_to_dict(base).items() if k not in strip})
+    assert all("NOT tuned for Fashion-MNIST nor for" in n for n in grid.selection)
+    with pytest.raises(GridError, match="apply to fashion_mnist only"):
+        fedceo.grid("full", datasets=["emnist"], partition=partition, mechanism=mechanism)
+
+
+def test_variant_values_are_checked_and_the_default_is_unchanged():
+    with pytest.raises(GridError, match="--partition must be one of iid, shards"):
+        fedceo.grid("ci", partition="dirichlet")
+    with pytest.raises(GridError, match="--mechanism must be one of dpsgd, udp"):
+        fedceo.grid("ci", mechanism="central")
+    explicit = fedceo.grid("full", partition="iid", mechanism="dpsgd")
+    assert ([config_to_yaml(j.config) for j in explicit.jobs] == [config_to_yaml(j.config) for j in fedceo.grid("full").jobs])
+
+
+def test_udp_variant_runs_every_method_with_client_level_accounting():
+    """Every compared method runs under `udp` on shards (tiny synthetic data): the ledger is client-level, per
+    upload, and equal across methods (the mechanism is the same whatever a method uploads)."""
+    grid = fedceo.grid("ci", partition="shards", mechanism="udp", settings_pattern="*sg1.0")
+    eps = {}
+    for job in grid.jobs:
+        tiny = ["data={dataset: synthetic, clients: 6, partition: shards, client_test_fraction: 0.2, "
+                "client_val_fraction: 0.1, options: {n_samples: 600, n_features: 784, n_classes: 10}}",
+                "training.rounds=5", "training.local_epochs=1", "training.selection={kind: fixed, k: 3}"]
+        cfg = load_config(fedceo.base_config("ci"), [*grid.setting(job.setting).overrides,
+                                                      *next(m for m in grid.setting(job.setting).methods
+                                                            if m.name == job.method).overrides, *tiny])
+        result = build_run(cfg).run()
+        assert result.privacy["unit"] == "client" and len(result.history) == 5
+        eps[job.method] = max(result.spent().values())
+    assert len(set(eps.values())) == 1, eps
+
+
+@pytest.mark.parametrize("mechanism, says, never", [
+    (None, "the same DP-SGD clients", "client-level UDP"),
+    ("udp", "the same client-level UDP clients", "DP-SGD clients at"),
+])
+def test_results_md_states_the_grids_client_mechanism(tmp_path, mechanism, says, never):
+    grid = fedceo.grid("ci", mechanism=mechanism)
+    outcomes = [Outcome(j, j.run_dir(tmp_path), "not run") for j in grid.jobs]
+    _, md_path = write_results(grid, outcomes, tmp_path)
+    privacy = next(line for line in md_path.read_text().splitlines() if line.startswith("- Privacy:"))
+    assert says in privacy and never not in privacy

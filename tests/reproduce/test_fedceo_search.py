@@ -14,7 +14,8 @@ import pytest
 
 from dpfl.experiment.config import config_to_yaml
 from dpfl.reproduce import fedceo
-from dpfl.reproduce.fedceo_search import INTERVALS, LAMBDA_GRIDS, STAGE1_INTERVAL, THETAS, run_search, search_grid
+from dpfl.reproduce.fedceo_search import (INTERVALS, LAMBDA_GRIDS, STAGE1_INTERVAL, THETAS, UDP_LAMBDA_GRID, run_search,
+                                        search_grid)
 from dpfl.reproduce.jobs import GridError
 from cli_runner import cli
 
@@ -111,7 +112,10 @@ def test_a_lambda_chosen_at_the_grid_edge_is_flagged(tmp_path, direction, edge):
     grid = LAMBDA_GRIDS["2.0"]
     assert result.chosen["2.0"]["lam"] == (max(grid) if direction > 0 else min(grid))
     assert result.chosen["2.0"]["lam_at_grid_edge"] == edge
-    assert f"the chosen λ is the grid's {edge}" in (tmp_path / "search.md").read_text()
+    md = (tmp_path / "search.md").read_text()
+    assert f"the chosen λ is the grid's {edge}" in md
+    spread = math.log10(max(grid) / min(grid)) / 100  # the stand-in score's range over the grid
+    assert f"Stage 1's val acc spans {spread:.4f} over the λ grid." in md
 
 
 def test_cli_search_refuses_options_that_do_not_apply(tmp_path):
@@ -192,3 +196,108 @@ def test_cli_comparison_with_a_search_result(tmp_path):
                        "--search-result", path)
     assert code == 2 and "does not apply to --search" in err
     assert not (tmp_path / "cmp").exists()
+
+
+def test_udp_search_sweeps_its_own_wider_lambda_grid_against_the_papers_udp_fedavg():
+    assert UDP_LAMBDA_GRID[0] == 0.001 and UDP_LAMBDA_GRID[-1] == 10.0 and len(UDP_LAMBDA_GRID) == 9
+    grid = search_grid("ci", 1, variant=fedceo.Variant("shards", "udp"))
+    assert [s.name for s in grid.settings] == [f"search-fmnist-mlp-shards-udp-sg{s}" for s in fedceo.SIGMAS]
+    for s in grid.settings:
+        jobs = [j for j in grid.jobs if j.setting == s.name]
+        assert jobs[0].method == "udp_fedavg" and jobs[0].config.algorithm.name == "udp_fedavg"
+        assert [j.config.algorithm.params["lam"] for j in jobs[1:]] == UDP_LAMBDA_GRID
+        assert {(j.config.privacy.mechanism, j.config.data.partition) for j in jobs} == {("udp", "shards")}
+    shards = search_grid("ci", 1, variant=fedceo.Variant("shards"))  # dpsgd on shards keeps the spec's grids
+    lams = [j.config.algorithm.params["lam"] for j in shards.jobs if j.setting.endswith("sg1.5") and j.method != "udp_fedavg"]
+    assert lams == LAMBDA_GRIDS["1.5"]
+
+
+def test_a_variants_search_records_it_and_feeds_only_that_variants_comparison(tmp_path):
+    udp = fedceo.Variant(mechanism="udp")
+    execute, _ = _fake_execute(_peak_at(0.01))
+    result = run_search("ci", tmp_path, settings_pattern="fmnist-mlp-udp-sg2.0", execute=execute, variant=udp)
+    assert result.chosen["2.0"]["lam"] == 0.01 and result.chosen["2.0"]["complete"]
+    path = tmp_path / "search.json"
+    assert json.loads(path.read_text())["variant"] == {"partition": "iid", "mechanism": "udp"}
+    assert "client mechanism `udp`" in (tmp_path / "search.md").read_text()
+    grid = fedceo.grid("ci", mechanism="udp", search_result=path)
+    jobs = {(j.setting, j.method): j.config.algorithm.params for j in grid.jobs}
+    assert jobs["fmnist-mlp-udp-sg2.0", "fedceo"]["lam"] == 0.01
+    assert jobs["fmnist-mlp-udp-sg1.5", "fedceo"]["lam"] == fedceo.FEDCEO_PARAMS["1.5"][0]  # not searched
+    with pytest.raises(GridError, match="searched the variant .*'udp'.*same --partition and --mechanism"):
+        fedceo.grid("ci", search_result=path)  # the default comparison must not take udp's lambda
+    with pytest.raises(GridError, match="search each variant in its own --out"):
+        run_search("ci", tmp_path, settings_pattern="fmnist-mlp-sg2.0", execute=execute)
+    assert json.loads(path.read_text())["variant"]["mechanism"] == "udp"  # the udp search is kept
+    data = json.loads(path.read_text())
+    del data["variant"]  # written before variants existed: the default's
+    path.write_text(json.dumps(data))
+    assert fedceo.searched_params(path, "ci")["2.0"][0] == 0.01
+
+
+def test_cli_search_and_comparison_take_the_variant(tmp_path):
+    code, out, err = cli("reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--dry-run",
+                         "--partition", "shards", "--settings", "*sg1.5")
+    assert code == 0, err
+    assert "fmnist-mlp-shards-sg1.5" in out and "nor for label shards" in out
+    code, _, err = cli("reproduce", "fedceo", "--search", "--scale", "ci", "--out", tmp_path, "--mechanism", "laplace")
+    assert code == 2 and "--mechanism must be one of dpsgd, udp" in err
+    code, _, err = cli("reproduce", "fedceo", "--dlg", "--scale", "ci", "--out", tmp_path, "--partition", "shards")
+    assert code == 2 and "takes only --out" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_comparison_of_one_sigma_ignores_another_sigmas_unfinished_search(tmp_path):
+    """The chain 'search sigma A, compare A, search sigma B' must not fail on B's partial search (seen at full
+    scale: the comparison of 1.5 refused a search.json in which 1.0 had 2 of 22 runs)."""
+    execute, _ = _fake_execute(_peak_at(0.316))
+    run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg1.5", execute=execute)
+    path = tmp_path / "search.json"
+    data = json.loads(path.read_text())
+    data["chosen"]["1.0"] = {**data["chosen"]["1.5"], "lam": 60.0, "complete": False, "runs": 2}
+    path.write_text(json.dumps(data))
+    grid = fedceo.grid("reduced", search_result=path, settings_pattern="fmnist-mlp-sg1.5")
+    assert {j.config.algorithm.params["lam"] for j in grid.jobs if j.method == "fedceo"} == {0.316}
+    assert fedceo.searched_params(path, "reduced", sigmas=["1.5"]).keys() == {"1.5"}
+    with pytest.raises(GridError, match="search of sigma_g 1.0 .* is not complete"):
+        fedceo.grid("reduced", search_result=path, settings_pattern="*sg1.0,*sg1.5")
+    with pytest.raises(GridError, match="search of sigma_g 1.0 .* is not complete"):
+        fedceo.grid("reduced", search_result=path)  # every sigma_g
+
+
+def test_tune_ablation_searches_the_theta1_lambda_at_the_chosen_interval_and_feeds_the_ablation(tmp_path):
+    """Spec §4 Option tune_ablation: FedCEO's choice comes from theta > 1 runs only; a third stage picks the
+    theta = 1 ablation's own lambda (here it peaks elsewhere), and the comparison's fedceo_theta1 uses it."""
+    def score(p):
+        if p is None:
+            return 0.5
+        if p["theta"] == 1.0:  # the ablation peaks at lam 3.16 and beats every theta > 1 run
+            return 0.9 - abs(math.log10(p["lam"] / 3.16)) / 10
+        return 0.6 - abs(math.log10(p["lam"] / 0.316)) / 10 + (0.05 if (p["theta"], p["interval"]) == (1.06, 25) else 0)
+
+    execute, calls = _fake_execute(score)
+    result = run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg1.5", execute=execute, tune_ablation=True)
+    c = result.chosen["1.5"]
+    assert (c["lam"], c["theta"], c["interval"]) == (0.316, 1.06, 25)  # not a theta = 1 run
+    assert (c["ablation_lam"], c["ablation_val_accuracy"]) == (3.16, pytest.approx(0.9))
+    assert len(calls) == 22 + 10 and (c["runs"], c["planned"], c["complete"]) == (32, 32, True)
+    third = [r for r in result.rows if r["stage"] == 3]
+    assert {(r["theta"], r["interval"]) for r in third} == {(1.0, 25)} and len(third) == len(LAMBDA_GRIDS["1.5"])
+    assert "the ϑ = 1 ablation's own λ = 3.16 at I = 25" in (tmp_path / "search.md").read_text()
+    params = fedceo.searched_params(tmp_path / "search.json", "reduced")["1.5"]
+    assert params.ablation_lam == 3.16
+    jobs = {j.method: j.config.algorithm.params for j in fedceo.grid(
+        "reduced", search_result=tmp_path / "search.json", settings_pattern="*sg1.5").jobs if j.seed == 0}
+    assert (jobs["fedceo_theta1"]["lam"], jobs["fedceo_theta1"]["theta"], jobs["fedceo_theta1"]["interval"]) == (3.16, 1.0, 25)
+    assert (jobs["fedceo"]["lam"], jobs["fedceo"]["theta"]) == (0.316, 1.06)
+    # without the option the ablation keeps FedCEO's lambda (the spec's default) and nothing new runs
+    again, calls = _fake_execute(score)
+    plain = run_search("reduced", tmp_path, settings_pattern="fmnist-mlp-sg1.5", execute=again)
+    assert calls == [] and "ablation_lam" not in plain.chosen["1.5"] and plain.chosen["1.5"]["complete"]
+    assert fedceo.searched_params(tmp_path / "search.json", "reduced")["1.5"].ablation_lam is None
+
+
+def test_cli_tune_ablation_belongs_to_the_search(tmp_path):
+    code, _, err = cli("reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--tune-ablation", "--dry-run")
+    assert code == 2 and "--tune-ablation is a stage of --search" in err
+    assert not any(tmp_path.iterdir())

@@ -36,8 +36,16 @@ Scales:
 Global accuracy is on the full official test split at every scale (the spec's ci uses 2,000 test images).
 Each client's share is split 80/10/10 into train / validation / local test (spec §5).
 
+Variants (spec §9 "Configs"; Fashion-MNIST only, every scale): `--partition shards` (the McMahan et al.
+non-i.i.d. split of spec §5: 2N label-sorted shards, 2 per client; the paper's App. C.2.2 remark is that non-i.i.d.
+data wants a larger λ) and `--mechanism udp` (the paper's Algorithm 1: non-private local SGD, the whole update
+clipped to C and N(0, σ²C²/K) added per upload; client-level DP, so the baseline is dpfl's `udp_fedavg`). Their
+setting names carry the variant (`fmnist-mlp-shards-sg1.5`, `fmnist-mlp-udp-sg1.5`, `fmnist-mlp-shards-udp-sg1.5`).
+FedCEO's λ, ϑ, I for a variant are the paper's EMNIST/MLP rows (NOT tuned; for `udp` they are meaningless, spec
+§3.1) unless `--search-result` gives a search of that variant (`--search --partition/--mechanism`).
+
 What is not reproduced:
-- No non-i.i.d. or `udp` variants, no DLG study, no CIFAR-10/MLP (App. C.2.2).
+- No CIFAR-10/MLP (App. C.2.2; no CIFAR-10 files here); the DLG study is `--dlg` (`dpfl.reproduce.fedceo_dlg`).
 - Seeds are numbered from 0 as in every dpfl grid, not the authors' seed 2023.
 - The noise is fixed, not calibrated: budgets are unlimited and each client's spent ε (δ = 1e-5, RDP) is
   reported; `meets_budgets` is therefore always true and says nothing.
@@ -47,13 +55,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, scale_label
+from dpfl.reproduce.jobs import (Grid, GridError, Method, Setting, build_grid, config_dir, scale_label,
+                                 select_settings)
 
 __all__ = ["FEDCEO_PARAMS", "LENET_PARAMS", "PAPER_DATASETS", "METHOD_NAMES", "SIGMAS", "SCALES", "SEARCHED", "SPEC",
-           "base_config", "fedceo_override", "searched_params", "fedceo_params", "grid", "methods", "settings",
-           "udp_fedavg"]
+           "DEFAULT", "Variant", "base_config", "fedceo_override", "searched_params", "fedceo_params", "grid", "methods",
+           "settings", "udp_fedavg"]
 
 PAPER = "fedceo"
 SCALES = ("ci", "reduced", "full")
@@ -86,7 +97,59 @@ PRIMARY = {"udp_fedavg": "acc_global", "fedceo_theta1": "acc_global", "fedceo": 
            "ppsgd": "acc_personal", "centaur": "acc_personal"}  # spec §10.9
 
 UDP_FEDAVG = "DP-SGD clients + FedAvg (the paper's UDP-FedAvg in its dpsgd mode)"
+UDP_FEDAVG_UDP = "clipped client updates + Gaussian noise per upload, FedAvg (the paper's Algorithm 1 without smoothing)"
 ABLATION = "ablation: constant threshold"
+PARTITIONS = ("iid", "shards")
+MECHANISMS = ("dpsgd", "udp")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the clients' data are split and privatised (spec §9's variants); the default is the paper's main setting.
+
+    `shards`: spec §5's non-i.i.d. split (2 label-sorted shards per client). `udp`: spec §3.1(b), client-level DP
+    (the update clipped to C, noise split over the expected cohort), accounted per upload without amplification.
+    """
+
+    partition: str = "iid"
+    mechanism: str = "dpsgd"
+
+    def __post_init__(self) -> None:
+        if self.partition not in PARTITIONS:
+            raise GridError(f"--partition must be one of {', '.join(PARTITIONS)}, got {self.partition!r}")
+        if self.mechanism not in MECHANISMS:
+            raise GridError(f"--mechanism must be one of {', '.join(MECHANISMS)}, got {self.mechanism!r}")
+
+    @property
+    def is_default(self) -> bool:
+        return self == DEFAULT
+
+    @property
+    def suffix(self) -> str:
+        """What a setting's name carries, e.g. ``-shards-udp`` (nothing for the default)."""
+        return "".join(f"-{v}" for v, d in ((self.partition, "iid"), (self.mechanism, "dpsgd")) if v != d)
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        out = () if self.partition == "iid" else (f"data.partition={self.partition}",)
+        if self.mechanism == "udp":  # client-level: the server sees each upload and picks the clients
+            out += ("privacy.mechanism=udp", "privacy.unit=client", "privacy.sampling=null")
+        return out
+
+    @property
+    def split(self) -> str:
+        return "i.i.d." if self.partition == "iid" else "label shards (2 per client, non-i.i.d.)"
+
+    def noise(self, sigma: str) -> str:
+        if self.mechanism == "udp":
+            return f"client-level UDP σ_g = {sigma} (update clip C = 1, noise σ_g·C/√K per upload, δ = 1e-5)"
+        return f"DP-SGD σ_g = {sigma} (B = 64, C = 1, δ = 1e-5)"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"partition": self.partition, "mechanism": self.mechanism}
+
+
+DEFAULT = Variant()
 
 
 def _check_scale(scale: str) -> None:
@@ -99,15 +162,26 @@ def base_config(scale: str) -> Path:
     return config_dir("fedceo") / BASES[scale]
 
 
-Params = tuple[float, float, int, str]  # λ, ϑ, I, where they come from
+class Params(NamedTuple):
+    """FedCEO's λ, ϑ, I for a setting and where they come from; `ablation_lam`: the ϑ = 1 ablation's own λ when a
+    `--search --tune-ablation` chose one (spec §4 Option `tune_ablation`), else None (the ablation takes `lam`)."""
+
+    lam: float
+    theta: float
+    interval: int
+    source: str
+    ablation_lam: float | None = None
 
 
-def searched_params(path: Path, scale: str, rounds: int | None = None) -> dict[str, Params]:
+def searched_params(path: Path, scale: str, rounds: int | None = None, variant: Variant = DEFAULT,
+                    sigmas: Sequence[str] | None = None) -> dict[str, Params]:
     """σ_g -> (λ, ϑ, I, source) from a `--search` run's OUT/search.json, refused unless it matches this run.
 
     The search must be at the same scale and length (its label, e.g. ``full``, is compared with the one a
-    search with these options would have) and a σ_g's choice must be complete (every run of both stages
-    finished): a partial search's best value is not the search's choice.
+    search with these options would have), of the same variant (a search.json without one is the default's),
+    and the choice of each σ_g the comparison runs (`sigmas`; None: every σ_g in the file) must be complete
+    (every run of both stages finished): a partial search's best value is not the search's choice. A σ_g the
+    comparison does not run is neither checked nor returned (its search may still be running).
     """
     path = Path(path)
     try:
@@ -123,30 +197,43 @@ def searched_params(path: Path, scale: str, rounds: int | None = None) -> dict[s
     if label != expected:
         raise GridError(f"--search-result: {path} was searched at scale {label!r}; this comparison's search would be "
                         f"{expected!r} (same --scale and --rounds)")
+    searched_variant = data.get("variant", DEFAULT.as_dict())
+    if searched_variant != variant.as_dict():
+        raise GridError(f"--search-result: {path} searched the variant {searched_variant}; this comparison is "
+                        f"{variant.as_dict()} (same --partition and --mechanism)")
     out = {}
     for sigma, c in chosen.items():
         if sigma not in SIGMAS:
             raise GridError(f"--search-result: {path} has sigma_g {sigma!r}, not one of {', '.join(SIGMAS)}")
+        if sigmas is not None and sigma not in sigmas:
+            continue
         if c.get("complete") is not True:
             raise GridError(f"--search-result: the search of sigma_g {sigma} in {path} is not complete "
                             f"({c.get('runs')} of {c.get('planned', '?')} runs finished): finish it with the same "
                             "`dpfl reproduce fedceo --search` command (it also rewrites an older search.json)")
-        out[sigma] = (float(c["lam"]), float(c["theta"]), int(c["interval"]),
-                      f"chosen on the validation splits by the search in {path}")
+        ablation = c.get("ablation_lam")
+        out[sigma] = Params(float(c["lam"]), float(c["theta"]), int(c["interval"]),
+                            f"chosen on the validation splits by the search in {path}",
+                            None if ablation is None else float(ablation))
     return out
 
 
-def fedceo_params(scale: str, sigma: str, searched: dict[str, Params] | None = None) -> Params:
-    """(λ, ϑ, I, where they come from) for a scale and σ_g; `searched` (from `searched_params`) comes first."""
+def fedceo_params(scale: str, sigma: str, searched: dict[str, Params] | None = None,
+                  variant: Variant = DEFAULT) -> Params:
+    """(λ, ϑ, I, where they come from) for a scale and σ_g; `searched` (from `searched_params`) comes first.
+
+    `SEARCHED` holds the default variant's searches only: another variant takes the paper's rows unless searched.
+    """
     if searched and sigma in searched:
         return searched[sigma]
-    if sigma in SEARCHED.get(scale, {}):  # a scale's search may cover only some σ_g (full: one at a time)
+    if variant.is_default and sigma in SEARCHED.get(scale, {}):  # a scale's search may cover only some σ_g
         lam, theta, interval = SEARCHED[scale][sigma]
-        return lam, theta, interval, f"chosen on the validation splits by `--scale {scale} --search`"
+        return Params(lam, theta, interval, f"chosen on the validation splits by `--scale {scale} --search`")
     lam, theta, interval = FEDCEO_PARAMS[sigma]
+    untuned = "NOT tuned for Fashion-MNIST" + ("" if variant.is_default else f" nor for {variant.split} {variant.mechanism}")
     if scale == "ci":
-        return lam, theta, CI_INTERVAL, "the paper's EMNIST/MLP row, I reduced for ci; NOT tuned for Fashion-MNIST"
-    return lam, theta, interval, "the paper's EMNIST/MLP row; NOT tuned for Fashion-MNIST"
+        return Params(lam, theta, CI_INTERVAL, f"the paper's EMNIST/MLP row, I reduced for ci; {untuned}")
+    return Params(lam, theta, interval, f"the paper's EMNIST/MLP row; {untuned}")
 
 
 def fedceo_override(lam: float, theta: float, interval: int) -> str:
@@ -155,28 +242,41 @@ def fedceo_override(lam: float, theta: float, interval: int) -> str:
             "layers: all, personalize: true}}")
 
 
-def udp_fedavg() -> Method:
-    """The baseline: the same DP-SGD clients with plain FedAvg (also the search's reference)."""
+def udp_fedavg(variant: Variant = DEFAULT) -> Method:
+    """The baseline: the same clients with plain FedAvg (also the search's reference).
+
+    Under DP-SGD that is dpfl's `dp_fedavg_local` (the paper keeps the name UDP-FedAvg); under `udp` it is
+    dpfl's `udp_fedavg`, the paper's Algorithm 1 itself.
+    """
+    if variant.mechanism == "udp":
+        return Method("udp_fedavg", "udp_fedavg", ("algorithm={name: udp_fedavg, params: {weighting: uniform}}",),
+                      UDP_FEDAVG_UDP)
     return Method("udp_fedavg", "dp_fedavg_local", ("algorithm={name: dp_fedavg_local, params: {weighting: uniform}}",),
                   UDP_FEDAVG)
 
 
-def methods(lam: float, theta: float, interval: int) -> tuple[Method, ...]:
-    """The five compared methods; only FedCEO's parameters depend on the setting."""
+def methods(lam: float, theta: float, interval: int, variant: Variant = DEFAULT,
+            ablation_lam: float | None = None) -> tuple[Method, ...]:
+    """The five compared methods; only FedCEO's parameters and the baseline's algorithm depend on the setting.
+
+    The ϑ = 1 ablation takes `lam` and `interval` (spec §4), or `ablation_lam` when it was searched separately.
+    """
     return (
-        udp_fedavg(),
+        udp_fedavg(variant),
         Method("ppsgd", "ppsgd", ("algorithm={name: ppsgd, params: {alpha: 1.0}}",)),
         Method("centaur", "centaur", ("algorithm={name: centaur, params: {head_epochs: 1}}",)),
-        Method("fedceo_theta1", "fedceo", (fedceo_override(lam, 1.0, interval),), ABLATION),
+        Method("fedceo_theta1", "fedceo", (fedceo_override(lam if ablation_lam is None else ablation_lam, 1.0,
+                                                          interval),), ABLATION),
         Method("fedceo", "fedceo", (fedceo_override(lam, theta, interval),)),
     )
 
 
 def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",),
-             searched: dict[str, Params] | None = None) -> list[Setting]:
+             searched: dict[str, Params] | None = None, variant: Variant = DEFAULT) -> list[Setting]:
     """One setting per dataset and σ_g, e.g. ``fmnist-mlp-sg1.5`` (``emnist-mlp-*``, ``cifar10-lenet-*`` at full).
 
-    `searched` (see `searched_params`) sets FedCEO's parameters of the Fashion-MNIST settings it covers.
+    `searched` (see `searched_params`) sets FedCEO's parameters of the Fashion-MNIST settings it covers;
+    `variant` (Fashion-MNIST only) chooses the partition and the client mechanism.
     """
     _check_scale(scale)
     for dataset in datasets:
@@ -184,6 +284,9 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",),
             raise GridError(f"--dataset: the FedCEO grid ships fashion_mnist, emnist and cifar10 (got {dataset!r})")
         if dataset in PAPER_DATASETS and scale != "full":
             raise GridError(f"--dataset {dataset} is defined at --scale full only (the paper's own setting)")
+        if dataset in PAPER_DATASETS and not variant.is_default:
+            raise GridError(f"--partition/--mechanism apply to fashion_mnist only ({dataset} runs the paper's own "
+                            "Table 2 setting: i.i.d., DP-SGD)")
     out = []
     for dataset in datasets:
         if dataset in PAPER_DATASETS:
@@ -191,22 +294,31 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",),
             continue
         base = base_config(scale)
         for sigma in SIGMAS:
-            lam, theta, interval, source = fedceo_params(scale, sigma, searched)
+            lam, theta, interval, source, ablation_lam = fedceo_params(scale, sigma, searched, variant)
             if interval % EVAL_EVERY[scale]:  # pragma: no cover - a guard for edits of the table
                 raise GridError(f"FedCEO interval {interval} is not a multiple of evaluation.every {EVAL_EVERY[scale]}")
             rounds = "" if scale != "reduced" else f", T = {SPEC[scale]['rounds']} (REDUCED from 300)"
             out.append(Setting(
-                name=f"fmnist-mlp-sg{sigma}", base=base, overrides=(f"privacy.noise_multiplier={sigma}",),
-                methods=methods(lam, theta, interval), dataset="fashion_mnist",
-                describe=(f"fashion_mnist, mlp2, i.i.d., {SHAPE[scale]}{rounds}, DP-SGD σ_g = {sigma} (B = 64, C = 1, "
-                          f"δ = 1e-5); FedCEO λ = {lam:g}, ϑ = {theta:g}, I = {interval} ({source})"),
-                meta=_meta(sigma, lam, theta, interval, source)))
+                name=f"fmnist-mlp{variant.suffix}-sg{sigma}", base=base,
+                overrides=(*variant.overrides, f"privacy.noise_multiplier={sigma}"),
+                methods=methods(lam, theta, interval, variant, ablation_lam), dataset="fashion_mnist",
+                describe=(f"fashion_mnist, mlp2, {variant.split}, {SHAPE[scale]}{rounds}, {variant.noise(sigma)}; "
+                          f"FedCEO λ = {lam:g}, ϑ = {theta:g}, I = {interval}{_ablation(ablation_lam)} ({source})"),
+                meta=_meta(sigma, lam, theta, interval, source, ablation_lam)))
     return out
 
 
-def _meta(sigma: str, lam: float, theta: float, interval: int, source: str) -> dict[str, str]:
+def _ablation(ablation_lam: float | None) -> str:
+    return "" if ablation_lam is None else f"; the ϑ = 1 ablation's own λ = {ablation_lam:g}"
+
+
+def _meta(sigma: str, lam: float, theta: float, interval: int, source: str,
+          ablation_lam: float | None = None) -> dict[str, str]:
     """What the tables show of a setting's FedCEO parameters, and where they come from."""
-    return {"sigma": sigma, "lam": f"{lam:g}", "theta": f"{theta:g}", "interval": str(interval), "source": source}
+    meta = {"sigma": sigma, "lam": f"{lam:g}", "theta": f"{theta:g}", "interval": str(interval), "source": source}
+    if ablation_lam is not None:
+        meta["ablation_lam"] = f"{ablation_lam:g}"
+    return meta
 
 
 def _paper_settings(dataset: str) -> list[Setting]:
@@ -225,13 +337,22 @@ def _paper_settings(dataset: str) -> list[Setting]:
 
 def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int | None = None,
          rounds: int | None = None, settings_pattern: str | None = None, methods: Sequence[str] | None = None,
-         extra: Sequence[str] = (), search_result: Path | None = None) -> Grid:
+         extra: Sequence[str] = (), search_result: Path | None = None, partition: str | None = None,
+         mechanism: str | None = None) -> Grid:
     """The jobs of `dpfl reproduce fedceo` (see the module docstring); `extra` overrides apply to every job.
 
     `search_result`: a `--search`'s OUT/search.json whose complete choices set FedCEO's λ, ϑ, I.
+    `partition`, `mechanism`: the variant (None: the paper's main setting, i.i.d. and DP-SGD).
     """
-    searched = searched_params(search_result, scale, rounds) if search_result is not None else None
-    chosen = settings(scale, datasets, searched)
+    variant = Variant(partition or DEFAULT.partition, mechanism or DEFAULT.mechanism)
+    searched = None
+    if search_result is not None:  # only the σ_g this comparison runs must have a complete search
+        try:
+            running = select_settings(settings(scale, ("fashion_mnist",), None, variant), settings_pattern)
+        except GridError:  # --settings picks no Fashion-MNIST setting (build_grid says so if it picks nothing)
+            running = []
+        searched = searched_params(search_result, scale, rounds, variant, sorted({s.meta["sigma"] for s in running}))
+    chosen = settings(scale, datasets, searched, variant)
     sigmas: dict[tuple[str, str], list[str]] = {}  # (dataset, source) -> the σ_g it applies to
     for s in chosen:
         sigmas.setdefault((s.dataset, s.meta["source"]), []).append(s.meta["sigma"])

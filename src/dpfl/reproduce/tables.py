@@ -323,8 +323,9 @@ def _fedceo_tables(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         return md_table(header, body)
 
     personal = [m for m in methods if any(r.get("acc_personal_final") is not None for r in rows if r["method"] == m)]
-    params = "; ".join(f"{s.name}: λ = {s.meta['lam']}, ϑ = {s.meta['theta']}, I = {s.meta['interval']} "
-                       f"({s.meta.get('source', '')})" for s in settings if "sigma" in s.meta)
+    params = "; ".join(f"{s.name}: λ = {s.meta['lam']}, ϑ = {s.meta['theta']}, I = {s.meta['interval']}"
+                       + (f", the ϑ = 1 ablation's own λ = {s.meta['ablation_lam']}" if "ablation_lam" in s.meta else "")
+                       + f" ({s.meta.get('source', '')})" for s in settings if "sigma" in s.meta)
     out = ["## Overview: final global accuracy acc_global (mean ± std over seeds)", "",
            "The global model on the official test split after the last round. This is the primary metric of "
            "udp_fedavg, fedceo_theta1 and fedceo; ppsgd's and centaur's primary metric is acc_personal (next "
@@ -347,10 +348,7 @@ def _fedceo_notes(grid: Grid, rates: Sequence[tuple[str, float]], labels: Sequen
         + ", momentum " + ", ".join(f"{m:g}" for m in momentum) + "), as in the paper (spec §4). FedCEO's λ, ϑ, "
         "I: " + "; ".join(f"**{src}**" for src in dict.fromkeys(s.meta.get("source", "") for s in grid.settings))
         + " (per setting in the next section).",
-        "- Privacy: every method runs the same DP-SGD clients at its setting's fixed noise multiplier σ_g "
-        "(sample-level, Poisson batches, clip 1, RDP, δ = 1e-5). Budgets are unlimited, so `meets_budgets` is "
-        "vacuous; max ε spent is the largest client ε after the run (CENTAUR's head epochs are DP-SGD steps "
-        "too and count, spec §6.3).",
+        _fedceo_privacy({j.config.privacy.mechanism for j in grid.all_jobs}),
         "- Accuracy: acc_global = the global model on the official test split, after the last round (final, "
         "the headline) and at the best evaluated round (best: selected on the test set, shown only for "
         "comparison with the authors' code, spec §3.6); personal acc = acc_personal, the clients' personal "
@@ -364,6 +362,21 @@ def _fedceo_notes(grid: Grid, rates: Sequence[tuple[str, float]], labels: Sequen
         "threshold, zeroed_fraction and prox_seconds at its smoothing rounds); columns without a value for any "
         "method are omitted.",
     ]
+
+
+def _fedceo_privacy(mechanisms: set[str]) -> str:
+    """The privacy bullet for the grid's client mechanism (spec §3.1: `dpsgd`, or `udp` under --mechanism udp)."""
+    unlimited = "Budgets are unlimited, so `meets_budgets` is vacuous; max ε spent is the largest client ε after the run"
+    if mechanisms == {"dpsgd"}:
+        return ("- Privacy: every method runs the same DP-SGD clients at its setting's fixed noise multiplier σ_g "
+                f"(sample-level, Poisson batches, clip 1, RDP, δ = 1e-5). {unlimited} (CENTAUR's head epochs are "
+                "DP-SGD steps too and count, spec §6.3).")
+    if mechanisms == {"udp"}:
+        return ("- Privacy: every method runs the same client-level UDP clients at its setting's fixed σ_g (spec "
+                "§3.1(b): non-private local SGD, the shared update clipped to 1, N(0, σ_g²/K) added per upload; "
+                "each upload is one Gaussian mechanism at σ_g/√K against the server, no amplification by client "
+                f"sampling; RDP, δ = 1e-5). {unlimited} (CENTAUR's heads and PPSGD's u_k never leave the client).")
+    raise ValueError(f"a FedCEO grid runs one client mechanism, got {sorted(mechanisms)}")  # pragma: no cover
 
 
 # ---- plots --------------------------------------------------------------------------------------------
