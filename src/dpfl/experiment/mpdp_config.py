@@ -33,7 +33,8 @@ class MPDPConfig(_Section):
     noise_family gaussian_conditional: Gaussian η and Δ in perturbed coordinates, audited per round (W1).
     method: what `dpfl run` runs (MP-DP, MP-DP-Naive, MP-CDP, FedSGD-FedAvg, or TP-SMC; `dpfl reproduce mpdp` runs
     all but TP-SMC). tpsmc_*: TP-SMC's Paillier key size, decryption threshold, assumed honest clients h (each adds
-    1/h of MP-CDP's noise variance) and fixed-point fraction bits; TP-SMC is for tiny models (<= 5,000 weights)."""
+    1/h of MP-CDP's noise variance), fixed-point fraction bits and packing (several coordinates per ciphertext;
+    the sums are the same); TP-SMC is for tiny models (<= 5,000 weights)."""
 
     scheme: Literal["mpdp"] = "mpdp"  # marks the YAML as an MP-DP config for `dpfl run`
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -68,6 +69,7 @@ class MPDPConfig(_Section):
     tpsmc_threshold: int | None = Field(None, ge=1)  # clients needed to decrypt (None: floor(K/2) + 1)
     tpsmc_honest: int | None = Field(None, ge=1)  # h, the honest clients the noise split assumes (None: K)
     tpsmc_fraction_bits: int = Field(32, ge=1, le=64)
+    tpsmc_packing: bool = True  # TP-SMC: many fixed-point coordinates per ciphertext (same sums, far fewer ciphertexts)
     reproducible_secrets: bool = True  # simulation: the server's factors from the run seed (deployment refuses it)
     eval_every: int = Field(5, ge=1)
 

@@ -174,7 +174,7 @@ def noise_settings(cfg: MPDPConfig, method: str) -> tuple[RoundSettings, dict[st
                 "event": f"SelfComposed(Gaussian({sigma:.6g}), {cfg.rounds})", "epsilon_total": total,
                 "not_simulated": "zero-knowledge proofs of correct partial decryption; distributed key generation "
                                  "(a dealer makes the keys)",
-                "key_bits": cfg.tpsmc_key_bits, "fraction_bits": cfg.tpsmc_fraction_bits}
+                "key_bits": cfg.tpsmc_key_bits, "fraction_bits": cfg.tpsmc_fraction_bits, "packing": cfg.tpsmc_packing}
         return RoundSettings(sigma_cdp=sigma, **common), info
     if method == "mp_cdp":
         sigma = analytic_gaussian_sigma(eps, delta)
@@ -235,7 +235,7 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
                 elif method == "tp_smc":
                     noise = {k: torch_generator(cfg.seed, Purpose.NOISE, r, k) for k in batch}
                     out = tpsmc_round(weights, batch, settings, keys, cfg.tpsmc_fraction_bits, privacy["honest"],
-                                      noise, plan)
+                                      noise, plan, packing=cfg.tpsmc_packing)
                 else:
                     out = plain_round(weights, batch, settings, noise_gen, plan)
                 break

@@ -23,24 +23,28 @@ def setup():
     return arrays, batches, keygen(256, 3, 2)
 
 
-def test_without_noise_the_encrypted_round_is_mp_cdps_clipped_mean(setup):
+@pytest.mark.parametrize("packing, ciphertexts", [(False, 444), (True, 74)])
+def test_without_noise_the_encrypted_round_is_mp_cdps_clipped_mean(setup, packing, ciphertexts):
     _, batches, keys = setup
     weights = initial_weights(PLAN, 0)
     st = RoundSettings("tp_smc", lr=0.5, clip=0.05, sigma_cdp=0.0)  # a clip that binds
     plain = plain_round(weights, batches, RoundSettings("mp_cdp", lr=0.5, clip=0.05, sigma_cdp=0.0),
                         torch.Generator(), PLAN)
-    enc = tpsmc_round(weights, batches, st, keys, 40, 3, {}, PLAN)
+    enc = tpsmc_round(weights, batches, st, keys, 40, 3, {}, PLAN, packing=packing)
     for a, b in zip(plain.weights, enc.weights, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=0.5 * 2**-40)  # fixed-point rounding, 3 values summed, x lr / K
-    assert enc.upload_bytes == 444 * 64  # one 512-bit ciphertext per weight
+    # 512-bit ciphertexts: one per weight, or 6 weights per plaintext when packed (slots of 37 + 2 bits below
+    # 2^254: |v| <= 0.05 takes 36 bits at 2^-40, plus the sign's offset, plus 2 bits for 3 summands)
+    assert enc.upload_bytes == ciphertexts * 64
 
 
-def test_with_noise_the_decrypted_sum_is_the_clients_noisy_sum(setup):
+@pytest.mark.parametrize("packing", [False, True])
+def test_with_noise_the_decrypted_sum_is_the_clients_noisy_sum(setup, packing):
     _, batches, keys = setup
     weights = initial_weights(PLAN, 0)
     st = RoundSettings("tp_smc", lr=1.0, clip=1.0, S=1.0, sigma_cdp=2.0)
     gens = {k: torch.Generator().manual_seed(10 + k) for k in batches}
-    out = tpsmc_round(weights, batches, st, keys, 40, 2, gens, PLAN)
+    out = tpsmc_round(weights, batches, st, keys, 40, 2, gens, PLAN, packing=packing)
     expected = torch.zeros(444, dtype=torch.float64)
     for k, (x, y) in batches.items():  # each client's own noise, 1/h of the CDP variance: std S σ / sqrt(h)
         g = torch.cat([t.reshape(-1) for t in clipped(true_gradient(weights, x, y, PLAN), 1.0)])
@@ -68,3 +72,15 @@ def test_bad_tpsmc_settings_are_config_errors():
         MPDPConfig(name="t", clients=3, tpsmc_threshold=4)
     with pytest.raises((ConfigError, ValueError), match="tpsmc_key_bits"):
         MPDPConfig(name="t", clients=3, tpsmc_key_bits=1025)
+
+
+def test_packing_gives_the_same_round_bit_for_bit(setup):
+    """Both encodings sum the same rounded integers, so the models are equal exactly, with noise."""
+    _, batches, keys = setup
+    weights = initial_weights(PLAN, 0)
+    st = RoundSettings("tp_smc", lr=1.0, clip=1.0, S=1.0, sigma_cdp=2.0)
+    runs = [tpsmc_round(weights, batches, st, keys, 32, 3, {k: torch.Generator().manual_seed(k) for k in batches},
+                        PLAN, packing=p) for p in (False, True)]
+    for a, b in zip(runs[0].weights, runs[1].weights, strict=True):
+        assert torch.equal(a, b)
+    assert runs[1].upload_bytes * 4 < runs[0].upload_bytes

@@ -2,9 +2,10 @@
 
 Each client clips its true gradient to B, adds its share of the Gaussian noise, N(0, (S σ_cdp)^2 / h) per
 coordinate (h: the number of honest clients the guarantee assumes, default K), encodes every coordinate in fixed
-point and encrypts it under the threshold-Paillier public key (`threshold_paillier.py`). The aggregator multiplies
-the ciphertexts coordinate by coordinate, `threshold` clients partially decrypt the sums, and the combination
-gives the exact sum of the encodings; its mean updates the model, which is broadcast in plaintext (the paper's
+point and encrypts it under the threshold-Paillier public key (`threshold_paillier.py`), many coordinates per
+ciphertext by default (`paillier_packing.py`; `packing=False`: one per ciphertext, the same sums). The aggregator
+multiplies the ciphertexts position by position, `threshold` clients partially decrypt the sums, and the
+combination gives the exact sum of the encodings; its mean updates the model, which is broadcast in plaintext (the paper's
 "plaintext intermediate models", unlike MP-DP). The aggregator never sees one client's update, only the noisy
 sum, whose noise has variance (S σ_cdp)^2 K / h >= (S σ_cdp)^2 when every client is honest.
 """
@@ -21,19 +22,24 @@ from dpfl.algorithms.secure.mpdp.algorithm import (RoundOutcome, RoundSettings, 
                                                    true_gradient)
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan
 from dpfl.algorithms.secure.mpdp.update import apply_update
+from dpfl.algorithms.secure.paillier_packing import SlotPacking
 from dpfl.algorithms.secure.threshold_paillier import FixedPoint, ThresholdKeys, combine
 
 
 def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
                 st: RoundSettings, keys: ThresholdKeys, fraction_bits: int, honest: int,
-                noise: Mapping[int, torch.Generator], plan: FactorPlan | None = None) -> RoundOutcome:
+                noise: Mapping[int, torch.Generator], plan: FactorPlan | None = None,
+                packing: bool = True) -> RoundOutcome:
     """One round; `noise[k]` is client k's own generator (its noise never leaves it unencrypted)."""
     pub = keys.public
-    fp = FixedPoint(pub.n, fraction_bits)
     std = st.S * st.sigma_cdp / math.sqrt(honest)
     t0 = time.perf_counter()
     # every coordinate must survive the sum: |g_j| <= B, noise within 40 std (probability < 1e-300 beyond)
-    fp.check_headroom(st.clip + 40 * std, len(batches))
+    max_abs = st.clip + 40 * std
+    fp = FixedPoint(pub.n, fraction_bits)
+    layout = SlotPacking(pub.n, fraction_bits, max_abs, len(batches)) if packing else None
+    if layout is None:
+        fp.check_headroom(max_abs, len(batches))
     ciphertexts: list[list[int]] = []
     violations = 0
     for k, (x, y) in batches.items():
@@ -42,15 +48,17 @@ def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.T
         flat = _flat(g)
         if std > 0:
             flat = flat + torch.randn(flat.shape, generator=noise[k], dtype=flat.dtype) * std
-        ciphertexts.append([pub.encrypt(fp.encode(float(v))) for v in flat.tolist()])
+        values = flat.tolist()
+        plaintexts = layout.pack(values) if layout else [fp.encode(v) for v in values]
+        ciphertexts.append([pub.encrypt(m) for m in plaintexts])
     t1 = time.perf_counter()
     sums = [pub.add(column) for column in zip(*ciphertexts, strict=True)]
     holders = keys.shares[:keys.threshold]  # the decrypting clients (any `threshold` of them would do)
     parties = len(keys.shares)
-    total = [fp.decode(combine(pub, {s.party: s.partial_decrypt(c) for s in holders}, parties, keys.threshold))
-             for c in sums]
+    decrypted = [combine(pub, {s.party: s.partial_decrypt(c) for s in holders}, parties, keys.threshold) for c in sums]
+    total = layout.unpack_sum(decrypted, len(values)) if layout else [fp.decode(m) for m in decrypted]
     t2 = time.perf_counter()
     mean = torch.tensor(total, dtype=weights[0].dtype) / len(batches)
     ciphertext_bytes = (2 * pub.n.bit_length() + 7) // 8
     return RoundOutcome(apply_update(weights, _unflat(mean, weights), st.lr), {"client": t1 - t0, "decrypt": t2 - t1},
-                        ciphertext_bytes * len(total), violations, len(batches))
+                        ciphertext_bytes * len(sums), violations, len(batches))
