@@ -550,7 +550,7 @@ def reproduce_robust_hdp(
 def reproduce_fedceo(
     out: _Out,
     scale: Annotated[str, typer.Option("--scale", help="ci (minutes: checks that it runs), reduced (the full setting "
-                                                       "with T = 50, E = 1: about 10 minutes per seed) or full (the "
+                                                       "with T = 50, E = 1: about 2 minutes per seed) or full (the "
                                                        "paper's T = 300, E = 30: about 10 minutes per run on one "
                                                        "core, 15 runs).")],
     seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
