@@ -259,6 +259,9 @@ def test_a_comparison_of_one_sigma_ignores_another_sigmas_unfinished_search(tmp_
     grid = fedceo.grid("reduced", search_result=path, settings_pattern="fmnist-mlp-sg1.5")
     assert {j.config.algorithm.params["lam"] for j in grid.jobs if j.method == "fedceo"} == {0.316}
     assert fedceo.searched_params(path, "reduced", sigmas=["1.5"]).keys() == {"1.5"}
+    data["chosen"]["2.0"] = {**data["chosen"]["1.5"], "lam": 0.5}  # a complete choice the comparison does not run
+    path.write_text(json.dumps(data))
+    assert fedceo.searched_params(path, "reduced", sigmas=["1.5"]).keys() == {"1.5", "2.0"}  # kept: its runs match
     with pytest.raises(GridError, match="search of sigma_g 1.0 .* is not complete"):
         fedceo.grid("reduced", search_result=path, settings_pattern="*sg1.0,*sg1.5")
     with pytest.raises(GridError, match="search of sigma_g 1.0 .* is not complete"):

@@ -180,8 +180,9 @@ def searched_params(path: Path, scale: str, rounds: int | None = None, variant: 
     The search must be at the same scale and length (its label, e.g. ``full``, is compared with the one a
     search with these options would have), of the same variant (a search.json without one is the default's),
     and the choice of each σ_g the comparison runs (`sigmas`; None: every σ_g in the file) must be complete
-    (every run of both stages finished): a partial search's best value is not the search's choice. A σ_g the
-    comparison does not run is neither checked nor returned (its search may still be running).
+    (every run of both stages finished): a partial search's best value is not the search's choice. An incomplete
+    σ_g the comparison does not run is left out (its search may still be running); complete ones are all returned,
+    so the other σ_g's finished runs are still recognised.
     """
     path = Path(path)
     try:
@@ -205,9 +206,9 @@ def searched_params(path: Path, scale: str, rounds: int | None = None, variant: 
     for sigma, c in chosen.items():
         if sigma not in SIGMAS:
             raise GridError(f"--search-result: {path} has sigma_g {sigma!r}, not one of {', '.join(SIGMAS)}")
-        if sigmas is not None and sigma not in sigmas:
-            continue
         if c.get("complete") is not True:
+            if sigmas is not None and sigma not in sigmas:
+                continue  # still searching, and this comparison does not run it: not used
             raise GridError(f"--search-result: the search of sigma_g {sigma} in {path} is not complete "
                             f"({c.get('runs')} of {c.get('planned', '?')} runs finished): finish it with the same "
                             "`dpfl reproduce fedceo --search` command (it also rewrites an older search.json)")
