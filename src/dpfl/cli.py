@@ -850,7 +850,7 @@ def reproduce_fdp_sensitivity(
 def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optional[str],
                    datasets: Optional[list[str]], seeds: Optional[int], methods: Optional[str], dry_run: bool,
                    partition: Optional[str], mechanism: Optional[str], tune_ablation: bool) -> None:
-    from dpfl.reproduce.fedceo import DEFAULT, Variant
+    from dpfl.reproduce.fedceo import Variant
     from dpfl.reproduce.fedceo_search import run_search
     from dpfl.reproduce.runner import FAILED, RichProgress
 
@@ -864,7 +864,7 @@ def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optio
                                                    ("mechanism", mechanism)) if v is not None]
                        + (["--tune-ablation"] if tune_ablation else []))
     try:
-        variant = Variant(partition or DEFAULT.partition, mechanism or DEFAULT.mechanism)
+        variant = Variant.of(partition, mechanism)
         with RichProgress(errors) as progress:
             result = run_search(scale, out, progress=progress, rounds=rounds, settings_pattern=settings,
                                 command=command, variant=variant, tune_ablation=tune_ablation)

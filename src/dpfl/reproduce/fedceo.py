@@ -120,6 +120,11 @@ class Variant:
         if self.mechanism not in MECHANISMS:
             raise GridError(f"--mechanism must be one of {', '.join(MECHANISMS)}, got {self.mechanism!r}")
 
+    @classmethod
+    def of(cls, partition: str | None, mechanism: str | None) -> Variant:
+        """The variant of the CLI's --partition / --mechanism (None: the default's)."""
+        return cls(partition or cls.partition, mechanism or cls.mechanism)
+
     @property
     def is_default(self) -> bool:
         return self == DEFAULT
@@ -345,7 +350,7 @@ def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int
     `search_result`: a `--search`'s OUT/search.json whose complete choices set FedCEO's λ, ϑ, I.
     `partition`, `mechanism`: the variant (None: the paper's main setting, i.i.d. and DP-SGD).
     """
-    variant = Variant(partition or DEFAULT.partition, mechanism or DEFAULT.mechanism)
+    variant = Variant.of(partition, mechanism)
     searched = None
     if search_result is not None:  # only the σ_g this comparison runs must have a complete search
         try:

@@ -138,9 +138,12 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
     rows: list[dict[str, Any]] = []
     first = search_grid(scale, 1, rounds=rounds, settings_pattern=settings_pattern, variant=variant)
     selected = {j.setting for j in first.jobs}  # the σ_g this invocation runs; the others are only collected
+    planned: dict[str, set[tuple[str, str]]] = {}  # σ_g -> every (setting, method) its choice depends on
 
     def run(grid: Grid, stage: int) -> None:
         """Run this invocation's jobs of `grid`; collect the other settings' runs finished by earlier ones."""
+        for s in grid.settings:
+            planned.setdefault(s.meta["sigma"], set()).update((s.name, m.name) for m in s.methods)
         seen = {(r["setting"], r["method"]) for r in rows}
         fresh = [j for j in grid.all_jobs if (j.setting, j.method) not in seen]  # stage 2 repeats stage 1's winner
         outcomes = run_jobs([j for j in fresh if j.setting in selected], out, progress=progress, execute=execute)
@@ -155,28 +158,22 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
             rows.append(row)
 
     run(first, 1)
-    planned = {s.meta["sigma"]: {(s.name, m.name) for m in s.methods} for s in first.settings}
     best_lam = {}
     for sigma in dict.fromkeys(r["sigma"] for r in rows):
         winner = _best([r for r in rows if r["sigma"] == sigma and r["lam"] is not None])
         if winner is not None:
             best_lam[sigma] = winner["lam"]
     if best_lam:
-        second = search_grid(scale, 2, best_lam=best_lam, rounds=rounds, variant=variant)
-        run(second, 2)
-        for s in second.settings:
-            planned[s.meta["sigma"]] |= {(s.name, m.name) for m in s.methods}
+        run(search_grid(scale, 2, best_lam=best_lam, rounds=rounds, variant=variant), 2)
 
     def winner(sigma: str) -> dict[str, Any] | None:  # FedCEO's choice: the ϑ > 1 runs of stages 1 and 2
         return _best([r for r in rows if r["sigma"] == sigma and r["lam"] is not None and r["stage"] != 3])
 
     sigmas = list(dict.fromkeys(r["sigma"] for r in rows))
-    ablation_at = {sigma: w["interval"] for sigma in sigmas if (w := winner(sigma)) is not None}
-    if tune_ablation and ablation_at:
-        third = search_grid(scale, 3, ablation_at=ablation_at, rounds=rounds, variant=variant)
-        run(third, 3)
-        for s in third.settings:
-            planned[s.meta["sigma"]] |= {(s.name, m.name) for m in s.methods}
+    if tune_ablation:
+        ablation_at = {sigma: w["interval"] for sigma in sigmas if (w := winner(sigma)) is not None}
+        if ablation_at:
+            run(search_grid(scale, 3, ablation_at=ablation_at, rounds=rounds, variant=variant), 3)
     chosen = {}
     for sigma in sigmas:
         mine = [r for r in rows if r["sigma"] == sigma]

@@ -27,6 +27,9 @@ def test_packed_sums_equal_the_fixed_point_sums_exactly(count):
     fp = FixedPoint(N, 32)
     expected = [fp.decode(sum(fp.encode(v) for v in column)) for column in zip(*parties, strict=True)]
     assert got == expected
+    assert fp.unpack_sum(_sum_mod_n([fp.pack(p) for p in parties]), 301) == expected  # the unpacked codec agrees
+    with pytest.raises(ValueError, match="expected 300"):
+        fp.unpack_sum([0] * 301, 300)
     assert layout.ciphertexts(301) == len(layout.pack(parties[0])) < 301 // 10
 
 

@@ -146,6 +146,16 @@ class FixedPoint:
         x %= self.n
         return (x - self.n if x > self.n // 2 else x) / 2**self.bits
 
+    def pack(self, values: Sequence[float]) -> list[int]:
+        """One plaintext per value (the interface `paillier_packing.SlotPacking` shares)."""
+        return [self.encode(v) for v in values]
+
+    def unpack_sum(self, plaintexts: Sequence[int], values: int) -> list[float]:
+        """The `values` sums from the decrypted sums of `pack`ed plaintexts."""
+        if len(plaintexts) != values:
+            raise ValueError(f"{len(plaintexts)} plaintexts, expected {values} (one per value)")
+        return [self.decode(x) for x in plaintexts]
+
     def check_headroom(self, max_abs: float, count: int) -> None:
         """Refuse a setting whose sum of `count` values of magnitude <= max_abs could wrap around n/2."""
         if count * (max_abs * 2**self.bits + 1) >= self.n // 2:

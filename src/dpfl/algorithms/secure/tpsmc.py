@@ -36,10 +36,11 @@ def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.T
     t0 = time.perf_counter()
     # every coordinate must survive the sum: |g_j| <= B, noise within 40 std (probability < 1e-300 beyond)
     max_abs = st.clip + 40 * std
-    fp = FixedPoint(pub.n, fraction_bits)
-    layout = SlotPacking(pub.n, fraction_bits, max_abs, len(batches)) if packing else None
-    if layout is None:
-        fp.check_headroom(max_abs, len(batches))
+    if packing:  # the layout refuses widths that could carry into a neighbour or past n
+        codec: SlotPacking | FixedPoint = SlotPacking(pub.n, fraction_bits, max_abs, len(batches))
+    else:
+        codec = FixedPoint(pub.n, fraction_bits)
+        codec.check_headroom(max_abs, len(batches))
     ciphertexts: list[list[int]] = []
     violations = 0
     for k, (x, y) in batches.items():
@@ -48,15 +49,13 @@ def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.T
         flat = _flat(g)
         if std > 0:
             flat = flat + torch.randn(flat.shape, generator=noise[k], dtype=flat.dtype) * std
-        values = flat.tolist()
-        plaintexts = layout.pack(values) if layout else [fp.encode(v) for v in values]
-        ciphertexts.append([pub.encrypt(m) for m in plaintexts])
+        ciphertexts.append([pub.encrypt(m) for m in codec.pack(flat.tolist())])
     t1 = time.perf_counter()
     sums = [pub.add(column) for column in zip(*ciphertexts, strict=True)]
     holders = keys.shares[:keys.threshold]  # the decrypting clients (any `threshold` of them would do)
     parties = len(keys.shares)
     decrypted = [combine(pub, {s.party: s.partial_decrypt(c) for s in holders}, parties, keys.threshold) for c in sums]
-    total = layout.unpack_sum(decrypted, len(values)) if layout else [fp.decode(m) for m in decrypted]
+    total = codec.unpack_sum(decrypted, sum(w.numel() for w in weights))
     t2 = time.perf_counter()
     mean = torch.tensor(total, dtype=weights[0].dtype) / len(batches)
     ciphertext_bytes = (2 * pub.n.bit_length() + 7) // 8
