@@ -33,6 +33,7 @@ import torch
 
 import kill_points
 from cli_runner import cli
+from dpfl.results.environment import changed_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "configs" / "demo.yaml"
@@ -168,8 +169,16 @@ def _files(out: Path) -> list[str]:
     return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
 
 
+def _executions(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "environment.jsonl").read_text().splitlines()]
+
+
 def assert_same_run(got: Path, ref: Path) -> None:
     assert _files(got) == _files(ref)  # no temp file left over, every plot there
+    # one environment line per execution that trained, from the round it resumed at, all in this environment
+    starts = [e["started_round"] for e in _executions(got)]
+    assert [e["started_round"] for e in _executions(ref)] == [0] and starts[0] == 0 and starts == sorted(starts)
+    assert changed_keys(_executions(got) + _executions(ref)) == []
     _same(_untimed(_rows(got)), _untimed(_rows(ref)), "metrics")
     _same(json.loads((got / "privacy.json").read_text()), json.loads((ref / "privacy.json").read_text()), "privacy")
     _same(_untimed(json.loads((got / "summary.json").read_text())),
@@ -211,6 +220,7 @@ def test_killed_at_every_kind_of_point_in_turn_then_resumed_equals_the_uninterru
 
     _resume("retire", out)
     assert_same_run(out, ref.out)
+    assert len(_executions(out)) == 5  # kills 1-4 and the resume killed at 5 trained; 6 and the last did not
     _resume("retire", out)  # resuming a finished run changes nothing but rewriting its report
     assert_same_run(out, ref.out)
 

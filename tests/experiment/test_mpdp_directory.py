@@ -16,7 +16,8 @@ def test_run_writes_the_run_directory_and_prints_the_nominal_guarantee(tmp_path)
     code, stdout, err = cli("run", config_dir("mpdp") / "ci_digits_mlp.yaml", "--set", "rounds=3", "--set",
                             "eval_every=1", "--out", out)
     assert code == 0, err
-    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "privacy.json", "summary.json"}
+    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "privacy.json", "summary.json",
+                                                 "environment.jsonl"}
     privacy = json.loads((out / "privacy.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     assert privacy["guarantee"] == "nominal" and privacy["in_ledger"] is False

@@ -10,7 +10,7 @@ Layout and formats: `dpfl/results/FORMATS.md`. The rules that keep a directory h
 
 Resume (`execute(..., resume=True)`) reads and checks every file of the directory BEFORE it changes
 anything: a damaged file (garbage or truncated `checkpoint.pt`, `config.yaml`, `privacy.json`,
-`summary.json`, a damaged complete line of `metrics.jsonl`) or a checkpoint that belongs to another run
+`summary.json`, a damaged complete line of `metrics.jsonl` or `environment.jsonl`) or a checkpoint that belongs to another run
 is a `RunDirectoryError` / `RunDirError` (both `ValueError`s: one line in the CLI, exit code 2) that names
 the file and what the user can do, and the directory is left byte for byte as it was. Only the traces a
 killed writer leaves are repaired silently: a partial last line of `metrics.jsonl`, rows after the
@@ -34,6 +34,7 @@ import torch
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
+from dpfl.results.environment import read_environment, record_environment
 from dpfl.results.report import write_report
 from dpfl.results.traffic import traffic_report
 from dpfl.results.run_files import (PLOTS_DIR, append_jsonl, canonical_json, complete_jsonl_rows, read_config_text,
@@ -84,6 +85,7 @@ def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
         fingerprint = _sha256(text.encode("utf-8"))
         truncate_jsonl(out / METRICS, 0)
         state = None
+    record_environment(out, state.round if state is not None else 0)  # what ran from which round
     if on_start is not None:
         on_start(run, state.round if state is not None else 0)
     started = time.perf_counter()
@@ -149,6 +151,7 @@ def _inspect(cfg: RunConfig, out: Path) -> _Found:
         read_metrics(out)  # a finished run needs its metrics: a missing file is an error there
     if (out / PRIVACY).exists() or summary is not None:
         read_privacy(out)
+    read_environment(out)
     if summary is not None:
         return _Found(_sha256(raw), summary, None)
     checkpoint = load_checkpoint(out / CHECKPOINT) if (out / CHECKPOINT).exists() else None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.results import plots as _plots
+from dpfl.results.environment import ENVIRONMENT_FILE, changed_keys, read_environment
 from dpfl.results.outcome import early_stop_hint
 from dpfl.results.run_files import (
     CONFIG_FILE,
@@ -453,6 +454,24 @@ def _config_lines(config_text: str | None) -> list[str]:
     return out
 
 
+def _environment_lines(executions: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One row per execution (fresh start, then each resume), and a warning when what changes results changed."""
+    out = ["## Environment", ""]
+    if not executions:
+        return out + [f"No `{ENVIRONMENT_FILE}`: this run was made by a dpfl version that did not record it.", ""]
+    rows = [[str(e.get("started_round")), str(e.get("when")), str(e.get("dpfl")),
+             "n/a" if e.get("source_commit") is None else
+             str(e["source_commit"])[:10] + (" (modified)" if e.get("source_modified") else ""),
+             str(e.get("torch")), str(e.get("numpy")), str(e.get("torch_threads"))] for e in executions]
+    out += ["| from round | started (UTC) | dpfl | source commit | torch | numpy | torch threads |",
+            "|---|---|---|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    changed = changed_keys(list(executions))
+    if changed:
+        out += [f"**Resumed under another {', '.join(changed)}**: the rounds after the change may differ (at least in "
+                "float rounding) from one uninterrupted execution.", ""]
+    return out
+
+
 # ---------------------------------------------------------------------------------------- entry point
 def write_report(run_dir: str | os.PathLike[str]) -> Path:
     """Rewrite ``plots/*.png`` and ``report.md`` of ``run_dir`` from its files; returns the report path.
@@ -474,6 +493,7 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
         if (d / CONFIG_FILE).exists():
             raise
         config_text = None
+    executions = read_environment(d)  # read (and checked) before anything is written
     name = str(summary.get("name")) if summary is not None and summary.get("name") else d.resolve().name
 
     made = write_plots(d, metrics, privacy)
@@ -481,5 +501,6 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     lines += _privacy_lines(privacy, metrics, summary is not None)
     lines += _clients_lines(privacy)
     lines += _plot_lines(made, metrics, privacy)
+    lines += _environment_lines(executions)
     lines += _config_lines(config_text)
     return write_text_atomic(d / REPORT_FILE, "\n".join(lines) + "\n")

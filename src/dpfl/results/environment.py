@@ -1,0 +1,88 @@
+"""What produced a run: the code, libraries and torch threads of each execution of it (`environment.jsonl`).
+
+Why: a dpfl run is bit-identical when the config, the code and the torch thread count are the same, and
+only then (the thread count changes the order in which floats are summed, e.g. 0.7131 vs 0.7136 final
+accuracy for one reduced splitting CNN run on one and two threads). A resumed run may continue under
+other code or threads. One line per execution (the fresh start, then each resume that trains) records
+what ran from which round, so a number that does not reproduce says why, or at least what changed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.results.run_files import RunDirError, append_jsonl, complete_jsonl_rows, truncate_jsonl
+
+__all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "read_environment", "record_environment",
+           "changed_keys"]
+
+ENVIRONMENT_FILE = "environment.jsonl"
+# What changes a run's numbers (everything else in a line only describes the machine or the time).
+REPRODUCIBILITY_KEYS = ("dpfl", "source_commit", "source_modified", "torch", "numpy", "torch_threads")
+
+
+@functools.lru_cache(maxsize=1)
+def _source_revision() -> tuple[str | None, bool | None]:
+    """(commit, modified) of the git checkout dpfl is imported from; (None, None) for an installed wheel or
+    without git. Read once per process: the code a process runs is the code it imported."""
+    package = Path(__file__).resolve().parents[1]
+    if not any((p / ".git").exists() for p in package.parents):
+        return None, None
+    try:
+        commit = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(package), "status", "--porcelain", "--", "."],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return commit or None, bool(status.strip())
+
+
+def describe(started_round: int) -> dict[str, Any]:
+    """This process's environment as one environment.jsonl line, for an execution that starts after
+    `started_round` rounds (0: a fresh start)."""
+    from dpfl import __version__
+
+    commit, modified = _source_revision()
+    return {"started_round": started_round,
+            "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "dpfl": __version__, "source_commit": commit, "source_modified": modified,
+            "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+            "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "platform": platform.platform(), "processor": platform.machine()}
+
+
+def read_environment(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The directory's executions, oldest first; [] when it has none (runs made before this file existed).
+    A damaged complete line is a RunDirError naming the file (a partial last line is a kill's trace: skipped)."""
+    path = Path(run_dir) / ENVIRONMENT_FILE
+    try:
+        return complete_jsonl_rows(path)
+    except ValueError as e:
+        raise RunDirError(run_dir, f"corrupt: {' '.join(str(e).split())}; nothing was changed; delete "
+                                   f"{ENVIRONMENT_FILE} to go on (it only describes the executions; no result "
+                                   "depends on it)", ENVIRONMENT_FILE) from None
+
+
+def record_environment(run_dir: str | os.PathLike[str], started_round: int) -> dict[str, Any]:
+    """Append this execution's line (after dropping a partial last line a kill may have left) and return it."""
+    path = Path(run_dir) / ENVIRONMENT_FILE
+    rows = read_environment(run_dir)
+    truncate_jsonl(path, len(rows))
+    line = describe(started_round)
+    append_jsonl(path, line)
+    return line
+
+
+def changed_keys(executions: list[dict[str, Any]]) -> list[str]:
+    """The REPRODUCIBILITY_KEYS whose value differs between the executions (empty: one consistent environment)."""
+    return [k for k in REPRODUCIBILITY_KEYS if len({repr(e.get(k)) for e in executions}) > 1]

@@ -1,0 +1,122 @@
+"""environment.jsonl: one line per execution of a run (the fresh start, then each resume that trains), saying
+which code, libraries and torch threads produced which rounds, and report.md's Environment section.
+
+Why it matters: results are bit-identical only for the same code and thread count, so a resumed run must say
+when either changed; and a damaged line is refused like any other damaged file, with nothing changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import dpfl
+from cli_runner import cli
+from dpfl.experiment.config import load_config
+from dpfl.experiment.run_directory import execute
+from dpfl.results import environment
+from dpfl.results.environment import ENVIRONMENT_FILE, REPRODUCIBILITY_KEYS, changed_keys
+
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+SETS = ["name=env", "training.rounds=4", "evaluation.every=2", "checkpoint.every=2", "privacy.noise_multiplier=1.5",
+        "privacy.budgets=30"]
+
+
+class _Killed(Exception):
+    pass
+
+
+def _stopped_after_round_3(out: Path) -> Path:
+    def stop(row: dict[str, Any]) -> None:
+        if row["round"] == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        execute(load_config(DEMO, SETS), out, on_round=stop)
+    return out
+
+
+def _resume(out: Path) -> tuple[int, str, str]:
+    return cli("run", DEMO, "--out", out, *[a for s in SETS for a in ("--set", s)], "--resume")
+
+
+def _lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / ENVIRONMENT_FILE).read_text().splitlines()]
+
+
+def _hashes(d: Path) -> dict[str, str]:
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> Path:
+    """A run stopped in round 3 (its checkpoint holds round 2)."""
+    return _stopped_after_round_3(tmp_path_factory.mktemp("env") / "run")
+
+
+def test_a_fresh_run_records_what_ran_it(stopped):
+    (line,) = _lines(stopped)
+    assert line["started_round"] == 0
+    assert line["dpfl"] == dpfl.__version__ and line["torch"] == torch.__version__
+    assert line["torch_threads"] == torch.get_num_threads()
+    commit = line["source_commit"]  # the tests run from a git checkout (CI clones the repository)
+    assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0 and isinstance(line["source_modified"], bool))
+
+
+def test_each_resume_that_trains_adds_a_line_from_its_checkpoint_round_and_a_finished_resume_adds_none(stopped,
+                                                                                                    tmp_path):
+    run = Path(shutil.copytree(stopped, tmp_path / "run"))
+    assert _resume(run)[0] == 0
+    lines = _lines(run)
+    assert [line["started_round"] for line in lines] == [0, 2]
+    assert changed_keys(lines) == []  # same process, same environment
+    report = (run / "report.md").read_text()
+    assert "## Environment" in report and "Resumed under another" not in report
+    assert _resume(run)[0] == 0  # finished: only the report is rewritten
+    assert len(_lines(run)) == 2
+
+
+def test_a_resume_under_other_threads_is_flagged_in_the_report(stopped, tmp_path, monkeypatch):
+    run = Path(shutil.copytree(stopped, tmp_path / "run"))
+    real = environment.describe
+    monkeypatch.setattr(environment, "describe", lambda r: {**real(r), "torch_threads": 99})
+    assert _resume(run)[0] == 0
+    assert [line["torch_threads"] for line in _lines(run)] == [torch.get_num_threads(), 99]
+    assert "**Resumed under another torch_threads**" in (run / "report.md").read_text()
+
+
+def test_changed_keys_names_only_what_changes_results():
+    base = {k: "x" for k in REPRODUCIBILITY_KEYS} | {"when": "t0", "platform": "a", "started_round": 0}
+    assert changed_keys([base, {**base, "when": "t1", "platform": "b", "started_round": 5}]) == []
+    assert changed_keys([base, {**base, "torch": "y"}, {**base, "source_commit": "z"}]) == ["source_commit", "torch"]
+
+
+def test_a_killed_append_is_repaired_silently(stopped, tmp_path):
+    run = Path(shutil.copytree(stopped, tmp_path / "run"))
+    with open(run / ENVIRONMENT_FILE, "ab") as f:
+        f.write(b'{"started_round": 2, "dpf')  # the trace of a kill in the middle of the append
+    assert _resume(run)[0] == 0
+    assert [line["started_round"] for line in _lines(run)] == [0, 2]
+
+
+def test_a_damaged_line_stops_resume_and_report_changes_nothing_and_the_hint_recovers(stopped, tmp_path):
+    run = Path(shutil.copytree(stopped, tmp_path / "run"))
+    path = run / ENVIRONMENT_FILE
+    path.write_bytes(b"garbage\n" + path.read_bytes())
+    before = _hashes(run)
+    for args in (("run", DEMO, "--out", run, *[a for s in SETS for a in ("--set", s)], "--resume"), ("report", run)):
+        code, _, err = cli(*args)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and ENVIRONMENT_FILE in lines[0], err
+        assert f"delete {ENVIRONMENT_FILE}" in lines[0] and "Traceback" not in err
+        assert _hashes(run) == before
+    path.unlink()  # what the message says
+    assert _resume(run)[0] == 0
+    assert [line["started_round"] for line in _lines(run)] == [2]
