@@ -140,6 +140,16 @@ def simulated_dropouts(cfg: MPDPConfig, round_: int, attempt: int) -> set[int]:
     return {int(c) for c in rng.choice(cfg.clients, n, replace=False)}
 
 
+def _central_gaussian(cfg: MPDPConfig) -> tuple[float, dict[str, Any]]:
+    """MP-CDP's and TP-SMC's one Gaussian per round: σ from the analytic calibration at the per-round (ε, δ), and
+    the privacy fields of its RDP-accounted composition over the run."""
+    sigma = analytic_gaussian_sigma(cfg.epsilon, cfg.delta)
+    total = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(sigma), cfg.rounds), cfg.delta, "rdp")
+    return sigma, {"per_round_epsilon": cfg.epsilon, "delta": cfg.delta, "sigma_cdp": sigma, "accountant": "rdp",
+                   "in_ledger": True, "event": f"SelfComposed(Gaussian({sigma:.6g}), {cfg.rounds})",
+                   "epsilon_total": total}
+
+
 def noise_settings(cfg: MPDPConfig, method: str) -> tuple[RoundSettings, dict[str, Any]]:
     """The round settings of `method` and its privacy block (per-round calibration)."""
     K, eps, delta = cfg.clients, cfg.epsilon, cfg.delta
@@ -162,27 +172,21 @@ def noise_settings(cfg: MPDPConfig, method: str) -> tuple[RoundSettings, dict[st
                 "per_round_epsilon": eps, "delta": delta, "sigma": sigma, "accountant": None, "in_ledger": False}
         return RoundSettings(sigma_naive=sigma, **common), info
     if method == "tp_smc":
-        sigma = analytic_gaussian_sigma(eps, delta)
+        sigma, accounted = _central_gaussian(cfg)
         h = cfg.tpsmc_honest or K
         threshold = cfg.tpsmc_threshold or K // 2 + 1
-        total = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(sigma), cfg.rounds), delta, "rdp")
         info = {"guarantee": f"accounted, ASSUMING at least h = {h} of the {K} clients are honest (add their noise) "
                 f"and fewer than {threshold} collude to decrypt; observer = the aggregator, which sees only the noisy "
                 "sum (the models are broadcast in plaintext)",
-                "per_round_epsilon": eps, "delta": delta, "sigma_cdp": sigma, "honest": h, "threshold": threshold,
-                "client_noise_std": cfg.sensitivity * sigma / math.sqrt(h), "accountant": "rdp", "in_ledger": True,
-                "event": f"SelfComposed(Gaussian({sigma:.6g}), {cfg.rounds})", "epsilon_total": total,
+                **accounted, "honest": h, "threshold": threshold,
+                "client_noise_std": cfg.sensitivity * sigma / math.sqrt(h),
                 "not_simulated": "zero-knowledge proofs of correct partial decryption; distributed key generation "
                                  "(a dealer makes the keys)",
                 "key_bits": cfg.tpsmc_key_bits, "fraction_bits": cfg.tpsmc_fraction_bits, "packing": cfg.tpsmc_packing}
         return RoundSettings(sigma_cdp=sigma, **common), info
     if method == "mp_cdp":
-        sigma = analytic_gaussian_sigma(eps, delta)
-        total = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(sigma), cfg.rounds), delta, "rdp")
-        info = {"guarantee": "accounted (trusted server: observer = anyone who sees the global models)",
-                "per_round_epsilon": eps, "delta": delta, "sigma_cdp": sigma, "accountant": "rdp",
-                "in_ledger": True, "event": f"SelfComposed(Gaussian({sigma:.6g}), {cfg.rounds})",
-                "epsilon_total": total}
+        sigma, accounted = _central_gaussian(cfg)
+        info = {"guarantee": "accounted (trusted server: observer = anyone who sees the global models)", **accounted}
         return RoundSettings(sigma_cdp=sigma, **common), info
     return RoundSettings(**common), {"guarantee": "none (non-private reference)", "in_ledger": False}
 
