@@ -1,8 +1,9 @@
 """An MP-DP run as a run directory: `dpfl run configs/mpdp/<name>.yaml` (the config's `scheme: mpdp` selects it).
 
 The directory holds config.yaml, metrics.jsonl (one row per round), privacy.json (the method's guarantee: NOMINAL
-for mpdp and mpdp_naive, accounted for mp_cdp), environment.jsonl (what ran it) and summary.json, written last. MP-DP runs keep no checkpoints (the
-server's secrets are drawn per round and never stored), so a killed run is re-run from the start, not resumed.
+for mpdp and mpdp_naive, accounted for mp_cdp), environment.jsonl (what ran it) and summary.json, written last.
+MP-DP runs keep no checkpoints (the server's secrets are drawn per round and never stored), so a killed run is
+re-run from the start, not resumed.
 `dpfl reproduce mpdp` writes the same files for each of its runs.
 """
 
@@ -20,7 +21,7 @@ from dpfl.experiment.config.loading import read_config_mapping
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import MPDPResult, run_mpdp
 from dpfl.experiment.run_directory import CONFIG, METRICS, PRIVACY, SUMMARY, RunDirectoryError
-from dpfl.results.environment import ENVIRONMENT_FILE, describe
+from dpfl.results.environment import write_environment
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 SCHEME = "mpdp"
@@ -40,7 +41,7 @@ def write_run_files(out: Path, result: MPDPResult) -> None:
     run (summary.json is the caller's, written last)."""
     write_text_atomic(out / METRICS, "".join(json.dumps(row) + "\n" for row in result.history))
     write_json_atomic(out / PRIVACY, result.privacy)
-    write_text_atomic(out / ENVIRONMENT_FILE, json.dumps(describe(0)) + "\n")
+    write_environment(out)
 
 
 def execute_mpdp(cfg: MPDPConfig, out: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

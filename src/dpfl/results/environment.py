@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import json
 import os
 import platform
 import subprocess
@@ -20,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.results.run_files import RunDirError, append_jsonl, complete_jsonl_rows, truncate_jsonl
+from dpfl.results.run_files import (RunDirError, append_jsonl, complete_jsonl_rows, truncate_jsonl,
+                                    write_text_atomic)
 
 __all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "read_environment", "record_environment",
-           "changed_keys"]
+           "write_environment", "changed_keys"]
 
 ENVIRONMENT_FILE = "environment.jsonl"
 # What changes a run's numbers (everything else in a line only describes the machine or the time).
@@ -81,6 +83,11 @@ def record_environment(run_dir: str | os.PathLike[str], started_round: int) -> d
     line = describe(started_round)
     append_jsonl(path, line)
     return line
+
+
+def write_environment(run_dir: str | os.PathLike[str]) -> None:
+    """environment.jsonl of a run that cannot resume (one execution, started at round 0), written whole."""
+    write_text_atomic(Path(run_dir) / ENVIRONMENT_FILE, json.dumps(describe(0)) + "\n")
 
 
 def changed_keys(executions: list[dict[str, Any]]) -> list[str]:
