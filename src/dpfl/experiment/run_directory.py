@@ -11,8 +11,8 @@ Layout and formats: `dpfl/results/FORMATS.md`. The rules that keep a directory h
 Resume (`execute(..., resume=True)`) reads and checks every file of the directory BEFORE it changes
 anything: a damaged file (garbage or truncated `checkpoint.pt`, `config.yaml`, `privacy.json`,
 `summary.json`, a damaged complete line of `metrics.jsonl` or `environment.jsonl`) or a checkpoint that
-belongs to another run is a `RunDirectoryError` / `RunDirError` (both `ValueError`s: one line in the CLI, exit code 2) that names
-the file and what the user can do, and the directory is left byte for byte as it was. Only the traces a
+belongs to another run is a `RunDirectoryError` / `RunDirError` (both `ValueError`s: one line in the CLI,
+exit code 2) that names the file and what the user can do, and the directory is left byte for byte as it was. Only the traces a
 killed writer leaves are repaired silently: a partial last line of `metrics.jsonl`, rows after the
 checkpoint's round, temporary files of interrupted atomic writes. Resuming a finished run (summary.json
 present: the training is complete) trains nothing and rewrites `report.md` and `plots/`, which a kill
