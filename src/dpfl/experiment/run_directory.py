@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import time
 import zipfile
 from collections.abc import Callable
@@ -34,7 +35,7 @@ import torch
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
-from dpfl.results.environment import read_environment, record_environment
+from dpfl.results.environment import ENVIRONMENT_FILE, read_environment, record_environment
 from dpfl.results.report import write_report
 from dpfl.results.traffic import traffic_report
 from dpfl.results.run_files import (PLOTS_DIR, append_jsonl, canonical_json, complete_jsonl_rows, read_config_text,
@@ -327,6 +328,42 @@ def _first_difference(saved: Any, given: Any, where: str = "") -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---------------------------------------------------------------------------------------- twins
+def twin_key(cfg: RunConfig) -> str:
+    """What a run's result depends on: its whole config except `name` (nothing derives from the name; every random
+    draw is keyed by seed, round and client). Two configs with the same key give the same run."""
+    return config_to_yaml(cfg.model_copy(update={"name": ""}))
+
+
+def copy_finished_run(src: Path, cfg: RunConfig, out: Path) -> dict[str, Any]:
+    """Make `out` the finished run of `cfg` by copying `src`, a finished run of a config equal to `cfg` but for its
+    name (a grid that lists the same run under several settings, e.g. a non-private reference that does not depend
+    on the settings' budgets, then runs it once). config.yaml and summary.json carry `cfg`'s name, the checkpoint is
+    re-stamped with its fingerprint, and summary.json records `same_run_as` (the source, relative to `out`)."""
+    src, out = Path(src), Path(out)
+    summary = read_summary(src)
+    if summary is None:
+        raise RunDirectoryError(f"{src} is not a finished run (no {SUMMARY}): nothing to copy")
+    if twin_key(load_config(src / CONFIG)) != twin_key(cfg):
+        raise RunDirectoryError(f"{src} holds a run of another config than {cfg.name!r} (beyond its name)")
+    _refuse_existing(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = config_to_yaml(cfg)
+    write_text_atomic(out / CONFIG, text)
+    for name in (METRICS, PRIVACY, ENVIRONMENT_FILE):
+        if (src / name).is_file():
+            write_bytes_atomic(out / name, (src / name).read_bytes())
+    if (src / CHECKPOINT).is_file():
+        state = load_checkpoint(src / CHECKPOINT)
+        buffer = io.BytesIO()
+        torch.save({**state, FINGERPRINT: _sha256(text.encode("utf-8"))}, buffer)
+        write_bytes_atomic(out / CHECKPOINT, buffer.getvalue())
+    copied = {**summary, "name": cfg.name, "same_run_as": os.path.relpath(src, out)}
+    write_json_atomic(out / SUMMARY, copied)
+    write_report(out)
+    return copied
 
 
 # ---------------------------------------------------------------------------------------- the end

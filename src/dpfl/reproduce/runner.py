@@ -11,6 +11,9 @@ Why it looks like this:
   in OUT/logs/) and the next job starts. A dataset that is not on this machine skips every job that
   needs it ("skipped").
 - Jobs run sequentially: one heavy torch process at a time.
+- A job whose config equals a finished job's but for its name (a non-private reference listed under every
+  budget setting, say) is not run again: the finished run directory is copied (`copy_finished_run`; the copy's
+  summary.json names its source in `same_run_as`).
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
     propagates: the interrupted job resumes on the next invocation.
     """
     from dpfl.data.errors import DatasetNotFoundError
+    from dpfl.experiment.run_directory import copy_finished_run, twin_key
 
     if execute is None:
         from dpfl.experiment.run_directory import execute
@@ -112,13 +116,21 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
     progress = progress or Progress()
     states = check_existing(jobs, out)
     missing: dict[str, str] = {}  # dataset -> why it is skipped
+    finished: dict[str, Path] = {}  # twin_key -> a finished run directory of that config
+    for job in jobs:
+        if states[job.key] == FINISHED:
+            finished.setdefault(twin_key(job.config), job.run_dir(out))
     outcomes = []
     for index, job in enumerate(jobs, start=1):
         d = job.run_dir(out)
         state = states[job.key]
         dataset = job.config.data.dataset
+        twin = finished.get(twin_key(job.config)) if state == NEW else None
         if state == FINISHED:
             outcome = Outcome(job, d, OK, "finished before")
+        elif twin is not None:
+            copy_finished_run(twin, job.config, d)
+            outcome = Outcome(job, d, OK, f"copied from {twin.relative_to(out)}: the same config but for its name")
         elif dataset in missing:
             outcome = Outcome(job, d, SKIPPED, message=missing[dataset])
         else:
@@ -138,6 +150,8 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
                 _log_path(out, job).unlink(missing_ok=True)
                 outcome = Outcome(job, d, OK, "resumed" if state == PARTIAL else "ran",
                                   seconds=time.perf_counter() - started)
+                if (d / SUMMARY_FILE).is_file():
+                    finished.setdefault(twin_key(job.config), d)
         outcomes.append(outcome)
         progress.end(outcome, index, len(jobs))
     return outcomes

@@ -152,6 +152,9 @@ def _status_lines(name: str, metrics: Sequence[Mapping[str, Any]], summary: Mapp
         words = _STOP_WORDS.get(str(reason))
         out.append(f"- **Stop reason:** `{reason}`" + (f" — {words}" if words else ""))
         out.append(f"- **Final accuracy:** {_fmt_acc(summary.get('final_accuracy'))}")
+        if summary.get("same_run_as"):
+            out.append(f"- **Copied from** `{summary['same_run_as']}`: the same config but for its name, so the same "
+                       "run; its files (times included) are that run's")
         personal = [r for r in metrics if as_number(r.get("acc_personal")) is not None]
         if personal:
             out.append(f"- **Personalised accuracy (last):** {_fmt_acc(personal[-1]['acc_personal'])} — mean over the "
