@@ -12,8 +12,8 @@ Resume (`execute(..., resume=True)`) reads and checks every file of the director
 anything: a damaged file (garbage or truncated `checkpoint.pt`, `config.yaml`, `privacy.json`,
 `summary.json`, a damaged complete line of `metrics.jsonl` or `environment.jsonl`) or a checkpoint that
 belongs to another run is a `RunDirectoryError` / `RunDirError` (both `ValueError`s: one line in the CLI,
-exit code 2) that names the file and what the user can do, and the directory is left byte for byte as it was. Only the traces a
-killed writer leaves are repaired silently: a partial last line of `metrics.jsonl`, rows after the
+exit code 2) that names the file and what the user can do, and the directory is left byte for byte as it was.
+Only the traces a killed writer leaves are repaired silently: a partial last line of `metrics.jsonl`, rows after the
 checkpoint's round, temporary files of interrupted atomic writes. Resuming a finished run (summary.json
 present: the training is complete) trains nothing and rewrites `report.md` and `plots/`, which a kill
 after `summary.json` may have left missing or stale.
