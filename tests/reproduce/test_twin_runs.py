@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from dpfl.experiment.config import config_to_yaml
 from dpfl.experiment.run_directory import (FINGERPRINT, RunDirectoryError, copy_finished_run, execute,
                                            load_checkpoint, twin_key)
 from dpfl.reproduce import pfa
-from dpfl.reproduce.runner import OK, run_jobs
+from dpfl.reproduce.runner import OK, describe_jobs, run_jobs
 from dpfl.reproduce.tables import write_results
 
 
@@ -39,10 +40,14 @@ def _json(d: Path, name: str) -> Any:
     return json.loads((d / name).read_text())
 
 
+def _grid():
+    return pfa.grid("ci", rounds=1, methods=["np_fedavg"], settings_pattern="fmnist-logr-*", calibration="both")
+
+
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory, fmnist):
     out = tmp_path_factory.mktemp("twins")
-    grid = pfa.grid("ci", rounds=1, methods=["np_fedavg"], settings_pattern="fmnist-logr-*", calibration="both")
+    grid = _grid()
     ran = []
 
     def spy(cfg, path, **kw):
@@ -96,6 +101,16 @@ def test_the_copy_is_an_ordinary_run_directory(twins, tmp_path):
     (d / "summary.json").unlink()
     execute(job.config, d, resume=True)
     assert _metrics(d) == before and _json(d, "summary.json")["name"] == job.config.name
+
+
+def test_the_dry_run_says_which_job_would_be_a_copy(twins, tmp_path):
+    grid, out, _, _ = twins
+    first, second = grid.jobs
+    partial = tmp_path / "out"
+    shutil.copytree(first.run_dir(out), first.run_dir(partial))
+    lines = describe_jobs(grid, partial)
+    assert any(first.setting in line and " finished " in line for line in lines)
+    assert any(line.startswith(second.setting) and f"new: copies {first.setting}'s (same run)" in line for line in lines)
 
 
 def test_copy_finished_run_refuses_what_is_not_the_same_finished_run(twins, tmp_path):

@@ -173,10 +173,20 @@ def describe_jobs(grid: Grid, out: Path) -> list[str]:
     missing = {r["name"] for r in available() if r.get("source") == "missing" and not r.get("fetchable")}
     lines = [f"{grid.paper}, scale {grid.label}: {len(grid.jobs)} jobs -> {Path(out) / RUNS_DIR}"]
     lines += [f"note: {note}" for note in [*grid.selection, *grid.notes]]
+    from dpfl.experiment.run_directory import twin_key
+
     rows = [("setting", "method", "seed", "state", "label")]
+    states = {job.key: job_state(job, out) for job in grid.jobs}
+    finished: dict[str, Job] = {}
     for job in grid.jobs:
-        state, why = job_state(job, out)
-        if job.config.data.dataset in missing and state == NEW:
+        if states[job.key][0] == FINISHED:
+            finished.setdefault(twin_key(job.config), job)
+    for job in grid.jobs:
+        state, why = states[job.key]
+        twin = finished.get(twin_key(job.config)) if state == NEW else None
+        if twin is not None:
+            state = f"new: copies {twin.setting}'s (same run)"
+        elif job.config.data.dataset in missing and state == NEW:
             state = f"dataset {job.config.data.dataset} not found locally: would be skipped"
         rows.append((job.setting, job.method, str(job.seed), f"{state}: {why}" if why else state, job.label))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
