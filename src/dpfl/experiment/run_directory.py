@@ -332,8 +332,9 @@ def _short(value: Any) -> str:
 
 # ---------------------------------------------------------------------------------------- twins
 def twin_key(cfg: RunConfig) -> str:
-    """What a run's result depends on: its whole config except `name` (nothing derives from the name; every random
-    draw is keyed by seed, round and client). Two configs with the same key give the same run."""
+    """What a run's result depends on: its whole config except `name` (every random draw is keyed by seed, round and
+    client; the only use of the name is secure aggregation's run id, which salts masks that cancel exactly in the
+    ring sum). Two configs with the same key give the same run."""
     return config_to_yaml(cfg.model_copy(update={"name": ""}))
 
 
