@@ -20,7 +20,7 @@ from dpfl.experiment.config import config_to_yaml
 from dpfl.experiment.run_directory import (FINGERPRINT, RunDirectoryError, copy_finished_run, execute,
                                            load_checkpoint, twin_key)
 from dpfl.reproduce import pfa
-from dpfl.reproduce.runner import OK, describe_jobs, run_jobs
+from dpfl.reproduce.runner import FAILED, OK, describe_jobs, run_jobs
 from dpfl.reproduce.tables import write_results
 
 
@@ -127,3 +127,17 @@ def test_copy_finished_run_refuses_what_is_not_the_same_finished_run(twins, tmp_
     with pytest.raises(RunDirectoryError, match="not a finished run"):
         copy_finished_run(unfinished, grid.jobs[1].config, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_copy_that_fails_is_a_failed_job_and_the_next_invocation_runs_it(twins, tmp_path):
+    grid, out, _, _ = twins
+    first, second = grid.jobs
+    shutil.copytree(first.run_dir(out), first.run_dir(tmp_path))
+    (first.run_dir(tmp_path) / "checkpoint.pt").write_bytes(b"garbage")  # the source cannot be copied
+    outcomes = run_jobs(grid.jobs, tmp_path, execute=None)
+    assert [o.status for o in outcomes] == [OK, FAILED] and "checkpoint.pt" in outcomes[1].message
+    assert (tmp_path / "logs").is_dir()
+    # a half-made copy is an unfinished run of the job's own config: the next invocation resumes (runs) it
+    again = run_jobs(grid.jobs, tmp_path)
+    assert [(o.status, o.action) for o in again] == [(OK, "finished before"), (OK, "resumed")]
+    assert _metrics(second.run_dir(tmp_path)) == _metrics(second.run_dir(out))

@@ -129,8 +129,14 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
         if state == FINISHED:
             outcome = Outcome(job, d, OK, "finished before")
         elif twin is not None:
-            copy_finished_run(twin, job.config, d)
-            outcome = Outcome(job, d, OK, f"copied from {twin.relative_to(out)}: the same config but for its name")
+            try:
+                copy_finished_run(twin, job.config, d)
+            except Exception as err:  # noqa: BLE001 - e.g. a damaged source: recorded like a failed job
+                log = _write_log(out, job, err)
+                outcome = Outcome(job, d, FAILED, "copy", f"{type(err).__name__}: {_one_line(err)} (traceback: "
+                                  f"{log.relative_to(out)})")
+            else:
+                outcome = Outcome(job, d, OK, f"copied from {twin.relative_to(out)}: the same config but for its name")
         elif dataset in missing:
             outcome = Outcome(job, d, SKIPPED, message=missing[dataset])
         else:
