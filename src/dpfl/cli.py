@@ -782,7 +782,8 @@ def reproduce_mpdp(
         "0 skips the inversion)."))] = None,
 ) -> None:
     """MP-DP (bidirectional privacy) against MP-DP with an oracle clip, MP-DP-Naive, MP-CDP and FedAvg on the same
-    FedSGD rounds, with the attacks of spec §10 on each run. Writes OUT/results.csv, results.md and runs/."""
+    FedSGD rounds, with the attacks of spec §10 on each run; TP-SMC (threshold Paillier, slow) only when --methods
+    names tp_smc. Writes OUT/results.csv, results.md and runs/."""
     from dpfl.reproduce.mpdp import INVERSION_STEPS, run_study
 
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None

@@ -2,6 +2,7 @@
 resumes without re-running finished jobs."""
 
 import csv
+import json
 
 from cli_runner import cli
 
@@ -62,3 +63,26 @@ def test_full_scale_runs_the_cifar_configs_when_the_files_exist(tmp_path, monkey
     assert row["status"] == "ok" and row["psnr_b1"] is not None and row["mia_asr"] is not None, row
     paper = next(j for j in todo if j.setting == "full_c10_k100_paper-eps3")
     assert paper.config.mode == "unverified"
+
+
+def test_tp_smc_runs_only_on_request_with_the_clients_attack_and_no_inversion_view(tmp_path):
+    """TP-SMC is an opt-in method: not in the default grid; named, it runs (here with 256-bit keys and one round: the
+    arithmetic is exact at any key size), its plaintext model is attacked by membership inference, and the
+    server's inversion is skipped with the reason (it never sees an upload in the clear)."""
+    from dpfl.reproduce.mpdp import jobs, markdown, run_job
+
+    default, _ = jobs("ci", seeds=1, rounds=1)
+    assert "tp_smc" not in {j.method for j in default}
+    todo, _ = jobs("ci", seeds=1, methods=["tp_smc"], rounds=1)
+    assert {j.method for j in todo} == {"tp_smc"}
+    assert not any(j.setting.startswith("ci_digits_mlp_hardened") for j in todo)  # that config lists MP-DP only
+    job = next(j for j in todo if j.setting == "ci_digits_mlp-eps30")
+    job = type(job)(job.setting, job.method, job.seed, job.config.model_copy(update={"tpsmc_key_bits": 256}))
+    row = run_job(job, tmp_path, inversion_steps=5)
+    assert row["status"] == "ok" and 0.0 <= row["accuracy"] <= 1.0
+    assert 0.0 <= row["mia_asr"] <= 1.0 and row["psnr_b1"] is None and row["epsilon_composed"] > 30.0
+    privacy = json.loads((tmp_path / row["run_dir"] / "privacy.json").read_text())
+    assert "never sees a client's upload in the clear" in privacy["inversion"]["skipped"]
+    assert "honest" in privacy["guarantee"]
+    md = markdown("ci", [row], {}, "test")
+    assert any(line.startswith("| tp_smc | 1 |") and line.rstrip().endswith("n/a / n/a |") for line in md.splitlines())

@@ -148,6 +148,9 @@ def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], 
     (dB, higher = more leakage), image MSE, feature MSE, and the strongest (view, attack)'s PSNR: the server
     uses whichever works. `extractor`: the public feature extractor (trained here from the test set's public
     classes when None; it depends only on the dataset, so callers share it)."""
+    if method == "tp_smc":
+        return {"skipped": "TP-SMC: the server never sees a client's upload in the clear, only the threshold-decrypted "
+                           "noisy sum of all K (spec §10 names no inversion target for it)"}
     if len(arrays.image_shape) != 3:
         return {"skipped": f"records of shape {arrays.image_shape} are not images"}
     out: dict[str, Any] = {"steps": steps, "batches": {}}
