@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from cli_runner import cli
+from untimed import untimed
 from dpfl.experiment.config import load_config
 from dpfl.experiment.run_directory import FINGERPRINT, execute
 from dpfl.results.run_files import truncate_jsonl
@@ -87,22 +88,14 @@ def _commands(run: Path, tmp_path: Path) -> dict[str, list[str]]:
             "compare": ["compare", str(run), "--out", str(tmp_path / "compare")]}
 
 
-def _untimed(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _untimed(v) for k, v in x.items() if k != "seconds" and not str(k).endswith("_seconds")}
-    if isinstance(x, list):
-        return [_untimed(v) for v in x]
-    return x
-
-
 def _rows(d: Path) -> list[dict[str, Any]]:
     text = (d / "metrics.jsonl").read_text()
     assert text.endswith("\n")
-    return _untimed([json.loads(line) for line in text.splitlines()])
+    return untimed([json.loads(line) for line in text.splitlines()])
 
 
 def _json(d: Path, name: str) -> Any:
-    return _untimed(json.loads((d / name).read_text()))
+    return untimed(json.loads((d / name).read_text()))
 
 
 # ---- damage ---------------------------------------------------------------------------------------------

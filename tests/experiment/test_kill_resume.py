@@ -33,6 +33,7 @@ import torch
 
 import kill_points
 from cli_runner import cli
+from untimed import untimed
 from dpfl.results.environment import changed_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,15 +132,6 @@ def _checkpoint(out: Path) -> dict[str, Any] | None:
 
 
 # ---- what "the same run" means -----------------------------------------------------------------------
-def _untimed(x: Any) -> Any:
-    """`x` without wall-clock fields (`seconds`, `*_seconds`), the only thing allowed to differ."""
-    if isinstance(x, dict):
-        return {k: _untimed(v) for k, v in x.items() if k != "seconds" and not str(k).endswith("_seconds")}
-    if isinstance(x, (list, tuple)):
-        return [_untimed(v) for v in x]
-    return x
-
-
 def _same(a: Any, b: Any, where: str = "") -> None:
     """Exact equality, tensors included (bit for bit), NaN equal to NaN."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -179,11 +171,11 @@ def assert_same_run(got: Path, ref: Path) -> None:
     starts = [e["started_round"] for e in _executions(got)]
     assert [e["started_round"] for e in _executions(ref)] == [0] and starts[0] == 0 and starts == sorted(starts)
     assert changed_keys(_executions(got) + _executions(ref)) == []
-    _same(_untimed(_rows(got)), _untimed(_rows(ref)), "metrics")
+    _same(untimed(_rows(got)), untimed(_rows(ref)), "metrics")
     _same(json.loads((got / "privacy.json").read_text()), json.loads((ref / "privacy.json").read_text()), "privacy")
-    _same(_untimed(json.loads((got / "summary.json").read_text())),
-          _untimed(json.loads((ref / "summary.json").read_text())), "summary")
-    _same(_untimed(_checkpoint(got)), _untimed(_checkpoint(ref)), "checkpoint")  # final model, ledger, agg. state
+    _same(untimed(json.loads((got / "summary.json").read_text())),
+          untimed(json.loads((ref / "summary.json").read_text())), "summary")
+    _same(untimed(_checkpoint(got)), untimed(_checkpoint(ref)), "checkpoint")  # final model, ledger, agg. state
     report = (got / "report.md").read_text()
     assert "incomplete" not in report and "plots/accuracy.png" in report
 

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from untimed import untimed
+
 from dpfl.experiment.config import config_to_yaml
 from dpfl.experiment.run_directory import (FINGERPRINT, RunDirectoryError, copy_finished_run, execute,
                                            load_checkpoint, twin_key)
@@ -24,16 +26,8 @@ from dpfl.reproduce.runner import FAILED, OK, describe_jobs, run_jobs
 from dpfl.reproduce.tables import write_results
 
 
-def _untimed(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _untimed(v) for k, v in x.items() if k != "seconds" and not str(k).endswith("_seconds")}
-    if isinstance(x, list):
-        return [_untimed(v) for v in x]
-    return x
-
-
 def _metrics(d: Path) -> list[dict[str, Any]]:
-    return _untimed([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()])
+    return untimed([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()])
 
 
 def _json(d: Path, name: str) -> Any:
@@ -70,7 +64,7 @@ def test_the_run_is_executed_once_and_copied_under_the_other_name(twins):
     assert (copy / "config.yaml").read_text() == config_to_yaml(second.config)
     summary = _json(copy, "summary.json")
     assert summary["name"] == second.config.name and summary["same_run_as"] == os.path.relpath(src, copy)
-    assert _untimed({**summary, "name": None, "same_run_as": None}) == _untimed(
+    assert untimed({**summary, "name": None, "same_run_as": None}) == untimed(
         {**_json(src, "summary.json"), "name": None, "same_run_as": None})
     assert "**Copied from**" in (copy / "report.md").read_text()
     write_results(grid, outcomes, out, command="test")
