@@ -120,3 +120,12 @@ def test_a_damaged_line_stops_resume_and_report_changes_nothing_and_the_hint_rec
     path.unlink()  # what the message says
     assert _resume(run)[0] == 0
     assert [line["started_round"] for line in _lines(run)] == [2]
+
+
+def test_a_run_begun_before_environment_jsonl_existed_says_so_when_resumed(stopped, tmp_path):
+    run = Path(shutil.copytree(stopped, tmp_path / "run"))
+    (run / ENVIRONMENT_FILE).unlink()  # as a dpfl of before 2026-11-27 left it
+    assert _resume(run)[0] == 0
+    assert [line["started_round"] for line in _lines(run)] == [2]
+    assert "Rounds 1-2 were run by a dpfl version that did not record its environment." in (
+        run / "report.md").read_text()

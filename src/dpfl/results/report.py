@@ -468,6 +468,9 @@ def _environment_lines(executions: Sequence[Mapping[str, Any]]) -> list[str]:
              str(e.get("torch")), str(e.get("numpy")), str(e.get("torch_threads"))] for e in executions]
     out += ["| from round | started (UTC) | dpfl | source commit | torch | numpy | torch threads |",
             "|---|---|---|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    first = executions[0].get("started_round")
+    if isinstance(first, int) and first > 0:
+        out += [f"Rounds 1-{first} were run by a dpfl version that did not record its environment.", ""]
     changed = changed_keys(list(executions))
     if changed:
         out += [f"**Resumed under another {', '.join(changed)}**: the rounds after the change may differ (at least in "
