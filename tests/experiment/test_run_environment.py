@@ -129,3 +129,9 @@ def test_a_run_begun_before_environment_jsonl_existed_says_so_when_resumed(stopp
     assert [line["started_round"] for line in _lines(run)] == [2]
     assert "Rounds 1-2 were run by a dpfl version that did not record its environment." in (
         run / "report.md").read_text()
+
+
+def test_a_studys_provenance_line_names_the_code_and_threads():
+    line = environment.provenance()
+    assert line.startswith(f"dpfl {dpfl.__version__}") and f", {torch.get_num_threads()} torch thread" in line
+    assert ("source " in line) == (environment.describe(0)["source_commit"] is not None)

@@ -52,6 +52,7 @@ from dpfl.experiment.mpdp_inversion import inversion_report
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
+from dpfl.results.environment import provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
@@ -201,6 +202,7 @@ def _mia_cell(rs: Sequence[dict[str, Any]]) -> str:
 
 def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str], command: str) -> str:
     lines = [f"# MP-DP comparison ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
+             f"Written by: {provenance()}.", "",
              "Accuracy: the TRUE model on the test set after the last round, mean ± sample std over seeds. Epsilons "
              "of mpdp* are NOMINAL per-round guarantees (Theorems 10/11, assuming the idealised Gaussian model; see "
              "docs/secure.md W1/W2); mpdp_oracle_clip's do NOT hold towards the server, whose view, the upload, its clip "

@@ -42,6 +42,7 @@ from dpfl.reproduce import splitting_cnn
 from dpfl.reproduce.jobs import Grid, config_dir
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
+from dpfl.results.environment import provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 SCALES = {  # convex settings per scale; the CNN settings are splitting_cnn.SCALES' (reduced and full)
@@ -249,6 +250,7 @@ def _markdown(scale: str, todo: Sequence[SplittingJob], rows: Sequence[dict], pl
     lines = [f"# Operator splitting ({scale} scale)", ""]
     if command:
         lines += [f"Produced by `{command}`.", ""]
+    lines += [f"Written by: {provenance()}.", ""]
     if not todo:
         return "\n".join(lines)
     lines += ["## Convex problems", "", "Float64; gap = f(xbar) - f(theta*) (least squares: the exact quadratic form); rel dist = "

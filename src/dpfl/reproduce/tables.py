@@ -20,6 +20,7 @@ from typing import Any
 from dpfl.reproduce.jobs import Grid, Setting
 from dpfl.reproduce.pfa_report import accuracy_vs_m, overspent_clients
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
+from dpfl.results.environment import provenance
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
 __all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "write_results"]
@@ -463,6 +464,7 @@ def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str) -> list
              f"- Paper: {PAPERS.get(grid.paper, grid.paper)}."]
     if command:
         lines.append(f"- Command: `{command}`")
+    lines.append(f"- Written by: {provenance()} (each run's own in its environment.jsonl).")
     lines.append(
         f"- Runs: {len(rows)} (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + "); "
         + (f"seed {grid.seeds[0]}" if len(grid.seeds) == 1 else f"seeds {grid.seeds[0]}..{grid.seeds[-1]}")

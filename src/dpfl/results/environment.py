@@ -18,14 +18,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from dpfl.results.run_files import (RunDirError, append_jsonl, complete_jsonl_rows, truncate_jsonl,
                                     write_text_atomic)
 
 __all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "read_environment", "record_environment",
-           "write_environment", "changed_keys"]
+           "write_environment", "provenance", "changed_keys"]
 
 ENVIRONMENT_FILE = "environment.jsonl"
 # What changes a run's numbers (everything else in a line only describes the machine or the time).
@@ -52,6 +49,9 @@ def _source_revision() -> tuple[str | None, bool | None]:
 def describe(started_round: int) -> dict[str, Any]:
     """This process's environment as one environment.jsonl line, for an execution that starts after
     `started_round` rounds (0: a fresh start)."""
+    import numpy as np  # here, not at import: the study writers that only format a line stay light
+    import torch
+
     from dpfl import __version__
 
     commit, modified = _source_revision()
@@ -88,6 +88,16 @@ def record_environment(run_dir: str | os.PathLike[str], started_round: int) -> d
 def write_environment(run_dir: str | os.PathLike[str]) -> None:
     """environment.jsonl of a run that cannot resume (one execution, started at round 0), written whole."""
     write_text_atomic(Path(run_dir) / ENVIRONMENT_FILE, json.dumps(describe(0)) + "\n")
+
+
+def provenance() -> str:
+    """One line for a study's results.md: the code and threads of the process that wrote it (each run directory's
+    environment.jsonl has its own executions)."""
+    e = describe(0)
+    source = ("" if e["source_commit"] is None else
+              f", source {e['source_commit'][:10]}" + (" with uncommitted changes" if e["source_modified"] else ""))
+    return (f"dpfl {e['dpfl']}{source}, torch {e['torch']}, {e['torch_threads']} torch "
+            f"thread{'s' * (e['torch_threads'] != 1)}")
 
 
 def changed_keys(executions: list[dict[str, Any]]) -> list[str]:
