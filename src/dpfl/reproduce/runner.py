@@ -116,16 +116,14 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
     progress = progress or Progress()
     states = check_existing(jobs, out)
     missing: dict[str, str] = {}  # dataset -> why it is skipped
-    finished: dict[str, Path] = {}  # twin_key -> a finished run directory of that config
-    for job in jobs:
-        if states[job.key] == FINISHED:
-            finished.setdefault(twin_key(job.config), job.run_dir(out))
+    finished = _finished_twins(jobs, states)
     outcomes = []
     for index, job in enumerate(jobs, start=1):
         d = job.run_dir(out)
         state = states[job.key]
         dataset = job.config.data.dataset
-        twin = finished.get(twin_key(job.config)) if state == NEW else None
+        key = twin_key(job.config)
+        twin = finished[key].run_dir(out) if state == NEW and key in finished else None
         if state == FINISHED:
             outcome = Outcome(job, d, OK, "finished before")
         elif twin is not None:
@@ -157,10 +155,21 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
                 outcome = Outcome(job, d, OK, "resumed" if state == PARTIAL else "ran",
                                   seconds=time.perf_counter() - started)
                 if (d / SUMMARY_FILE).is_file():
-                    finished.setdefault(twin_key(job.config), d)
+                    finished.setdefault(key, job)
         outcomes.append(outcome)
         progress.end(outcome, index, len(jobs))
     return outcomes
+
+
+def _finished_twins(jobs: Sequence[Job], states: dict[tuple[str, str, int], str]) -> dict[str, Job]:
+    """twin_key -> the first job whose directory holds a finished run of that config (what a NEW twin copies)."""
+    from dpfl.experiment.run_directory import twin_key
+
+    finished: dict[str, Job] = {}
+    for job in jobs:
+        if states[job.key] == FINISHED:
+            finished.setdefault(twin_key(job.config), job)
+    return finished
 
 
 def collect_finished(jobs: Sequence[Job], out: Path) -> list[Outcome]:
@@ -175,20 +184,16 @@ def collect_finished(jobs: Sequence[Job], out: Path) -> list[Outcome]:
 def describe_jobs(grid: Grid, out: Path) -> list[str]:
     """The --dry-run listing: the scale, the notes, and one aligned line per job with its directory's state."""
     from dpfl.data import available
+    from dpfl.experiment.run_directory import twin_key
 
     missing = {r["name"] for r in available() if r.get("source") == "missing" and not r.get("fetchable")}
     lines = [f"{grid.paper}, scale {grid.label}: {len(grid.jobs)} jobs -> {Path(out) / RUNS_DIR}"]
     lines += [f"note: {note}" for note in [*grid.selection, *grid.notes]]
-    from dpfl.experiment.run_directory import twin_key
-
     rows = [("setting", "method", "seed", "state", "label")]
-    states = {job.key: job_state(job, out) for job in grid.jobs}
-    finished: dict[str, Job] = {}
+    reasons = {job.key: job_state(job, out) for job in grid.jobs}
+    finished = _finished_twins(grid.jobs, {k: state for k, (state, _) in reasons.items()})
     for job in grid.jobs:
-        if states[job.key][0] == FINISHED:
-            finished.setdefault(twin_key(job.config), job)
-    for job in grid.jobs:
-        state, why = states[job.key]
+        state, why = reasons[job.key]
         twin = finished.get(twin_key(job.config)) if state == NEW else None
         if twin is not None:
             state = f"new: copies {twin.setting}'s (same run)"
