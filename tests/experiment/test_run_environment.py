@@ -135,3 +135,27 @@ def test_a_studys_provenance_line_names_the_code_and_threads():
     line = environment.provenance()
     assert line.startswith(f"dpfl {dpfl.__version__}") and f", {torch.get_num_threads()} torch thread" in line
     assert ("source " in line) == (environment.describe(0)["source_commit"] is not None)
+
+
+def test_a_studys_computed_by_line_counts_the_jobs_of_each_environment(tmp_path):
+    here = environment.describe_job()
+    assert "started_round" not in here
+    other = {**here, "torch_threads": here["torch_threads"] + 1}
+    resumed = [environment.describe(0), {**environment.describe(5), "torch_threads": here["torch_threads"] + 1}]
+    line = environment.computed_by([[here], [here], [other], resumed, []], "job")
+    first, second, mixed, unrecorded = line.split("; ")
+    assert first.startswith(f"dpfl {dpfl.__version__}") and first.endswith("(3 jobs)")  # two, and the resumed one
+    assert second.endswith("(2 jobs)") and f"{here['torch_threads'] + 1} torch threads" in second
+    assert mixed == "1 job resumed under another environment (counted under each)"
+    assert unrecorded.startswith("1 job with no recorded environment")
+    assert environment.computed_by([]) == "no runs yet"
+    # a run directory begun before environment.jsonl existed, one without it, one damaged: none is an error here
+    begun, missing, damaged = (tmp_path / name for name in ("begun", "missing", "damaged"))
+    for d in (begun, missing, damaged):
+        d.mkdir()
+    (begun / ENVIRONMENT_FILE).write_text(json.dumps(environment.describe(4)) + "\n")
+    (damaged / ENVIRONMENT_FILE).write_text("{not json\n")
+    line = environment.computed_by(environment.run_environments([begun, missing, damaged]))
+    assert line.endswith("(1 run); 1 run begun before dpfl recorded environments (its first rounds unrecorded); "
+                         "2 runs with no recorded environment (computed before dpfl recorded it, or its record is "
+                         "damaged)")

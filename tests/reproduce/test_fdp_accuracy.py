@@ -189,6 +189,7 @@ def test_write_results_from_synthetic_runs(tmp_path):
     assert (rows["1.0"]["view"], rows["1.0"]["delta"], rows["1.0"]["lr"]) == ("upload", "1e-05", str(fa.DEFAULT_LR))
     md = (tmp_path / "results.md").read_text()
     assert "| m | K | T | σ = 1.0 | σ = 0.001 |" in md and "| 10 | 5 | 3 | diverged | 0.7000 ± n/a |" in md
+    assert "- Runs computed by: " in md and "Written by: dpfl " in md
     assert "| 10 | 5 | 3 | 1.0 | 1/1 | diverged | 1/1 | 40 | 400 (δ = 1e-05) | composition | upload/transcript |" in md
     assert "learning rate 0.1 (constant schedule), batch size 32" in md and "per_example clipping with V = 1.0" in md
 

@@ -145,6 +145,7 @@ def test_output_files_have_the_documented_columns(ci_run):
     assert all(p["samples_per_client"] and p["L"] is not None for p in doc["pairs"])
     md = result.paths["md"].read_text()
     assert "| fedprox-a1 | fedprox | 1 | 5 | 5 | 1 |" in md and "REDUCED" in md
+    assert doc["environment"]["dpfl"] and "- Computed and written by: dpfl " in md
 
 
 def test_neighbour_differs_in_exactly_one_training_record():

@@ -34,10 +34,11 @@ def test_the_study_writes_its_tables_and_resumes(tmp_path):
     assert [r["point"] for r in rows] == ["fedavg", "upload-sg1.0", "smoothed1-sg1.0"]
     assert all(r["steps"] == 4 and r["dlg_psnr"] > 0 and r["ig_psnr"] > 0 for r in rows)
     saved = json.loads((tmp_path / "smoothed1-sg1.0" / "inversion.json").read_text())
-    assert saved["after_smoothing"] == 1 and "smoothed model" in saved["observer"]
+    assert saved["after_smoothing"] == 1 and "smoothed model" in saved["observer"] and saved["environment"]["torch"]
     assert (tmp_path / "fedavg" / "inversion.png").stat().st_size > 1000
     md = md_path.read_text()
     assert "mean public image" in md and "FedCEO smoothed model, smoothing 1" in md
+    assert "Points computed by: dpfl " in md and "(3 points). Written by: dpfl " in md
     again = []
     _, _, rows2 = run_dlg_study(tmp_path, BASE, steps=4, sigmas=(1.0,), smoothings=(1,), progress=again.append)
     assert rows2 == rows and all("saved before" in line for line in again)

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+import dpfl
 from cli_runner import cli
 from dpfl.api import run
 from dpfl.experiment.config import load_config
@@ -81,12 +82,14 @@ def test_points_are_saved_reused_and_summarised(tmp_path):
     md = md_path.read_text()
     assert "| full | 2/2 | 2/2 | 1.00 ± 0.00 | 3.00 ± 0.00 | 3.0 (3) |" in md and "| 32 | 0/2 | 0/2 |" in md
     assert (tmp_path / "plots" / "round1_analysis.png").is_file()
+    assert "Points computed by: dpfl " in md and "(4 points). Written by: dpfl " in md
     again = []
     run_analysis(grid, tmp_path, point=_stand_in(again))
     assert again == []  # every point was saved
     # a saved point of another config (here: another planned length) is recomputed, not reused
     path = tmp_path / "round1" / "fmnist-rotation-eps5" / "b32" / "seed0.json"
     saved = json.loads(path.read_text())
+    assert saved["environment"]["dpfl"] == dpfl.__version__
     saved["config"]["training"]["rounds"] = 7
     path.write_text(json.dumps(saved))
     run_analysis(grid, tmp_path, point=_stand_in(again))

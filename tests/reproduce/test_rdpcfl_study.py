@@ -58,7 +58,7 @@ def test_a_tiny_study_runs_and_reports(tmp_path, monkeypatch):
     assert table["rdpcfl"]["round1_recovered"] in ("True", "False") and float(table["rdpcfl"]["mss"]) > 0
     assert 0 < float(table["rdpcfl"]["mean_acc"]) <= 1 and float(table["rdpcfl"]["max_epsilon_spent"]) <= 5.0
     text = md_path.read_text()
-    assert "## digits-rotation-eps5" in text and "| oracle |" in text
+    assert "## digits-rotation-eps5" in text and "| oracle |" in text and "Runs computed by: dpfl " in text
     assert (out / "plots" / "accuracy_vs_eps_digits-rotation.png").stat().st_size > 0
     report = (out / table["rdpcfl"]["run_dir"] / "report.md").read_text()
     assert "Releases accounted" in report and "exponential mechanism" in report and "planned ε at most" in report

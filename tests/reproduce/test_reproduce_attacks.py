@@ -31,6 +31,7 @@ def test_reproduce_attacks_ci_smoke(tmp_path, small):
     attacks.run_study("ci", out, rounds=1)
     assert (out / "runs" / "attacks_ci_fmnist-client-eps1" / "attacks.json").stat().st_mtime == stamp
     assert "ε lower" in md_path.read_text()
+    assert "(7 settings). Written by: dpfl " in md_path.read_text()  # each setting's environment in its attacks.json
 
 
 def test_reproduce_attacks_bad_scale_is_one_line(tmp_path):

@@ -27,7 +27,7 @@ def test_reproduce_mpdp_ci_smoke(tmp_path):
     assert {r["method"] for r in hardened} == {"mpdp"}  # its config lists MP-DP's methods only
     assert all(r["psnr_b1_upload"] and not r["psnr_b1_recovered"] and not r["psnr_b1_phi"] for r in hardened)
     md = (out / "results.md").read_text()
-    assert "ci_digits_cnn-eps3" in settings and "NOMINAL" in md
+    assert "ci_digits_cnn-eps3" in settings and "NOMINAL" in md and "Runs computed by: dpfl " in md
     mtime = (out / "runs" / "ci_digits_k100" / "mpdp-seed0" / "summary.json").stat().st_mtime
     code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--seeds", 1, "--rounds", 2,
                        "--methods", "mpdp,mp_cdp,fedavg", "--inversion-steps", 5)

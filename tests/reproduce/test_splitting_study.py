@@ -96,6 +96,7 @@ def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
     assert (out / "plots" / "accuracy_cnn-tiny.png").stat().st_size > 0
     text = md_path.read_text()
     assert "## Nonconvex" in text and "| fedpi | 2 |" in text and len(lines) == 4
+    assert "Runs computed by: dpfl " in text and " (4 runs)." in text
     again = splitting.run_study("reduced", out, seeds=1, rounds=3, methods=["fedavg", "fedpi"])[2]
     assert [r["final_accuracy"] for r in again] == [r["final_accuracy"] for r in rows]  # collected, not rerun
 

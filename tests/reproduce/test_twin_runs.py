@@ -68,7 +68,9 @@ def test_the_run_is_executed_once_and_copied_under_the_other_name(twins):
         {**_json(src, "summary.json"), "name": None, "same_run_as": None})
     assert "**Copied from**" in (copy / "report.md").read_text()
     write_results(grid, outcomes, out, command="test")
-    assert "- Written by: dpfl " in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "- Written by: dpfl " in md
+    assert "- Runs computed by: dpfl " in md and " (2 runs) (each run's" in md  # the copy carries its source's
     rows = (out / "results.csv").read_text().splitlines()[1:]
     assert len(rows) == 2 and all(",ok," in r for r in rows)
 

@@ -31,6 +31,7 @@ from dpfl.experiment.config import RunConfig, config_to_dict, load_config, valid
 from dpfl.experiment.run_directory import execute
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table
+from dpfl.results.environment import computed_by, describe_job, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 COLUMNS = ["method", "epsilon", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported", "accuracy",
@@ -94,7 +95,8 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
         audit = audit_config(cfg, SCALES[scale]["canaries"])
         row.update(psnr=psnr, mia_asr=best_mia["asr"], mia_auc=best_mia["auc"], tpr_at_1fpr=best_mia["tpr_at_1fpr"],
                    eps_lower=audit["epsilon_lower_bound"], eps_reported=audit["epsilon_reported"],
-                   accuracy=summary.get("final_accuracy"), audit_unit=audit["unit"], status="ok")
+                   accuracy=summary.get("final_accuracy"), audit_unit=audit["unit"], status="ok",
+                   environment=describe_job())
         write_json_atomic(d / "audit.json", audit)
         write_json_atomic(d / "inversion.json", inversion_metrics(inversion))
     except Exception as e:  # noqa: BLE001 - a failed setting is a row with its message; the study goes on
@@ -125,7 +127,9 @@ def _f(v: Any, spec: str) -> str:
 
 
 def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str) -> str:
+    done = [[r["environment"]] if "environment" in r else [] for r in rows if r.get("status") == "ok"]
     lines = [f"# What the mechanisms stop ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
+             f"Settings computed by: {computed_by(done, 'setting')}. Written by: {provenance()}.", "",
              "psnr: the better of DLG and Inverting Gradients on one client's upload of 4 records in a probe round (higher "
              "= more leakage). mia: the strongest of the loss, confidence and shadow attacks on the released model "
              "(ASR 0.5 = guessing). eps_lower: a 95%-confidence empirical lower bound on epsilon from canaries "

@@ -52,6 +52,7 @@ from typing import Any
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 from dpfl.reproduce.runner import FAILED, FINISHED, INCOMPLETE, LOGS_DIR, OK, PARTIAL, SKIPPED, Outcome, job_state
 from dpfl.reproduce.tables import csv_text, md_table
+from dpfl.results.environment import computed_by, provenance, run_environments
 from dpfl.results.run_files import as_float, as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
 __all__ = ["CHANCE_MARGIN", "CLIENTS", "COLUMNS", "DATASETS", "DEFAULT_DATASETS", "KT_PAIRS", "LOSS_BLOWUP",
@@ -414,7 +415,8 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
     ordered = [by_key[j.key] for j in grid.all_jobs if j.key in by_key]
     rows = [job_row(o, grid.label, out, metas.get(o.job.setting)) for o in ordered]
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
-    md_path = write_text_atomic(out / "results.md", "\n".join(_markdown(grid, rows, command)).rstrip() + "\n")
+    md = _markdown(grid, rows, command, [o.run_dir for o in ordered])
+    md_path = write_text_atomic(out / "results.md", "\n".join(md).rstrip() + "\n")
     return csv_path, md_path
 
 
@@ -437,7 +439,7 @@ def _defaults(grid: Grid) -> str:
             f"assumed), input normalisation {vals(lambda c: c.data.options.get('normalize'))}")
 
 
-def _markdown(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str) -> list[str]:
+def _markdown(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dirs: Sequence[Path]) -> list[str]:
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     seeds = f"seed {grid.seeds[0]}" if len(grid.seeds) == 1 else f"seeds {grid.seeds[0]}..{grid.seeds[-1]}"
     lines = [f"# Reproduction: {PAPER}", "",
@@ -446,6 +448,7 @@ def _markdown(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str) -> li
     if command:
         lines.append(f"- Command: `{command}`")
     lines += [
+        f"- Runs computed by: {computed_by(run_environments(run_dirs))}. Written by: {provenance()}.",
         f"- Runs: {len(rows)} (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"); {seeds}.",
         "- Method: Noisy-FedAvg (clipped local steps, N(0, σ²) on every uploaded parameter, plain mean; spec §1.1), "
         "full participation, Dirichlet(0.1) quota split.",

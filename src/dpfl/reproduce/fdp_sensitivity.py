@@ -76,6 +76,7 @@ from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
 from dpfl.models import build_model
 from dpfl.privacy.fdp_sensitivity import sensitivities
 from dpfl.reproduce.jobs import config_dir
+from dpfl.results.environment import describe_job, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 from dpfl.results.sensitivity_plot import plot_sensitivity
 from dpfl.seeding import Purpose, numpy_generator
@@ -609,6 +610,7 @@ def _markdown(scale: str, rounds: int, n_seeds: int, choice: DatasetChoice, neig
              "",
              f"- Dataset: {choice.dataset} with {choice.model} ({choice.reason}); T = {rounds} rounds; {n_seeds} seed(s)"
              + ("" if complete else "; INCOMPLETE (the experiment is still running or was stopped)"),
+             f"- Computed and written by: {provenance()} (one process runs the whole study)",
              ]
     sizes = sorted({s for p in pairs for s in p["samples_per_client"]})
     if sizes:
@@ -671,6 +673,7 @@ def _write(out: Path, scale: str, rounds: int, n_seeds: int, choice: DatasetChoi
         "pairs": list(pairs),
         "columns": list(COLUMNS),
         "rows": list(rows),
+        "environment": describe_job(),  # one process computes the whole study (it does not resume)
     }
     paths["json"] = write_json_atomic(out / FILES["json"], doc)
     md = _markdown(scale, rounds, n_seeds, choice, neighbours, settings, pairs, complete)

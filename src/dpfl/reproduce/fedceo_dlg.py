@@ -27,6 +27,7 @@ from dpfl.attacks.probe import INVERSION_METRICS, inversion_metrics, invert_prob
 from dpfl.experiment.config import RunConfig, config_to_dict, load_config, validate_config
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table
+from dpfl.results.environment import computed_by, describe_job, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 __all__ = ["COLUMNS", "DlgPoint", "dlg_points", "run_dlg_study"]
@@ -82,7 +83,7 @@ def run_dlg_study(out: Path, base: RunConfig | None = None, *, steps: int = STEP
     base = base if base is not None else load_config(config_dir("fedceo") / CONFIG)
     points = dlg_points(base, sigmas, smoothings)
     cache: dict[str, Any] = {}
-    rows = []
+    rows, environments = [], []
     for i, point in enumerate(points, 1):
         saved = out / point.name / "inversion.json"
         status = "saved before"
@@ -94,9 +95,11 @@ def run_dlg_study(out: Path, base: RunConfig | None = None, *, steps: int = STEP
             progress(f"[{i}/{len(points)}] {point.name}: {status}, PSNR DLG {report['attacks']['dlg']['psnr']:.1f} dB, "
                      f"IG {report['attacks']['inverting_gradients']['psnr']:.1f} dB")
         rows.append(_row(point, report))
+        environments.append([report["environment"]] if "environment" in report else [])
     references = _references(points[0])
     csv_path = write_text_atomic(out / "dlg.csv", csv_text(rows, COLUMNS))
-    md_path = write_text_atomic(out / "dlg.md", _markdown(rows, references, steps, command))
+    md_path = write_text_atomic(out / "dlg.md", _markdown(rows, references, steps, command,
+                                                          computed_by(environments, "point")))
     return csv_path, md_path, rows
 
 
@@ -109,7 +112,7 @@ def _attack(point: DlgPoint, d: Path, steps: int, cache: dict[str, Any]) -> None
                         f"{point.name}: {point.attacked}")
     write_json_atomic(d / "inversion.json", {
         "point": point.name, "sigma_g": point.sigma_g, "after_smoothing": point.smoothing, "steps": steps,
-        "observer": probe.observer, "attacks": inversion_metrics(result)})
+        "observer": probe.observer, "attacks": inversion_metrics(result), "environment": describe_job()})
 
 
 def _row(point: DlgPoint, report: dict[str, Any]) -> dict[str, Any]:
@@ -130,10 +133,12 @@ def _references(first: DlgPoint) -> dict[str, float]:
     return {"mean public image": psnr(mean, x), "uniform noise (the attacks' start)": psnr(start, x)}
 
 
-def _markdown(rows: Sequence[dict[str, Any]], references: dict[str, float], steps: int, command: str) -> str:
+def _markdown(rows: Sequence[dict[str, Any]], references: dict[str, float], steps: int, command: str,
+              computed: str) -> str:
     lines = ["# FedCEO: gradient inversion of one client (spec fedceo.md §8, offline variant)", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
+    lines += [f"Points computed by: {computed}. Written by: {provenance()}.", ""]
     lines += [f"One record, one local step; DLG and Inverting Gradients ({steps} steps, labels known), PSNR in dB on "
               "[0, 1] pixels (higher = more leakage). The server receives the DP-SGD upload of UDP-FedAvg and of "
               "FedCEO alike; FedCEO's smoothed model is what it hands back.", ""]

@@ -33,6 +33,7 @@ from dpfl.data.errors import DatasetNotFoundError
 from dpfl.reproduce import rdpcfl
 from dpfl.reproduce.jobs import Grid, GridError, Job, Method, Setting, build_grid
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
+from dpfl.results.environment import computed_by, describe_job, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 __all__ = ["BATCHES", "COLUMNS", "analysis_grid", "round1_point", "run_analysis"]
@@ -99,14 +100,21 @@ def _config_json(job: Job) -> Any:
     return json.loads(json.dumps(config_to_dict(job.config)))
 
 
-def _saved(job: Job, out: Path) -> dict[str, Any] | None:
-    """The point saved for exactly this job's config, or None (absent, unreadable or another config)."""
+def _saved_file(job: Job, out: Path) -> dict[str, Any] | None:
+    """The file saved for exactly this job's config (its point and, since dpfl recorded it, the environment that
+    computed it), or None (absent, unreadable or another config)."""
     path = _point_path(job, out)
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return saved.get("point") if saved.get("config") == _config_json(job) else None
+    return saved if saved.get("config") == _config_json(job) else None
+
+
+def _saved(job: Job, out: Path) -> dict[str, Any] | None:
+    """The point saved for exactly this job's config, or None."""
+    saved = _saved_file(job, out)
+    return None if saved is None else saved.get("point")
 
 
 def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable[[Job, str], None] | None = None,
@@ -128,20 +136,24 @@ def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable
             if on_point:
                 on_point(job, f"skipped ({str(err).splitlines()[0]})")
             continue
-        write_json_atomic(_point_path(job, out), {"config": _config_json(job), "point": result})
+        write_json_atomic(_point_path(job, out), {"config": _config_json(job), "point": result,
+                                                  "environment": describe_job()})
         if on_point:
             on_point(job, f"{result['n_clusters']} clusters, recovered {result['recovered']}, MSS {result['mss']:.2f}, "
                           f"{result['em_iterations']} EM iterations, {result['seconds']:.0f} s")
-    rows = [p for p in (_saved(j, out) for j in grid.all_jobs) if p is not None]
+    saved = [f for f in (_saved_file(j, out) for j in grid.all_jobs) if f is not None and "point" in f]
+    rows = [f["point"] for f in saved]
+    computed = computed_by(([f["environment"]] if "environment" in f else [] for f in saved), "point")
     csv_path = write_text_atomic(out / "round1_analysis.csv", csv_text(rows, COLUMNS))
-    md_path = write_text_atomic(out / "round1_analysis.md", _markdown(grid, rows, out, command))
+    md_path = write_text_atomic(out / "round1_analysis.md", _markdown(grid, rows, out, command, computed))
     return csv_path, md_path, rows
 
 
-def _markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path, command: str) -> str:
+def _markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path, command: str, computed: str) -> str:
     lines = [f"# R-DPCFL's b^1 analysis ({grid.label})", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
+    lines += [f"Points computed by: {computed}. Written by: {provenance()}.", ""]
     lines += ["Round 1 of each run, calibrated for its planned length, then R-DPCFL's PCA + GMM on the released "
               "updates (a diagnostic: nothing else is trained). recovered: the round-1 partition equals the planted "
               "one; minority: the minority cluster is found exactly (k of S seeds). MSS: the GMM's minimum "

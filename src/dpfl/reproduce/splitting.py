@@ -42,7 +42,7 @@ from dpfl.reproduce import splitting_cnn
 from dpfl.reproduce.jobs import Grid, config_dir
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
-from dpfl.results.environment import provenance
+from dpfl.results.environment import computed_by, describe_job, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 SCALES = {  # convex settings per scale; the CNN settings are splitting_cnn.SCALES' (reduced and full)
@@ -177,7 +177,8 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
                 "heterogeneity": result.heterogeneity, "fingerprint": fingerprint,
                 "stop_reason": result.stop_reason, "seconds": round(time.perf_counter() - t0, 2), "status": "ok",
                 "noise_multiplier": result.noise_multiplier,
-                "epsilon_max": max(result.ledger.spent_all().values()) if result.ledger is not None else None})
+                "epsilon_max": max(result.ledger.spent_all().values()) if result.ledger is not None else None,
+                "environment": describe_job()})
     write_text_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in history))
     write_json_atomic(summary_path, row)
     return row
@@ -253,6 +254,8 @@ def _markdown(scale: str, todo: Sequence[SplittingJob], rows: Sequence[dict], pl
     lines += [f"Written by: {provenance()}.", ""]
     if not todo:
         return "\n".join(lines)
+    done = [[r["environment"]] if "environment" in r else [] for r in rows if r["status"] == "ok"]
+    lines += [f"Convex jobs computed by: {computed_by(done, 'job')}.", ""]
     lines += ["## Convex problems", "", "Float64; gap = f(xbar) - f(theta*) (least squares: the exact quadratic form); rel dist = "
               "||xbar - theta*|| / ||theta*||; rounds to 1e-8 = rounds until the fixed-point residual ||u - T u|| is "
               "below 1e-8 of its round-0 value (empty: never). Values are the mean over seeds where several ran.", ""]

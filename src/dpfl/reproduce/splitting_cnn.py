@@ -26,6 +26,7 @@ from typing import Any
 from dpfl.reproduce.jobs import Grid, Method, Setting, build_grid, config_dir
 from dpfl.reproduce.runner import OK, Outcome, Progress, run_jobs
 from dpfl.reproduce.tables import job_row, md_table, mean_std
+from dpfl.results.environment import computed_by, run_environments
 from dpfl.results.run_files import as_number, read_metrics
 
 PAPER = "splitting"
@@ -120,7 +121,9 @@ def markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path) -> str:
              f"Anderson tau = {TAU} (scope global for {', '.join(GLOBAL_SCOPE)}, state otherwise). Accuracy: the "
              "global model on the 10,000 test images; mean ± sample std over the seeds that finished. "
              f"'at chance' counts runs whose final accuracy is <= {CHANCE} (diverged or never learnt). "
-             "These settings are nonconvex: no method has a convergence guarantee here.", ""]
+             "These settings are nonconvex: no method has a convergence guarantee here.", "",
+             f"Runs computed by: {computed_by(run_environments(d for j in grid.jobs if (d := j.run_dir(out)).is_dir()))}.",
+             ""]
     for setting in grid.settings:
         mine = [r for r in rows if r["setting"] == setting.name]
         if not mine:

@@ -20,7 +20,7 @@ from typing import Any
 from dpfl.reproduce.jobs import Grid, Setting
 from dpfl.reproduce.pfa_report import accuracy_vs_m, overspent_clients
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
-from dpfl.results.environment import provenance
+from dpfl.results.environment import computed_by, provenance, run_environments
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
 __all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "write_results"]
@@ -433,7 +433,7 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
             except ValueError:
                 metrics[o.job.key] = []
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, cols))
-    md = _header(grid, rows, command)
+    md = _header(grid, rows, command, [o.run_dir for o in ordered])
     md += _fedceo_tables(grid, rows) if grid.paper == "fedceo" else _overview(grid, rows)
     if grid.paper == "robust-hdp":
         md += _noise_tables(grid, rows) + _misreport_tables(grid, rows, _curves_by_key(metrics))
@@ -453,7 +453,7 @@ def _curves_by_key(metrics: Mapping[tuple, list]) -> dict[tuple, list]:
             for k, v in metrics.items()}
 
 
-def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str) -> list[str]:
+def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dirs: Sequence[Path]) -> list[str]:
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     rates = sorted({(j.config.model.name, j.config.training.optimizer.lr) for j in grid.all_jobs})
     labels = list(dict.fromkeys((j.method, j.label) for j in grid.all_jobs if j.label))
@@ -464,7 +464,8 @@ def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str) -> list
              f"- Paper: {PAPERS.get(grid.paper, grid.paper)}."]
     if command:
         lines.append(f"- Command: `{command}`")
-    lines.append(f"- Written by: {provenance()} (each run's own in its environment.jsonl).")
+    lines.append(f"- Runs computed by: {computed_by(run_environments(run_dirs))} (each run's in its environment.jsonl).")
+    lines.append(f"- Written by: {provenance()}.")
     lines.append(
         f"- Runs: {len(rows)} (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + "); "
         + (f"seed {grid.seeds[0]}" if len(grid.seeds) == 1 else f"seeds {grid.seeds[0]}..{grid.seeds[-1]}")

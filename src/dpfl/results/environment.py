@@ -16,13 +16,13 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping, Sequence
 
 from dpfl.results.run_files import (RunDirError, append_jsonl, complete_jsonl_rows, truncate_jsonl,
                                     write_text_atomic)
 
-__all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "read_environment", "record_environment",
-           "write_environment", "provenance", "changed_keys"]
+__all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "describe_job", "read_environment",
+           "record_environment", "write_environment", "provenance", "computed_by", "run_environments", "changed_keys"]
 
 ENVIRONMENT_FILE = "environment.jsonl"
 # What changes a run's numbers (everything else in a line only describes the machine or the time).
@@ -90,14 +90,69 @@ def write_environment(run_dir: str | os.PathLike[str]) -> None:
     write_text_atomic(Path(run_dir) / ENVIRONMENT_FILE, json.dumps(describe(0)) + "\n")
 
 
-def provenance() -> str:
-    """One line for a study's results.md: the code and threads of the process that wrote it (each run directory's
-    environment.jsonl has its own executions)."""
+def describe_job() -> dict[str, Any]:
+    """The environment of a result this process computes whole (a study's per-job JSON, which does not resume)."""
     e = describe(0)
-    source = ("" if e["source_commit"] is None else
-              f", source {e['source_commit'][:10]}" + (" with uncommitted changes" if e["source_modified"] else ""))
-    return (f"dpfl {e['dpfl']}{source}, torch {e['torch']}, {e['torch_threads']} torch "
-            f"thread{'s' * (e['torch_threads'] != 1)}")
+    del e["started_round"]
+    return e
+
+
+def _summary(e: Mapping[str, Any]) -> str:
+    """The reproducibility keys of one environment line as text."""
+    source = ("" if e.get("source_commit") is None else
+              f", source {e['source_commit'][:10]}" + (" with uncommitted changes" if e.get("source_modified") else ""))
+    threads = e.get("torch_threads")
+    return (f"dpfl {e.get('dpfl')}{source}, torch {e.get('torch')}, numpy {e.get('numpy')}, {threads} torch "
+            f"thread{'s' * (threads != 1)}")
+
+
+def provenance() -> str:
+    """One line for a study's results.md: the code and threads of the process that wrote it (`computed_by` says
+    which computed its results)."""
+    return _summary(describe(0))
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}{'s' * (n != 1)}"
+
+
+def computed_by(jobs: Iterable[Sequence[Mapping[str, Any]]], unit: str = "run") -> str:
+    """One line for a study's results.md: the environments its results were computed in, with how many `unit`s each.
+
+    `jobs`: per job, its executions (a run directory's environment.jsonl lines, or a per-job JSON's one
+    environment; empty when none was recorded). A job resumed under another environment counts under each.
+    """
+    counts: dict[str, int] = {}
+    unrecorded = partly = mixed = 0
+    for executions in jobs:
+        if not executions:
+            unrecorded += 1
+            continue
+        partly += executions[0].get("started_round", 0) > 0
+        mixed += bool(changed_keys(list(executions)))
+        for text in dict.fromkeys(_summary(e) for e in executions):
+            counts[text] = counts.get(text, 0) + 1
+    parts = [f"{text} ({_count(n, unit)})" for text, n in counts.items()]
+    if mixed:
+        parts.append(f"{_count(mixed, unit)} resumed under another environment (counted under each)")
+    if partly:
+        parts.append(f"{_count(partly, unit)} begun before dpfl recorded environments (its first rounds unrecorded)")
+    if unrecorded:
+        parts.append(f"{_count(unrecorded, unit)} with no recorded environment (computed before dpfl recorded it, "
+                     "or its record is damaged)")
+    return "; ".join(parts) if parts else f"no {unit}s yet"
+
+
+def run_environments(run_dirs: Iterable[str | os.PathLike[str]]) -> list[list[dict[str, Any]]]:
+    """Each run directory's executions for `computed_by` (a damaged environment.jsonl reads as none recorded:
+    a study's tables must still be written; the run's own report.md says what is wrong)."""
+    out = []
+    for d in run_dirs:
+        try:
+            out.append(read_environment(d))
+        except RunDirError:
+            out.append([])
+    return out
 
 
 def changed_keys(executions: list[dict[str, Any]]) -> list[str]:
