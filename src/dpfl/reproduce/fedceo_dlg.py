@@ -27,7 +27,7 @@ from dpfl.attacks.probe import INVERSION_METRICS, inversion_metrics, invert_prob
 from dpfl.experiment.config import RunConfig, config_to_dict, load_config, validate_config
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table
-from dpfl.results.environment import computed_by, describe_job, provenance
+from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 __all__ = ["COLUMNS", "DlgPoint", "dlg_points", "run_dlg_study"]
@@ -95,7 +95,7 @@ def run_dlg_study(out: Path, base: RunConfig | None = None, *, steps: int = STEP
             progress(f"[{i}/{len(points)}] {point.name}: {status}, PSNR DLG {report['attacks']['dlg']['psnr']:.1f} dB, "
                      f"IG {report['attacks']['inverting_gradients']['psnr']:.1f} dB")
         rows.append(_row(point, report))
-        environments.append([report["environment"]] if "environment" in report else [])
+        environments.append(job_executions(report))
     references = _references(points[0])
     csv_path = write_text_atomic(out / "dlg.csv", csv_text(rows, COLUMNS))
     md_path = write_text_atomic(out / "dlg.md", _markdown(rows, references, steps, command,

@@ -33,7 +33,7 @@ from dpfl.data.errors import DatasetNotFoundError
 from dpfl.reproduce import rdpcfl
 from dpfl.reproduce.jobs import Grid, GridError, Job, Method, Setting, build_grid
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
-from dpfl.results.environment import computed_by, describe_job, provenance
+from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 __all__ = ["BATCHES", "COLUMNS", "analysis_grid", "round1_point", "run_analysis"]
@@ -143,7 +143,7 @@ def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable
                           f"{result['em_iterations']} EM iterations, {result['seconds']:.0f} s")
     saved = [f for f in (_saved_file(j, out) for j in grid.all_jobs) if f is not None and "point" in f]
     rows = [f["point"] for f in saved]
-    computed = computed_by(([f["environment"]] if "environment" in f else [] for f in saved), "point")
+    computed = computed_by((job_executions(f) for f in saved), "point")
     csv_path = write_text_atomic(out / "round1_analysis.csv", csv_text(rows, COLUMNS))
     md_path = write_text_atomic(out / "round1_analysis.md", _markdown(grid, rows, out, command, computed))
     return csv_path, md_path, rows

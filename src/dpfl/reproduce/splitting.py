@@ -42,7 +42,7 @@ from dpfl.reproduce import splitting_cnn
 from dpfl.reproduce.jobs import Grid, config_dir
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
-from dpfl.results.environment import computed_by, describe_job, provenance
+from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 SCALES = {  # convex settings per scale; the CNN settings are splitting_cnn.SCALES' (reduced and full)
@@ -254,7 +254,7 @@ def _markdown(scale: str, todo: Sequence[SplittingJob], rows: Sequence[dict], pl
     lines += [f"Written by: {provenance()}.", ""]
     if not todo:
         return "\n".join(lines)
-    done = [[r["environment"]] if "environment" in r else [] for r in rows if r["status"] == "ok"]
+    done = [job_executions(r) for r in rows if r["status"] == "ok"]
     lines += [f"Convex jobs computed by: {computed_by(done, 'job')}.", ""]
     lines += ["## Convex problems", "", "Float64; gap = f(xbar) - f(theta*) (least squares: the exact quadratic form); rel dist = "
               "||xbar - theta*|| / ||theta*||; rounds to 1e-8 = rounds until the fixed-point residual ||u - T u|| is "

@@ -22,7 +22,8 @@ from dpfl.results.run_files import (RunDirError, append_jsonl, complete_jsonl_ro
                                     write_text_atomic)
 
 __all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "describe_job", "read_environment",
-           "record_environment", "write_environment", "provenance", "computed_by", "run_environments", "changed_keys"]
+           "record_environment", "write_environment", "provenance", "computed_by", "job_executions", "run_environments",
+           "changed_keys"]
 
 ENVIRONMENT_FILE = "environment.jsonl"
 # What changes a run's numbers (everything else in a line only describes the machine or the time).
@@ -95,6 +96,11 @@ def describe_job() -> dict[str, Any]:
     e = describe(0)
     del e["started_round"]
     return e
+
+
+def job_executions(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A per-job JSON result's `environment` as `computed_by`'s executions ([] when saved before dpfl recorded it)."""
+    return [dict(result["environment"])] if result.get("environment") else []
 
 
 def _summary(e: Mapping[str, Any]) -> str:
