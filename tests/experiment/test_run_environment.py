@@ -155,7 +155,8 @@ def test_a_studys_computed_by_line_counts_the_jobs_of_each_environment(tmp_path)
         d.mkdir()
     (begun / ENVIRONMENT_FILE).write_text(json.dumps(environment.describe(4)) + "\n")
     (damaged / ENVIRONMENT_FILE).write_text("{not json\n")
-    line = environment.computed_by(environment.run_environments([begun, missing, damaged]))
+    never_started = tmp_path / "skipped"  # a job whose dataset is missing creates no directory: not a run
+    line = environment.computed_by(environment.run_environments([begun, missing, damaged, never_started]))
     assert line.endswith("(1 run); 1 run begun before dpfl recorded environments (its first rounds unrecorded); "
                          "2 runs with no recorded environment (computed before dpfl recorded it, or its record is "
                          "damaged)")

@@ -122,7 +122,7 @@ def markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path) -> str:
              "global model on the 10,000 test images; mean ± sample std over the seeds that finished. "
              f"'at chance' counts runs whose final accuracy is <= {CHANCE} (diverged or never learnt). "
              "These settings are nonconvex: no method has a convergence guarantee here.", "",
-             f"Runs computed by: {computed_by(run_environments(d for j in grid.jobs if (d := j.run_dir(out)).is_dir()))}.",
+             f"Runs computed by: {computed_by(run_environments(j.run_dir(out) for j in grid.jobs))}.",
              ""]
     for setting in grid.settings:
         mine = [r for r in rows if r["setting"] == setting.name]

@@ -150,10 +150,13 @@ def computed_by(jobs: Iterable[Sequence[Mapping[str, Any]]], unit: str = "run") 
 
 
 def run_environments(run_dirs: Iterable[str | os.PathLike[str]]) -> list[list[dict[str, Any]]]:
-    """Each run directory's executions for `computed_by` (a damaged environment.jsonl reads as none recorded:
-    a study's tables must still be written; the run's own report.md says what is wrong)."""
+    """Each existing run directory's executions for `computed_by`. A job that never started (skipped: its dataset
+    is missing) has no directory and is not a run; a damaged environment.jsonl reads as none recorded (a study's
+    tables must still be written; the run's own report.md says what is wrong)."""
     out = []
     for d in run_dirs:
+        if not Path(d).is_dir():
+            continue
         try:
             out.append(read_environment(d))
         except RunDirError:
