@@ -100,21 +100,15 @@ def _config_json(job: Job) -> Any:
     return json.loads(json.dumps(config_to_dict(job.config)))
 
 
-def _saved_file(job: Job, out: Path) -> dict[str, Any] | None:
-    """The file saved for exactly this job's config (its point and, since dpfl recorded it, the environment that
-    computed it), or None (absent, unreadable or another config)."""
+def _saved(job: Job, out: Path) -> dict[str, Any] | None:
+    """The file saved for exactly this job's config: its point and, since dpfl recorded it, the environment that
+    computed it; None when absent, unreadable, of another config or without a point."""
     path = _point_path(job, out)
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return saved if saved.get("config") == _config_json(job) else None
-
-
-def _saved(job: Job, out: Path) -> dict[str, Any] | None:
-    """The point saved for exactly this job's config, or None."""
-    saved = _saved_file(job, out)
-    return None if saved is None else saved.get("point")
+    return saved if saved.get("config") == _config_json(job) and saved.get("point") is not None else None
 
 
 def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable[[Job, str], None] | None = None,
@@ -141,7 +135,7 @@ def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable
         if on_point:
             on_point(job, f"{result['n_clusters']} clusters, recovered {result['recovered']}, MSS {result['mss']:.2f}, "
                           f"{result['em_iterations']} EM iterations, {result['seconds']:.0f} s")
-    saved = [f for f in (_saved_file(j, out) for j in grid.all_jobs) if f is not None and "point" in f]
+    saved = [f for f in (_saved(j, out) for j in grid.all_jobs) if f is not None]
     rows = [f["point"] for f in saved]
     computed = computed_by((job_executions(f) for f in saved), "point")
     csv_path = write_text_atomic(out / "round1_analysis.csv", csv_text(rows, COLUMNS))
