@@ -42,7 +42,8 @@ def test_table_files_are_written_and_cached(tmp_path, stats):
     assert computed == both
     text = md_path.read_text()
     assert "| digits-5 | dp_accounting |" in text and "| digits-5 | classic |" in text and "Ratio to the oracle" in text
-    assert "Computed by: dpfl " in text and "(2 setting-conversion pairs). Written by: dpfl " in text
+    assert "Setting-conversion pairs computed by: dpfl " in text
+    assert "(2 setting-conversion pairs). Written by: dpfl " in text
     assert len(csv_path.read_text().splitlines()) == 1 + 2 * 5
     write_noise_table(cfgs, tmp_path, label="test", on_setting=computed.append)
     assert computed == both  # cached: not recomputed

@@ -70,6 +70,7 @@ def test_tp_smc_runs_only_on_request_with_the_clients_attack_and_no_inversion_vi
     arithmetic is exact at any key size), its plaintext model is attacked by membership inference, and the
     server's inversion is skipped with the reason (it never sees an upload in the clear)."""
     from dpfl.reproduce.mpdp import jobs, markdown, run_job
+    from dpfl.results.environment import computed_and_written, run_environments
 
     default, _ = jobs("ci", seeds=1, rounds=1)
     assert "tp_smc" not in {j.method for j in default}
@@ -84,5 +85,6 @@ def test_tp_smc_runs_only_on_request_with_the_clients_attack_and_no_inversion_vi
     privacy = json.loads((tmp_path / row["run_dir"] / "privacy.json").read_text())
     assert "never sees a client's upload in the clear" in privacy["inversion"]["skipped"]
     assert "honest" in privacy["guarantee"]
-    md = markdown("ci", [row], {}, "test")
+    md = markdown("ci", [row], {}, "test", computed_and_written(run_environments([tmp_path / row["run_dir"]])))
     assert any(line.startswith("| tp_smc | 1 |") and line.rstrip().endswith("n/a / n/a |") for line in md.splitlines())
+    assert "Runs computed by: dpfl " in md and "(1 run). Written by: dpfl " in md

@@ -31,7 +31,7 @@ from dpfl.experiment.config import RunConfig, config_to_dict, load_config, valid
 from dpfl.experiment.run_directory import execute
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table
-from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
+from dpfl.results.environment import computed_and_written, describe_job, job_executions
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 COLUMNS = ["method", "epsilon", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported", "accuracy",
@@ -129,7 +129,7 @@ def _f(v: Any, spec: str) -> str:
 def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str) -> str:
     done = [job_executions(r) for r in rows if r.get("status") == "ok"]
     lines = [f"# What the mechanisms stop ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
-             f"Settings computed by: {computed_by(done, 'setting')}. Written by: {provenance()}.", "",
+             computed_and_written(done, "setting"), "",
              "psnr: the better of DLG and Inverting Gradients on one client's upload of 4 records in a probe round (higher "
              "= more leakage). mia: the strongest of the loss, confidence and shadow attacks on the released model "
              "(ASR 0.5 = guessing). eps_lower: a 95%-confidence empirical lower bound on epsilon from canaries "

@@ -52,7 +52,7 @@ from typing import Any
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 from dpfl.reproduce.runner import FAILED, FINISHED, INCOMPLETE, LOGS_DIR, OK, PARTIAL, SKIPPED, Outcome, job_state
 from dpfl.reproduce.tables import csv_text, md_table
-from dpfl.results.environment import computed_by, provenance, run_environments
+from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.run_files import as_float, as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
 __all__ = ["CHANCE_MARGIN", "CLIENTS", "COLUMNS", "DATASETS", "DEFAULT_DATASETS", "KT_PAIRS", "LOSS_BLOWUP",
@@ -448,7 +448,7 @@ def _markdown(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_d
     if command:
         lines.append(f"- Command: `{command}`")
     lines += [
-        f"- Runs computed by: {computed_by(run_environments(run_dirs))}. Written by: {provenance()}.",
+        f"- {computed_and_written(run_environments(run_dirs))}",
         f"- Runs: {len(rows)} (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"); {seeds}.",
         "- Method: Noisy-FedAvg (clipped local steps, N(0, σ²) on every uploaded parameter, plain mean; spec §1.1), "
         "full participation, Dirichlet(0.1) quota split.",

@@ -27,7 +27,7 @@ from dpfl.attacks.probe import INVERSION_METRICS, inversion_metrics, invert_prob
 from dpfl.experiment.config import RunConfig, config_to_dict, load_config, validate_config
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table
-from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
+from dpfl.results.environment import computed_and_written, describe_job, job_executions
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 __all__ = ["COLUMNS", "DlgPoint", "dlg_points", "run_dlg_study"]
@@ -99,7 +99,7 @@ def run_dlg_study(out: Path, base: RunConfig | None = None, *, steps: int = STEP
     references = _references(points[0])
     csv_path = write_text_atomic(out / "dlg.csv", csv_text(rows, COLUMNS))
     md_path = write_text_atomic(out / "dlg.md", _markdown(rows, references, steps, command,
-                                                          computed_by(environments, "point")))
+                                                          computed_and_written(environments, "point")))
     return csv_path, md_path, rows
 
 
@@ -134,11 +134,11 @@ def _references(first: DlgPoint) -> dict[str, float]:
 
 
 def _markdown(rows: Sequence[dict[str, Any]], references: dict[str, float], steps: int, command: str,
-              computed: str) -> str:
+              provenance_line: str) -> str:
     lines = ["# FedCEO: gradient inversion of one client (spec fedceo.md §8, offline variant)", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
-    lines += [f"Points computed by: {computed}. Written by: {provenance()}.", ""]
+    lines += [provenance_line, ""]
     lines += [f"One record, one local step; DLG and Inverting Gradients ({steps} steps, labels known), PSNR in dB on "
               "[0, 1] pixels (higher = more leakage). The server receives the DP-SGD upload of UDP-FedAvg and of "
               "FedCEO alike; FedCEO's smoothed model is what it hands back.", ""]

@@ -52,7 +52,7 @@ from dpfl.experiment.mpdp_inversion import inversion_report
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
-from dpfl.results.environment import computed_by, provenance, run_environments
+from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
@@ -177,8 +177,8 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
         rows.append(run_job(job, out, inversion_steps))
     out.mkdir(parents=True, exist_ok=True)
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
-    computed = computed_by(run_environments(out / r["run_dir"] for r in rows if r["status"] == "ok"))
-    md_path = write_text_atomic(out / "results.md", markdown(scale, rows, skipped, command, computed))
+    line = computed_and_written(run_environments(out / r["run_dir"] for r in rows if r["status"] == "ok"))
+    md_path = write_text_atomic(out / "results.md", markdown(scale, rows, skipped, command, line))
     return csv_path, md_path, rows
 
 
@@ -202,10 +202,10 @@ def _mia_cell(rs: Sequence[dict[str, Any]]) -> str:
 
 
 def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str], command: str,
-             computed: str = "") -> str:
-    """results.md; `computed`: `computed_by`'s line for the runs."""
+             provenance_line: str) -> str:
+    """results.md; `provenance_line`: `computed_and_written`'s sentence for the runs."""
     lines = [f"# MP-DP comparison ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
-             (f"Runs computed by: {computed}. " if computed else "") + f"Written by: {provenance()}.", "",
+             provenance_line, "",
              "Accuracy: the TRUE model on the test set after the last round, mean ± sample std over seeds. Epsilons "
              "of mpdp* are NOMINAL per-round guarantees (Theorems 10/11, assuming the idealised Gaussian model; see "
              "docs/secure.md W1/W2); mpdp_oracle_clip's do NOT hold towards the server, whose view, the upload, its clip "

@@ -31,7 +31,7 @@ from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, validate_config
 from dpfl.experiment.federated_run import FederatedRun
-from dpfl.results.environment import computed_by, describe_job, provenance
+from dpfl.results.environment import computed_and_written, describe_job
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 TABLE_METHODS = ("weiavg", "fedavg", "min_eps", "robust_hdp", "oracle")
@@ -152,7 +152,7 @@ def write_noise_table(configs: Mapping[str, RunConfig], out: Path, *, label: str
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(csv_path, buf.getvalue())
-    write_text_atomic(md_path, _markdown(rows, label, computed_by(environments, "setting-conversion pair")))
+    write_text_atomic(md_path, _markdown(rows, label, computed_and_written(environments, "setting-conversion pair")))
     return csv_path, md_path
 
 
@@ -160,7 +160,7 @@ def _stats_key(conversion: str) -> str:
     return "stats" if conversion == "dp_accounting" else f"stats_{conversion}"  # "stats": the earlier cache files
 
 
-def _markdown(rows: Sequence[Mapping[str, Any]], label: str, computed: str) -> str:
+def _markdown(rows: Sequence[Mapping[str, Any]], label: str, provenance_line: str) -> str:
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     conversions = [c for c in CONVERSIONS if any(r["conversion"] == c for r in rows)]
     methods = [m for m in TABLE_METHODS if any(r["method"] == m for r in rows)]
@@ -201,5 +201,5 @@ def _markdown(rows: Sequence[Mapping[str, Any]], label: str, computed: str) -> s
                     cells.append("n/a" if r is None or best is None else
                                  f"{r['noise_stat_analytic'] / best['noise_stat_analytic']:.3f}")
                 lines.append(f"| {s} | {c} | " + " | ".join(cells) + " |")
-    lines += ["", (f"Computed by: {computed}. " if computed else "") + f"Written by: {provenance()}."]
+    lines += ["", provenance_line]
     return "\n".join(lines) + "\n"

@@ -42,7 +42,7 @@ from dpfl.data.clustered import cluster_sizes
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 from dpfl.reproduce.runner import OK, Outcome
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
-from dpfl.results.environment import computed_by, provenance, run_environments
+from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
 __all__ = ["COLUMNS", "EPSILONS", "SPEC", "finds_minority", "grid", "methods", "parse_epsilons", "planted_clusters",
@@ -191,8 +191,7 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
     lines = [f"# Reproduction: R-DPCFL ({grid.label})", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
-    lines += [f"Runs computed by: {computed_by(run_environments(o.run_dir for o in ordered))}. Written by: "
-              f"{provenance()}.", ""]
+    lines += [computed_and_written(run_environments(o.run_dir for o in ordered)), ""]
     lines += ["mean acc: each client's accuracy with the model it uses, on its own shifted test split, averaged over "
               "clients; minority acc: the same over the minority cluster; ARI against the planted clusters "
               "(global-model methods: one cluster, local: one per client); recovered: the final partition equals the "

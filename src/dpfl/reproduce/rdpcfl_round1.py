@@ -33,7 +33,7 @@ from dpfl.data.errors import DatasetNotFoundError
 from dpfl.reproduce import rdpcfl
 from dpfl.reproduce.jobs import Grid, GridError, Job, Method, Setting, build_grid
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
-from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
+from dpfl.results.environment import computed_and_written, describe_job, job_executions
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 __all__ = ["BATCHES", "COLUMNS", "analysis_grid", "round1_point", "run_analysis"]
@@ -137,17 +137,17 @@ def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable
                           f"{result['em_iterations']} EM iterations, {result['seconds']:.0f} s")
     saved = [f for f in (_saved(j, out) for j in grid.all_jobs) if f is not None]
     rows = [f["point"] for f in saved]
-    computed = computed_by((job_executions(f) for f in saved), "point")
+    line = computed_and_written((job_executions(f) for f in saved), "point")
     csv_path = write_text_atomic(out / "round1_analysis.csv", csv_text(rows, COLUMNS))
-    md_path = write_text_atomic(out / "round1_analysis.md", _markdown(grid, rows, out, command, computed))
+    md_path = write_text_atomic(out / "round1_analysis.md", _markdown(grid, rows, out, command, line))
     return csv_path, md_path, rows
 
 
-def _markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path, command: str, computed: str) -> str:
+def _markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path, command: str, provenance_line: str) -> str:
     lines = [f"# R-DPCFL's b^1 analysis ({grid.label})", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
-    lines += [f"Points computed by: {computed}. Written by: {provenance()}.", ""]
+    lines += [provenance_line, ""]
     lines += ["Round 1 of each run, calibrated for its planned length, then R-DPCFL's PCA + GMM on the released "
               "updates (a diagnostic: nothing else is trained). recovered: the round-1 partition equals the planted "
               "one; minority: the minority cluster is found exactly (k of S seeds). MSS: the GMM's minimum "

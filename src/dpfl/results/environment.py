@@ -22,8 +22,8 @@ from dpfl.results.run_files import (RunDirError, append_jsonl, complete_jsonl_ro
                                     write_text_atomic)
 
 __all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "describe_job", "read_environment",
-           "record_environment", "write_environment", "provenance", "computed_by", "job_executions", "run_environments",
-           "changed_keys"]
+           "record_environment", "write_environment", "provenance", "computed_by", "computed_and_written",
+           "job_executions", "run_environments", "changed_keys"]
 
 ENVIRONMENT_FILE = "environment.jsonl"
 # What changes a run's numbers (everything else in a line only describes the machine or the time).
@@ -147,6 +147,12 @@ def computed_by(jobs: Iterable[Sequence[Mapping[str, Any]]], unit: str = "run") 
         parts.append(f"{_count(unrecorded, unit)} with no recorded environment (computed before dpfl recorded it, "
                      "or its record is damaged)")
     return "; ".join(parts) if parts else f"no {unit}s yet"
+
+
+def computed_and_written(jobs: Iterable[Sequence[Mapping[str, Any]]], unit: str = "run") -> str:
+    """A study's provenance sentence: the environments that computed its `unit`s (`computed_by`), then the process
+    that wrote the file (`provenance`)."""
+    return f"{unit[:1].upper()}{unit[1:]}s computed by: {computed_by(jobs, unit)}. Written by: {provenance()}."
 
 
 def run_environments(run_dirs: Iterable[str | os.PathLike[str]]) -> list[list[dict[str, Any]]]:
