@@ -466,6 +466,10 @@ _Methods = Annotated[Optional[str], typer.Option("--methods", help="Only these m
 _Datasets = Annotated[Optional[list[str]], typer.Option("--dataset", help="fashion_mnist (default) or mnist; "
                                                                           "repeatable or comma-separated.")]
 _DryRun = Annotated[bool, typer.Option("--dry-run", help="List the jobs and their state; run nothing.")]
+_TablesOnly = Annotated[bool, typer.Option(
+    "--tables-only", help="Write results.csv, results.md and plots/ from the runs already finished under --out; "
+                          "train nothing (a long grid's tables while it runs elsewhere). The tables' command line "
+                          "is the one that computes them, without this option.")]
 
 
 def _dataset_names(datasets: Optional[list[str]]) -> list[str]:
@@ -475,12 +479,16 @@ def _dataset_names(datasets: Optional[list[str]]) -> list[str]:
 
 
 def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
-               methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, **grid_options: Any) -> None:
-    """The reproduce commands: build the grid, list it (--dry-run) or run it, then write the results."""
+               methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, tables_only: bool = False,
+               **grid_options: Any) -> None:
+    """The reproduce commands: build the grid, list it (--dry-run) or run it (or, --tables-only, collect its
+    finished runs), then write the results."""
     from dpfl.reproduce import fdp_accuracy, fedceo, pfa, rdpcfl, robust_hdp
     from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
     from dpfl.reproduce.tables import write_results as generic_results
 
+    if dry_run and tables_only:
+        _fail("--dry-run and --tables-only: choose one (--dry-run lists the jobs, --tables-only writes their tables)")
     names = _dataset_names(datasets)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
@@ -499,10 +507,15 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
             for line in describe_jobs(grid, out):
                 console.print(line, markup=False, highlight=False)
             return
-        with RichProgress(errors) as progress:
-            outcomes = run_jobs(grid.jobs, out, progress=progress)
-        selected = {j.key for j in grid.jobs}
-        outcomes += collect_finished([j for j in grid.all_jobs if j.key not in selected], out)
+        if tables_only:
+            outcomes = collect_finished(grid.all_jobs, out)
+            if not outcomes:
+                raise UserError(f"--tables-only: no finished run of this selection under {out / 'runs'}")
+        else:
+            with RichProgress(errors) as progress:
+                outcomes = run_jobs(grid.jobs, out, progress=progress)
+            selected = {j.key for j in grid.jobs}
+            outcomes += collect_finished([j for j in grid.all_jobs if j.key not in selected], out)
         write_results = getattr(module, "write_results", generic_results)  # a study's own tables, if it has them
         csv_path, md_path = write_results(grid, outcomes, out, command=command)
     except _user_errors() as e:
@@ -524,16 +537,17 @@ def reproduce_pfa(
     calibration: Annotated[Optional[str], typer.Option(
         help="accountant (RDP + Poisson), pfa-heuristic (the paper's formula + fixed-size batches) or both; default "
              "accountant at full scale, both at ci.")] = None,
-    dry_run: _DryRun = False,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
 ) -> None:
     """PFA's comparison (PVLDB 2022): np_fedavg, max_eps, pfa, pfa_plus, weiavg, fedavg, min_eps."""
-    _reproduce("pfa", out, scale, seeds, rounds, settings, methods, dataset, dry_run, calibration=calibration)
+    _reproduce("pfa", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
+               calibration=calibration)
 
 
 @reproduce_app.command("robust-hdp")
 def reproduce_robust_hdp(
     out: _Out, scale: _Scale, seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None,
-    methods: _Methods = None, dataset: _Datasets = None, dry_run: _DryRun = False,
+    methods: _Methods = None, dataset: _Datasets = None, dry_run: _DryRun = False, tables_only: _TablesOnly = False,
     noise_table: Annotated[bool, typer.Option(
         "--noise-table", help="Only the round-1 noise statistic table (thesis Table 3.4): each setting calibrated "
                               "for its full planned length, round 1 trained once, every aggregator on the same "
@@ -541,9 +555,11 @@ def reproduce_robust_hdp(
 ) -> None:
     """Robust-HDP's comparison (ICML 2024): 7 methods on Dist1..9, plus the falsified-budget scenario."""
     if noise_table:
+        if tables_only:
+            _fail("--tables-only applies to the comparison (the noise table reuses its saved pairs anyway)")
         _noise_table(out, scale, settings, dataset)
         return
-    _reproduce("robust-hdp", out, scale, seeds, rounds, settings, methods, dataset, dry_run)
+    _reproduce("robust-hdp", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only)
 
 
 @reproduce_app.command("fedceo")
@@ -582,8 +598,11 @@ def reproduce_fedceo(
     tune_ablation: Annotated[bool, typer.Option(
         "--tune-ablation", help="With --search: also choose the theta = 1 ablation's own lambda (a third stage, the "
                                 "lambda grid at the chosen I); the comparison's fedceo_theta1 then uses it.")] = False,
+    tables_only: _TablesOnly = False,
 ) -> None:
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
+    if tables_only and (dlg or search):
+        _fail("--tables-only applies to the comparison, not to --search or --dlg")
     if dlg:
         _fedceo_dlg(out, scale, search or search_result is not None or any(
             v is not None for v in (seeds, rounds, settings, methods, dataset, partition, mechanism)) or dry_run
@@ -597,7 +616,8 @@ def reproduce_fedceo(
         return
     if tune_ablation:
         _fail("--tune-ablation is a stage of --search (the comparison takes its choice through --search-result)")
-    _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, search_result=search_result,
+    _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
+               search_result=search_result,
                partition=partition, mechanism=mechanism)
 
 
@@ -630,14 +650,14 @@ def reproduce_fdp_accuracy(
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", help="Default per scale: full mnist,cifar10 (fashion_mnist adds a stand-in for mnist), reduced "
                           "fashion_mnist, ci digits. Repeatable or comma-separated.")] = None,
-    dry_run: _DryRun = False,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
 ) -> None:
     """The f-DP paper's accuracy study (spec fdp_accounting.md §8): Noisy-FedAvg accuracy against sigma, m, (K, T),
     next to the accountant's mu and epsilon per configuration."""
     from dpfl.reproduce import fdp_accuracy
 
     names = _dataset_names(dataset) if dataset else list(fdp_accuracy.DEFAULT_DATASETS.get(scale, ())) or None
-    _reproduce("fdp-accuracy", out, scale, seeds, rounds, settings, methods, names, dry_run)
+    _reproduce("fdp-accuracy", out, scale, seeds, rounds, settings, methods, names, dry_run, tables_only)
 
 
 @reproduce_app.command("rdpcfl")
@@ -660,22 +680,27 @@ def reproduce_rdpcfl(
     round1_batches: Annotated[Optional[str], typer.Option(
         "--round1-batches", help="With --round1-analysis: comma-separated b^1 values ('full' or integers; default "
                                  "ci 32,128,512,full, full 32,128,512,2048,full).")] = None,
+    tables_only: _TablesOnly = False,
 ) -> None:
     """R-DPCFL's comparison (TMLR 2025): rdpcfl, ifca, global, local, mr_mtl, oracle, fedavg on planted clusters.
     Writes OUT/results.csv (mean_acc, minority_acc, ari, clusters_found, ... per run), results.md, plots/."""
     if round1_analysis:
-        _rdpcfl_round1(out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons, round1_batches)
+        _rdpcfl_round1(out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons, round1_batches,
+                       tables_only)
         return
     if round1_batches is not None:
         _fail("--round1-batches applies to --round1-analysis only")
-    _reproduce("rdpcfl", out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons=epsilons)
+    _reproduce("rdpcfl", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
+               epsilons=epsilons)
 
 
 def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
                    methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, epsilons: Optional[str],
-                   batches: Optional[str]) -> None:
+                   batches: Optional[str], tables_only: bool) -> None:
     from dpfl.reproduce.rdpcfl_round1 import analysis_grid, run_analysis
 
+    if dry_run and tables_only:
+        _fail("--dry-run and --tables-only: choose one (--dry-run lists the points, --tables-only writes their tables)")
     if rounds is not None or methods:
         _fail("--round1-analysis: --rounds and --methods do not apply (each point is R-DPCFL calibrated for the "
               "scale's planned rounds; choose b^1 with --round1-batches)")
@@ -693,9 +718,12 @@ def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional
                 console.print(f"{j.setting} b^1={j.method[1:]} seed {j.seed}", markup=False, highlight=False)
             return
         done = iter(range(1, len(grid.jobs) + 1))
-        csv_path, md_path, _ = run_analysis(grid, out, command=command, on_point=lambda j, what: console.print(
+        csv_path, md_path, rows = run_analysis(grid, out, command=command, compute=not tables_only,
+                                               on_point=lambda j, what: console.print(
             f"[{next(done)}/{len(grid.jobs)}] {j.setting} b^1={j.method[1:]} seed{j.seed}: {what}", markup=False,
             highlight=False))
+        if tables_only and not rows:
+            raise UserError(f"--tables-only: no saved point of this selection under {out / 'round1'}")
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     console.print(f"results: {md_path}  {csv_path}", highlight=False)

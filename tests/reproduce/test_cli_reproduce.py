@@ -45,6 +45,27 @@ def test_reproduce_pfa_runs_labels_and_resumes(tmp_path, fmnist):
     line = _one_line_error(*cli(*args[:-1], "2")[::2])
     assert "holds a run with a different config" in line
 
+    # --tables-only: the tables again from the finished run, nothing trained; the command shown computes them
+    (tmp_path / "results.csv").unlink()
+    code, out, err = cli(*args, "--tables-only")
+    assert code == 0, err
+    assert "max_eps seed0" not in err and "1 ok" in out
+    with open(tmp_path / "results.csv", newline="") as f:
+        assert {r["method"]: r for r in csv.DictReader(f)} == rows
+    assert "--tables-only" not in (tmp_path / "results.md").read_text()
+
+
+def test_tables_only_trains_nothing_and_needs_a_finished_run(tmp_path):
+    args = ["reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING, "--methods", "max_eps"]
+    line = _one_line_error(*cli(*args, "--tables-only")[::2])
+    assert "--tables-only: no finished run of this selection under" in line
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results.csv").exists()
+    line = _one_line_error(*cli(*args, "--tables-only", "--dry-run")[::2])
+    assert "--dry-run and --tables-only: choose one" in line
+    line = _one_line_error(*cli("reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--search",
+                                "--tables-only")[::2])
+    assert "--tables-only applies to the comparison" in line
+
 
 def test_dry_run_lists_jobs_and_runs_nothing(tmp_path):
     code, out, err = cli("reproduce", "robust-hdp", "--scale", "full", "--out", tmp_path, "--dry-run", "--seeds", "2",

@@ -100,6 +100,13 @@ def test_points_are_saved_reused_and_summarised(tmp_path):
     _, _, rows = run_analysis(analysis_grid("ci", seeds=2, batches=["32", "full"], epsilons="3,5",
                                             settings_pattern="*eps3"), tmp_path, point=_stand_in(again))
     assert len(rows) == 8 and again[1:] == [("fmnist-rotation-eps3", m, s) for s in (0, 1) for m in ("b32", "bfull")]
+    # compute=False (--tables-only): a missing point is reported, not computed; the saved ones are tabulated
+    path.unlink()
+    said = []
+    _, _, rows = run_analysis(grid, tmp_path, point=_stand_in(again), compute=False,
+                              on_point=lambda job, what: said.append((job.key, what)))
+    assert len(again) == 5 and len(rows) == 3
+    assert (("fmnist-rotation-eps5", "b32", 0), "not computed (--tables-only)") in said
 
 
 def test_cli_usage_errors(tmp_path):
@@ -115,6 +122,9 @@ def test_cli_usage_errors(tmp_path):
     assert code == 0, err
     assert out.splitlines()[0].startswith("R-DPCFL b^1 analysis, scale ci: 8 points")
     assert not any(tmp_path.iterdir())  # nothing ran
+    code, _, err = cli("reproduce", "rdpcfl", "--round1-analysis", "--scale", "ci", "--out", tmp_path, "--dry-run",
+                       "--tables-only")
+    assert code == 2 and "--dry-run and --tables-only: choose one" in err
 
 
 def test_cli_runs_one_point_end_to_end(tmp_path, fmnist):
@@ -130,3 +140,10 @@ def test_cli_runs_one_point_end_to_end(tmp_path, fmnist):
     assert float(row["noise_multiplier"]) > 0 and "b^1 analysis" in (tmp_path / "round1_analysis.md").read_text()
     code, out, _ = cli(*args)
     assert code == 0 and "seed0: saved before" in out
+    (tmp_path / "round1_analysis.csv").unlink()
+    code, out, err = cli(*args, "--tables-only")  # rewrites the tables from the saved point
+    assert code == 0, err
+    assert next(csv.DictReader((tmp_path / "round1_analysis.csv").open())) == row
+    code, _, err = cli(*args[:-1], tmp_path / "empty", "--tables-only")
+    assert code == 2 and "--tables-only: no saved point of this selection" in err
+    assert not (tmp_path / "empty" / "round1").exists()  # nothing computed

@@ -112,8 +112,10 @@ def _saved(job: Job, out: Path) -> dict[str, Any] | None:
 
 
 def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable[[Job, str], None] | None = None,
-                 point: Callable[[Job], dict[str, Any]] = round1_point) -> tuple[Path, Path, list[dict[str, Any]]]:
-    """Compute the missing points of `grid` (saved ones are reused), then OUT/round1_analysis.{csv,md}.
+                 point: Callable[[Job], dict[str, Any]] = round1_point,
+                 compute: bool = True) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """Compute the missing points of `grid` (saved ones are reused; none with compute=False), then
+    OUT/round1_analysis.{csv,md}.
 
     The tables show every setting of the scale at this invocation's b^1 values and seeds (`--settings` only
     chooses what is computed), so points saved by earlier invocations for other settings appear too.
@@ -123,6 +125,10 @@ def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable
         if _saved(job, out) is not None:
             if on_point:
                 on_point(job, "saved before")
+            continue
+        if not compute:
+            if on_point:
+                on_point(job, "not computed (--tables-only)")
             continue
         try:
             result = point(job)
