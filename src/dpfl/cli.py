@@ -472,6 +472,12 @@ _TablesOnly = Annotated[bool, typer.Option(
                           "is the one that computes them, without this option.")]
 
 
+def _one_of_dry_run_and_tables_only(dry_run: bool, tables_only: bool) -> None:
+    if dry_run and tables_only:
+        _fail("--dry-run and --tables-only: choose one (--dry-run lists what would run, --tables-only writes the "
+              "tables of what finished)")
+
+
 def _dataset_names(datasets: Optional[list[str]]) -> list[str]:
     """--dataset values (repeatable or comma-separated, `fmnist` for short), in order, without repeats."""
     names = [d.strip() for item in (datasets or ["fashion_mnist"]) for d in item.split(",") if d.strip()]
@@ -487,8 +493,7 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
     from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
     from dpfl.reproduce.tables import write_results as generic_results
 
-    if dry_run and tables_only:
-        _fail("--dry-run and --tables-only: choose one (--dry-run lists the jobs, --tables-only writes their tables)")
+    _one_of_dry_run_and_tables_only(dry_run, tables_only)
     names = _dataset_names(datasets)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
@@ -699,8 +704,7 @@ def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional
                    batches: Optional[str], tables_only: bool) -> None:
     from dpfl.reproduce.rdpcfl_round1 import analysis_grid, run_analysis
 
-    if dry_run and tables_only:
-        _fail("--dry-run and --tables-only: choose one (--dry-run lists the points, --tables-only writes their tables)")
+    _one_of_dry_run_and_tables_only(dry_run, tables_only)
     if rounds is not None or methods:
         _fail("--round1-analysis: --rounds and --methods do not apply (each point is R-DPCFL calibrated for the "
               "scale's planned rounds; choose b^1 with --round1-batches)")
@@ -739,7 +743,7 @@ def reproduce_splitting(
         "partial-participation, diminishing-step and DP settings, 3 seeds, measured 53 min per seed on a busy 2-core "
         "machine; CNN: 100 rounds of 10 local epochs, 4 seeds, about 10 s per round: days)."))],
     seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
-    dry_run: _DryRun = False,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
 ) -> None:
     """The operator-splitting family (FedAvg, FedProx, FedSplit, FedPi, FedRP, Anderson) on the convex problems of
     specs/operator_splitting.md in float64, and on the reference CNN. Writes OUT/results.csv, results.md, plots/,
@@ -752,6 +756,7 @@ def reproduce_splitting(
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
                                                    ("methods", methods)) if v is not None])
 
+    _one_of_dry_run_and_tables_only(dry_run, tables_only)
     if dry_run:
         with _study_errors(out):
             todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings, methods=wanted)
@@ -764,7 +769,7 @@ def reproduce_splitting(
         return
     _run_study("splitting", scale, out, f"in {out / 'logs'}",
                lambda say: run_study(scale, out, seeds=seeds, rounds=rounds, settings_pattern=settings,
-                                     methods=wanted, progress=say, command=command))
+                                     methods=wanted, progress=say, command=command, compute=not tables_only))
 
 
 def _study_outcome(name: str, scale: str, rows: list[dict[str, Any]], md_path: Path, csv_path: Path,

@@ -215,3 +215,19 @@ def test_the_same_out_with_other_rounds_is_refused(tiny_scale, tmp_path):
         splitting.run_study("ci", out, methods=["fedpi"], rounds=10)
     _, _, rows = splitting.run_study("ci", out, methods=["fedpi"])  # the same options continue
     assert all(r["status"] == "ok" for r in rows)
+
+
+def test_tables_only_collects_finished_jobs_and_runs_none(tiny_scale, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="--tables-only: no finished job"):
+        splitting.run_study("ci", out, compute=False)
+    splitting.run_study("ci", out, methods=["fedpi"])  # 2 of the 4 jobs (fedpi, tau 0 and 2)
+    (out / "results.csv").unlink()
+    _, md_path, rows = splitting.run_study("ci", out, compute=False)
+    assert {(r["method"], r["anderson"]) for r in rows} == {("fedpi", 0), ("fedpi", 2)}
+    assert all(r["status"] == "ok" for r in rows)
+    assert not list(out.glob("**/fedavg_k5*"))  # nothing ran
+    assert {r["method"] for r in csv.DictReader((out / "results.csv").open())} == {"fedpi"}
+    assert "| fedpi |" in md_path.read_text()
+    code, _, err = cli("reproduce", "splitting", "--scale", "ci", "--out", out, "--dry-run", "--tables-only")
+    assert code == 2 and "--dry-run and --tables-only: choose one" in err

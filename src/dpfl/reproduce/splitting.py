@@ -39,7 +39,7 @@ from typing import Any
 
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.reproduce import splitting_cnn
-from dpfl.reproduce.jobs import Grid, config_dir
+from dpfl.reproduce.jobs import Grid, GridError, config_dir
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
@@ -186,20 +186,25 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
 
 def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | None = None,
               settings_pattern: str | None = None, methods: Sequence[str] | None = None,
-              progress: Callable[[str], None] | None = None, command: str = "") -> tuple[Path, Path, list[dict]]:
+              progress: Callable[[str], None] | None = None, command: str = "",
+              compute: bool = True) -> tuple[Path, Path, list[dict]]:
     """Run (or continue) the study; write results.csv, results.md, one gap plot per convex setting and one accuracy
-    plot per CNN setting."""
+    plot per CNN setting. compute=False (--tables-only): only the jobs that finished before, nothing run."""
     todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings_pattern, methods=methods)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for n, job in enumerate(todo.convex, 1):
+        if not compute and not job.paths(out)[1].is_file():
+            continue
         row = run_job(job, out)
         rows.append(row)
         if progress is not None:
             progress(f"[{n}/{len(todo.convex)}] {job.setting.name} {job.key}: {row['status']}"
                      + (f", rel dist {row['final_rel_dist']:.2e}, rounds to 1e-8 {row['rounds_to_1e-8']}"
                         if row["status"] == "ok" and row["rounds"] else ""))
-    cnn_rows = splitting_cnn.run(todo.cnn, out, progress) if todo.cnn is not None else []
+    cnn_rows = [] if todo.cnn is None else splitting_cnn.run(todo.cnn, out, progress, compute=compute)
+    if not compute and not rows + cnn_rows:
+        raise GridError(f"--tables-only: no finished job of this selection under {out}")
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows + cnn_rows, COLUMNS))
     plots = {s.name: _plot(s.name, [j for j in todo.convex if j.setting.name == s.name], out)
              for s in dict((j.setting.name, j.setting) for j in todo.convex).values()}

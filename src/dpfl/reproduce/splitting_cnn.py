@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.reproduce.jobs import Grid, Method, Setting, build_grid, config_dir
-from dpfl.reproduce.runner import OK, Outcome, Progress, run_jobs
+from dpfl.reproduce.runner import OK, Outcome, Progress, collect_finished, run_jobs
 from dpfl.reproduce.tables import job_row, md_table, mean_std
 from dpfl.results.environment import computed_by, run_environments
 from dpfl.results.run_files import as_number, read_metrics
@@ -94,9 +94,12 @@ class _Lines(Progress):
                      + (f" ({outcome.message})" if outcome.message else ""))
 
 
-def run(grid: Grid, out: Path, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Run (or continue) the grid's jobs; their results.csv rows in the study's columns."""
-    return [row(o, grid.label, out) for o in run_jobs(grid.jobs, out, progress=_Lines(progress))]
+def run(grid: Grid, out: Path, progress: Callable[[str], None] | None = None,
+        compute: bool = True) -> list[dict[str, Any]]:
+    """Run (or continue) the grid's jobs (compute=False: only collect the finished ones); their results.csv rows in
+    the study's columns."""
+    outcomes = run_jobs(grid.jobs, out, progress=_Lines(progress)) if compute else collect_finished(grid.jobs, out)
+    return [row(o, grid.label, out) for o in outcomes]
 
 
 def row(outcome: Outcome, label: str, out: Path) -> dict[str, Any]:
