@@ -275,6 +275,7 @@ def _markdown(scale: str, todo: Sequence[SplittingJob], rows: Sequence[dict], pl
         for method in setting.methods:
             for tau in setting.anderson.memories:
                 group = [r for r in mine if r["method"] == method.name and r["anderson"] == tau]
+                planned = sum(j.setting.name == name and j.method == method.name and j.anderson == tau for j in todo)
                 ok = [r for r in group if r.get("status") == "ok"]
                 if not group:
                     continue
@@ -286,7 +287,10 @@ def _markdown(scale: str, todo: Sequence[SplittingJob], rows: Sequence[dict], pl
                              _fmt(_mean([r["final_gap"] for r in ok])), _fmt(_mean([r["final_residual"] for r in ok])),
                              "never" if all(v is None for v in reached) else
                              "/".join("never" if v is None else str(v) for v in reached),
-                             f"{len(ok)}/{len(group)}"])
+                             f"{len(ok)}/{planned}"])
+        if not body:
+            lines += ["No job of this setting has finished yet.", ""]
+            continue
         lines += md_table(["method", "Anderson tau", "final rel dist", "final gap", "final residual",
                            "rounds to 1e-8 (per seed)", "seeds ok"], body)
         if plots.get(name) is not None:
