@@ -722,12 +722,10 @@ def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional
                 console.print(f"{j.setting} b^1={j.method[1:]} seed {j.seed}", markup=False, highlight=False)
             return
         done = iter(range(1, len(grid.jobs) + 1))
-        csv_path, md_path, rows = run_analysis(grid, out, command=command, compute=not tables_only,
-                                               on_point=lambda j, what: console.print(
+        csv_path, md_path, _ = run_analysis(grid, out, command=command, compute=not tables_only,
+                                            on_point=lambda j, what: console.print(
             f"[{next(done)}/{len(grid.jobs)}] {j.setting} b^1={j.method[1:]} seed{j.seed}: {what}", markup=False,
             highlight=False))
-        if tables_only and not rows:
-            raise UserError(f"--tables-only: no saved point of this selection under {out / 'round1'}")
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     console.print(f"results: {md_path}  {csv_path}", highlight=False)

@@ -107,6 +107,10 @@ def test_points_are_saved_reused_and_summarised(tmp_path):
                               on_point=lambda job, what: said.append((job.key, what)))
     assert len(again) == 5 and len(rows) == 3
     assert (("fmnist-rotation-eps5", "b32", 0), "not computed (--tables-only)") in said
+    before = (tmp_path / "round1_analysis.csv").read_text()
+    with pytest.raises(GridError, match="--tables-only: no saved point"):
+        run_analysis(analysis_grid("ci", seeds=2, batches=["64"]), tmp_path, compute=False)
+    assert (tmp_path / "round1_analysis.csv").read_text() == before  # the earlier tables stay
 
 
 def test_cli_usage_errors(tmp_path):

@@ -142,6 +142,8 @@ def run_analysis(grid: Grid, out: Path, *, command: str = "", on_point: Callable
             on_point(job, f"{result['n_clusters']} clusters, recovered {result['recovered']}, MSS {result['mss']:.2f}, "
                           f"{result['em_iterations']} EM iterations, {result['seconds']:.0f} s")
     saved = [f for f in (_saved(j, out) for j in grid.all_jobs) if f is not None]
+    if not compute and not saved:  # before writing: the tables of an earlier selection stay
+        raise GridError(f"--tables-only: no saved point of this selection under {out / POINTS_DIR}")
     rows = [f["point"] for f in saved]
     line = computed_and_written((job_executions(f) for f in saved), "point")
     csv_path = write_text_atomic(out / "round1_analysis.csv", csv_text(rows, COLUMNS))
