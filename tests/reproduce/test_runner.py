@@ -16,7 +16,7 @@ from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.run_directory import execute as real_execute
 from dpfl.reproduce import pfa, robust_hdp
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, ConfigMismatchError, run_jobs
-from dpfl.reproduce.tables import COLUMNS, write_results
+from dpfl.reproduce.tables import COLUMNS, columns, write_results
 from dpfl.results.run_files import read_metrics
 
 SMALL = dict(rounds=1, methods=["weiavg", "oracle"], extra=["model.name=logr"])
@@ -49,7 +49,7 @@ def test_ci_subset_runs_end_to_end_and_writes_the_results(ci_run):
         assert o.run_dir == out / "runs" / o.job.setting / o.job.method / "seed0"
         assert (o.run_dir / "summary.json").is_file()
     with open(out / "results.csv", newline="") as f:
-        assert next(csv.reader(f)) == COLUMNS
+        assert next(csv.reader(f)) == columns("robust-hdp") == [*COLUMNS[:10], "final_test_loss", *COLUMNS[10:]]
     rows = {(r["setting"], r["method"]): r for r in _rows(out)}
     assert len(rows) == 4
     for r in rows.values():
@@ -60,6 +60,8 @@ def test_ci_subset_runs_end_to_end_and_writes_the_results(ci_run):
         assert r["meets_budgets"] == "True" and float(r["max_epsilon_spent"]) <= 1.5 + 1e-9
         assert float(r["min_budget"]) == 0.2
         assert 0.0 <= float(r["test_acc_clients_mean_final"]) <= 1.0
+        metrics = [m for m in read_metrics(out / r["run_dir"]) if "test_loss" in m]
+        assert float(r["final_test_loss"]) == pytest.approx(metrics[-1]["test_loss"]) and metrics[-1]["test_loss"] > 0
         assert float(r["uplink_mib"]) == pytest.approx(6 * 7850 * 4 / 2**20)  # 6 clients upload 7,850 floats
         assert r["run_dir"] == f"runs/{r['setting']}/{r['method']}/seed0"
     # the oracle's weights minimise the analytic noise statistic: never above WeiAvg's on the same run
@@ -77,8 +79,10 @@ def test_results_md_compares_methods_and_the_falsified_budget(ci_run):
     assert "## Round-1 noise statistic (analytic)" in md
     falsified = md.split("## Falsified budget: fmnist-Dist5-misreport against fmnist-Dist5")[1].split("\n## ")[0]
     oracle_row = next(line for line in falsified.splitlines() if line.startswith("| oracle |"))
-    # the oracle never reads the reported epsilon: identical curve, zero difference
-    assert oracle_row.endswith("| +0.0000 ± n/a | 1 | yes |"), oracle_row
+    # the oracle never reads the reported epsilon: identical curve, zero difference, the same test loss
+    cells = [c.strip() for c in oracle_row.strip("|").split("|")]
+    assert cells[3:4] == ["+0.0000 ± n/a"] and cells[6:] == ["1", "yes"], oracle_row
+    assert cells[4] == cells[5] != "n/a" and float(cells[4].split()[0]) > 0, oracle_row
     for setting in ("fmnist-Dist5", "fmnist-Dist5-misreport"):
         assert f"## {setting}\n" in md
         assert f"](plots/{setting}.png)" in md

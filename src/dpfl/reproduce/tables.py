@@ -35,10 +35,13 @@ COLUMNS = [
 # Columns only some papers' results.csv have: paper -> (column, the column it follows). Other papers' files
 # are unchanged. acc_personal_final: the last logged acc_personal (clients' personal models on their own
 # test splits), empty for methods without personal models; final_val_accuracy: the last logged val_accuracy
-# (the global model on the clients' validation splits, what `--search` selects on).
+# (the global model on the clients' validation splits, what `--search` selects on); final_test_loss: the last
+# logged test_loss (the global model's mean cross-entropy on the test split; Robust-HDP's falsified-budget table
+# shows it because a lie's damage can show in the loss while the accuracy does not move).
 PAPER_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "fedceo": (("acc_personal_final", "test_acc_clients_mean_final"),
                ("final_val_accuracy", "acc_personal_final")),
+    "robust-hdp": (("final_test_loss", "test_acc_clients_mean_final"),),
 }
 NOT_RUN = "not run"
 CI_SCALE = {"fedceo": "spec fedceo.md §9 CI scale"}  # what "ci" is, per paper (default: heterogeneous_dp.md §7.4)
@@ -108,6 +111,7 @@ def _from_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     acc = [a for a in acc if a is not None]
     personal = [p for p in (as_number(r.get("acc_personal")) for r in metrics) if p is not None]
     validated = [v for v in (as_number(r.get("val_accuracy")) for r in metrics) if v is not None]
+    losses = [v for v in (as_number(r.get("test_loss")) for r in metrics) if v is not None]
     return {
         "rounds_run": len(metrics),
         "final_accuracy": acc[-1] if acc else None,
@@ -115,6 +119,7 @@ def _from_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "test_acc_clients_mean_final": clients[-1] if clients else None,
         "acc_personal_final": personal[-1] if personal else None,
         "final_val_accuracy": validated[-1] if validated else None,
+        "final_test_loss": losses[-1] if losses else None,
         "noise_stat_round1_analytic": as_number(first.get("noise_stat_analytic")),
         "noise_stat_round1_empirical": as_number(first.get("noise_stat_empirical")),
         "uplink_mib": up / MIB if metrics else None,
@@ -296,13 +301,17 @@ def _misreport_tables(grid: Grid, rows: Sequence[Mapping[str, Any]], metrics: Ma
             same = [metrics.get((honest, m, k)) == metrics.get((s.name, m, k)) for k in both]
             body.append([m, mean_std(r["final_accuracy"] for r in hon.values()),
                          mean_std(r["final_accuracy"] for r in lie.values()), mean_std(diffs, "+.4f"),
+                         mean_std((r.get("final_test_loss") for r in hon.values()), ".3g"),
+                         mean_std((r.get("final_test_loss") for r in lie.values()), ".3g"),
                          f"{len(both)}", "n/a" if not same else ("yes" if all(same) else "no")])
         out += [f"## Falsified budget: {s.name} against {honest}", "",
                 f"{s.describe}. Honest runs are the main setting {honest} (same data, budgets and seeds). "
-                "Difference = lying − honest final accuracy, paired by seed. \"Same curve\": the accuracy of "
-                "every evaluated round is identical with and without the lie.", "",
-                *md_table(["method", "honest final acc", "misreport final acc", "difference", "paired seeds",
-                            "same curve"], body), ""]
+                "Difference = lying − honest final accuracy, paired by seed. Test loss: the global model's mean "
+                "cross-entropy on the test split after the last round (a lie's damage can show there while the "
+                "accuracy does not move). \"Same curve\": the accuracy of every evaluated round is identical "
+                "with and without the lie.", "",
+                *md_table(["method", "honest final acc", "misreport final acc", "difference", "honest test loss",
+                           "misreport test loss", "paired seeds", "same curve"], body), ""]
     return out
 
 
