@@ -722,12 +722,20 @@ def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional
                 console.print(f"{j.setting} b^1={j.method[1:]} seed {j.seed}", markup=False, highlight=False)
             return
         done = iter(range(1, len(grid.jobs) + 1))
-        csv_path, md_path, _ = run_analysis(grid, out, command=command, compute=not tables_only,
-                                            on_point=lambda j, what: console.print(
-            f"[{next(done)}/{len(grid.jobs)}] {j.setting} b^1={j.method[1:]} seed{j.seed}: {what}", markup=False,
-            highlight=False))
+        states: list[str] = []  # --tables-only: one summary line instead of a line per point
+
+        def say(j: Any, what: str) -> None:
+            states.append(what)
+            if not tables_only:
+                console.print(f"[{next(done)}/{len(grid.jobs)}] {j.setting} b^1={j.method[1:]} seed{j.seed}: {what}",
+                              markup=False, highlight=False)
+
+        csv_path, md_path, _ = run_analysis(grid, out, command=command, compute=not tables_only, on_point=say)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    if tables_only:
+        console.print(f"{states.count('saved before')} of the selection's {len(states)} points saved before; the "
+                      "others not computed (--tables-only)", highlight=False)
     console.print(f"results: {md_path}  {csv_path}", highlight=False)
 
 

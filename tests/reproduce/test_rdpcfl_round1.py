@@ -147,6 +147,7 @@ def test_cli_runs_one_point_end_to_end(tmp_path, fmnist):
     (tmp_path / "round1_analysis.csv").unlink()
     code, out, err = cli(*args, "--tables-only")  # rewrites the tables from the saved point
     assert code == 0, err
+    assert "1 of the selection's 1 points saved before" in out and "seed0:" not in out
     assert next(csv.DictReader((tmp_path / "round1_analysis.csv").open())) == row
     code, _, err = cli(*args[:-1], tmp_path / "empty", "--tables-only")
     assert code == 2 and "--tables-only: no saved point of this selection" in err
