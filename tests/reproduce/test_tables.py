@@ -18,7 +18,7 @@ from dpfl.reproduce.tables import COLUMNS, job_row, mean_std
     ([], ".4f", "n/a"),
     ([None, math.nan, 0.3], ".4f", "0.3000 ± n/a"),       # missing values are not seeds
     ([2e-3, 4e-3], ".3g", "0.003 ± 0.00141"),
-    ([-0.05, 0.01], "+.4f", "-0.0200 ± +0.0424"),
+    ([-0.05, 0.01], "+.4f", "-0.0200 ± 0.0424"),         # a signed mean, an unsigned spread
 ])
 def test_mean_std(values, fmt, text):
     assert mean_std(values, fmt) == text

@@ -157,7 +157,7 @@ def mean_std(values: Iterable[Any], fmt: str = ".4f") -> str:
     mean = statistics.fmean(vals)
     if len(vals) == 1:
         return f"{mean:{fmt}} ± n/a"
-    return f"{mean:{fmt}} ± {statistics.stdev(vals):{fmt}}"
+    return f"{mean:{fmt}} ± {statistics.stdev(vals):{fmt.lstrip('+')}}"  # a signed mean, an unsigned spread
 
 
 def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
