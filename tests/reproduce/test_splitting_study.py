@@ -217,17 +217,28 @@ def test_the_same_out_with_other_rounds_is_refused(tiny_scale, tmp_path):
     assert all(r["status"] == "ok" for r in rows)
 
 
-def test_tables_only_collects_finished_jobs_and_runs_none(tiny_scale, tmp_path):
+def test_tables_only_collects_finished_jobs_and_runs_none(tiny_scale, tmp_path, monkeypatch):
+    (tiny_scale / "convex" / "tiny2.yaml").write_text(TINY.replace("name: tiny-ls", "name: tiny-ls2"))
+    monkeypatch.setitem(splitting.SCALES, "ci", {"settings": ("tiny", "tiny2"), "seeds": 1})
     out = tmp_path / "out"
     with pytest.raises(ValueError, match="--tables-only: no finished job"):
         splitting.run_study("ci", out, compute=False)
-    splitting.run_study("ci", out, methods=["fedpi"])  # 2 of the 4 jobs (fedpi, tau 0 and 2)
+    splitting.run_study("ci", out, methods=["fedpi"], settings_pattern="tiny-ls")  # 2 of the 8 jobs
     (out / "results.csv").unlink()
     _, md_path, rows = splitting.run_study("ci", out, compute=False)
-    assert {(r["method"], r["anderson"]) for r in rows} == {("fedpi", 0), ("fedpi", 2)}
+    assert {(r["setting"], r["method"], r["anderson"]) for r in rows} == {("tiny-ls", "fedpi", 0),
+                                                                          ("tiny-ls", "fedpi", 2)}
     assert all(r["status"] == "ok" for r in rows)
-    assert not list(out.glob("**/fedavg_k5*"))  # nothing ran
+    assert not list(out.glob("**/fedavg_k5*")) and not (out / "runs" / "tiny-ls2").exists()  # nothing ran
     assert {r["method"] for r in csv.DictReader((out / "results.csv").open())} == {"fedpi"}
-    assert "| fedpi |" in md_path.read_text()
+    md = md_path.read_text()
+    assert "| fedpi |" in md
+    assert "### tiny-ls2" in md and "No job of this setting has finished yet." in md
+    # as a user runs it, with 2 seeds planned: "seeds ok" counts the finished seed against the planned ones
+    code, out_text, err = cli("reproduce", "splitting", "--scale", "ci", "--out", out, "--seeds", "2", "--tables-only")
+    assert code == 0, err
+    assert "splitting (ci): 2 ok, 0 failed" in out_text
+    fedpi = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| fedpi |")]
+    assert len(fedpi) == 2 and all(line.endswith("| 1/2 |") for line in fedpi), fedpi
     code, _, err = cli("reproduce", "splitting", "--scale", "ci", "--out", out, "--dry-run", "--tables-only")
     assert code == 2 and "--dry-run and --tables-only: choose one" in err
