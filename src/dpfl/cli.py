@@ -459,6 +459,10 @@ _Scale = Annotated[str, typer.Option("--scale", help="ci (minutes on a CPU: chec
                                                      "paper's grid: hours to days).")]
 _Out = Annotated[Path, typer.Option("--out", help="Output directory: runs/, results.csv, results.md, plots/.")]
 _Seeds = Annotated[Optional[int], typer.Option("--seeds", help="Number of seeds (0..N-1) instead of the spec's.")]
+_OnlySeeds = Annotated[Optional[str], typer.Option(
+    "--only-seeds", help="Run only these of the planned seeds (comma-separated, e.g. 2 or 1,2): a grid's seeds "
+                         "spread over machines or sessions. The tables still collect every finished seed under "
+                         "--out and count against all planned ones.")]
 _Rounds = Annotated[Optional[int], typer.Option("--rounds", help="Rounds per run instead of the spec's.")]
 _Settings = Annotated[Optional[str], typer.Option("--settings", help="Only settings matching this fnmatch pattern "
                                                                      "(commas: alternatives).")]
@@ -484,28 +488,48 @@ def _dataset_names(datasets: Optional[list[str]]) -> list[str]:
     return list(dict.fromkeys({"fmnist": "fashion_mnist"}.get(d, d) for d in names))
 
 
+def _seed_list(only_seeds: Optional[str]) -> Optional[list[int]]:
+    """--only-seeds as integers (None when not given)."""
+    if only_seeds is None:
+        return None
+    try:
+        seeds = [int(s) for s in only_seeds.split(",") if s.strip()]
+    except ValueError:
+        _fail(f"--only-seeds takes comma-separated seed numbers, e.g. 2 or 1,2 (got {only_seeds!r})")
+    if not seeds:
+        _fail("--only-seeds: no seed given")
+    return seeds
+
+
 def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
                methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, tables_only: bool = False,
-               **grid_options: Any) -> None:
+               *, only_seeds: Optional[str] = None, **grid_options: Any) -> None:
     """The reproduce commands: build the grid, list it (--dry-run) or run it (or, --tables-only, collect its
     finished runs), then write the results."""
     from dpfl.reproduce import fdp_accuracy, fedceo, pfa, rdpcfl, robust_hdp
+    from dpfl.reproduce.jobs import select_seeds
     from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
     from dpfl.reproduce.tables import write_results as generic_results
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
+    if only_seeds is not None and tables_only:
+        _fail("--only-seeds chooses the seeds to train; --tables-only trains none (its tables collect every "
+              "finished seed)")
     names = _dataset_names(datasets)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    only = _seed_list(only_seeds)
     command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
                        + [f"--{k.replace('_', '-')} {v}" for k, v in grid_options.items() if v]
                        + [f"--dataset {d}" for d in names if datasets]
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
-                                                   ("methods", methods)) if v is not None])
+                                                   ("methods", methods), ("only-seeds", only_seeds))
+                          if v is not None])
     try:
         module = {"pfa": pfa, "robust-hdp": robust_hdp, "fedceo": fedceo, "fdp-accuracy": fdp_accuracy,
                   "rdpcfl": rdpcfl}[paper]
         grid = module.grid(scale, datasets=names, seeds=seeds, rounds=rounds, settings_pattern=settings,
                            methods=wanted, **grid_options)
+        grid = select_seeds(grid, only)
         if not grid.jobs:
             raise UserError("no job to run: the selection leaves nothing (see --dry-run)")
         if dry_run:
@@ -537,8 +561,8 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
 
 @reproduce_app.command("pfa")
 def reproduce_pfa(
-    out: _Out, scale: _Scale, seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None,
-    methods: _Methods = None, dataset: _Datasets = None,
+    out: _Out, scale: _Scale, seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None,
+    settings: _Settings = None, methods: _Methods = None, dataset: _Datasets = None,
     calibration: Annotated[Optional[str], typer.Option(
         help="accountant (RDP + Poisson), pfa-heuristic (the paper's formula + fixed-size batches) or both; default "
              "accountant at full scale, both at ci.")] = None,
@@ -546,13 +570,14 @@ def reproduce_pfa(
 ) -> None:
     """PFA's comparison (PVLDB 2022): np_fedavg, max_eps, pfa, pfa_plus, weiavg, fedavg, min_eps."""
     _reproduce("pfa", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               calibration=calibration)
+               only_seeds=only_seeds, calibration=calibration)
 
 
 @reproduce_app.command("robust-hdp")
 def reproduce_robust_hdp(
-    out: _Out, scale: _Scale, seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None,
-    methods: _Methods = None, dataset: _Datasets = None, dry_run: _DryRun = False, tables_only: _TablesOnly = False,
+    out: _Out, scale: _Scale, seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None,
+    settings: _Settings = None, methods: _Methods = None, dataset: _Datasets = None, dry_run: _DryRun = False,
+    tables_only: _TablesOnly = False,
     noise_table: Annotated[bool, typer.Option(
         "--noise-table", help="Only the round-1 noise statistic table (thesis Table 3.4): each setting calibrated "
                               "for its full planned length, round 1 trained once, every aggregator on the same "
@@ -560,11 +585,14 @@ def reproduce_robust_hdp(
 ) -> None:
     """Robust-HDP's comparison (ICML 2024): 7 methods on Dist1..9, plus the falsified-budget scenario."""
     if noise_table:
+        if only_seeds is not None:
+            _fail("--only-seeds applies to the comparison (the noise table trains round 1 once per setting)")
         if tables_only:
             _fail("--tables-only applies to the comparison (the noise table reuses its saved pairs anyway)")
         _noise_table(out, scale, settings, dataset)
         return
-    _reproduce("robust-hdp", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only)
+    _reproduce("robust-hdp", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
+               only_seeds=only_seeds)
 
 
 @reproduce_app.command("fedceo")
@@ -574,7 +602,8 @@ def reproduce_fedceo(
                                                        "with T = 50, E = 1: about 2 minutes per seed) or full (the "
                                                        "paper's T = 300, E = 30: about 10 minutes per run on one "
                                                        "core, 15 runs).")],
-    seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
+    seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None, settings: _Settings = None,
+    methods: _Methods = None,
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", help="fashion_mnist (the default); at --scale full also the paper's own emnist (mlp2) and "
                           "cifar10 (lenet5), skipped when their files are missing. Repeatable or comma-separated.")
@@ -608,6 +637,8 @@ def reproduce_fedceo(
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
     if tables_only and (dlg or search):
         _fail("--tables-only applies to the comparison, not to --search or --dlg")
+    if only_seeds is not None and (dlg or search):
+        _fail("--only-seeds applies to the comparison, not to --search or --dlg")
     if dlg:
         _fedceo_dlg(out, scale, search or search_result is not None or any(
             v is not None for v in (seeds, rounds, settings, methods, dataset, partition, mechanism)) or dry_run
@@ -622,7 +653,7 @@ def reproduce_fedceo(
     if tune_ablation:
         _fail("--tune-ablation is a stage of --search (the comparison takes its choice through --search-result)")
     _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               search_result=search_result,
+               only_seeds=only_seeds, search_result=search_result,
                partition=partition, mechanism=mechanism)
 
 
@@ -651,7 +682,8 @@ def reproduce_fdp_accuracy(
         "run on one core of a shared 2-core machine, about 40 minutes in all) or full (the paper's grid: "
         "MNIST/LeNet-5 and CIFAR-10/ResNet-18, 3 (K, T) pairs x 3 m x 4 sigmas x 5 seeds = 360 runs; datasets "
         "not on this machine are skipped)."))],
-    seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
+    seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None, settings: _Settings = None,
+    methods: _Methods = None,
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", help="Default per scale: full mnist,cifar10 (fashion_mnist adds a stand-in for mnist), reduced "
                           "fashion_mnist, ci digits. Repeatable or comma-separated.")] = None,
@@ -662,7 +694,8 @@ def reproduce_fdp_accuracy(
     from dpfl.reproduce import fdp_accuracy
 
     names = _dataset_names(dataset) if dataset else list(fdp_accuracy.DEFAULT_DATASETS.get(scale, ())) or None
-    _reproduce("fdp-accuracy", out, scale, seeds, rounds, settings, methods, names, dry_run, tables_only)
+    _reproduce("fdp-accuracy", out, scale, seeds, rounds, settings, methods, names, dry_run, tables_only,
+               only_seeds=only_seeds)
 
 
 @reproduce_app.command("rdpcfl")
@@ -673,7 +706,8 @@ def reproduce_rdpcfl(
         "minutes per run on one core) or full (the "
         "thesis grid: rotation / label flip / label shift at N_i = 8000, E = 200, eps 3/4/5/10/15, 4 seeds: weeks "
         "on a CPU; MNIST rotation where its files exist)."))],
-    seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
+    seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None, settings: _Settings = None,
+    methods: _Methods = None,
     dataset: _Datasets = None, dry_run: _DryRun = False,
     epsilons: Annotated[Optional[str], typer.Option(
         "--epsilons", help="Comma-separated eps_total values replacing the scale's (ci: 5; full: 3,4,5,10,15).")] = None,
@@ -690,13 +724,15 @@ def reproduce_rdpcfl(
     """R-DPCFL's comparison (TMLR 2025): rdpcfl, ifca, global, local, mr_mtl, oracle, fedavg on planted clusters.
     Writes OUT/results.csv (mean_acc, minority_acc, ari, clusters_found, ... per run), results.md, plots/."""
     if round1_analysis:
+        if only_seeds is not None:
+            _fail("--only-seeds applies to the comparison; the b^1 analysis takes --seeds and --settings")
         _rdpcfl_round1(out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons, round1_batches,
                        tables_only)
         return
     if round1_batches is not None:
         _fail("--round1-batches applies to --round1-analysis only")
     _reproduce("rdpcfl", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               epsilons=epsilons)
+               only_seeds=only_seeds, epsilons=epsilons)
 
 
 def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],

@@ -55,6 +55,39 @@ def test_reproduce_pfa_runs_labels_and_resumes(tmp_path, fmnist):
     assert "--tables-only" not in (tmp_path / "results.md").read_text()
 
 
+def test_only_seeds_runs_those_seeds_and_the_tables_collect_every_finished_one(tmp_path, fmnist):
+    # a grid's seeds spread over two invocations (two machines or sessions) into one --out
+    args = ["reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING, "--methods", "max_eps",
+            "--rounds", "1", "--seeds", "2"]
+    code, out, err = cli(*args, "--only-seeds", "1")
+    assert code == 0, err
+    assert f"[1/1] {SETTING} max_eps seed1: ok (ran" in err and "seed0" not in err
+    assert not (tmp_path / "runs" / SETTING / "max_eps" / "seed0").exists()
+    md = (tmp_path / "results.md").read_text()
+    assert "| 1/2 |" in md and "seeds selected with --only-seeds 1" in md and "--only-seeds 1" in md
+    code, out, err = cli(*args, "--only-seeds", "0")
+    assert code == 0, err
+    assert f"{SETTING} max_eps seed0: ok (ran" in err and "seed1: ok (ran" not in err
+    with open(tmp_path / "results.csv", newline="") as f:
+        assert sorted(r["seed"] for r in csv.DictReader(f)) == ["0", "1"]
+    assert "| 2/2 |" in (tmp_path / "results.md").read_text()
+
+
+def test_only_seeds_usage_errors(tmp_path):
+    args = ["reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING, "--seeds", "2"]
+    assert "seed 2 is not among the planned seeds 0..1 (raise --seeds" in _one_line_error(
+        *cli(*args, "--only-seeds", "0,2")[::2])
+    assert "comma-separated seed numbers" in _one_line_error(*cli(*args, "--only-seeds", "one")[::2])
+    assert "--tables-only trains none" in _one_line_error(*cli(*args, "--only-seeds", "1", "--tables-only")[::2])
+    assert "--only-seeds applies to the comparison" in _one_line_error(*cli(
+        "reproduce", "robust-hdp", "--scale", "ci", "--out", tmp_path, "--noise-table", "--only-seeds", "0")[::2])
+    assert "--only-seeds applies to the comparison" in _one_line_error(*cli(
+        "reproduce", "rdpcfl", "--scale", "ci", "--out", tmp_path, "--round1-analysis", "--only-seeds", "0")[::2])
+    assert "--only-seeds applies to the comparison" in _one_line_error(*cli(
+        "reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--search", "--only-seeds", "0")[::2])
+    assert not any(tmp_path.iterdir())
+
+
 def test_tables_only_trains_nothing_and_needs_a_finished_run(tmp_path):
     args = ["reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING, "--methods", "max_eps"]
     line = _one_line_error(*cli(*args, "--tables-only")[::2])

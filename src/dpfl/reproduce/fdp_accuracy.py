@@ -516,7 +516,7 @@ def _dataset_tables(grid: Grid, dataset: str, chosen: Sequence[Setting],
         ok = [r for r in rs if r["status"] == OK]
         mu, eps, bound, view = _privacy_cells(ok)
         delta = ", ".join(dict.fromkeys(_g(r["delta"]) for r in rs))
-        seeds = f"{len(ok)}/{len(rs)}"
+        seeds = f"{len(ok)}/{max(len(grid.seeds), len(rs))}"  # against the planned seeds: shows what is missing
         bad = sorted({str(r["status"]) for r in rs if r["status"] != OK})
         if bad:
             seeds += f" ({', '.join(bad)})"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dpfl.experiment.config import ALGORITHMS, RunConfig, apply_overrides, load_config, parse_yaml, validate_config
@@ -30,6 +30,7 @@ __all__ = [
     "expand",
     "scale_label",
     "select_methods",
+    "select_seeds",
     "select_settings",
 ]
 
@@ -191,6 +192,21 @@ def expand(settings: Sequence[Setting], seeds: Iterable[int], *, rounds: int | N
                 cfg = validate_config(apply_overrides(base, overrides))
                 jobs.append(Job(s.name, m.name, seed, cfg, m.label))
     return jobs
+
+
+def select_seeds(grid: Grid, only: Sequence[int] | None) -> Grid:
+    """The grid with only these seeds' jobs to run (--only-seeds: one grid's seeds spread over machines or
+    sessions). The planned seeds, `all_jobs` and so the tables stay the grid's: runs of other seeds finished
+    under the same --out are still collected, and "seeds ok" still counts against every planned seed."""
+    if not only:
+        return grid
+    unplanned = [s for s in only if s not in grid.seeds]
+    if unplanned:
+        raise GridError(f"--only-seeds: seed {unplanned[0]} is not among the planned seeds {grid.seeds[0]}.."
+                        f"{grid.seeds[-1]} (raise --seeds to plan it)")
+    chosen = sorted(set(only))
+    return replace(grid, jobs=[j for j in grid.jobs if j.seed in chosen],
+                   selection=[*grid.selection, f"seeds selected with --only-seeds {','.join(map(str, chosen))}"])
 
 
 def scale_label(scale: str, *, spec_rounds: int, spec_seeds: int, rounds: int | None, seeds: int,

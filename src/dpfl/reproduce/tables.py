@@ -219,7 +219,9 @@ _SETTING_COLUMNS: list[tuple[str, Callable[[Sequence[Mapping[str, Any]]], str]]]
 
 
 def _setting_section(setting: Setting, rows: Sequence[Mapping[str, Any]], plots: Mapping[str, Path],
-                     out: Path) -> list[str]:
+                     out: Path, planned_seeds: int) -> list[str]:
+    """One setting's table; "seeds ok" counts against the planned seeds, so a grid still running (or spread
+    over machines with --only-seeds) shows what is missing."""
     lines = [f"## {setting.name}", ""]
     if setting.describe:
         lines += [setting.describe + ".", ""]
@@ -234,7 +236,7 @@ def _setting_section(setting: Setting, rows: Sequence[Mapping[str, Any]], plots:
         ok = _ok(mine)
         labels[m] = mine[0]["label"] or ""
         bad = [r for r in mine if r["status"] != OK]
-        seeds = f"{len(ok)}/{len(mine)}" + (f" ({', '.join(sorted({str(r['status']) for r in bad}))})" if bad else "")
+        seeds = f"{len(ok)}/{max(planned_seeds, len(mine))}" + (f" ({', '.join(sorted({str(r['status']) for r in bad}))})" if bad else "")
         body.append([_method_cell(m, labels[m]), seeds, *[fn(ok) for _, fn in _SETTING_COLUMNS]])
     header = ["method", "seeds ok", *[name for name, _ in _SETTING_COLUMNS]]
     keep = [i for i in range(len(header)) if i < 2 or any(row[i] != "n/a" for row in body)]
@@ -451,7 +453,7 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
     for s in grid.settings:
         mine = [r for r in rows if r["setting"] == s.name]
         if mine:
-            md += _setting_section(s, mine, _plots(s, mine, metrics, out, len(grid.seeds)), out)
+            md += _setting_section(s, mine, _plots(s, mine, metrics, out, len(grid.seeds)), out, len(grid.seeds))
     md_path = write_text_atomic(out / "results.md", "\n".join(md).rstrip() + "\n")
     return csv_path, md_path
 
