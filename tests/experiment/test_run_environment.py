@@ -160,3 +160,19 @@ def test_a_studys_computed_by_line_counts_the_jobs_of_each_environment(tmp_path)
     assert line.endswith("(1 run); 1 run begun before dpfl recorded environments (its first rounds unrecorded); "
                          "2 runs with no recorded environment (computed before dpfl recorded it, or its record is "
                          "damaged)")
+
+
+def test_source_revision_is_read_when_the_module_is_imported_not_at_the_first_record():
+    # A commit made while a long job runs must not be attributed to it: the revision is read at import. The child
+    # process breaks the module's `subprocess.run` after importing it, so reading the revision lazily (at describe) would raise.
+    import subprocess
+    import sys
+
+    code = ("import types\n"
+            "from dpfl.results import environment as e\n"
+            "def broken(*a, **k): raise RuntimeError('git was run after import')\n"
+            "e.subprocess = types.SimpleNamespace(run=broken, SubprocessError=OSError)  # this module's only\n"
+            "print(e.describe(0)['source_commit'])\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == str(environment._source_revision()[0])

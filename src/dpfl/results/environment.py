@@ -33,7 +33,9 @@ REPRODUCIBILITY_KEYS = ("dpfl", "source_commit", "source_modified", "torch", "nu
 @functools.lru_cache(maxsize=1)
 def _source_revision() -> tuple[str | None, bool | None]:
     """(commit, modified) of the git checkout dpfl is imported from; (None, None) for an installed wheel or
-    without git. Read once per process: the code a process runs is the code it imported."""
+    without git. Read once per process, when this module is imported (below): every command that records an
+    environment imports it before its first run or point, so a commit made while a long job runs is not
+    attributed to it (it was, when this was read at the first record, after the first point had finished)."""
     package = Path(__file__).resolve().parents[1]
     if not any((p / ".git").exists() for p in package.parents):
         return None, None
@@ -45,6 +47,9 @@ def _source_revision() -> tuple[str | None, bool | None]:
     except (OSError, subprocess.SubprocessError):
         return None, None
     return commit or None, bool(status.strip())
+
+
+_source_revision()  # at import: the revision of the code this process started with
 
 
 def describe(started_round: int) -> dict[str, Any]:
