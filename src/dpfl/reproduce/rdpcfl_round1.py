@@ -191,6 +191,7 @@ def _plot(rows: Sequence[dict[str, Any]], out: Path) -> Path | None:
     """MSS and the share of seeds recovering the partition against b^1, one line per setting."""
     if not rows:
         return None
+    import matplotlib
     from matplotlib.figure import Figure  # not pyplot: the caller's backend is left alone
 
     from dpfl.results.plots import write_png
@@ -199,19 +200,21 @@ def _plot(rows: Sequence[dict[str, Any]], out: Path) -> Path | None:
         return float("inf") if b == "full" else float(b)
 
     batches = sorted({r["round1_batch"] for r in rows}, key=order)
-    fig = Figure(figsize=(10, 4))
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    colours = matplotlib.colormaps["tab10" if len(settings) <= 10 else "tab20"]  # distinct up to 20 settings
+    fig = Figure(figsize=(12, 4))
     axes = fig.subplots(1, 2)
-    for setting in dict.fromkeys(r["setting"] for r in rows):
+    for n, setting in enumerate(settings):
         mine = [r for r in rows if r["setting"] == setting]
         xs = [i for i, b in enumerate(batches) if any(r["round1_batch"] == b for r in mine)]
         for ax, key in zip(axes, ("mss", "recovered")):
             ys = [statistics.fmean(float(r[key]) for r in mine if r["round1_batch"] == batches[i]) for i in xs]
-            ax.plot(xs, ys, marker="o", label=setting)
+            ax.plot(xs, ys, marker="o", label=setting, color=colours(n % colours.N))
     for ax, title in zip(axes, ("MSS of the round-1 GMM", "share of seeds recovering the partition")):
         ax.set_xticks(range(len(batches)), batches)
         ax.set_xlabel("round-1 batch b^1")
         ax.set_title(title)
     axes[1].set_ylim(-0.05, 1.05)
-    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))  # outside: it hid lines inside
     fig.tight_layout()
     return write_png(fig, out / "plots" / "round1_analysis.png", dpi=110)
