@@ -236,7 +236,9 @@ def _setting_section(setting: Setting, rows: Sequence[Mapping[str, Any]], plots:
         ok = _ok(mine)
         labels[m] = mine[0]["label"] or ""
         bad = [r for r in mine if r["status"] != OK]
-        seeds = f"{len(ok)}/{max(planned_seeds, len(mine))}" + (f" ({', '.join(sorted({str(r['status']) for r in bad}))})" if bad else "")
+        seeds = f"{len(ok)}/{max(planned_seeds, len(mine))}"
+        if bad:
+            seeds += f" ({', '.join(sorted({str(r['status']) for r in bad}))})"
         body.append([_method_cell(m, labels[m]), seeds, *[fn(ok) for _, fn in _SETTING_COLUMNS]])
     header = ["method", "seeds ok", *[name for name, _ in _SETTING_COLUMNS]]
     keep = [i for i in range(len(header)) if i < 2 or any(row[i] != "n/a" for row in body)]
