@@ -164,7 +164,8 @@ def test_a_studys_computed_by_line_counts_the_jobs_of_each_environment(tmp_path)
 
 def test_source_revision_is_read_when_the_module_is_imported_not_at_the_first_record():
     # A commit made while a long job runs must not be attributed to it: the revision is read at import. The child
-    # process breaks the module's `subprocess.run` after importing it, so reading the revision lazily (at describe) would raise.
+    # process breaks the module's `subprocess.run` after importing it, so reading the revision lazily (at describe)
+    # would raise.
     import subprocess
     import sys
 

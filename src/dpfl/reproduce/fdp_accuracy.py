@@ -51,7 +51,7 @@ from typing import Any
 
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 from dpfl.reproduce.runner import FAILED, FINISHED, INCOMPLETE, LOGS_DIR, OK, PARTIAL, SKIPPED, Outcome, job_state
-from dpfl.reproduce.tables import csv_text, md_table
+from dpfl.reproduce.tables import csv_text, md_table, seeds_ok
 from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.run_files import as_float, as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
@@ -516,13 +516,9 @@ def _dataset_tables(grid: Grid, dataset: str, chosen: Sequence[Setting],
         ok = [r for r in rs if r["status"] == OK]
         mu, eps, bound, view = _privacy_cells(ok)
         delta = ", ".join(dict.fromkeys(_g(r["delta"]) for r in rs))
-        seeds = f"{len(ok)}/{max(len(grid.seeds), len(rs))}"  # against the planned seeds: shows what is missing
-        bad = sorted({str(r["status"]) for r in rs if r["status"] != OK})
-        if bad:
-            seeds += f" ({', '.join(bad)})"
         n_div = sum(bool(r.get("diverged")) for r in ok)
-        body.append([s.meta["m"], s.meta["K"], s.meta["T"], s.meta["sigma"], seeds, cell(rs), f"{n_div}/{len(ok)}",
-                     mu, f"{eps} (δ = {delta})", bound, view])
+        body.append([s.meta["m"], s.meta["K"], s.meta["T"], s.meta["sigma"], seeds_ok(rs, len(grid.seeds)), cell(rs),
+                     f"{n_div}/{len(ok)}", mu, f"{eps} (δ = {delta})", bound, view])
     lines += md_table(["m", "K", "T", "σ", "seeds ok", "final test acc", "diverged", "μ", "ε", "bound", "view"],
                        body)
     return lines + [""]

@@ -23,7 +23,7 @@ from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
 from dpfl.results.environment import computed_by, provenance, run_environments
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
-__all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "write_results"]
+__all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "seeds_ok", "write_results"]
 
 COLUMNS = [
     "method", "setting", "seed", "scale", "status", "label", "algorithm",
@@ -185,6 +185,14 @@ def _ok(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in rows if r["status"] == OK]
 
 
+def seeds_ok(rows: Sequence[Mapping[str, Any]], planned_seeds: int) -> str:
+    """The "seeds ok" cell of one configuration's runs, e.g. "1/3 (failed)": against the planned seeds, so a grid
+    still running (or spread over machines with --only-seeds) shows what is missing."""
+    cell = f"{len(_ok(rows))}/{max(planned_seeds, len(rows))}"
+    bad = sorted({str(r["status"]) for r in rows if r["status"] != OK})
+    return cell + (f" ({', '.join(bad)})" if bad else "")
+
+
 def _span(values: Iterable[Any]) -> str:
     vals = sorted({v for v in values if v is not None})
     if not vals:
@@ -220,8 +228,7 @@ _SETTING_COLUMNS: list[tuple[str, Callable[[Sequence[Mapping[str, Any]]], str]]]
 
 def _setting_section(setting: Setting, rows: Sequence[Mapping[str, Any]], plots: Mapping[str, Path],
                      out: Path, planned_seeds: int) -> list[str]:
-    """One setting's table; "seeds ok" counts against the planned seeds, so a grid still running (or spread
-    over machines with --only-seeds) shows what is missing."""
+    """One setting's table, one row per method; "seeds ok" counts against `planned_seeds` (see `seeds_ok`)."""
     lines = [f"## {setting.name}", ""]
     if setting.describe:
         lines += [setting.describe + ".", ""]
@@ -235,11 +242,8 @@ def _setting_section(setting: Setting, rows: Sequence[Mapping[str, Any]], plots:
         mine = [r for r in rows if r["method"] == m]
         ok = _ok(mine)
         labels[m] = mine[0]["label"] or ""
-        bad = [r for r in mine if r["status"] != OK]
-        seeds = f"{len(ok)}/{max(planned_seeds, len(mine))}"
-        if bad:
-            seeds += f" ({', '.join(sorted({str(r['status']) for r in bad}))})"
-        body.append([_method_cell(m, labels[m]), seeds, *[fn(ok) for _, fn in _SETTING_COLUMNS]])
+        body.append([_method_cell(m, labels[m]), seeds_ok(mine, planned_seeds),
+                     *[fn(ok) for _, fn in _SETTING_COLUMNS]])
     header = ["method", "seeds ok", *[name for name, _ in _SETTING_COLUMNS]]
     keep = [i for i in range(len(header)) if i < 2 or any(row[i] != "n/a" for row in body)]
     lines += md_table([header[i] for i in keep], [[row[i] for i in keep] for row in body])
