@@ -978,6 +978,29 @@ def _noise_table(out: Path, scale: str, settings: Optional[str], datasets: Optio
     console.print(f"noise table: {md_path}  {csv_path}", highlight=False)
 
 
+@reproduce_app.command("merge")
+def reproduce_merge(
+    inputs: Annotated[list[Path], typer.Argument(help="results.csv files of one grid (the first sets the order).")],
+    out: Annotated[Path, typer.Option(help="The merged CSV (may be one of the inputs; written once all are read).")],
+    key: Annotated[str, typer.Option(help="Comma-separated columns that name one run (one row per key), in the "
+                                          "order rows are sorted by.")] = "setting,seed,method",
+) -> None:
+    """Merge the results.csv files of one grid run in pieces (sessions, machines, --only-seeds) into one CSV.
+
+    Refuses different columns and two different rows for one key; identical rows are kept once; cells are copied
+    as text; rows are sorted by the key (numbers numerically, other values in the order they first appear)."""
+    from dpfl.reproduce.merge import MergeError, merge_csv_files
+    from dpfl.results.run_files import write_text_atomic
+
+    columns = tuple(c.strip() for c in key.split(","))
+    try:
+        text = merge_csv_files(inputs, columns)
+    except MergeError as e:
+        _fail(str(e))
+    write_text_atomic(out, text)
+    console.print(f"merged {len(inputs)} files: {text.count(chr(10)) - 1} rows -> {out}", highlight=False)
+
+
 # ---- bench ---------------------------------------------------------------------------------------------
 @app.command()
 def audit(

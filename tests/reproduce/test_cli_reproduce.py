@@ -62,6 +62,8 @@ def test_only_seeds_runs_those_seeds_and_the_tables_collect_every_finished_one(t
     code, out, err = cli(*args, "--only-seeds", "1")
     assert code == 0, err
     assert f"[1/1] {SETTING} max_eps seed1: ok (ran" in err and "seed0" not in err
+    first_piece = tmp_path.parent / f"{tmp_path.name}-seed1.csv"
+    first_piece.write_text((tmp_path / "results.csv").read_text())
     assert not (tmp_path / "runs" / SETTING / "max_eps" / "seed0").exists()
     md = (tmp_path / "results.md").read_text()
     assert "| 1/2 |" in md and "seeds selected with --only-seeds 1" in md and "--only-seeds 1" in md
@@ -71,6 +73,12 @@ def test_only_seeds_runs_those_seeds_and_the_tables_collect_every_finished_one(t
     with open(tmp_path / "results.csv", newline="") as f:
         assert sorted(r["seed"] for r in csv.DictReader(f)) == ["0", "1"]
     assert "| 2/2 |" in (tmp_path / "results.md").read_text()
+    # the first piece's CSV merged with the whole grid's is the whole grid's, byte for byte (dpfl's order kept)
+    merged = tmp_path.parent / f"{tmp_path.name}-merged.csv"
+    code, out, err = cli("reproduce", "merge", first_piece, tmp_path / "results.csv", "--out", merged)
+    assert code == 0, err
+    assert "merged 2 files: 2 rows" in out
+    assert merged.read_text() == (tmp_path / "results.csv").read_text()
 
 
 def test_only_seeds_usage_errors(tmp_path):

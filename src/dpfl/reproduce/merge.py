@@ -1,0 +1,107 @@
+"""Merge the results.csv files of one grid computed in pieces (machines, sessions, `--only-seeds`) into one.
+
+A run directory does not always survive until the whole grid has run, so a grid's published CSV (docs/results/)
+grows by appending the rows of later pieces. This does it as a command instead of by hand, and refuses what a
+hand merge could get wrong silently: different columns, a key column missing, or two different rows for the same
+run (the same key). A row present in several inputs with the same cells is kept once, so merging twice changes
+nothing. Cells are copied as text, never re-formatted.
+
+Rows are sorted by the key columns in the order given: a column whose every value is a number sorts numerically,
+any other column by the order in which its values first appear in the inputs (the first input first), which keeps
+the grid's own order of settings and methods.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["DEFAULT_KEY", "MergeError", "merge_csv_texts", "merge_csv_files"]
+
+DEFAULT_KEY = ("setting", "seed", "method")  # one row per run in every `dpfl reproduce` results.csv
+
+
+class MergeError(ValueError):
+    """The inputs cannot be merged without losing or inventing a row; the message says which input and why."""
+
+
+def _read(name: str, text: str) -> tuple[list[str], list[dict[str, str]]]:
+    reader = csv.DictReader(io.StringIO(text))
+    if not reader.fieldnames:
+        raise MergeError(f"{name}: empty, no header")
+    rows = list(reader)
+    for i, row in enumerate(rows, start=2):
+        if None in row or any(v is None for v in row.values()):
+            raise MergeError(f"{name}, line {i}: {len(reader.fieldnames)} columns in the header, not in this row")
+    return list(reader.fieldnames), rows
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _sort_key(rows: Sequence[dict[str, str]], key: Sequence[str]):
+    """Numbers numerically, other values by first appearance (column by column, in `key`'s order)."""
+    numeric = {k: all(_is_number(r[k]) for r in rows) for k in key}
+    first_seen: dict[str, dict[str, int]] = {k: {} for k in key}
+    for r in rows:
+        for k in key:
+            first_seen[k].setdefault(r[k], len(first_seen[k]))
+    return lambda r: tuple(float(r[k]) if numeric[k] else first_seen[k][r[k]] for k in key)
+
+
+def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] = DEFAULT_KEY) -> str:
+    """The union of the CSVs (name, text), one row per key, sorted (module docstring); MergeError if not possible."""
+    if len(named_texts) < 2:
+        raise MergeError("give at least two CSV files to merge")
+    if not key or len(set(key)) != len(key):
+        raise MergeError(f"the key must name distinct columns, got {', '.join(key) or 'none'}")
+    header: list[str] | None = None
+    first_name = ""
+    by_key: dict[tuple[str, ...], tuple[str, dict[str, str]]] = {}
+    for name, text in named_texts:
+        cols, rows = _read(name, text)
+        if header is None:
+            header, first_name = cols, name
+            missing = [k for k in key if k not in header]
+            if missing:
+                raise MergeError(f"{name}: no column {', '.join(missing)} (the key); its columns: {', '.join(header)}")
+        elif cols != header:
+            only_here = [c for c in cols if c not in header]
+            only_first = [c for c in header if c not in cols]
+            what = (f"columns only here: {', '.join(only_here) or '-'}; only in {first_name}: "
+                    f"{', '.join(only_first) or '-'}" if only_here or only_first else "the same columns in another order")
+            raise MergeError(f"{name}: not the columns of {first_name} ({what})")
+        for row in rows:
+            k = tuple(row[c] for c in key)
+            if k in by_key and by_key[k][1] != row:
+                seen_in, seen = by_key[k]
+                diff = [c for c in header if seen[c] != row[c]]
+                raise MergeError(f"{name}: the row {dict(zip(key, k))} differs from the one in {seen_in} "
+                                 f"(columns {', '.join(diff)}): two different results for one run")
+            by_key.setdefault(k, (name, row))
+    assert header is not None
+    rows = [row for _, row in by_key.values()]
+    rows.sort(key=_sort_key(rows, key))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def merge_csv_files(inputs: Sequence[Path], key: Sequence[str] = DEFAULT_KEY) -> str:
+    """merge_csv_texts of files; MergeError names a file that cannot be read."""
+    named = []
+    for path in inputs:
+        try:
+            named.append((str(path), Path(path).read_text(encoding="utf-8")))
+        except OSError as err:
+            raise MergeError(f"{path}: {err.strerror or err}") from None
+    return merge_csv_texts(named, key)

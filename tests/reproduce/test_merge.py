@@ -1,0 +1,69 @@
+"""`dpfl reproduce merge`: the pieces of one grid's results.csv become one file, or a one-line refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli_runner import cli
+from dpfl.reproduce.merge import MergeError, merge_csv_texts
+
+HEADER = "method,setting,seed,final_accuracy\n"
+PIECE_A = HEADER + "robust_hdp,Dist5,0,0.71\nweiavg,Dist5,0,0.54\nweiavg,Dist5-misreport,0,0.60\n"
+PIECE_B = HEADER + "weiavg,Dist5,10,0.52\nrobust_hdp,Dist5,2,0.70\nweiavg,Dist5,2,0.52\n"
+
+
+def _merge(*texts: str, key=("setting", "seed", "method")) -> str:
+    return merge_csv_texts([(f"in{i}.csv", t) for i, t in enumerate(texts)], key)
+
+
+def test_union_sorted_by_key_numbers_numerically_words_by_first_appearance():
+    assert _merge(PIECE_A, PIECE_B) == HEADER + (
+        "robust_hdp,Dist5,0,0.71\nweiavg,Dist5,0,0.54\n"
+        "robust_hdp,Dist5,2,0.70\nweiavg,Dist5,2,0.52\n"
+        "weiavg,Dist5,10,0.52\n"  # 10 after 2: numeric, not text, order
+        "weiavg,Dist5-misreport,0,0.60\n")  # settings in the order the first piece shows them
+
+
+def test_merging_again_changes_nothing_and_cells_are_copied_as_text():
+    once = _merge(PIECE_A, PIECE_B)
+    assert _merge(once, PIECE_A, PIECE_B) == once
+    odd = HEADER + 'pfa,Dist5,0,"1e-3, quoted"\n'
+    assert '"1e-3, quoted"' in _merge(odd, PIECE_A)
+
+
+def test_two_different_rows_for_one_run_are_refused():
+    other = HEADER + "weiavg,Dist5,0,0.99\n"
+    with pytest.raises(MergeError, match=r"in1.csv: the row .*'seed': '0'.* differs from the one in in0.csv "
+                                         r"\(columns final_accuracy\)"):
+        _merge(PIECE_A, other)
+
+
+def test_different_columns_a_missing_key_and_ragged_rows_are_refused():
+    with pytest.raises(MergeError, match="columns only here: seconds; only in in0.csv: -"):
+        _merge(PIECE_A, "method,setting,seed,final_accuracy,seconds\nweiavg,Dist5,3,0.5,10\n")
+    with pytest.raises(MergeError, match="the same columns in another order"):
+        _merge(PIECE_A, "setting,method,seed,final_accuracy\nDist5,weiavg,3,0.5\n")
+    with pytest.raises(MergeError, match="in0.csv: no column b1 \\(the key\\)"):
+        _merge(PIECE_A, PIECE_B, key=("setting", "b1"))
+    with pytest.raises(MergeError, match="in1.csv, line 2: 4 columns in the header, not in this row"):
+        _merge(PIECE_A, HEADER + "weiavg,Dist5,3\n")
+    with pytest.raises(MergeError, match="at least two"):
+        _merge(PIECE_A)
+    with pytest.raises(MergeError, match="distinct columns"):
+        _merge(PIECE_A, PIECE_B, key=("seed", "seed"))
+
+
+def test_cli_overwrites_an_input_only_after_reading_all_and_writes_nothing_on_refusal(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(PIECE_A)
+    b.write_text(PIECE_B)
+    code, out, err = cli("reproduce", "merge", a, b, "--out", a, "--key", "setting, seed, method")
+    assert code == 0, err
+    assert a.read_text() == _merge(PIECE_A, PIECE_B) and "6 rows" in out
+    b.write_text(HEADER + "weiavg,Dist5,0,0.99\n")
+    before = a.read_text()
+    code, out, err = cli("reproduce", "merge", a, b, "--out", tmp_path / "c.csv")
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert a.read_text() == before and not (tmp_path / "c.csv").exists()
+    code, out, err = cli("reproduce", "merge", a, tmp_path / "missing.csv", "--out", tmp_path / "c.csv")
+    assert code == 2 and "missing.csv: No such file or directory" in err and not (tmp_path / "c.csv").exists()
