@@ -995,9 +995,11 @@ def reproduce_merge(
     columns = tuple(c.strip() for c in key.split(","))
     try:
         text = merge_csv_files(inputs, columns)
+        write_text_atomic(out, text)
     except MergeError as e:
         _fail(str(e))
-    write_text_atomic(out, text)
+    except OSError as e:
+        _fail(f"--out {out}: {e.strerror or e}")
     console.print(f"merged {len(inputs)} files: {text.count(chr(10)) - 1} rows -> {out}", highlight=False)
 
 

@@ -67,3 +67,5 @@ def test_cli_overwrites_an_input_only_after_reading_all_and_writes_nothing_on_re
     assert a.read_text() == before and not (tmp_path / "c.csv").exists()
     code, out, err = cli("reproduce", "merge", a, tmp_path / "missing.csv", "--out", tmp_path / "c.csv")
     assert code == 2 and "missing.csv: No such file or directory" in err and not (tmp_path / "c.csv").exists()
+    code, out, err = cli("reproduce", "merge", a, a, "--out", tmp_path)  # a directory
+    assert code == 2 and err.startswith("error: --out ") and "Traceback" not in err, err
