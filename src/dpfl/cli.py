@@ -988,8 +988,9 @@ def reproduce_merge(
     """Merge the results.csv files of one grid run in pieces (sessions, machines, --only-seeds) into one CSV.
 
     Refuses different columns and two different rows for one key; identical rows are kept once; cells are copied
-    as text; rows are sorted by the key (numbers numerically, other values in the order they first appear)."""
-    from dpfl.reproduce.merge import MergeError, merge_csv_files
+    as text; rows are sorted by the key (numbers numerically, other values in the order they first appear); the
+    inputs' leading `#` lines (provenance) are kept once each, above the header."""
+    from dpfl.reproduce.merge import MergeError, merge_csv_files, row_count
     from dpfl.results.run_files import write_text_atomic
 
     columns = tuple(c.strip() for c in key.split(","))
@@ -1000,7 +1001,7 @@ def reproduce_merge(
         _fail(str(e))
     except OSError as e:
         _fail(f"--out {out}: {e.strerror or e}")
-    console.print(f"merged {len(inputs)} files: {text.count(chr(10)) - 1} rows -> {out}", highlight=False)
+    console.print(f"merged {len(inputs)} files: {row_count(text)} rows -> {out}", highlight=False)
 
 
 # ---- bench ---------------------------------------------------------------------------------------------

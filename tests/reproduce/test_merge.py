@@ -31,6 +31,28 @@ def test_merging_again_changes_nothing_and_cells_are_copied_as_text():
     assert '"1e-3, quoted"' in _merge(odd, PIECE_A)
 
 
+def test_leading_comment_lines_of_every_input_are_kept_once_above_the_header():
+    a = "# dpfl reproduce x --out runs/a (seeds 0-1)\n" + PIECE_A
+    b = "# dpfl reproduce x --only-seeds 2 --out runs/b\n# 2026-11-28\n" + PIECE_B
+    merged = _merge(a, b)
+    assert merged == ("# dpfl reproduce x --out runs/a (seeds 0-1)\n# dpfl reproduce x --only-seeds 2 --out runs/b\n"
+                      "# 2026-11-28\n" + _merge(PIECE_A, PIECE_B))
+    assert _merge(merged, b, a) == merged  # merging a piece again changes nothing, comments included
+    with pytest.raises(MergeError, match="in0.csv, line 4: 4 columns"):  # line numbers count the comment lines
+        _merge("# one\n# two\n" + HEADER + "weiavg,Dist5,3\n", PIECE_A)
+
+
+@pytest.mark.parametrize("name, key", [("rdpcfl_ci.csv", ("setting", "seed", "method")),
+                                       ("splitting_cnn_reduced.csv", ("setting", "seed", "method", "anderson")),
+                                       ("robust_hdp_full.csv", ("setting", "seed", "method")),
+                                       ("rdpcfl_round1_full.csv", ("setting", "seed", "round1_batch"))])
+def test_published_csvs_merged_with_themselves_come_back_byte_for_byte(name, key):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "results" / name).read_text(encoding="utf-8")
+    assert merge_csv_texts([(name, text), (name, text)], key) == text
+
+
 def test_two_different_rows_for_one_run_are_refused():
     other = HEADER + "weiavg,Dist5,0,0.99\n"
     with pytest.raises(MergeError, match=r"in1.csv: the row .*'seed': '0'.* differs from the one in in0.csv "
@@ -60,6 +82,9 @@ def test_cli_overwrites_an_input_only_after_reading_all_and_writes_nothing_on_re
     code, out, err = cli("reproduce", "merge", a, b, "--out", a, "--key", "setting, seed, method")
     assert code == 0, err
     assert a.read_text() == _merge(PIECE_A, PIECE_B) and "6 rows" in out
+    b.write_text("# provenance\n# of b\n" + PIECE_B)
+    code, out, err = cli("reproduce", "merge", a, b, "--out", tmp_path / "with-comments.csv")
+    assert code == 0 and "6 rows" in out, (out, err)  # comment lines are not rows
     b.write_text(HEADER + "weiavg,Dist5,0,0.99\n")
     before = a.read_text()
     code, out, err = cli("reproduce", "merge", a, b, "--out", tmp_path / "c.csv")

@@ -6,6 +6,10 @@ hand merge could get wrong silently: different columns, a key column missing, or
 run (the same key). A row present in several inputs with the same cells is kept once, so merging twice changes
 nothing. Cells are copied as text, never re-formatted.
 
+Some published CSVs open with `#` lines before the header (the command that made them, the date): such leading
+comment lines of every input are kept, once each, in input order, above the merged header, so the merged file keeps
+the provenance of each piece and merging again still changes nothing.
+
 Rows are sorted by the key columns in the order given: a column whose every value is a number sorts numerically,
 any other column by the order in which its values first appear in the inputs (the first input first), which keeps
 the grid's own order of settings and methods.
@@ -18,7 +22,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_KEY", "MergeError", "merge_csv_texts", "merge_csv_files"]
+__all__ = ["DEFAULT_KEY", "MergeError", "merge_csv_texts", "merge_csv_files", "row_count"]
 
 DEFAULT_KEY = ("setting", "seed", "method")  # one row per run in every `dpfl reproduce` results.csv
 
@@ -27,15 +31,25 @@ class MergeError(ValueError):
     """The inputs cannot be merged without losing or inventing a row; the message says which input and why."""
 
 
-def _read(name: str, text: str) -> tuple[list[str], list[dict[str, str]]]:
+def _split_comments(text: str) -> tuple[list[str], str, int]:
+    """The leading `#` lines (provenance), the CSV text after them, and how many lines they took."""
+    lines = text.splitlines(keepends=True)
+    n = 0
+    while n < len(lines) and lines[n].startswith("#"):
+        n += 1
+    return [line.rstrip("\r\n") for line in lines[:n]], "".join(lines[n:]), n
+
+
+def _read(name: str, text: str) -> tuple[list[str], list[str], list[dict[str, str]]]:
+    comments, text, skipped = _split_comments(text)
     reader = csv.DictReader(io.StringIO(text))
     if not reader.fieldnames:
         raise MergeError(f"{name}: empty, no header")
     rows = list(reader)
-    for i, row in enumerate(rows, start=2):
+    for i, row in enumerate(rows, start=2 + skipped):
         if None in row or any(v is None for v in row.values()):
             raise MergeError(f"{name}, line {i}: {len(reader.fieldnames)} columns in the header, not in this row")
-    return list(reader.fieldnames), rows
+    return comments, list(reader.fieldnames), rows
 
 
 def _is_number(value: str) -> bool:
@@ -65,8 +79,10 @@ def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] =
     header: list[str] | None = None
     first_name = ""
     by_key: dict[tuple[str, ...], tuple[str, dict[str, str]]] = {}
+    comments: dict[str, None] = {}  # ordered set
     for name, text in named_texts:
-        cols, rows = _read(name, text)
+        these_comments, cols, rows = _read(name, text)
+        comments.update(dict.fromkeys(these_comments))
         if header is None:
             header, first_name = cols, name
             missing = [k for k in key if k not in header]
@@ -90,6 +106,7 @@ def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] =
     rows = [row for _, row in by_key.values()]
     rows.sort(key=_sort_key(rows, key))
     buf = io.StringIO()
+    buf.writelines(f"{line}\n" for line in comments)
     writer = csv.DictWriter(buf, fieldnames=header, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
@@ -105,3 +122,8 @@ def merge_csv_files(inputs: Sequence[Path], key: Sequence[str] = DEFAULT_KEY) ->
         except OSError as err:
             raise MergeError(f"{path}: {err.strerror or err}") from None
     return merge_csv_texts(named, key)
+
+
+def row_count(text: str) -> int:
+    """Data rows of a CSV text after its leading `#` lines (what a merge wrote; quoted newlines are one row)."""
+    return sum(1 for _ in csv.DictReader(io.StringIO(_split_comments(text)[1])))
