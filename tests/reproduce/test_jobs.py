@@ -118,8 +118,8 @@ def test_pfa_ci_grid_is_spec_7_4():
 def test_robust_hdp_full_grid_uses_the_fixed_lists_and_the_falsified_budget_setting():
     grid = robust_hdp.grid("full")
     names = [s.name for s in grid.settings]
-    assert names == [f"fmnist-Dist{i}" for i in range(1, 10)] + ["fmnist-Dist5-misreport"]
-    assert len(grid.jobs) == (9 * 7 + 5) * 3
+    assert names == [f"fmnist-Dist{i}" for i in range(1, 10)] + ["fmnist-Dist5-misreport", "fmnist-Dist5-misreport-c10"]
+    assert len(grid.jobs) == (9 * 7 + 5 + 1) * 3
     for job in grid.jobs:
         c = job.config
         assert (c.data.clients, c.data.client_test_fraction, c.data.max_train_samples) == (20, 0.2, 60000)
@@ -132,9 +132,14 @@ def test_robust_hdp_full_grid_uses_the_fixed_lists_and_the_falsified_budget_sett
             assert [b.epsilon for b in resolve_budgets(c)] == list(RHDP_EPS20[c.privacy.budgets.dist])
     liars = [j for j in grid.jobs if j.setting == "fmnist-Dist5-misreport"]
     assert sorted({j.method for j in liars}) == sorted(robust_hdp.MISREPORT_METHODS)
+    other_liar = [j for j in grid.jobs if j.setting == "fmnist-Dist5-misreport-c10"]
+    assert [j.method for j in other_liar] == ["weiavg"] * 3
+    eps, batch = RHDP_EPS20["Dist5"], RHDP_BATCH20  # client 10 stands in for client 0: same budget and batch size
+    assert (eps[10], batch[10]) == (eps[0], batch[0])
     honest = {(j.method, j.seed): j.config for j in grid.jobs if j.setting == "fmnist-Dist5"}
-    for j in liars:  # the lie is the only difference from the honest run it is compared with
-        assert (j.config.privacy.misreport.client, j.config.privacy.misreport.factor) == (0, 10.0)
+    for j in liars + other_liar:  # the lie is the only difference from the honest run it is compared with
+        liar = 10 if j.setting.endswith("c10") else 0
+        assert (j.config.privacy.misreport.client, j.config.privacy.misreport.factor) == (liar, 10.0)
         a, b = config_to_dict(j.config), config_to_dict(honest[(j.method, j.seed)])
         a["privacy"]["misreport"] = None
         a.pop("name"), b.pop("name")
@@ -180,7 +185,7 @@ def test_selection_of_settings_and_methods():
     assert sorted({j.setting for j in grid.jobs}) == ["fmnist-Dist1", "fmnist-Dist2", "fmnist-Dist5-misreport"]
     assert {j.method for j in grid.jobs} == {"weiavg", "oracle"}
     assert len(grid.jobs) == 3 * 2 * 3
-    assert len(grid.all_jobs) == 204  # collection of earlier runs looks at the whole grid
+    assert len(grid.all_jobs) == 207  # collection of earlier runs looks at the whole grid
     assert any("--methods weiavg,oracle" in n for n in grid.selection)
     with pytest.raises(GridError, match="unknown method 'wiavg'"):
         robust_hdp.grid("ci", methods=["wiavg"])
@@ -207,6 +212,6 @@ def test_a_method_whose_algorithm_is_missing_is_left_out_with_a_note():
 def test_mnist_settings_are_in_the_grid_when_asked_for():
     grid = robust_hdp.grid("full", datasets=["fashion_mnist", "mnist"], seeds=1)
     assert {j.config.data.dataset for j in grid.jobs if j.setting.startswith("mnist-")} == {"mnist"}
-    assert len(grid.settings) == 20
+    assert len(grid.settings) == 22  # per dataset: Dist1..9, the falsified budget and its client-10 variant
     with pytest.raises(GridError, match="ships fashion_mnist and mnist"):
         pfa.grid("full", datasets=["cifar10"])

@@ -15,7 +15,10 @@ Methods (spec §7.3 "Seeds and methods"):
 Settings: `full` is the main grid {dataset} x Dist1..Dist9 with the code's fixed 20-client lists
 (`<ds>-Dist1` .. `<ds>-Dist9`), plus the falsified-budget setting `<ds>-Dist5-misreport` (client 0
 reports 10x its epsilon; weiavg, pfa, robust_hdp, fedavg, oracle), whose honest counterpart is the main
-`<ds>-Dist5` setting: the same data, budgets and seeds, so those runs are not repeated. `ci` is spec
+`<ds>-Dist5` setting: the same data, budgets and seeds, so those runs are not repeated. At `full` scale also
+`<ds>-Dist5-misreport-c10` (weiavg only; not in the spec): client 10, whose true epsilon (0.95), batch size (32)
+and IID data share are those of client 0, tells the same lie, to test whether WeiAvg's accuracy gain under
+client 0's lie at this scale (docs/heterogeneous.md) comes from client 0's data or from the lie itself. `ci` is spec
 §7.4: 6 clients, Dist5[0:6], rhdp20[0:6] batch sizes, 300 examples per client, 3 rounds, all methods
 and the falsified-budget scenario. CIFAR-10 is not in the grid: the spec's CIFAR/ResNet-18 study is
 replaced by the weight-precision study on Fashion-MNIST (§7.3.4), not part of this comparison.
@@ -27,7 +30,7 @@ from collections.abc import Sequence
 
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, dataset_short
 
-__all__ = ["DISTS", "MISREPORT", "MISREPORT_METHODS", "SPEC", "grid", "methods", "settings"]
+__all__ = ["DISTS", "MISREPORT", "MISREPORT_C10", "MISREPORT_C10_METHODS", "MISREPORT_METHODS", "SPEC", "grid", "methods", "settings"]
 
 PAPER = "robust-hdp"
 DISTS = tuple(f"Dist{i}" for i in range(1, 10))
@@ -35,6 +38,8 @@ SPEC = {"full": {"rounds": 200, "seeds": 3}, "ci": {"rounds": 3, "seeds": 1}}
 MISREPORT = "{client: 0, factor: 10}"  # spec §6 / §9.14: client 0 (true epsilon 0.95 in Dist5) reports 10x
 MISREPORT_DIST = "Dist5"
 MISREPORT_METHODS = ("weiavg", "pfa", "robust_hdp", "fedavg", "oracle")
+MISREPORT_C10 = "{client: 10, factor: 10}"  # client 10: client 0's epsilon (0.95) and batch size (32) in Dist5/rhdp20
+MISREPORT_C10_METHODS = ("weiavg",)
 
 ORACLE = "privileged reference (reads the true noise)"
 NON_PRIVATE = "non-private reference (no DP)"
@@ -80,6 +85,12 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[S
             f"{honest}-misreport", base, (*dist_overrides[MISREPORT_DIST], f"privacy.misreport={MISREPORT}"), liars,
             dataset, describe=f"{what}; client 0 calibrates to its true epsilon but reports 10x it",
             meta={"dist": MISREPORT_DIST, "kind": "misreport", "honest": honest}))
+        if scale == "full":  # the ci setting has 6 clients: no client 10
+            out.append(Setting(
+                f"{honest}-misreport-c10", base, (*dist_overrides[MISREPORT_DIST], f"privacy.misreport={MISREPORT_C10}"),
+                tuple(m for m in all_methods if m.name in MISREPORT_C10_METHODS), dataset,
+                describe=f"{what}; client 10 (client 0's epsilon and batch size) calibrates to its true epsilon but "
+                         "reports 10x it", meta={"dist": MISREPORT_DIST, "kind": "misreport", "honest": honest}))
     return out
 
 
