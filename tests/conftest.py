@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`-n auto` in pyproject.toml), give each worker its share of the cores: every
+    worker's torch would otherwise start one thread per core, and 2 workers x 2 threads on 2 cores spend
+    their time switching. Tests that need more threads set them themselves."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
 @pytest.fixture
