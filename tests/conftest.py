@@ -10,12 +10,16 @@ import pytest
 def pytest_configure(config):
     """Under pytest-xdist (`-n auto` in pyproject.toml), give each worker its share of the cores: every
     worker's torch would otherwise start one thread per core, and 2 workers x 2 threads on 2 cores spend
-    their time switching. Tests that need more threads set them themselves."""
+    their time switching. OMP_NUM_THREADS passes the same count to the runs tests start in subprocesses (a
+    killed-and-resumed subprocess run must match the in-process one, thread count included). Tests that need
+    more threads set them themselves."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+        threads = max(1, torch.get_num_threads() // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture
