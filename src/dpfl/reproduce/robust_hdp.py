@@ -30,7 +30,8 @@ from collections.abc import Sequence
 
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, dataset_short
 
-__all__ = ["DISTS", "MISREPORT", "MISREPORT_C10", "MISREPORT_C10_METHODS", "MISREPORT_METHODS", "SPEC", "grid", "methods", "settings"]
+__all__ = ["DISTS", "LIES", "MISREPORT", "MISREPORT_C10", "MISREPORT_C10_METHODS", "MISREPORT_METHODS", "SPEC",
+           "grid", "methods", "settings"]
 
 PAPER = "robust-hdp"
 DISTS = tuple(f"Dist{i}" for i in range(1, 10))
@@ -40,6 +41,10 @@ MISREPORT_DIST = "Dist5"
 MISREPORT_METHODS = ("weiavg", "pfa", "robust_hdp", "fedavg", "oracle")
 MISREPORT_C10 = "{client: 10, factor: 10}"  # client 10: client 0's epsilon (0.95) and batch size (32) in Dist5/rhdp20
 MISREPORT_C10_METHODS = ("weiavg",)
+# the falsified-budget settings: name suffix, the lie, its methods, who lies, the scales that have the liar
+LIES = (("misreport", MISREPORT, MISREPORT_METHODS, "client 0", ("ci", "full")),
+        ("misreport-c10", MISREPORT_C10, MISREPORT_C10_METHODS, "client 10 (client 0's epsilon and batch size)",
+         ("full",)))  # the ci setting has 6 clients: no client 10
 
 ORACLE = "privileged reference (reads the true noise)"
 NON_PRIVATE = "non-private reference (no DP)"
@@ -63,7 +68,6 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[S
     if scale not in SPEC:
         raise GridError(f"--scale must be 'ci' or 'full', got {scale!r}")
     all_methods = methods()
-    liars = tuple(m for m in all_methods if m.name in MISREPORT_METHODS)
     out = []
     for dataset in datasets:
         short = dataset_short(dataset, scale, "Robust-HDP")
@@ -81,16 +85,13 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[S
                                describe=f"{what}, budgets {dist}" if scale == "full" else what,
                                meta={"dist": dist, "kind": "main"}))
         honest = f"{short}-{MISREPORT_DIST}"
-        out.append(Setting(
-            f"{honest}-misreport", base, (*dist_overrides[MISREPORT_DIST], f"privacy.misreport={MISREPORT}"), liars,
-            dataset, describe=f"{what}; client 0 calibrates to its true epsilon but reports 10x it",
-            meta={"dist": MISREPORT_DIST, "kind": "misreport", "honest": honest}))
-        if scale == "full":  # the ci setting has 6 clients: no client 10
-            out.append(Setting(
-                f"{honest}-misreport-c10", base, (*dist_overrides[MISREPORT_DIST], f"privacy.misreport={MISREPORT_C10}"),
-                tuple(m for m in all_methods if m.name in MISREPORT_C10_METHODS), dataset,
-                describe=f"{what}; client 10 (client 0's epsilon and batch size) calibrates to its true epsilon but "
-                         "reports 10x it", meta={"dist": MISREPORT_DIST, "kind": "misreport", "honest": honest}))
+        for suffix, lie, names, who, scales in LIES:
+            if scale in scales:
+                out.append(Setting(
+                    f"{honest}-{suffix}", base, (*dist_overrides[MISREPORT_DIST], f"privacy.misreport={lie}"),
+                    tuple(m for m in all_methods if m.name in names), dataset,
+                    describe=f"{what}; {who} calibrates to its true epsilon but reports 10x it",
+                    meta={"dist": MISREPORT_DIST, "kind": "misreport", "honest": honest}))
     return out
 
 
