@@ -20,7 +20,7 @@ pytest.importorskip("flwr")
 
 from .helpers import ROOT, assert_same_run, reference  # noqa: E402
 
-DEADLINE = 180.0
+DEADLINE = 480.0  # a bound against a hang only: 150 s measured beside another xdist worker on 2 slow cores
 BIN = Path(sys.executable).parent
 
 
@@ -41,7 +41,7 @@ def _wait_listening(port: int, start: float) -> None:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
         except OSError:
-            assert time.monotonic() - start < 60, f"the SuperLink does not listen on {port} after 60 s"
+            assert time.monotonic() - start < 120, f"the SuperLink does not listen on {port} after 120 s"
             time.sleep(0.3)
 
 
@@ -99,8 +99,8 @@ def test_superlink_and_three_supernodes_match_in_process(tmp_path: Path):
                   "--port", str(port), "--node-config", f"partition-id={i}")
         submitted = subprocess.run(
             [str(BIN / "flwr"), "run", str(ROOT / "examples" / "flower"), "dpfl-test", "--run-config",
-             f'out="{out}" shared-seed=true node-timeout=60.0 timeout=60.0'],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+             f'out="{out}" shared-seed=true node-timeout=180.0 timeout=180.0'],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         while not (out / "summary.json").is_file():
             dead = [p.args[0] for p in procs if p.poll() is not None]
