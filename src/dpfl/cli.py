@@ -851,24 +851,39 @@ def reproduce_mpdp(
         "ci (digits MLP at nominal per-round epsilon 3, 30 and 300; K = 100 on an n-out graph; Fashion-MNIST when "
         "found; 2 seeds; a few minutes) or full (CIFAR-10/100 with norm-free tied-residual ResNets at epsilon 1 and "
         "3, 3 seeds, when the files are found locally: days of CPU; BreakHis listed as skipped)."))],
-    seeds: _Seeds = None, rounds: _Rounds = None, methods: _Methods = None,
+    seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None, settings: _Settings = None,
+    methods: _Methods = None,
     inversion_steps: Annotated[Optional[int], typer.Option("--inversion-steps", help=(
         "Steps of each gradient-inversion attack on client 0's probe upload (default 200, as `reproduce attacks`; "
         "0 skips the inversion)."))] = None,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
 ) -> None:
     """MP-DP (bidirectional privacy) against MP-DP with an oracle clip, MP-DP-Naive, MP-CDP and FedAvg on the same
     FedSGD rounds, with the attacks of spec §10 on each run; TP-SMC (threshold Paillier, slow) only when --methods
     names tp_smc. Writes OUT/results.csv, results.md and runs/."""
-    from dpfl.reproduce.mpdp import INVERSION_STEPS, run_study
+    from dpfl.reproduce.mpdp import INVERSION_STEPS, describe, run_study
 
+    _one_of_dry_run_and_tables_only(dry_run, tables_only)
+    if only_seeds is not None and tables_only:
+        _fail("--only-seeds chooses the seeds to train; --tables-only trains none (its tables collect every "
+              "finished seed)")
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    only = _seed_list(only_seeds)
     command = " ".join(["dpfl reproduce mpdp --scale", scale, "--out", str(out)]
-                       + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("methods", methods),
-                                                    ("inversion-steps", inversion_steps)) if v is not None])
+                       + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
+                                                    ("methods", methods), ("inversion-steps", inversion_steps),
+                                                    ("only-seeds", only_seeds)) if v is not None])
     steps = INVERSION_STEPS if inversion_steps is None else inversion_steps
+    grid = {"seeds": seeds, "methods": wanted, "rounds": rounds, "settings_pattern": settings, "inversion_steps": steps}
+    if dry_run:
+        with _study_errors(out):
+            lines = describe(scale, out, only_seeds=only, **grid)
+        for line in lines:
+            console.print(line, markup=False, highlight=False)
+        return
     _run_study("mpdp", scale, out, "in the run directories",
-               lambda say: run_study(scale, out, seeds=seeds, methods=wanted, rounds=rounds, command=command,
-                                     progress=say, inversion_steps=steps))
+               lambda say: run_study(scale, out, only_seeds=only, compute=not tables_only, command=command,
+                                     progress=say, **grid))
 
 
 @reproduce_app.command("attacks")

@@ -8,6 +8,7 @@ from cli_runner import cli
 
 from dpfl.attacks import probe
 from dpfl.reproduce import attacks
+from dpfl.reproduce.jobs import GridError
 
 
 @pytest.fixture
@@ -30,6 +31,8 @@ def test_reproduce_attacks_ci_smoke(tmp_path, small):
     stamp = (out / "runs" / "attacks_ci_fmnist-client-eps1" / "attacks.json").stat().st_mtime
     attacks.run_study("ci", out, rounds=1)
     assert (out / "runs" / "attacks_ci_fmnist-client-eps1" / "attacks.json").stat().st_mtime == stamp
+    with pytest.raises(GridError, match="holds another run.*rounds: 1"):  # other --rounds: not mixed in
+        attacks.run_study("ci", out, rounds=2)
     assert "ε lower" in md_path.read_text()
     assert "(7 settings). Written by: dpfl " in md_path.read_text()  # each setting's environment in its attacks.json
 

@@ -12,7 +12,8 @@ on the base config (configs/attacks/ci_fmnist.yaml):
   canaries, calibrated to the same budget) reports.
 
 OUT/results.csv: method, epsilon, psnr, mia_asr, mia_auc, tpr_at_1fpr, eps_lower, eps_reported, accuracy,
-audit_unit, status. Each setting's attacks.json is written last: a re-run skips finished settings.
+audit_unit, status. Each setting's attacks.json is written last: a re-run skips finished settings of the same config
+and refuses one of another (other --rounds).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from dpfl.attacks.audit import audit_config
 from dpfl.attacks.figures import reconstruction_grid
 from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, public_extractor
 from dpfl.attacks.released import attack_released_model
-from dpfl.experiment.config import RunConfig, config_to_dict, load_config, validate_config
+from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
 from dpfl.experiment.run_directory import execute
-from dpfl.reproduce.jobs import config_dir
+from dpfl.reproduce.jobs import GridError, config_dir
+from dpfl.reproduce.runner import first_difference
 from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.environment import computed_and_written, describe_job, job_executions
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
@@ -78,6 +80,10 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
     d = out / "runs" / cfg.name
     done = d / "attacks.json"
     if done.is_file():
+        saved, wanted = config_to_yaml(load_config(d / "run" / "config.yaml")), config_to_yaml(cfg)
+        if saved != wanted:  # the same --out with other --rounds would mix two experiments
+            raise GridError(f"{d} holds another run ({first_difference(saved, wanted)}); use another --out, or the "
+                            "options that made it")
         return json.loads(done.read_text())
     row: dict[str, Any] = {"method": method, "epsilon": epsilon}
     try:

@@ -31,12 +31,16 @@ psnr_b1 and psnr_b8 (gradient inversion by the server of client 0's probe upload
 and 8, the strongest of DLG and Inverting Gradients on every view the server has, in dB, higher = more leakage;
 psnr_b*_recovered, psnr_b*_upload and psnr_b*_phi: mpdp*'s views, the Eq. (18) recovered gradient matched at W, the
 raw upload matched at Ŵ, and the noise-free correction term Φ_k (W2): experiment/mpdp_inversion.py),
-status, run_dir. Every run directory has metrics.jsonl, privacy.json (every attack's ASR, AUC and TPR at 1% FPR)
-and summary.json (written last: a re-run skips finished runs).
+status, run_dir. Every run directory has config.yaml (the config it ran, written first), metrics.jsonl, privacy.json
+(every attack's ASR, AUC and TPR at 1% FPR) and summary.json (written last). A re-run skips the finished runs of the
+same config and inversion steps, runs the unfinished ones from the start (MP-DP runs do not resume), and refuses,
+before running anything, a directory that holds another config: one --out, one experiment. `--only-seeds` spreads a
+grid's seeds over sessions or machines; `--tables-only` writes the tables of the finished runs and trains nothing.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import statistics
 import traceback
@@ -45,12 +49,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
 from dpfl.experiment.mpdp_directory import write_run_files
 from dpfl.experiment.mpdp_inversion import inversion_report
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
-from dpfl.reproduce.jobs import config_dir
+from dpfl.reproduce.jobs import GridError, config_dir
+from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
@@ -87,14 +94,57 @@ class MPDPJob:
     def directory(self, out: Path) -> Path:
         return out / "runs" / self.setting / f"{self.method}-seed{self.seed}"
 
+    def run_config(self) -> MPDPConfig:
+        """The config this job runs, as its config.yaml records it: its method, and for mpdp_oracle_clip MP-DP with
+        the simulation-only clip of the true gradient."""
+        if self.method == "mpdp_oracle_clip":
+            return self.config.model_copy(update={"method": "mpdp", "clip_mode": "oracle_true"})
+        return self.config.model_copy(update={"method": self.method})
+
+
+def _config_text(cfg: MPDPConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def job_state(job: MPDPJob, out: Path, inversion_steps: int) -> tuple[str, str]:
+    """(state, why) of a job's directory: new, finished, partial (to run again from the start) or config differs."""
+    d = job.directory(out)
+    config_path, summary_path = d / "config.yaml", d / "summary.json"
+    if not config_path.is_file():
+        if summary_path.is_file():
+            return DIFFERS, "it was made before dpfl saved each run's config.yaml, so its config cannot be checked"
+        return NEW, ""
+    saved, wanted = config_path.read_text(encoding="utf-8"), _config_text(job.run_config())
+    if saved != wanted:
+        return DIFFERS, first_difference(saved, wanted)
+    if not summary_path.is_file():
+        return PARTIAL, ""
+    steps = json.loads(summary_path.read_text(encoding="utf-8")).get("inversion_steps")
+    if steps != inversion_steps:
+        return DIFFERS, f"saved inversion_steps {steps}, this job {inversion_steps}"
+    return FINISHED, ""
+
+
+def check_directories(todo: Sequence[MPDPJob], out: Path, inversion_steps: int) -> list[str]:
+    """Every job's state; GridError (before anything runs) if a directory holds another experiment."""
+    states = []
+    for job in todo:
+        state, why = job_state(job, out, inversion_steps)
+        if state == DIFFERS:
+            raise GridError(f"{job.directory(out)} holds another run ({why}); use another --out, or the options "
+                            "that made it")
+        states.append(state)
+    return states
+
 
 def _setting_name(cfg: MPDPConfig, eps: float, several: bool) -> str:
     return f"{cfg.name}-eps{eps:g}" if several else cfg.name
 
 
 def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = None,
-         rounds: int | None = None) -> tuple[list[MPDPJob], dict[str, str]]:
-    """The scale's jobs, and the settings skipped with their reasons."""
+         rounds: int | None = None, settings_pattern: str | None = None) -> tuple[list[MPDPJob], dict[str, str]]:
+    """The scale's jobs, and the settings skipped with their reasons. `settings_pattern`: only the settings whose
+    name matches it (fnmatch; commas: alternatives), e.g. 'full_c10_k5-*'."""
     if scale not in SCALES:
         raise ValueError(f"--scale must be 'ci' or 'full', got {scale!r}")
     wanted = tuple(methods) if methods else METHODS
@@ -120,6 +170,12 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
                     if method == "fedavg" and eps != epsilons[0]:
                         continue  # no epsilon: once per config and seed
                     out.append(MPDPJob(setting if method != "fedavg" else base.name, method, seed, cfg))
+    if settings_pattern:
+        patterns = [p.strip() for p in settings_pattern.split(",") if p.strip()]
+        names = list(dict.fromkeys(j.setting for j in out))
+        out = [j for j in out if any(fnmatch.fnmatchcase(j.setting, p) for p in patterns)]
+        if not out:
+            raise GridError(f"--settings {settings_pattern!r} matches no setting (settings: {', '.join(names)})")
     return out, skipped
 
 
@@ -141,15 +197,16 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS) -> 
     `inversion_steps`: per attack and probe batch; 0 skips the inversion (recorded as skipped)."""
     d = job.directory(out)
     summary_path = d / "summary.json"
-    if summary_path.is_file():
+    state = check_directories([job], out, inversion_steps)[0]
+    if state == FINISHED:
         return json.loads(summary_path.read_text())
+    cfg = job.run_config()
     d.mkdir(parents=True, exist_ok=True)
-    method = "mpdp" if job.method == "mpdp_oracle_clip" else job.method
-    cfg = job.config.model_copy(update={"clip_mode": "oracle_true"}) if job.method == "mpdp_oracle_clip" else job.config
+    write_text_atomic(d / "config.yaml", _config_text(cfg))
     try:
         arrays = federated_arrays(cfg)
-        result = run_mpdp(cfg, method, arrays=arrays)
-        inversion = (inversion_report(cfg, method, result.weights, result.plan, arrays, steps=inversion_steps)
+        result = run_mpdp(cfg, cfg.method, arrays=arrays)
+        inversion = (inversion_report(cfg, cfg.method, result.weights, result.plan, arrays, steps=inversion_steps)
                      if inversion_steps > 0 else {"skipped": "--inversion-steps 0"})
         result.privacy["inversion"] = inversion
     except Exception as e:  # noqa: BLE001 - a failed run is a row with its message; the study goes on
@@ -159,25 +216,66 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS) -> 
     write_run_files(d, result)
     row = {**{k: result.summary.get(k) for k in COLUMNS}, "setting": job.setting, "method": job.method,
            **inversion_columns(inversion),
-           "status": "ok", "run_dir": str(d.relative_to(out))}
+           "status": "ok", "run_dir": str(d.relative_to(out)), "inversion_steps": inversion_steps}
     write_json_atomic(summary_path, row)
     return row
 
 
+def _checked_seeds(only_seeds: Sequence[int] | None, todo: Sequence[MPDPJob]) -> set[int] | None:
+    if only_seeds is None:
+        return None
+    planned = sorted({j.seed for j in todo})
+    unplanned = [s for s in only_seeds if s not in planned]
+    if unplanned:
+        raise GridError(f"--only-seeds: seed {unplanned[0]} is not among the planned seeds {planned[0]}..{planned[-1]} "
+                        "(raise --seeds to plan it)")
+    return set(only_seeds)
+
+
+def describe(scale: str, out: Path, *, seeds: int | None = None, methods: Sequence[str] | None = None,
+             rounds: int | None = None, settings_pattern: str | None = None, only_seeds: Sequence[int] | None = None,
+             inversion_steps: int = INVERSION_STEPS) -> list[str]:
+    """The --dry-run listing: one line per job to run with its directory's state, then the skipped settings."""
+    todo, skipped = jobs(scale, seeds, methods, rounds, settings_pattern)
+    chosen = _checked_seeds(only_seeds, todo)
+    todo = [j for j in todo if chosen is None or j.seed in chosen]
+    lines = [f"mpdp, scale {scale}: {len(todo)} jobs -> {out / 'runs'}"]
+    for job in todo:
+        state, why = job_state(job, out, inversion_steps)
+        state = "partial: runs again from the start" if state == PARTIAL else state
+        lines.append(f"{job.setting} {job.method} seed {job.seed}: {state}" + (f" ({why})" if why else ""))
+    return lines + [f"skipped: {k}: {v}" for k, v in sorted(skipped.items())]
+
+
 def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Sequence[str] | None = None,
-              rounds: int | None = None, progress: Callable[[str], None] | None = None,
+              rounds: int | None = None, settings_pattern: str | None = None,
+              only_seeds: Sequence[int] | None = None, compute: bool = True,
+              progress: Callable[[str], None] | None = None,
               command: str = "", inversion_steps: int = INVERSION_STEPS) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """Runs the grid's jobs (`only_seeds`: only these seeds'; compute=False, --tables-only: none) and writes the
+    tables of every finished run of the grid under `out`."""
     if inversion_steps < 0:
         raise ValueError(f"--inversion-steps must be >= 0, got {inversion_steps}")
-    todo, skipped = jobs(scale, seeds, methods, rounds)
-    rows = []
-    for i, job in enumerate(todo, 1):
-        if progress is not None:
-            progress(f"[{i}/{len(todo)}] {job.setting} {job.method} seed {job.seed}")
-        rows.append(run_job(job, out, inversion_steps))
+    todo, skipped = jobs(scale, seeds, methods, rounds, settings_pattern)
+    chosen = _checked_seeds(only_seeds, todo)
+    states = check_directories(todo, out, inversion_steps)
+    runs = [compute and (chosen is None or j.seed in chosen) for j in todo]
+    rows, done = [], 0
+    for job, state, run in zip(todo, states, runs):
+        if run:
+            done += 1
+            if progress is not None:
+                progress(f"[{done}/{sum(runs)}] {job.setting} {job.method} seed {job.seed}")
+            rows.append(run_job(job, out, inversion_steps))
+        elif state == FINISHED:
+            rows.append(json.loads((job.directory(out) / "summary.json").read_text()))
+    if not rows and not compute:
+        raise GridError(f"--tables-only: no finished run of this selection under {out / 'runs'}")
     out.mkdir(parents=True, exist_ok=True)
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
     line = computed_and_written(run_environments(out / r["run_dir"] for r in rows if r["status"] == "ok"))
+    if len(rows) < len(todo):
+        line += f" These tables hold {len(rows)} of the grid's {len(todo)} runs (the others have not finished here)."
     md_path = write_text_atomic(out / "results.md", markdown(scale, rows, skipped, command, line))
     return csv_path, md_path, rows
 

@@ -65,11 +65,12 @@ def job_state(job: Job, out: Path) -> tuple[str, str]:
     except ConfigError as err:
         return DIFFERS, f"its config.yaml does not load ({err})"
     if saved != config_to_yaml(job.config):
-        return DIFFERS, _first_difference(saved, config_to_yaml(job.config))
+        return DIFFERS, first_difference(saved, config_to_yaml(job.config))
     return (FINISHED if (d / SUMMARY_FILE).is_file() else PARTIAL), ""
 
 
-def _first_difference(saved: str, wanted: str) -> str:
+def first_difference(saved: str, wanted: str) -> str:
+    """The first line where two configs' YAML texts differ, for an error message."""
     for a, b in zip(saved.splitlines(), wanted.splitlines()):
         if a != b:
             return f"saved '{a.strip()}', this job '{b.strip()}'"
