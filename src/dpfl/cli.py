@@ -724,10 +724,8 @@ def reproduce_rdpcfl(
     """R-DPCFL's comparison (TMLR 2025): rdpcfl, ifca, global, local, mr_mtl, oracle, fedavg on planted clusters.
     Writes OUT/results.csv (mean_acc, minority_acc, ari, clusters_found, ... per run), results.md, plots/."""
     if round1_analysis:
-        if only_seeds is not None:
-            _fail("--only-seeds applies to the comparison; the b^1 analysis takes --seeds and --settings")
         _rdpcfl_round1(out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons, round1_batches,
-                       tables_only)
+                       tables_only, only_seeds)
         return
     if round1_batches is not None:
         _fail("--round1-batches applies to --round1-analysis only")
@@ -737,20 +735,27 @@ def reproduce_rdpcfl(
 
 def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
                    methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, epsilons: Optional[str],
-                   batches: Optional[str], tables_only: bool) -> None:
+                   batches: Optional[str], tables_only: bool, only_seeds: Optional[str]) -> None:
+    from dpfl.reproduce.jobs import select_seeds
     from dpfl.reproduce.rdpcfl_round1 import analysis_grid, run_analysis
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
+    if only_seeds is not None and tables_only:
+        _fail("--only-seeds chooses the seeds to compute; --tables-only computes none (its tables collect every "
+              "saved seed)")
     if rounds is not None or methods:
         _fail("--round1-analysis: --rounds and --methods do not apply (each point is R-DPCFL calibrated for the "
               "scale's planned rounds; choose b^1 with --round1-batches)")
     command = " ".join(["dpfl reproduce rdpcfl --round1-analysis --scale", scale, "--out", str(out)]
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("settings", settings), ("epsilons", epsilons),
-                                                    ("round1-batches", batches)) if v is not None])
+                                                    ("round1-batches", batches), ("only-seeds", only_seeds))
+                          if v is not None])
+    only = _seed_list(only_seeds)
     try:
         grid = analysis_grid(scale, datasets=_dataset_names(datasets), seeds=seeds, settings_pattern=settings,
                              batches=[b.strip() for b in batches.split(",") if b.strip()] if batches else None,
                              epsilons=epsilons)
+        grid = select_seeds(grid, only)
         if dry_run:
             console.print(f"R-DPCFL b^1 analysis, scale {grid.label}: {len(grid.jobs)} points -> {out / 'round1'}",
                           markup=False, highlight=False)

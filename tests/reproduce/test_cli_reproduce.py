@@ -89,8 +89,9 @@ def test_only_seeds_usage_errors(tmp_path):
     assert "--tables-only trains none" in _one_line_error(*cli(*args, "--only-seeds", "1", "--tables-only")[::2])
     assert "--only-seeds applies to the comparison" in _one_line_error(*cli(
         "reproduce", "robust-hdp", "--scale", "ci", "--out", tmp_path, "--noise-table", "--only-seeds", "0")[::2])
-    assert "--only-seeds applies to the comparison" in _one_line_error(*cli(
-        "reproduce", "rdpcfl", "--scale", "ci", "--out", tmp_path, "--round1-analysis", "--only-seeds", "0")[::2])
+    round1 = ["reproduce", "rdpcfl", "--scale", "ci", "--out", tmp_path, "--round1-analysis", "--seeds", "2"]
+    assert "seed 2 is not among the planned seeds 0..1" in _one_line_error(*cli(*round1, "--only-seeds", "2")[::2])
+    assert "--tables-only computes none" in _one_line_error(*cli(*round1, "--only-seeds", "1", "--tables-only")[::2])
     assert "--only-seeds applies to the comparison" in _one_line_error(*cli(
         "reproduce", "fedceo", "--scale", "ci", "--out", tmp_path, "--search", "--only-seeds", "0")[::2])
     assert not any(tmp_path.iterdir())

@@ -149,6 +149,9 @@ def test_cli_runs_one_point_end_to_end(tmp_path, fmnist):
     assert code == 0, err
     assert "1 of the selection's 1 points saved before" in out and "seed0:" not in out
     assert next(csv.DictReader((tmp_path / "round1_analysis.csv").open())) == row
+    code, out, err = cli(*args[:3], "--scale", "ci", "--seeds", "2", "--only-seeds", "1", "--out", tmp_path,
+                         "--dry-run")  # a grid's seeds in pieces: only seed 1's points are to compute
+    assert code == 0 and "4 points" in out and out.count(" seed 1") == 4 and " seed 0" not in out, err
     code, _, err = cli(*args[:-1], tmp_path / "empty", "--tables-only")
     assert code == 2 and "--tables-only: no saved point of this selection" in err
     assert not (tmp_path / "empty" / "round1").exists()  # nothing computed
