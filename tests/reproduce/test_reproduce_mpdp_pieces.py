@@ -77,9 +77,13 @@ def test_an_unfinished_run_is_run_again_from_the_start(tmp_path):
     assert again["accuracy"] == first["accuracy"] and again["seed"] == first["seed"] == 0
 
 
-def test_bad_selections_are_one_line(tmp_path):
+def test_bad_selections_are_one_line(tmp_path, monkeypatch):
     code, _, err = cli("reproduce", "mpdp", *TINY, "--out", tmp_path, "--only-seeds", 5)
     assert code == 2 and "seed 5 is not among the planned seeds 0..1" in err
+    monkeypatch.setenv("DPFL_DATA", str(tmp_path / "no-data"))  # no CIFAR files: every full setting is skipped
+    code, _, err = cli("reproduce", "mpdp", "--scale", "full", "--out", tmp_path, "--only-seeds", 0)
+    assert code == 2 and "plans no run" in err, err
+    monkeypatch.undo()
     code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", tmp_path, "--settings", "nope*")
     assert code == 2 and "matches no setting" in err and "ci_digits_k100" in err
     code, _, err = cli("reproduce", "mpdp", *TINY, "--out", tmp_path, "--tables-only")

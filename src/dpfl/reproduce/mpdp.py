@@ -225,6 +225,8 @@ def _checked_seeds(only_seeds: Sequence[int] | None, todo: Sequence[MPDPJob]) ->
     if only_seeds is None:
         return None
     planned = sorted({j.seed for j in todo})
+    if not planned:
+        raise GridError("--only-seeds: this selection plans no run (every setting was skipped; see --dry-run)")
     unplanned = [s for s in only_seeds if s not in planned]
     if unplanned:
         raise GridError(f"--only-seeds: seed {unplanned[0]} is not among the planned seeds {planned[0]}..{planned[-1]} "
