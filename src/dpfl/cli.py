@@ -488,10 +488,13 @@ def _dataset_names(datasets: Optional[list[str]]) -> list[str]:
     return list(dict.fromkeys({"fmnist": "fashion_mnist"}.get(d, d) for d in names))
 
 
-def _seed_list(only_seeds: Optional[str]) -> Optional[list[int]]:
-    """--only-seeds as integers (None when not given)."""
+def _seed_list(only_seeds: Optional[str], tables_only: bool = False, work: str = "train") -> Optional[list[int]]:
+    """--only-seeds as integers (None when not given); refused with --tables-only, which does no `work` at all."""
     if only_seeds is None:
         return None
+    if tables_only:
+        _fail(f"--only-seeds chooses the seeds to {work}; --tables-only {work}s none (its tables collect every "
+              f"{'saved' if work == 'compute' else 'finished'} seed)")
     try:
         seeds = [int(s) for s in only_seeds.split(",") if s.strip()]
     except ValueError:
@@ -512,12 +515,9 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
     from dpfl.reproduce.tables import write_results as generic_results
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
-    if only_seeds is not None and tables_only:
-        _fail("--only-seeds chooses the seeds to train; --tables-only trains none (its tables collect every "
-              "finished seed)")
+    only = _seed_list(only_seeds, tables_only)
     names = _dataset_names(datasets)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
-    only = _seed_list(only_seeds)
     command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
                        + [f"--{k.replace('_', '-')} {v}" for k, v in grid_options.items() if v]
                        + [f"--dataset {d}" for d in names if datasets]
@@ -740,9 +740,7 @@ def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional
     from dpfl.reproduce.rdpcfl_round1 import analysis_grid, run_analysis
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
-    if only_seeds is not None and tables_only:
-        _fail("--only-seeds chooses the seeds to compute; --tables-only computes none (its tables collect every "
-              "saved seed)")
+    only = _seed_list(only_seeds, tables_only, "compute")
     if rounds is not None or methods:
         _fail("--round1-analysis: --rounds and --methods do not apply (each point is R-DPCFL calibrated for the "
               "scale's planned rounds; choose b^1 with --round1-batches)")
@@ -750,7 +748,6 @@ def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("settings", settings), ("epsilons", epsilons),
                                                     ("round1-batches", batches), ("only-seeds", only_seeds))
                           if v is not None])
-    only = _seed_list(only_seeds)
     try:
         grid = analysis_grid(scale, datasets=_dataset_names(datasets), seeds=seeds, settings_pattern=settings,
                              batches=[b.strip() for b in batches.split(",") if b.strip()] if batches else None,
@@ -869,11 +866,8 @@ def reproduce_mpdp(
     from dpfl.reproduce.mpdp import INVERSION_STEPS, describe, run_study
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
-    if only_seeds is not None and tables_only:
-        _fail("--only-seeds chooses the seeds to train; --tables-only trains none (its tables collect every "
-              "finished seed)")
+    only = _seed_list(only_seeds, tables_only)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
-    only = _seed_list(only_seeds)
     command = " ".join(["dpfl reproduce mpdp --scale", scale, "--out", str(out)]
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
                                                     ("methods", methods), ("inversion-steps", inversion_steps),

@@ -23,6 +23,7 @@ __all__ = [
     "Grid",
     "GridError",
     "build_grid",
+    "check_planned",
     "Job",
     "Method",
     "Setting",
@@ -194,16 +195,21 @@ def expand(settings: Sequence[Setting], seeds: Iterable[int], *, rounds: int | N
     return jobs
 
 
+def check_planned(only: Sequence[int], planned: Sequence[int]) -> None:
+    """--only-seeds may name only seeds the grid plans (`planned`, ascending)."""
+    unplanned = [s for s in only if s not in planned]
+    if unplanned:
+        raise GridError(f"--only-seeds: seed {unplanned[0]} is not among the planned seeds {planned[0]}.."
+                        f"{planned[-1]} (raise --seeds to plan it)")
+
+
 def select_seeds(grid: Grid, only: Sequence[int] | None) -> Grid:
     """The grid with only these seeds' jobs to run (--only-seeds: one grid's seeds spread over machines or
     sessions). The planned seeds, `all_jobs` and so the tables stay the grid's: runs of other seeds finished
     under the same --out are still collected, and "seeds ok" still counts against every planned seed."""
     if not only:
         return grid
-    unplanned = [s for s in only if s not in grid.seeds]
-    if unplanned:
-        raise GridError(f"--only-seeds: seed {unplanned[0]} is not among the planned seeds {grid.seeds[0]}.."
-                        f"{grid.seeds[-1]} (raise --seeds to plan it)")
+    check_planned(only, grid.seeds)
     chosen = sorted(set(only))
     return replace(grid, jobs=[j for j in grid.jobs if j.seed in chosen],
                    selection=[*grid.selection, f"seeds selected with --only-seeds {','.join(map(str, chosen))}"])

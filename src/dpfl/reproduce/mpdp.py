@@ -56,7 +56,7 @@ from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
 from dpfl.experiment.mpdp_directory import write_run_files
 from dpfl.experiment.mpdp_inversion import inversion_report
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
-from dpfl.reproduce.jobs import GridError, config_dir
+from dpfl.reproduce.jobs import GridError, check_planned, config_dir
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.environment import computed_and_written, run_environments
@@ -227,10 +227,7 @@ def _checked_seeds(only_seeds: Sequence[int] | None, todo: Sequence[MPDPJob]) ->
     planned = sorted({j.seed for j in todo})
     if not planned:
         raise GridError("--only-seeds: this selection plans no run (every setting was skipped; see --dry-run)")
-    unplanned = [s for s in only_seeds if s not in planned]
-    if unplanned:
-        raise GridError(f"--only-seeds: seed {unplanned[0]} is not among the planned seeds {planned[0]}..{planned[-1]} "
-                        "(raise --seeds to plan it)")
+    check_planned(only_seeds, planned)
     return set(only_seeds)
 
 
