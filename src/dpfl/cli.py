@@ -454,6 +454,27 @@ def compare(
         console.print(f"plot: {plot}")
 
 
+@app.command()
+def confidence(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Finished run directories (dpfl run) of classifiers.")],
+    seed: Annotated[int, typer.Option(help="Seed of the test set's split into the temperature's two halves.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Why a run's test loss can be huge while its accuracy holds: the final model's test loss split into right and
+    wrong predictions, its parameter norm, and the loss at a fitted temperature (accuracy unchanged)."""
+    from dpfl.results.confidence import confidence as measure
+    from dpfl.results.confidence import format_confidence
+
+    try:
+        rows = [measure(d, seed) for d in run_dirs]
+    except _user_errors() as e:
+        _fail(str(e).splitlines()[0])
+    if as_json:
+        emit_json({"runs": rows})
+        return
+    console.print(format_confidence(rows), highlight=False, markup=False)
+
+
 # ---- reproduce ----------------------------------------------------------------------------------------
 _Scale = Annotated[str, typer.Option("--scale", help="ci (minutes on a CPU: checks that it runs) or full (the "
                                                      "paper's grid: hours to days).")]
