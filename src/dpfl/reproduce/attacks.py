@@ -34,6 +34,7 @@ from dpfl.reproduce.jobs import GridError, config_dir
 from dpfl.reproduce.runner import first_difference
 from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.environment import computed_and_written, describe_job, job_executions
+from dpfl.results.formatting import or_na
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 COLUMNS = ["method", "epsilon", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported", "accuracy",
@@ -128,10 +129,6 @@ def run_study(scale: str, out: Path, *, rounds: int | None = None, progress: Cal
     return csv_path, md_path, rows
 
 
-def _f(v: Any, spec: str) -> str:
-    return "n/a" if v is None else format(v, spec)
-
-
 def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str) -> str:
     done = [job_executions(r) for r in rows if r.get("status") == "ok"]
     lines = [f"# What the mechanisms stop ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
@@ -141,9 +138,9 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str) -> str:
              "(ASR 0.5 = guessing). eps_lower: a 95%-confidence empirical lower bound on epsilon from canaries "
              "(one run; Steinke et al. 2023), next to the epsilon the audited run (the setting plus its canaries, calibrated to "
              "the same budget) reports; it can refute a reported epsilon, never confirm it.", ""]
-    body = [[r["method"], _f(r.get("epsilon"), "g"), _f(r.get("accuracy"), ".3f"), _f(r.get("psnr"), ".1f"),
-             _f(r.get("mia_asr"), ".3f"), _f(r.get("mia_auc"), ".3f"), _f(r.get("tpr_at_1fpr"), ".3f"),
-             _f(r.get("eps_lower"), ".3f"), _f(r.get("eps_reported"), ".3f"), r.get("audit_unit") or "n/a",
+    body = [[r["method"], or_na(r.get("epsilon"), "g"), or_na(r.get("accuracy"), ".3f"), or_na(r.get("psnr"), ".1f"),
+             or_na(r.get("mia_asr"), ".3f"), or_na(r.get("mia_auc"), ".3f"), or_na(r.get("tpr_at_1fpr"), ".3f"),
+             or_na(r.get("eps_lower"), ".3f"), or_na(r.get("eps_reported"), ".3f"), r.get("audit_unit") or "n/a",
              r.get("status", "")] for r in rows]
     lines += md_table(["method", "ε budget", "accuracy", "PSNR dB", "MIA ASR", "MIA AUC", "TPR@1%FPR", "ε lower",
                        "ε reported", "audit unit", "status"], body)

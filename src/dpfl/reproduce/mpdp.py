@@ -60,6 +60,7 @@ from dpfl.reproduce.jobs import GridError, check_planned, config_dir
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.environment import computed_and_written, run_environments
+from dpfl.results.formatting import or_na
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
@@ -279,10 +280,6 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
     return csv_path, md_path, rows
 
 
-def _fmt(v: Any, spec: str) -> str:
-    return "n/a" if v is None else format(v, spec)
-
-
 def _mean_or_na(values: Sequence[Any], spec: str) -> str:
     return "n/a" if any(v is None for v in values) else format(statistics.fmean(values), spec)
 
@@ -324,12 +321,12 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str]
             if not rs:
                 continue
             body.append([method, len(rs), mean_std([r["accuracy"] for r in rs]),
-                         _fmt(statistics.fmean(r["round_seconds"] for r in rs), ".4f"),
-                         _fmt(statistics.fmean(r["server_seconds"] for r in rs), ".4f"),
-                         _fmt(statistics.fmean(r["client_seconds"] for r in rs), ".4f"),
+                         or_na(statistics.fmean(r["round_seconds"] for r in rs), ".4f"),
+                         or_na(statistics.fmean(r["server_seconds"] for r in rs), ".4f"),
+                         or_na(statistics.fmean(r["client_seconds"] for r in rs), ".4f"),
                          f"{rs[0]['upload_bytes']:,}",
-                         _fmt(rs[0]["violation_rate"], ".3f") if rs[0]["violation_rate"] is not None else "n/a",
-                         _fmt(max(r["epsilon_composed"] for r in rs), ".4g") if rs[0]["epsilon_composed"] is not None
+                         or_na(rs[0]["violation_rate"], ".3f") if rs[0]["violation_rate"] is not None else "n/a",
+                         or_na(max(r["epsilon_composed"] for r in rs), ".4g") if rs[0]["epsilon_composed"] is not None
                          else "n/a",
                          mean_std([r.get("demasked_accuracy") for r in rs]) if rs[0].get("demasked_accuracy") is not None
                          else "n/a", _mia_cell(rs),

@@ -17,12 +17,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 
 from dpfl.attacks.released import released_model
+from dpfl.results.formatting import or_na
 
 LOG_T_BOUNDS = (-5.0, 12.0)  # T from 0.007 to 160,000: logits of a few hundred need T in the hundreds
 
@@ -76,10 +76,9 @@ def format_confidence(rows: list[dict[str, Any]]) -> str:
     """One block of lines per run, the numbers a reader compares across runs."""
     lines = []
     for r in rows:
-        f = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
         lines += [f"{r['name']} ({r['run']}):",
                   f"  test accuracy {r['accuracy']:.4f}, loss {r['loss']:.4g} (median {r['median_loss']:.3g}; right "
-                  f"predictions {f(r['loss_right'], '.3g')}, wrong {f(r['loss_wrong'], '.4g')}; the worst tenth "
+                  f"predictions {or_na(r['loss_right'], '.3g')}, wrong {or_na(r['loss_wrong'], '.4g')}; the worst tenth "
                   f"{r['worst_tenth_share']:.0%} of it)",
                   f"  median top-2 margin {r['median_margin']:.4g}; parameter norm {r['param_norm']:.4g} "
                   f"(at initialisation {r['param_norm_at_init']:.4g})",

@@ -13,12 +13,10 @@ from typing import Any
 
 from rich.console import Console
 
+from dpfl.results.formatting import or_na
+
 METHOD_NAMES = {"mpdp": "MP-DP", "mpdp_naive": "MP-DP-Naive", "mp_cdp": "MP-CDP (trusted server)",
                 "fedavg": "FedSGD-FedAvg (no privacy)", "tp_smc": "TP-SMC (threshold Paillier)"}
-
-
-def _f(v: Any, spec: str = ".3f") -> str:
-    return "n/a" if v is None else format(v, spec)
 
 
 def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> None:
@@ -26,7 +24,7 @@ def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> 
     method = summary["method"]
     say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
     say(f"\n{summary['name']} ({METHOD_NAMES.get(method, method)}): {summary['rounds_done']} rounds, "
-        f"accuracy of the true model {_f(summary.get('accuracy'))}")
+        f"accuracy of the true model {or_na(summary.get('accuracy'), '.3f')}")
     if method in ("mpdp", "mpdp_naive"):
         say(f"guarantee: NOMINAL, per round and client eps = {privacy['per_round_epsilon']:g}, "
             f"delta = {privacy['delta']:g} ({privacy['label']})")
@@ -37,7 +35,7 @@ def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> 
             say(f"composed over the run per client (nominal, {privacy['per_client'][0]['composed']['which']}): "
                 f"eps from {min(composed):.4g} to {max(composed):.4g}")
         say(f"model hiding, measured (W3): client 0's last received model scores "
-            f"{_f(summary.get('perturbed_accuracy'))} as received, {_f(summary.get('demasked_accuracy'))} after it "
+            f"{or_na(summary.get('perturbed_accuracy'), '.3f')} as received, {or_na(summary.get('demasked_accuracy'), '.3f')} after it "
             "demasked it with its own labels")
     elif method in ("mp_cdp", "tp_smc"):
         say(f"guarantee: per client, eps = {privacy['epsilon_total']:.4g} at delta = {privacy['delta']:g} over "
@@ -47,7 +45,7 @@ def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> 
     membership = privacy.get("membership")
     if membership:  # runs written before the attack was added have none
         adaptive = membership.get("adaptive")
-        say(f"membership inference by a client, measured: ASR {_f(membership['plain']['asr'])} on "
+        say(f"membership inference by a client, measured: ASR {or_na(membership['plain']['asr'], '.3f')} on "
             + ("the model as received" if adaptive else "the global model")
-            + (f", {_f(adaptive['asr'])} after demasking" if adaptive else "") + " (0.5 = guessing)")
-    say(f"round time {_f(summary.get('round_seconds'), '.4f')} s; run directory {out}")
+            + (f", {or_na(adaptive['asr'], '.3f')} after demasking" if adaptive else "") + " (0.5 = guessing)")
+    say(f"round time {or_na(summary.get('round_seconds'), '.4f')} s; run directory {out}")
