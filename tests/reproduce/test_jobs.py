@@ -118,9 +118,12 @@ def test_pfa_ci_grid_is_spec_7_4():
 def test_robust_hdp_full_grid_uses_the_fixed_lists_and_the_falsified_budget_setting():
     grid = robust_hdp.grid("full")
     names = [s.name for s in grid.settings]
-    assert names == [f"fmnist-Dist{i}" for i in range(1, 10)] + ["fmnist-Dist5-misreport", "fmnist-Dist5-misreport-c10"]
-    assert len(grid.jobs) == (9 * 7 + 5 + 1) * 3
+    assert names == [f"fmnist-Dist{i}" for i in range(1, 10)] + ["fmnist-Dist5-misreport", "fmnist-Dist5-misreport-c10",
+                                                                 "fmnist-Dist5-noise-only", "fmnist-Dist5-weights-only"]
+    assert len(grid.jobs) == (9 * 7 + 5 + 1 + 2) * 3
     for job in grid.jobs:
+        if job.setting.endswith("-only"):  # the lie's controls: tests/reproduce/test_robust_hdp_controls.py
+            continue
         c = job.config
         assert (c.data.clients, c.data.client_test_fraction, c.data.max_train_samples) == (20, 0.2, 60000)
         assert (c.model.name, c.training.local_epochs, c.training.batch_size) == ("cnn_rhdp", 1, "rhdp20")
@@ -185,7 +188,7 @@ def test_selection_of_settings_and_methods():
     assert sorted({j.setting for j in grid.jobs}) == ["fmnist-Dist1", "fmnist-Dist2", "fmnist-Dist5-misreport"]
     assert {j.method for j in grid.jobs} == {"weiavg", "oracle"}
     assert len(grid.jobs) == 3 * 2 * 3
-    assert len(grid.all_jobs) == 207  # collection of earlier runs looks at the whole grid
+    assert len(grid.all_jobs) == 213  # collection of earlier runs looks at the whole grid
     assert any("--methods weiavg,oracle" in n for n in grid.selection)
     with pytest.raises(GridError, match="unknown method 'wiavg'"):
         robust_hdp.grid("ci", methods=["wiavg"])
@@ -212,6 +215,6 @@ def test_a_method_whose_algorithm_is_missing_is_left_out_with_a_note():
 def test_mnist_settings_are_in_the_grid_when_asked_for():
     grid = robust_hdp.grid("full", datasets=["fashion_mnist", "mnist"], seeds=1)
     assert {j.config.data.dataset for j in grid.jobs if j.setting.startswith("mnist-")} == {"mnist"}
-    assert len(grid.settings) == 22  # per dataset: Dist1..9, the falsified budget and its client-10 variant
+    assert len(grid.settings) == 26  # per dataset: Dist1..9, the falsified budget, its client-10 variant, 2 controls
     with pytest.raises(GridError, match="ships fashion_mnist and mnist"):
         pfa.grid("full", datasets=["cifar10"])

@@ -35,3 +35,19 @@ def test_rows_of_jobs_without_a_run_directory(tmp_path):
         ("weiavg", "fmnist-Dist5", 0, 3)
     missing = job_row(Outcome(job, job.run_dir(tmp_path), OK), "ci", tmp_path)
     assert missing["status"] == "not run"  # an "ok" without a directory is never reported as a result
+
+
+def test_the_lie_and_its_controls_are_each_paired_with_the_honest_runs():
+    from dpfl.reproduce.tables import _misreport_tables
+
+    grid = robust_hdp.grid("full", seeds=1, settings_pattern="fmnist-Dist5*", methods=["weiavg"])
+    accuracy = {"fmnist-Dist5": 0.54, "fmnist-Dist5-misreport-c10": 0.59, "fmnist-Dist5-noise-only": 0.60}
+    rows = [{"setting": s, "method": "weiavg", "seed": 0, "status": OK, "final_accuracy": a, "final_test_loss": 1.0}
+            for s, a in accuracy.items()]  # no weights-only row: its table is left out, not shown empty
+    md = "\n".join(_misreport_tables(grid, rows, {}))
+    assert [line for line in md.splitlines() if line.startswith("## ")] == [
+        "## Falsified budget: fmnist-Dist5-misreport-c10 against fmnist-Dist5",
+        "## Control of the lie: fmnist-Dist5-noise-only against fmnist-Dist5"]
+    lie, control = md.split("## Control of the lie")
+    assert "misreport final acc" in lie and "budgets and seeds" in lie and "| +0.0500 ± n/a |" in lie
+    assert "control final acc" in control and "budgets are as stated" in control and "| +0.0600 ± n/a |" in control

@@ -18,7 +18,13 @@ reports 10x its epsilon; weiavg, pfa, robust_hdp, fedavg, oracle), whose honest 
 `<ds>-Dist5` setting: the same data, budgets and seeds, so those runs are not repeated. At `full` scale also
 `<ds>-Dist5-misreport-c10` (weiavg only; not in the spec): client 10, whose true epsilon (0.95), batch size (32)
 and IID data share are those of client 0, tells the same lie, to test whether WeiAvg's accuracy gain under
-client 0's lie at this scale (docs/heterogeneous.md) comes from client 0's data or from the lie itself. `ci` is spec
+client 0's lie at this scale (docs/heterogeneous.md) comes from client 0's data or from the lie itself. Two controls
+split that lie in its two effects (`CONTROLS`, weiavg only, full scale, not in the spec): `<ds>-Dist5-noise-only`
+is honest with every Dist5 budget scaled by 0.733, so WeiAvg keeps its honest weights (proportional to epsilon,
+unchanged by a common factor) while every client's noise grows until the round-1 noise statistic is the lie's
+(1.74x the honest one); `<ds>-Dist5-weights-only` has client 10 lie with every budget scaled by 1.372, so WeiAvg
+gives client 10 the lie's 36.9% weight at the honest round-1 noise statistic. The factors were found by bisection
+on the analytic statistic (tests/reproduce/test_robust_hdp_controls.py checks them). `ci` is spec
 §7.4: 6 clients, Dist5[0:6], rhdp20[0:6] batch sizes, 300 examples per client, 3 rounds, all methods
 and the falsified-budget scenario. CIFAR-10 is not in the grid: the spec's CIFAR/ResNet-18 study is
 replaced by the weight-precision study on Fashion-MNIST (§7.3.4), not part of this comparison.
@@ -28,9 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dpfl.privacy.budget_distributions import RHDP_EPS20
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, dataset_short
 
-__all__ = ["DISTS", "LIES", "MISREPORT", "MISREPORT_C10", "MISREPORT_C10_METHODS", "MISREPORT_METHODS", "SPEC",
+__all__ = ["CONTROLS", "DISTS", "LIES", "MISREPORT", "MISREPORT_C10", "MISREPORT_C10_METHODS", "MISREPORT_METHODS", "SPEC",
            "grid", "methods", "settings"]
 
 PAPER = "robust-hdp"
@@ -45,6 +52,10 @@ MISREPORT_C10_METHODS = ("weiavg",)
 LIES = (("misreport", MISREPORT, MISREPORT_METHODS, "client 0", ("ci", "full")),
         ("misreport-c10", MISREPORT_C10, MISREPORT_C10_METHODS, "client 10 (client 0's epsilon and batch size)",
          ("full",)))  # the ci setting has 6 clients: no client 10
+# controls of client 10's lie (full scale, weiavg): name suffix, factor on every Dist5 budget, the lie or None, what
+# it keeps of the lie; the factors equate WeiAvg's round-1 noise statistic to the lie's / the honest one (docstring)
+CONTROLS = (("noise-only", 0.733, None, "the honest weights with the lie's noise (round-1 noise statistic 1.74x)"),
+            ("weights-only", 1.372, MISREPORT_C10, "the lie's weights (36.9% on client 10) with the honest noise"))
 
 ORACLE = "privileged reference (reads the true noise)"
 NON_PRIVATE = "non-private reference (no DP)"
@@ -92,6 +103,16 @@ def settings(scale: str, datasets: Sequence[str] = ("fashion_mnist",)) -> list[S
                     tuple(m for m in all_methods if m.name in names), dataset,
                     describe=f"{what}; {who} calibrates to its true epsilon but reports 10x it",
                     meta={"dist": MISREPORT_DIST, "kind": "misreport", "honest": honest}))
+        if scale == "full":
+            weiavg = tuple(m for m in all_methods if m.name == "weiavg")
+            for suffix, factor, lie, keeps in CONTROLS:
+                budgets = ", ".join(f"{e * factor:.6g}" for e in RHDP_EPS20[MISREPORT_DIST])
+                lie_override = (f"privacy.misreport={lie}",) if lie else ()
+                out.append(Setting(
+                    f"{honest}-{suffix}", base, (f"privacy.budgets=[{budgets}]", *lie_override), weiavg, dataset,
+                    describe=f"{what}; every {MISREPORT_DIST} budget x {factor}"
+                             + ("; client 10 reports 10x its epsilon" if lie else "") + f": {keeps}",
+                    meta={"dist": MISREPORT_DIST, "kind": "control", "honest": honest, "factor": f"{factor}"}))
     return out
 
 

@@ -293,11 +293,13 @@ def _noise_tables(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _misreport_tables(grid: Grid, rows: Sequence[Mapping[str, Any]], metrics: Mapping[tuple, list]) -> list[str]:
-    """Robust-HDP: each method with and without the falsified budget, paired by seed."""
+    """Robust-HDP: each method with and without the falsified budget (or one of its controls), paired by seed."""
     out: list[str] = []
     for s in grid.settings:
-        if s.meta.get("kind") != "misreport" or not any(r["setting"] == s.name for r in rows):
+        kind = s.meta.get("kind")
+        if kind not in ("misreport", "control") or not any(r["setting"] == s.name for r in rows):
             continue
+        title, col = ("Falsified budget", "misreport") if kind == "misreport" else ("Control of the lie", "control")
         honest = s.meta["honest"]
         body = []
         for m in [m.name for m in s.methods if any(r["method"] == m.name and r["setting"] == s.name for r in rows)]:
@@ -312,14 +314,15 @@ def _misreport_tables(grid: Grid, rows: Sequence[Mapping[str, Any]], metrics: Ma
                          mean_std((r.get("final_test_loss") for r in hon.values()), ".3g"),
                          mean_std((r.get("final_test_loss") for r in lie.values()), ".3g"),
                          f"{len(both)}", "n/a" if not same else ("yes" if all(same) else "no")])
-        out += [f"## Falsified budget: {s.name} against {honest}", "",
-                f"{s.describe}. Honest runs are the main setting {honest} (same data, budgets and seeds). "
-                "Difference = lying − honest final accuracy, paired by seed. Test loss: the global model's mean "
+        out += [f"## {title}: {s.name} against {honest}", "",
+                f"{s.describe}. Honest runs are the main setting {honest} (same data, "
+                + ("budgets and seeds). " if kind == "misreport" else "seeds and model; the budgets are as stated). ")
+                + f"Difference = {col} − honest final accuracy, paired by seed. Test loss: the global model's mean "
                 "cross-entropy on the test split after the last round (a lie's damage can show there while the "
                 "accuracy does not move). \"Same curve\": the accuracy of every evaluated round is identical "
                 "with and without the lie.", "",
-                *md_table(["method", "honest final acc", "misreport final acc", "difference", "honest test loss",
-                           "misreport test loss", "paired seeds", "same curve"], body), ""]
+                *md_table(["method", "honest final acc", f"{col} final acc", "difference", "honest test loss",
+                           f"{col} test loss", "paired seeds", "same curve"], body), ""]
     return out
 
 
