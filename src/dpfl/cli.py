@@ -913,15 +913,27 @@ def reproduce_attacks(
         "ci (Fashion-MNIST, 20 clients, 784-128-10 MLP, 20 rounds: FedAvg, record-level DP-SGD and client-level "
         "central DP at epsilon 1, 3, 8; about 10 minutes)."))],
     rounds: _Rounds = None,
+    settings: Annotated[Optional[str], typer.Option("--settings", help=(
+        "Only settings matching this fnmatch pattern (comma-separated alternatives): fedavg, dpsgd-eps1, dpsgd-eps3, "
+        "dpsgd-eps8, client-eps1, client-eps3, client-eps8; e.g. 'dpsgd-*'."))] = None,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
 ) -> None:
     """Gradient inversion, membership inference and an empirical epsilon audit of FedAvg, DP-SGD and client-level
     DP. Writes OUT/results.csv, results.md and runs/."""
-    from dpfl.reproduce.attacks import run_study
+    from dpfl.reproduce.attacks import plan, run_study
 
     command = " ".join(["dpfl reproduce attacks --scale", scale, "--out", str(out)]
-                       + ([f"--rounds {rounds}"] if rounds is not None else []))
+                       + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings)) if v is not None])
+    _one_of_dry_run_and_tables_only(dry_run, tables_only)
+    if dry_run:
+        with _study_errors(out):
+            for name, cfg, state in plan(scale, out, rounds=rounds, pattern=settings):
+                console.print(f"{name} ({cfg.name}, {cfg.training.rounds} rounds): {state}", markup=False,
+                              highlight=False)
+        return
     _run_study("attacks", scale, out, "in the run directories (error.txt)",
-               lambda say: run_study(scale, out, rounds=rounds, command=command, progress=say))
+               lambda say: run_study(scale, out, rounds=rounds, settings_pattern=settings, compute=not tables_only,
+                                     command=command, progress=say))
 
 
 @reproduce_app.command("fdp-sensitivity")

@@ -2,6 +2,7 @@
 has the issue's columns, a re-run skips finished settings, bad input is one line."""
 
 import csv
+import json
 
 import pytest
 from cli_runner import cli
@@ -40,3 +41,52 @@ def test_reproduce_attacks_ci_smoke(tmp_path, small):
 def test_reproduce_attacks_bad_scale_is_one_line(tmp_path):
     code, _, err = cli("reproduce", "attacks", "--scale", "huge", "--out", tmp_path)
     assert code == 2 and "--scale must be ci" in err
+
+
+def _finished(out, method, epsilon, cfg, psnr):
+    """A setting as run_setting leaves it when done: its run's config.yaml and attacks.json."""
+    from dpfl.experiment.config import config_to_yaml
+    from dpfl.results.environment import describe_job
+
+    d = out / "runs" / cfg.name
+    (d / "run").mkdir(parents=True)
+    (d / "run" / "config.yaml").write_text(config_to_yaml(cfg))
+    (d / "attacks.json").write_text(json.dumps({"method": method, "epsilon": epsilon, "psnr": psnr, "accuracy": 0.5,
+                                                "status": "ok", "environment": describe_job()}))
+
+
+def test_settings_dry_run_and_tables_only_without_computing(tmp_path, monkeypatch):
+    out = tmp_path / "attacks"
+    everything = attacks.settings("ci")
+    assert [attacks.setting_name(m, e) for m, e, _ in everything] == [
+        "fedavg", "dpsgd-eps1", "dpsgd-eps3", "dpsgd-eps8", "client-eps1", "client-eps3", "client-eps8"]
+    method, eps, cfg = everything[4]
+    _finished(out, method, eps, cfg, 7.5)
+    code, text, _ = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--dry-run", "--settings", "fedavg,client-*")
+    assert code == 0
+    assert [line.split(" (")[0] + ": " + line.rsplit(": ", 1)[1] for line in text.strip().splitlines()] == [
+        "fedavg: new", "client-eps1: finished", "client-eps3: new", "client-eps8: new"]
+    assert not (out / "results.csv").exists()  # a dry run writes nothing
+
+    code, text, _ = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--tables-only")
+    assert code == 0 and "1 ok, 0 failed" in text
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["method"], r["epsilon"], r["psnr"]) for r in rows] == [("client", "1.0", "7.5")]
+    md = (out / "results.md").read_text()
+    assert "holds 1 of the selection's 7 settings" in md
+    assert "Command: `dpfl reproduce attacks --scale ci --out" in md and "--tables-only" not in md
+
+    computed = []  # --settings computes only the selection (the real run_setting: test above)
+    monkeypatch.setattr(attacks, "run_setting", lambda m, e, c, o, s, cache: computed.append(c.name) or
+                        {"method": m, "epsilon": e, "status": "ok"})
+    attacks.run_study("ci", out, settings_pattern="dpsgd-eps[13]")
+    assert computed == [c.name for _, _, c in everything[1:3]]
+
+    code, _, err = cli("reproduce", "attacks", "--scale", "ci", "--out", tmp_path / "empty", "--tables-only")
+    assert code == 2 and "no finished setting" in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--dry-run", "--settings", "dp-*")
+    assert code == 2 and "matches no setting (settings: fedavg, dpsgd-eps1," in err
+    code, _, err = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--dry-run", "--rounds", "3")
+    assert code == 2 and "holds another run" in err  # client-eps1 was made with the base config's rounds
+    code, _, err = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--dry-run", "--tables-only")
+    assert code == 2

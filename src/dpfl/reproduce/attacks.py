@@ -13,7 +13,9 @@ on the base config (configs/attacks/ci_fmnist.yaml):
 
 OUT/results.csv: method, epsilon, psnr, mia_asr, mia_auc, tpr_at_1fpr, eps_lower, eps_reported, accuracy,
 audit_unit, status. Each setting's attacks.json is written last: a re-run skips finished settings of the same config
-and refuses one of another (other --rounds).
+and refuses one of another (other --rounds). Settings are named `fedavg`, `dpsgd-eps1`, ..., `client-eps8`
+(`setting_name`); `--settings` selects them by fnmatch pattern, `--dry-run` lists their state (`plan`) and
+`--tables-only` rewrites the results from the finished ones without computing.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, pub
 from dpfl.attacks.released import attack_released_model
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
 from dpfl.experiment.run_directory import execute
-from dpfl.reproduce.jobs import GridError, config_dir
+from dpfl.reproduce.jobs import GridError, config_dir, select_names
 from dpfl.reproduce.runner import first_difference
 from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.environment import computed_and_written, describe_job, job_executions
@@ -63,14 +65,43 @@ def setting_config(base: RunConfig, method: str, epsilon: float | None, rounds: 
     return validate_config(d)
 
 
-def settings(scale: str, rounds: int | None = None) -> list[tuple[str, float | None, RunConfig]]:
+def setting_name(method: str, epsilon: float | None) -> str:
+    """The name --settings matches: fedavg, dpsgd-eps1, client-eps8, ..."""
+    return method if epsilon is None else f"{method}-eps{epsilon:g}"
+
+
+def settings(scale: str, rounds: int | None = None,
+             pattern: str | None = None) -> list[tuple[str, float | None, RunConfig]]:
+    """(method, epsilon, config) of the scale's settings whose `setting_name` matches `pattern` (all if None)."""
     if scale not in SCALES:
         raise ValueError(f"--scale must be {' or '.join(SCALES)}, got {scale!r}")
     base = load_config(config_dir("attacks") / SCALES[scale]["config"])
     out: list[tuple[str, float | None, RunConfig]] = [("fedavg", None, setting_config(base, "fedavg", None, rounds))]
     for method in ("dpsgd", "client"):
         out += [(method, e, setting_config(base, method, e, rounds)) for e in SCALES[scale]["epsilons"]]
-    return out
+    chosen = set(select_names([setting_name(m, e) for m, e, _ in out], pattern))
+    return [(m, e, cfg) for m, e, cfg in out if setting_name(m, e) in chosen]
+
+
+def setting_state(cfg: RunConfig, out: Path) -> str:
+    """"finished" (attacks.json written), "partial" (its run started) or "new"; a GridError if OUT holds another
+    experiment under this setting's name (other --rounds), which a re-run would mix with this one."""
+    d = out / "runs" / cfg.name
+    saved = d / "run" / "config.yaml"
+    if saved.is_file():
+        have, wanted = config_to_yaml(load_config(saved)), config_to_yaml(cfg)
+        if have != wanted:
+            raise GridError(f"{d} holds another run ({first_difference(have, wanted)}); use another --out, or the "
+                            "options that made it")
+    if (d / "attacks.json").is_file():
+        return "finished"
+    return "partial" if d.exists() else "new"
+
+
+def plan(scale: str, out: Path, *, rounds: int | None = None,
+         pattern: str | None = None) -> list[tuple[str, RunConfig, str]]:
+    """(setting name, config, state) of the selected settings, every directory checked before anything runs."""
+    return [(setting_name(m, e), cfg, setting_state(cfg, out)) for m, e, cfg in settings(scale, rounds, pattern)]
 
 
 def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, scale: str,
@@ -80,11 +111,7 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
     cache = cache if cache is not None else {}
     d = out / "runs" / cfg.name
     done = d / "attacks.json"
-    if done.is_file():
-        saved, wanted = config_to_yaml(load_config(d / "run" / "config.yaml")), config_to_yaml(cfg)
-        if saved != wanted:  # the same --out with other --rounds would mix two experiments
-            raise GridError(f"{d} holds another run ({first_difference(saved, wanted)}); use another --out, or the "
-                            "options that made it")
+    if setting_state(cfg, out) == "finished":
         return json.loads(done.read_text())
     row: dict[str, Any] = {"method": method, "epsilon": epsilon}
     try:
@@ -114,25 +141,38 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
     return row
 
 
-def run_study(scale: str, out: Path, *, rounds: int | None = None, progress: Callable[[str], None] | None = None,
+def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_pattern: str | None = None,
+              compute: bool = True, progress: Callable[[str], None] | None = None,
               command: str = "") -> tuple[Path, Path, list[dict[str, Any]]]:
-    todo = settings(scale, rounds)
+    """Run (or with compute=False only read back) the selected settings; OUT/results.{csv,md} of their rows."""
+    todo = settings(scale, rounds, settings_pattern)
+    states = [setting_state(cfg, out) for _, _, cfg in todo]  # every directory checked before anything runs
     rows: list[dict[str, Any]] = []
     cache: dict[str, Any] = {}
-    for i, (method, eps, cfg) in enumerate(todo, 1):
-        if progress is not None:
-            progress(f"[{i}/{len(todo)}] {cfg.name}")
-        rows.append(run_setting(method, eps, cfg, out, scale, cache))
+    for i, ((method, eps, cfg), state) in enumerate(zip(todo, states), 1):
+        if compute:
+            if progress is not None:
+                progress(f"[{i}/{len(todo)}] {cfg.name}")
+            rows.append(run_setting(method, eps, cfg, out, scale, cache))
+        elif state == "finished":
+            rows.append(json.loads((out / "runs" / cfg.name / "attacks.json").read_text()))
+    if not rows:
+        raise GridError(f"--tables-only: no finished setting of this selection under {out / 'runs'}")
     out.mkdir(parents=True, exist_ok=True)
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
-    md_path = write_text_atomic(out / "results.md", markdown(scale, rows, command))
+    md_path = write_text_atomic(out / "results.md", markdown(scale, rows, command, planned=len(todo)))
     return csv_path, md_path, rows
 
 
-def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str) -> str:
+def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str, planned: int | None = None) -> str:
+    """results.md; `planned`: the selection's number of settings, when the rows may be fewer (--tables-only)."""
     done = [job_executions(r) for r in rows if r.get("status") == "ok"]
+    provenance = computed_and_written(done, "setting")
+    if planned is not None and len(rows) < planned:
+        provenance += f" This table holds {len(rows)} of the selection's {planned} settings (the others have not " \
+                      "finished here)."
     lines = [f"# What the mechanisms stop ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
-             computed_and_written(done, "setting"), "",
+             provenance, "",
              "psnr: the better of DLG and Inverting Gradients on one client's upload of 4 records in a probe round (higher "
              "= more leakage). mia: the strongest of the loss, confidence and shadow attacks on the released model "
              "(ASR 0.5 = guessing). eps_lower: a 95%-confidence empirical lower bound on epsilon from canaries "

@@ -31,6 +31,7 @@ __all__ = [
     "expand",
     "scale_label",
     "select_methods",
+    "select_names",
     "select_seeds",
     "select_settings",
 ]
@@ -142,16 +143,22 @@ def dataset_short(dataset: str, scale: str, paper: str) -> str:
     return DATASET_SHORT[dataset]
 
 
-def select_settings(settings: Sequence[Setting], pattern: str | None) -> list[Setting]:
-    """Settings whose name matches the fnmatch `pattern` (comma-separated patterns are alternatives)."""
+def select_names(names: Sequence[str], pattern: str | None) -> list[str]:
+    """The names matching the fnmatch `pattern` (comma-separated patterns are alternatives), in their order; a
+    GridError listing every name when none matches."""
     if not pattern:
-        return list(settings)
+        return list(names)
     patterns = [p.strip() for p in pattern.split(",") if p.strip()]
-    chosen = [s for s in settings if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+    chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
     if not chosen:
-        names = ", ".join(s.name for s in settings)
-        raise GridError(f"--settings {pattern!r} matches no setting (settings: {names})")
+        raise GridError(f"--settings {pattern!r} matches no setting (settings: {', '.join(names)})")
     return chosen
+
+
+def select_settings(settings: Sequence[Setting], pattern: str | None) -> list[Setting]:
+    """Settings whose name matches the fnmatch `pattern` (`select_names`)."""
+    chosen = set(select_names([s.name for s in settings], pattern))
+    return [s for s in settings if s.name in chosen]
 
 
 def select_methods(settings: Sequence[Setting], methods: Sequence[str] | None) -> list[str] | None:

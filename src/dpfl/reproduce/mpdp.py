@@ -40,7 +40,6 @@ grid's seeds over sessions or machines; `--tables-only` writes the tables of the
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import statistics
 import traceback
@@ -56,7 +55,7 @@ from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
 from dpfl.experiment.mpdp_directory import write_run_files
 from dpfl.experiment.mpdp_inversion import inversion_report
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
-from dpfl.reproduce.jobs import GridError, check_planned, config_dir
+from dpfl.reproduce.jobs import GridError, check_planned, config_dir, select_names
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.environment import computed_and_written, run_environments
@@ -172,11 +171,8 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
                         continue  # no epsilon: once per config and seed
                     out.append(MPDPJob(setting if method != "fedavg" else base.name, method, seed, cfg))
     if settings_pattern:
-        patterns = [p.strip() for p in settings_pattern.split(",") if p.strip()]
-        names = list(dict.fromkeys(j.setting for j in out))
-        out = [j for j in out if any(fnmatch.fnmatchcase(j.setting, p) for p in patterns)]
-        if not out:
-            raise GridError(f"--settings {settings_pattern!r} matches no setting (settings: {', '.join(names)})")
+        chosen = set(select_names(list(dict.fromkeys(j.setting for j in out)), settings_pattern))
+        out = [j for j in out if j.setting in chosen]
     return out, skipped
 
 
