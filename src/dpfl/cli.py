@@ -949,6 +949,10 @@ def reproduce_fdp_sensitivity(
     settings: Annotated[Optional[str], typer.Option(
         "--settings", help="Comma-separated glob patterns of setting names, e.g. 'fedavg,fedprox-*' (full scale also "
                            "has fedavg-m10, fedavg-K1, fedavg-V1, ...).")] = None,
+    tables_only: Annotated[bool, typer.Option(
+        "--tables-only", help="Rewrite sensitivity.{csv,json,md,png} from the pairs already finished under --out "
+                              "(OUT/pairs); compute nothing. Without it, finished pairs are read back and only the "
+                              "missing ones computed.")] = False,
 ) -> None:
     """Empirical sensitivity of Noisy-FedAvg/FedProx (spec fdp_accounting.md §7): ‖w_t − w′_t‖ per round for
     neighbouring datasets with shared seeds. Writes OUT/sensitivity.{csv,json,md,png}."""
@@ -959,7 +963,8 @@ def reproduce_fdp_sensitivity(
 
     try:
         result = run_sensitivity(scale, out, seeds=seeds, rounds=rounds, progress=say, settings_pattern=settings,
-                                 couplings=("coupled",) if coupled_only else ("coupled", "independent"))
+                                 couplings=("coupled",) if coupled_only else ("coupled", "independent"),
+                                 compute=not tables_only)
     except ControlPairError as e:  # not a user error: the runs were not deterministic
         errors.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(1)

@@ -145,7 +145,8 @@ def test_output_files_have_the_documented_columns(ci_run):
     assert all(p["samples_per_client"] and p["L"] is not None for p in doc["pairs"])
     md = result.paths["md"].read_text()
     assert "| fedprox-a1 | fedprox | 1 | 5 | 5 | 1 |" in md and "REDUCED" in md
-    assert doc["environment"]["dpfl"] and "- Computed and written by: dpfl " in md
+    assert doc["environment"]["dpfl"] and "- Pairs computed by: dpfl " in md and "(4 pairs). Written by: dpfl" in md
+    assert all(p["environment"]["dpfl"] for p in doc["pairs"])
 
 
 def test_neighbour_differs_in_exactly_one_training_record():
@@ -255,3 +256,35 @@ def test_cli_runs_the_ci_scale_and_reports_its_files(tmp_path):
     assert code == 2 and "matches no setting" in err and not (tmp_path / "y").exists()
     code, _, err = cli("reproduce", "fdp-sensitivity", "--scale", "huge", "--out", tmp_path / "x")
     assert code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
+def test_a_second_call_reads_finished_pairs_back_and_refuses_another_experiment(tmp_path, monkeypatch):
+    from cli_runner import cli
+
+    options = dict(rounds=2, couplings=("coupled",), settings_pattern="fedavg,fedprox-a1")
+    first = run_sensitivity("ci", tmp_path, **options)
+    assert sorted(p.name for p in (tmp_path / "pairs").iterdir()) == ["fedavg-seed0.json", "fedprox-a1-seed0.json"]
+    csv_text = first.paths["csv"].read_text()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished pair was computed again")
+
+    monkeypatch.setattr(fs, "measure_pair", no_training)
+    messages: list[str] = []
+    again = run_sensitivity("ci", tmp_path, progress=messages.append, **options)
+    assert again.paths["csv"].read_text() == csv_text and again.pairs == first.pairs
+    assert sum("finished before" in m for m in messages) == 2
+    with pytest.raises(ValueError, match="holds another experiment .*rounds"):  # other --rounds: not mixed in
+        run_sensitivity("ci", tmp_path, **{**options, "rounds": 3})
+    with pytest.raises(ValueError, match="holds another experiment .*couplings"):
+        run_sensitivity("ci", tmp_path, **{**options, "couplings": ("coupled", "independent")})
+
+    (tmp_path / "pairs" / "fedprox-a1-seed0.json").unlink()  # a study stopped after its first pair
+    code, _, err = cli("reproduce", "fdp-sensitivity", "--scale", "ci", "--out", tmp_path, "--rounds", "2",
+                       "--coupled-only", "--settings", "fedavg,fedprox-a1", "--tables-only")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "sensitivity.json").read_text())
+    assert doc["complete"] is False and [p["setting"] for p in doc["pairs"]] == ["fedavg"]
+    assert "INCOMPLETE" in (tmp_path / "sensitivity.md").read_text()
+    code, _, err = cli("reproduce", "fdp-sensitivity", "--scale", "ci", "--out", tmp_path / "empty", "--tables-only")
+    assert code == 2 and "no finished pair" in err and len(err.strip().splitlines()) == 1

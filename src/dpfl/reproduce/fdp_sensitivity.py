@@ -42,6 +42,12 @@ Cost, measured on one shared CPU core: ci ~25 s in all. Full on Fashion-MNIST / 
 (20 clients x 5 steps x 25 per-example gradients), so one setting and seed (4 runs x 600 rounds) is ~6 h and the ten
 settings x 3 seeds ~180 h; `couplings=("coupled",)` saves a quarter, `seeds` / `rounds` reduce it further.
 
+Resuming. Each finished (setting, seed) pair is saved whole in OUT/pairs/<setting>-seed<seed>.json (its config, the
+neighbours and couplings, its rows and summary, the environment that computed it); the same command run again reads
+those back and computes only the missing pairs, so a killed study loses at most the pair it was computing. A saved
+pair of another experiment (other --rounds, neighbours, couplings) is refused before anything runs. With
+`compute=False` (`--tables-only`) only the saved pairs are read and the tables rewritten.
+
 Outputs (written atomically after every setting and seed, so a long run shows its progress): `sensitivity.csv`, one
 row per (setting, seed, coupling, round) with COLUMNS (test accuracies of the base run and of that row's neighbour run
 every `evaluation.every` = 10 rounds and at the last round, else empty; `bound` empty without L and on independent
@@ -54,8 +60,8 @@ from __future__ import annotations
 
 import copy
 import csv
-import fnmatch
 import io
+import json
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -71,12 +77,13 @@ from dpfl.data.errors import DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
 from dpfl.experiment.build import (build_algorithm, build_data, noisy_accounting, refuse_unaccounted_buffers,
                                    resolve_batch_sizes, resolve_budgets)
-from dpfl.experiment.config import RunConfig, load_config
+from dpfl.experiment.config import RunConfig, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
 from dpfl.models import build_model
 from dpfl.privacy.fdp_sensitivity import sensitivities
-from dpfl.reproduce.jobs import config_dir
-from dpfl.results.environment import describe_job, provenance
+from dpfl.reproduce.jobs import config_dir, select_names
+from dpfl.reproduce.runner import first_difference
+from dpfl.results.environment import computed_and_written, describe_job, job_executions
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 from dpfl.results.sensitivity_plot import plot_sensitivity
 from dpfl.seeding import Purpose, numpy_generator
@@ -504,9 +511,10 @@ class SensitivityResult:
 def run_sensitivity(scale: str, out: Path, *, seeds: int | None = None, rounds: int | None = None,
                     progress: Callable[[str], None] | None = None, replacement: str = "test_other_class",
                     client: int = 0, record: int = 0, couplings: Sequence[str] = COUPLINGS,
-                    settings_pattern: str | None = None) -> SensitivityResult:
+                    settings_pattern: str | None = None, compute: bool = True) -> SensitivityResult:
     """Run every setting of `scale` for `seeds` seeds (default: the scale's) and `rounds` rounds (default: the
-    scale's); write OUT/sensitivity.{csv,json,md,png} after each setting and seed. Not resumable.
+    scale's); write OUT/sensitivity.{csv,json,md,png} after each setting and seed. Pairs saved under OUT/pairs by an
+    earlier call with the same options are read back, not recomputed; `compute=False` only reads them.
 
     The neighbours replace training record `record` of client `client` (`replacement`, see `make_neighbour`);
     `couplings` chooses the neighbour runs (both by default; ("coupled",) saves a quarter of the work).
@@ -529,15 +537,16 @@ def run_sensitivity(scale: str, out: Path, *, seeds: int | None = None, rounds: 
     neighbours = {"client": client, "record": record, "replacement": replacement}
     say = progress or (lambda _msg: None)
     choice = choose_dataset(scale)
-    settings = sensitivity_settings(scale)
-    if settings_pattern:
-        patterns = [p.strip() for p in settings_pattern.split(",") if p.strip()]
-        settings = [st for st in settings if any(fnmatch.fnmatchcase(st.name, p) for p in patterns)]
-        if not settings:
-            raise ValueError(f"--settings {settings_pattern!r} matches no setting of scale {scale}; settings: "
-                             + ", ".join(st.name for st in sensitivity_settings(scale)))
+    every = sensitivity_settings(scale)
+    chosen = set(select_names([st.name for st in every], settings_pattern))
+    settings = [st for st in every if st.name in chosen]
     configs = {(s.name, seed): setting_config(scale, s, seed=seed, rounds=rounds, choice=choice)
                for s in settings for seed in range(n_seeds)}  # every config is validated before anything runs
+    keys = {k: {"config": config_to_yaml(cfg), "neighbours": neighbours, "couplings": list(couplings)}
+            for k, cfg in configs.items()}
+    saved = {k: _saved_pair(out, *k, key) for k, key in keys.items()}  # another experiment: refused before any run
+    if not compute and not any(saved.values()):
+        raise ValueError(f"--tables-only: no finished pair of this selection under {out / PAIRS_DIR}")
     T = next(iter(configs.values())).training.rounds
     say(f"fdp-sensitivity {scale}: {len(settings)} settings x {n_seeds} seed(s), {T} rounds, "
         f"{choice.dataset} / {choice.model} ({choice.reason})")
@@ -546,16 +555,47 @@ def run_sensitivity(scale: str, out: Path, *, seeds: int | None = None, rounds: 
     paths: dict[str, Path] = {}
     for setting in settings:
         for seed in range(n_seeds):
-            cfg = configs[(setting.name, seed)]
             label = f"{setting.name} seed {seed}: "
-            say(f"{label}{setting.describe}")
-            pair = measure_pair(cfg, smoothness=spec["smoothness"], progress=say, label=label,
-                                couplings=couplings, **neighbours)
-            rows += pair.rows(setting.name, setting.algo, setting.alpha, seed)
-            pairs.append(_pair_summary(setting, seed, pair))
+            done = saved[(setting.name, seed)]
+            if done is None and not compute:
+                continue
+            if done is None:
+                say(f"{label}{setting.describe}")
+                pair = measure_pair(configs[(setting.name, seed)], smoothness=spec["smoothness"], progress=say,
+                                    label=label, couplings=couplings, **neighbours)
+                done = {**keys[(setting.name, seed)], "rows": pair.rows(setting.name, setting.algo, setting.alpha, seed),
+                        "summary": {**_pair_summary(setting, seed, pair), "environment": describe_job()}}
+                write_json_atomic(_pair_path(out, setting.name, seed), done)
+            else:
+                say(f"{label}finished before")
+            rows += done["rows"]
+            pairs.append(done["summary"])
             paths = _write(out, scale, T, n_seeds, choice, neighbours, couplings, settings, pairs, rows, complete=False)
-    paths = _write(out, scale, T, n_seeds, choice, neighbours, couplings, settings, pairs, rows, complete=True)
+    complete = len(pairs) == len(configs)
+    paths = _write(out, scale, T, n_seeds, choice, neighbours, couplings, settings, pairs, rows, complete=complete)
     return SensitivityResult(paths, rows, pairs)
+
+
+PAIRS_DIR = "pairs"
+
+
+def _pair_path(out: Path, setting: str, seed: int) -> Path:
+    return out / PAIRS_DIR / f"{setting}-seed{seed}.json"
+
+
+def _saved_pair(out: Path, setting: str, seed: int, key: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The pair saved by an earlier call with the same config, neighbours and couplings; None if there is none; a
+    ValueError if OUT holds another experiment's pair (a re-run would mix the two)."""
+    path = _pair_path(out, setting, seed)
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    for field_name, wanted in key.items():
+        if saved.get(field_name) != wanted:
+            why = (first_difference(saved.get("config", ""), wanted) if field_name == "config"
+                   else f"{field_name}: {saved.get(field_name)} here, {wanted} asked")
+            raise ValueError(f"{path} holds another experiment ({why}); use another --out, or the options that made it")
+    return saved
 
 
 def _pair_summary(setting: SensitivitySetting, seed: int, pair: PairResult) -> dict[str, Any]:
@@ -610,7 +650,7 @@ def _markdown(scale: str, rounds: int, n_seeds: int, choice: DatasetChoice, neig
              "",
              f"- Dataset: {choice.dataset} with {choice.model} ({choice.reason}); T = {rounds} rounds; {n_seeds} seed(s)"
              + ("" if complete else "; INCOMPLETE (the experiment is still running or was stopped)"),
-             f"- Computed and written by: {provenance()} (one process runs the whole study)",
+             f"- {computed_and_written([job_executions(p) for p in pairs], 'pair')}",
              ]
     sizes = sorted({s for p in pairs for s in p["samples_per_client"]})
     if sizes:
@@ -673,7 +713,7 @@ def _write(out: Path, scale: str, rounds: int, n_seeds: int, choice: DatasetChoi
         "pairs": list(pairs),
         "columns": list(COLUMNS),
         "rows": list(rows),
-        "environment": describe_job(),  # one process computes the whole study (it does not resume)
+        "environment": describe_job(),  # the process that wrote this file; each pair's own is in its summary
     }
     paths["json"] = write_json_atomic(out / FILES["json"], doc)
     md = _markdown(scale, rounds, n_seeds, choice, neighbours, settings, pairs, complete)
