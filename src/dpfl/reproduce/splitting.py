@@ -27,7 +27,6 @@ the best evaluated round; the convex columns are empty there), stop_reason, seco
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import time
@@ -39,7 +38,7 @@ from typing import Any
 
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.reproduce import splitting_cnn
-from dpfl.reproduce.jobs import Grid, GridError, config_dir
+from dpfl.reproduce.jobs import Grid, GridError, config_dir, select_names
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
@@ -79,15 +78,11 @@ class SplittingJob:
         return d / f"{self.key}.jsonl", d / f"{self.key}.json"
 
 
-def settings(scale: str, pattern: str | None = None) -> list[SettingConfig]:
-    """The convex settings of a scale whose names match `pattern` (comma-separated globs); may be empty."""
+def settings(scale: str) -> list[SettingConfig]:
+    """The convex settings of a scale (`plan` selects among them and the CNN partitions)."""
     if scale not in SCALES:
         raise ValueError(f"--scale must be one of {', '.join(SCALES)}, got {scale!r}")
-    found = [load_setting(config_dir("splitting") / "convex" / f"{name}.yaml") for name in SCALES[scale]["settings"]]
-    if pattern:
-        wanted = [p.strip() for p in pattern.split(",") if p.strip()]
-        found = [s for s in found if any(fnmatch.fnmatchcase(s.name, p) for p in wanted)]
-    return found
+    return [load_setting(config_dir("splitting") / "convex" / f"{name}.yaml") for name in SCALES[scale]["settings"]]
 
 
 @dataclass
@@ -106,14 +101,11 @@ def plan(scale: str, *, seeds: int | None = None, rounds: int | None = None, set
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if rounds is not None and rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
-    convex = settings(scale, settings_pattern)
-    cnn_names = [n for n in splitting_cnn.PARTITIONS if scale in splitting_cnn.SCALES
-                 and (not settings_pattern or any(fnmatch.fnmatchcase(n, p.strip())
-                                                  for p in settings_pattern.split(",") if p.strip()))]
-    if not convex and not cnn_names:
-        every = [s.name for s in settings(scale)] + (list(splitting_cnn.PARTITIONS) if scale in splitting_cnn.SCALES
-                                                     else [])
-        raise ValueError(f"--settings {settings_pattern!r} matches no {scale} setting ({', '.join(every)})")
+    every_convex = settings(scale)
+    every_cnn = list(splitting_cnn.PARTITIONS) if scale in splitting_cnn.SCALES else []
+    chosen = set(select_names([s.name for s in every_convex] + every_cnn, settings_pattern))
+    convex = [s for s in every_convex if s.name in chosen]
+    cnn_names = [n for n in every_cnn if n in chosen]
     names = list(dict.fromkeys([m.name for s in convex for m in s.methods]
                                + (list(splitting_cnn.PRESETS) if cnn_names else [])))
     for wanted in methods or ():
