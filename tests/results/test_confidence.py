@@ -65,3 +65,19 @@ def test_cli_prints_json_and_refuses_what_it_cannot_measure(run, tmp_path):
                              "evaluation": {"every": 1}}), mse)
     code, _, err = cli("confidence", mse)
     assert code == 2 and "'mse_onehot'" in err and "classifier" in err
+
+
+def test_a_test_set_of_one_record_is_refused(run, monkeypatch):
+    import dpfl.results.confidence as module
+
+    real = module.released_model
+
+    def one_record(run_dir):
+        released = real(run_dir)
+        x, y = released.nonmembers()
+        monkeypatch.setattr(released, "nonmembers", lambda: (x[:1], y[:1]))
+        return released
+
+    monkeypatch.setattr(module, "released_model", one_record)
+    with pytest.raises(ValueError, match="has 1 record.*at least 2"):
+        confidence(run)

@@ -42,6 +42,9 @@ def confidence(run_dir: str | Path, seed: int = 0) -> dict[str, Any]:
     with torch.no_grad():
         scores = released.predict(x).double()  # logits, or log-probabilities (nll): softmax(z / T) either way
     y = torch.as_tensor(y).long()
+    if len(y) < 2:
+        raise ValueError(f"{run_dir}: the test set has {len(y)} record(s); confidence fits a temperature on one half "
+                         "and reads the loss on the other, so it needs at least 2")
     loss = F.cross_entropy(scores, y, reduction="none")
     right = scores.argmax(1) == y
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
