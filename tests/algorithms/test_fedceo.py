@@ -255,6 +255,24 @@ def test_p1_p2_fedceo_and_udp_fedavg_report_the_same_guarantees_and_per_upload_i
     assert noisier < agg["epsilon"] < longer
     fixed = run(FedAvg("uniform"), noise=3.0).run().privacy["aggregate_view"]
     assert fixed["relation"] == "replace_one"  # the exact event of the fixed-size sampling that ran
+    assert "population" not in fixed  # nobody retired: the planned population is the one that ran
+
+
+def test_the_aggregate_view_after_retirements_is_charged_at_the_smaller_population():
+    """Fixed K = 3: once two of six clients retire, the others are drawn at 3/4, not 3/6; the view must not be
+    computed at the planned rate (it would understate epsilon)."""
+    from dpfl.privacy.accountant import guarantee
+
+    budgets = [ClientBudget(float("inf"), 1e-5)] * 4 + [ClientBudget(30.0, 1e-5)] * 2  # 30: one participation
+    result = FederatedRun(toy(), model(), algorithm(FedAvg("uniform")), rounds=6, batch_sizes=8, budgets=budgets,
+                          seed=4).run()
+    assert not {4, 5} & {i for row in result.history[2:] for i in row["selected"]}  # retired after their first rounds
+    view = result.privacy["aggregate_view"]
+    up, sel = ClippedNoisyUpdate(1.0, 0.5, cohort=3), Selection("fixed", k=3)
+    at = {n: guarantee(up.aggregate_event(sel, n, 6), 1e-5, "rdp", unit="client").epsilon for n in (4, 6)}
+    assert view["sample_rate"] == 0.75 and view["epsilon"] == pytest.approx(at[4], rel=1e-12)
+    assert view["epsilon"] > at[6]  # the planned population's value is smaller: it would understate the cost
+    assert view["population"].startswith("2 of 6 clients retired")
 
 
 def test_r6_poisson_rounds_of_zero_or_one_client_are_handled():
@@ -300,7 +318,13 @@ def test_per_upload_amplification_charges_everyone_every_round_and_is_labelled_a
     expected = epsilon(SelfComposedDpEvent(per_round, 4), 1e-5)
     assert all(e == pytest.approx(expected, rel=1e-9) for e in result.spent().values())  # participants or not
     assert "ASSUMED" in result.privacy["per_upload_amplification"]
+    assert "amplified by client sampling under an ASSUMPTION" in result.privacy["guarantee"]["source"]
+    from dpfl.results.report import _privacy_lines
+
+    assert any("Per-upload amplification (the epsilons below depend on it):** ASSUMED" in line
+               for line in _privacy_lines(result.privacy, result.history, complete=True))
     plain = build_run(load_config("configs/digits_udp.yaml", poisson)).run()
+    assert "ASSUMPTION" not in plain.privacy["guarantee"]["source"]
     took_part = [i for i, e in plain.spent().items() if e > 0]
     assert took_part and all(plain.spent()[i] > expected for i in took_part)  # no amplification: weaker
     assert "per_upload_amplification" not in plain.privacy

@@ -92,3 +92,18 @@ def test_bad_selections_are_one_line(tmp_path, monkeypatch):
     assert code == 2 and "choose one" in err
     code, _, err = cli("reproduce", "mpdp", *TINY, "--out", tmp_path, "--tables-only", "--only-seeds", 0)
     assert code == 2 and "--tables-only trains none" in err
+
+
+def test_an_unverified_epsilon_keeps_its_stamp_in_the_tables():
+    from dpfl.reproduce.mpdp import COLUMNS, markdown
+
+    assert "epsilon_label" in COLUMNS  # the CSV carries each run's label, stamps included
+    stamp = "UNVERIFIED: Theorem 11 conditions violated (K = 100 too small)"
+    row = {"status": "ok", "method": "mpdp", "accuracy": 0.5, "round_seconds": 1.0, "server_seconds": 0.1,
+           "client_seconds": 0.01, "upload_bytes": 100, "violation_rate": 0.0, "epsilon_composed": 30.0}
+    rows = [{**row, "setting": "paper", "epsilon_label": f"NOMINAL (idealised model); {stamp}"},
+            {**row, "setting": "verified", "epsilon_label": "NOMINAL (idealised model)"}]
+    md = markdown("full", rows, {}, "", "")
+    paper, verified = md.split("## paper")[1].split("## verified")
+    assert paper.startswith(" (epsilons UNVERIFIED)") and f"**{stamp}**" in paper
+    assert "UNVERIFIED" not in verified

@@ -15,6 +15,7 @@ from dpfl.privacy.fdp import COMPOSITION, PAPER_LABEL, FdpCurve, FdpReport, fdp_
 from dpfl.results.fdp_output import (
     FDP_FILES,
     FDP_FORMATS,
+    FROM_RUN_BASIS,
     fdp_column,
     fdp_csv,
     fdp_json_text,
@@ -83,7 +84,11 @@ def test_print_fdp_csv_and_json_go_verbatim_to_the_console_file(report, tmp_path
     con, buf = console()
     print_fdp(report, "json", con, run_dir=tmp_path)
     assert buf.getvalue().count("\n") == 1
-    assert json.loads(buf.getvalue()) == {**json.loads(fdp_json_text(report)), "run": str(tmp_path)}
+    assert json.loads(buf.getvalue()) == {**json.loads(fdp_json_text(report)), "run": str(tmp_path),
+                                          "basis": FROM_RUN_BASIS}
+    con, buf = console()
+    print_fdp(report, "csv", con, run_dir=tmp_path)
+    assert buf.getvalue().startswith(f"# run {tmp_path}: computed from the run's config: its planned cohort")
     with pytest.raises(ValueError, match="format must be one of table, csv, json"):
         print_fdp(report, "yaml", con)
     assert FDP_FORMATS == ("table", "csv", "json")

@@ -113,3 +113,23 @@ def test_an_early_stop_on_budgets_names_the_setting_that_avoids_it():
     assert early_stop_hint("rounds", {}) is None
     assert "participation: worst_case" in early_stop_hint("budget", {"noise_calibration": {"participation": "expected"}})
     assert "worst_case" not in early_stop_hint("budget", {"noise_calibration": {"participation": "worst_case"}})
+
+
+def test_an_accounted_run_prints_its_warning_heuristic_and_assumptions_before_any_epsilon(tmp_path):
+    run = make_accounted_run(tmp_path / "run", n_clients=2)
+    privacy = json.loads((run / "privacy.json").read_text())
+    privacy.update(warning="NOT PRIVATE AS PROMISED: clients [1] spent more than their budgets",
+                   heuristic="noise from PFA's heuristic formula ..., which is NOT a DP guarantee",
+                   per_upload_amplification="ASSUMED: the server cannot tell which clients took part")
+    privacy["fdp"] = {"view": "aggregate", "release": "final", "mu_max": 0.5, "headline": "shifted-interpolation",
+                      "epsilon_max": {"1e-05": 2.0}, "clients": [{"client": 0}, {"client": 1}],
+                      "params": {"smoothness_L": 4.5}}
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    lines = render(run).splitlines()
+    first_eps = next(i for i, line in enumerate(lines) if "budget ε" in line)
+    warning = lines.index("WARNING: NOT PRIVATE AS PROMISED: clients [1] spent more than their budgets")
+    assert warning < first_eps
+    assert "calibration: noise from PFA's heuristic formula ..., which is NOT a DP guarantee" in lines
+    assert "  per-upload amplification ASSUMED: the server cannot tell which clients took part" in lines
+    assert any(line.endswith("(bound: shifted-interpolation, exact GDP conversion; holds only if the loss is L-smooth "
+                             "with the ASSUMED L = 4.5)") for line in lines)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -380,7 +380,8 @@ class FederatedRun:
         stop_reason = stop_reason or "rounds"
         if on_checkpoint is not None:
             on_checkpoint(self._state(r, w, retired, history, stop_reason))
-        return RunResult(w, history, self.ledger, self.noise, stop_reason, self.privacy_summary(stop_reason, r, history))
+        return RunResult(w, history, self.ledger, self.noise, stop_reason,
+                         self.privacy_summary(stop_reason, r, history, retired=retired))
 
     def _rounds(self, w: P.Params, r: int, retired: set[int], history: list[dict[str, Any]], stop_reason: str | None,
                 on_round: Callable[[dict[str, Any]], None] | None, on_checkpoint: Callable[[RunState], None] | None,
@@ -723,9 +724,10 @@ class FederatedRun:
         return out
 
     def privacy_summary(self, stop_reason: str, rounds_run: int | None = None,
-                        history: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                        history: Sequence[Mapping[str, Any]] = (), retired: Collection[int] = ()) -> dict[str, Any]:
         """The declared threat model and each client's budget, noise and spent epsilon (`history`: the rounds run,
-        whose participants the f-DP report of Noisy-FedAvg/FedProx needs)."""
+        whose participants the f-DP report of Noisy-FedAvg/FedProx needs; `retired`: the clients that left the run
+        on their budgets, which raised the others' sampling rate under fixed-K selection)."""
         alg = self.algorithm
         out: dict[str, Any] = {
             "algorithm": alg.name,
@@ -776,7 +778,7 @@ class FederatedRun:
             elif alg.unit == "sample":
                 out.update(self._sample_level_views(list(spent.values())))
         if rounds_run and self.budgets is not None and hasattr(alg.upload, "aggregate_event"):
-            out["aggregate_view"] = self._aggregate_view(rounds_run)
+            out["aggregate_view"] = self._aggregate_view(rounds_run, len(retired))
         if getattr(alg.upload, "hidden_sampling", False):
             out["per_upload_amplification"] = (
                 "ASSUMED: the server cannot tell which clients took part (Poisson client sampling hidden from it), "
@@ -805,6 +807,9 @@ class FederatedRun:
         if fdp is None:
             per_client = spent
             source = f"the per-client ledger ({self.accountant} accountant): epsilon_spent"
+            if "per_upload_amplification" in privacy:
+                source += (", amplified by client sampling under an ASSUMPTION (per_upload_amplification: the server "
+                           "cannot tell who took part)")
         else:
             per_client = [c["epsilon"][str(self.budgets[c["client"]].delta)] for c in fdp["clients"]]
             head = fdp["headline"]
@@ -858,17 +863,25 @@ class FederatedRun:
                 "user_level": None,
                 "user_level_note": "sample-level DP only: a client's whole dataset is not protected as a unit"}
 
-    def _aggregate_view(self, rounds_run: int) -> dict[str, Any]:
-        """The client-level epsilon for an observer of the aggregates only (not the run's server)."""
+    def _aggregate_view(self, rounds_run: int, n_retired: int = 0) -> dict[str, Any]:
+        """The client-level epsilon for an observer of the aggregates only (not the run's server). When clients
+        retired, every round is charged at the smallest population the run reached (the largest sampling rate under
+        fixed-K selection): an upper bound, since a client's epsilon grows with its sampling rate."""
         assert self.budgets is not None
         up, sel = self.algorithm.upload, self.algorithm.selection
-        event = up.aggregate_event(sel, self.n_clients, rounds_run)
+        population = max(sel.min_candidates(), self.n_clients - n_retired)  # a stop below k: rate 1, still a bound
+        event = up.aggregate_event(sel, population, rounds_run)
         delta = min(b.delta for b in self.budgets)
         g = guarantee(event, delta, self.accountant, unit="client")
-        return {"epsilon": g.epsilon, "delta": delta, "relation": g.relation, "noise_multiplier": up.noise_multiplier,
-                "sample_rate": sel.participation_rate(self.n_clients), "rounds": rounds_run,
-                "valid_for": "an observer who sees only the sum of each round's uploads and not who took part "
-                             "(e.g. behind secure aggregation); NOT the run's server, which sees every upload"}
+        out = {"epsilon": g.epsilon, "delta": delta, "relation": g.relation, "noise_multiplier": up.noise_multiplier,
+               "sample_rate": sel.participation_rate(population), "rounds": rounds_run,
+               "valid_for": "an observer who sees only the sum of each round's uploads and not who took part "
+                            "(e.g. behind secure aggregation); NOT the run's server, which sees every upload"}
+        if n_retired:
+            out["population"] = (f"{n_retired} of {self.n_clients} clients retired on their budgets during the run; "
+                                 f"every round is charged at a population of {population} (at least the largest "
+                                 "sampling rate the run reached): an upper bound for the rounds before they retired")
+        return out
 
 
 def _per_client(value: Any, n: int, name: str, cast: Any) -> np.ndarray:

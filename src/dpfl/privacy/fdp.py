@@ -33,7 +33,8 @@ VIEWS = ("auto", "upload", "aggregate")
 RELEASES = ("transcript", "final")
 COMPOSITION, SHIFTED, PAPER = "composition", "shifted-interpolation", "paper-claimed"
 PAPER_LABEL = "paper-claimed (NOT a guarantee)"
-LABELS = {COMPOSITION: "composition (guarantee)", SHIFTED: "shifted interpolation, λ in [0, 1] (guarantee)",
+LABELS = {COMPOSITION: "composition (guarantee)",
+          SHIFTED: "shifted interpolation, λ in [0, 1] (guarantee if the loss is L-smooth with the ASSUMED L)",
           PAPER: PAPER_LABEL}
 VIEW_TEXT = {
     "upload": "upload: the server sees every noisy upload and every global model (noise σ per upload)",

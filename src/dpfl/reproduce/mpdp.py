@@ -65,7 +65,7 @@ from dpfl.results.run_files import write_json_atomic, write_text_atomic
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 OPTIONAL_METHODS = ("tp_smc",)  # run only when --methods names them (slow: homomorphic encryption every round)
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
-           "upload_bytes", "violation_rate", "epsilon_composed", "perturbed_accuracy", "demasked_accuracy", "mia_asr",
+           "upload_bytes", "violation_rate", "epsilon_composed", "epsilon_label", "perturbed_accuracy", "demasked_accuracy", "mia_asr",
            "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered", "psnr_b8_recovered",
            "psnr_b1_upload", "psnr_b8_upload", "psnr_b1_phi", "psnr_b8_phi", "status", "run_dir"]
 INVERSION_STEPS = 200  # per attack and probe batch, as in `dpfl reproduce attacks`
@@ -327,7 +327,11 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str]
                          mean_std([r.get("demasked_accuracy") for r in rs]) if rs[0].get("demasked_accuracy") is not None
                          else "n/a", _mia_cell(rs),
                          " / ".join(_mean_or_na([r.get(f"psnr_b{b}") for r in rs], ".1f") for b in (1, 8))])
-        lines += [f"## {setting}", ""]
+        stamps = sorted({part.strip() for r in mine for part in (r.get("epsilon_label") or "").split(";")
+                         if "UNVERIFIED" in part})  # repeated wherever the epsilon is shown (mpdp.privacy)
+        lines += [f"## {setting}" + (" (epsilons UNVERIFIED)" if stamps else ""), ""]
+        lines += [f"**{s}**: the epsilons of this setting are not guaranteed by the theorem they are computed with."
+                  for s in stamps] + ([""] if stamps else [])
         lines += md_table(["method", "seeds", "accuracy", "round s", "server s", "client s", "upload B/client",
                            "violation rate", "composed ε (max)", "demasked acc. (W3)", "MIA ASR (demasked)",
                            "inversion PSNR dB b1 / b8"], body)

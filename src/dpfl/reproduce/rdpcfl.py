@@ -250,7 +250,7 @@ def _plots(rows: Sequence[Mapping[str, Any]], out: Path) -> dict[str, Path]:
                 else:
                     ax.plot(eps, ys, marker="o", label=m, ls="--" if m == "oracle" else "-")
         for ax, title in zip(axes, ("mean client accuracy", "minority-cluster accuracy")):
-            ax.set_xlabel("eps_total per client")
+            ax.set_xlabel("ε budget per client (eps_total)")
             ax.set_title(f"{family}: {title}")
             ax.set_ylim(0, 1)
         axes[0].legend(fontsize=8)

@@ -18,10 +18,13 @@ from rich.console import Console
 
 from dpfl.results.json_output import emit_json, strict_json
 
-__all__ = ["FDP_FILES", "FDP_FORMATS", "fdp_column", "fdp_csv", "fdp_json_text", "print_fdp", "print_fdp_table",
+__all__ = ["FDP_FILES", "FDP_FORMATS", "FROM_RUN_BASIS", "fdp_column", "fdp_csv", "fdp_json_text", "print_fdp", "print_fdp_table",
            "write_fdp_files"]
 
 FDP_FORMATS = ("table", "csv", "json")  # what --format accepts
+# what `--from-run` computes: the plan (for a run that stopped early, more rounds than ran)
+FROM_RUN_BASIS = ("computed from the run's config: its planned cohort in every planned round, not what the run spent "
+                  "(per-client values of what ran are in its privacy.json)")
 FDP_FILES = ("fdp_curves.csv", "fdp_curves.json", "fdp_curves.png")  # what write_fdp_files writes, in order
 
 
@@ -138,13 +141,15 @@ def print_fdp(report: Any, fmt: str, console: Console, view_requested: Optional[
     if fmt not in FDP_FORMATS:
         raise ValueError(f"format must be one of {', '.join(FDP_FORMATS)}, got {fmt!r}")
     if fmt == "json":
-        emit_json({**report.to_dict(), **({"run": str(run_dir)} if run_dir is not None else {})}, console.file)
+        emit_json({**report.to_dict(), **({"run": str(run_dir), "basis": FROM_RUN_BASIS} if run_dir is not None
+                                          else {})}, console.file)
     elif fmt == "csv":
+        if run_dir is not None:  # a comment line: the numbers are the plan's, not what the run spent
+            console.file.write(f"# run {run_dir}: {FROM_RUN_BASIS}\n")
         console.file.write(fdp_csv(report))
     else:
         if run_dir is not None:
-            console.print(f"from the config of run {run_dir} (its planned cohort every round; per-client values "
-                          "of what ran are in its privacy.json)", markup=False, highlight=False)
+            console.print(f"from the config of run {run_dir} ({FROM_RUN_BASIS})", markup=False, highlight=False)
         print_fdp_table(report, console, view_requested)
         if written:
             console.print("files: " + "  ".join(str(p) for p in written), markup=False, highlight=False)

@@ -57,8 +57,15 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
     if hint:
         console.print(hint, markup=False, highlight=False)
     if privacy.get("accounted"):
+        if privacy.get("warning"):  # e.g. NOT PRIVATE AS PROMISED: shown before any epsilon
+            console.print(f"WARNING: {privacy['warning']}", markup=False, highlight=False)
         console.print(f"guarantee: {privacy['unit']}-level DP against {privacy['observer']}; "
                       f"{privacy['mechanism']}; accountant {privacy['accountant']}", highlight=False)
+        if privacy.get("heuristic"):
+            console.print(f"calibration: {privacy['heuristic']}", markup=False, highlight=False)
+        if privacy.get("per_upload_amplification"):
+            console.print(f"  per-upload amplification {privacy['per_upload_amplification']}", markup=False,
+                          highlight=False)
         clients = privacy["clients"]
         # the guarantee column only where it is not the ledger's spent epsilon (Noisy-FedAvg/FedProx's f-DP bound)
         both = any(c.get("epsilon_guarantee", c["epsilon_spent"]) != c["epsilon_spent"] for c in clients)
@@ -81,8 +88,11 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
         fdp = privacy.get("fdp")
         if fdp and fdp.get("clients"):
             eps = ", ".join(f"epsilon {v:.4g} at delta {d}" for d, v in fdp["epsilon_max"].items())
+            assumed = (f"; holds only if the loss is L-smooth with the ASSUMED L = {fdp['params']['smoothness_L']:g}"
+                       if fdp["headline"] == "shifted-interpolation" else "")
             console.print(f"f-DP ({fdp['view']} view, release {fdp['release']}): largest mu {fdp['mu_max']:.4g}, "
-                          f"{eps} (bound: {fdp['headline']}, exact GDP conversion)", markup=False, highlight=False)
+                          f"{eps} (bound: {fdp['headline']}, exact GDP conversion{assumed})", markup=False,
+                          highlight=False)
             if fdp.get("paper_claimed"):
                 console.print(f"{fdp['paper_claimed']['label']}: mu {fdp['paper_claimed']['mu']:.4g}", markup=False,
                               highlight=False)

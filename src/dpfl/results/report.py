@@ -219,6 +219,9 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
     out.append(f"- **Unit protected:** {unit if unit is not None else 'none'}")
     out.append(f"- **Observer (who the guarantee holds against):** {privacy.get('observer', '—')}")
     out.append(f"- **Mechanism:** {privacy.get('mechanism', '—')}")
+    if privacy.get("per_upload_amplification"):
+        out.append(f"- **Per-upload amplification (the epsilons below depend on it):** "
+                   f"{privacy['per_upload_amplification']}")
     sa = privacy.get("secure_aggregation")
     if isinstance(sa, dict):
         out.append(f"- **Secure aggregation:** {sa.get('protocol')}; threshold {sa.get('threshold')}, "
@@ -250,12 +253,13 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
                        f"ε = {_fmt_eps(view.get('epsilon'))} at δ = {_fmt_g(view.get('delta'))} "
                        f"({view.get('relation')}, multiplier {_fmt_g(view.get('noise_multiplier'))} on the sum, "
                        f"client rate {_fmt_g(view.get('sample_rate'))}, {view.get('rounds')} rounds), valid only for "
-                       f"{view.get('valid_for')}")
+                       f"{view.get('valid_for')}" + (f". {view['population']}" if view.get("population") else ""))
         out += _fdp_lines(privacy.get("fdp"))
         out += _stage_lines(privacy.get("stage"))
         out.append("")
-        out.append("Every epsilon here is the one the accountant computed for the run as it ran "
-                   "(privacy.json, metrics.jsonl). Whatever the server does with the noisy uploads (aggregation, "
+        out.append("Every spent epsilon and guarantee here is the one the accountant computed for the run as it ran "
+                   "(privacy.json, metrics.jsonl); the values labelled as budgets, plans, heuristics or other "
+                   "observers' views are what their labels say. Whatever the server does with the noisy uploads (aggregation, "
                    "projection, denoising) is post-processing and does not change the guarantee; it is not "
                    "re-accounted.")
     return out
