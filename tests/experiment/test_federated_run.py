@@ -284,3 +284,33 @@ def test_pfa_heuristic_calibration_is_labelled_and_reports_the_real_epsilon():
                                                            sample_rate=8 / 60), 2), 1e-5)
         assert c["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
     assert result.privacy["meets_budgets"] == all(c["epsilon_spent"] <= c["epsilon_budget"] for c in result.privacy["clients"])
+
+
+def test_remote_clients_may_not_take_more_local_steps_than_the_ledger_charged():
+    """A Flower federation's nodes report their local steps; the ledger charged the planned ones, so a node that
+    took more (a config it did not get from the server, a patched program) would spend privacy nobody recorded."""
+    import numpy as np
+
+    from dpfl.experiment.build import build_run
+    from dpfl.experiment.config import load_config
+    from dpfl.experiment.federated_run import RemoteRound
+
+    class Nodes:  # zero updates, the steps the test chooses: only the bookkeeping is under test
+        def __init__(self, extra: int) -> None:
+            self.extra = extra
+
+        def round(self, run, r, w, ids):
+            planned = [run.algorithm.local.steps_for(int(run.n_records[i]), int(run.batch_sizes[i])) for i in ids]
+            uploads = {n: torch.zeros((len(ids), *t.shape), dtype=t.dtype) for n, t in w.items()}
+            return RemoteRound(uploads, [p + self.extra * (i == ids[-1]) for i, p in zip(ids, planned)], None)
+
+    def run(extra: int):
+        fed = build_run(load_config("configs/demo.yaml", ["training.rounds=2", "data.clients=4"]))
+        fed.remote_clients = Nodes(extra)
+        return fed.run()
+
+    assert np.isfinite(run(0).privacy["clients"][0]["epsilon_spent"])
+    assert run(-1).stop_reason == "rounds"  # fewer steps than charged: conservative, allowed
+    with pytest.raises(ValueError, match=r"more local steps than the ledger charged \(\(client, reported, planned\): "
+                                         r"\[\(3, "):
+        run(1)

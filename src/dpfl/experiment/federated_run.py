@@ -523,6 +523,11 @@ class FederatedRun:
                 raise ValueError(f"algorithm {alg.name!r}: remote clients run stateless local programs from the "
                                  "global model only (no personal starts, client state or audit hook)")
             remote = self.remote_clients.round(self, r, w, ids)
+            planned = [alg.local.steps_for(int(self.n_records[i]), self._batch(i, r)) for i in ids]
+            over = [(i, int(s), p) for i, s, p in zip(ids, remote.steps, planned) if int(s) > p]
+            if over:  # the ledger charged the planned steps: more would spend more than it recorded
+                raise ValueError(f"round {r + 1}: clients took more local steps than the ledger charged "
+                                 f"((client, reported, planned): {over[:5]}); the accounting would not cover the run")
             return LocalRound(remote.uploads, self._view(selected, expected), self._channel(selected, remote.steps),
                               remote.noise_sq_norm, P.num_parameters(w))
         trained = train_phases(
