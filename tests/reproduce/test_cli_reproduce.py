@@ -114,9 +114,9 @@ def test_dry_run_lists_jobs_and_runs_nothing(tmp_path):
                          "--rounds", "20", "--settings", "fmnist-Dist5*", "--dataset", "fmnist")
     assert code == 0, err
     assert out.splitlines()[0] == ("robust-hdp, scale full (reduced: 20 rounds instead of 200, 2 seeds instead of 3): "
-                                   f"26 jobs -> {tmp_path / 'runs'}")
+                                   f"30 jobs -> {tmp_path / 'runs'}")
     lines = [line.split() for line in out.splitlines() if line.startswith("fmnist-")]
-    assert len(lines) == 26 and {line[3] for line in lines} == {"new"}
+    assert len(lines) == 30 and {line[3] for line in lines} == {"new"}  # Dist5, its two lies, two controls
     assert not any(tmp_path.iterdir())
 
 
