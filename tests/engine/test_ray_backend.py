@@ -45,6 +45,7 @@ def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
 
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one worker for every Ray test: tests/engine/test_ray_cluster.py
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ pytest.importorskip("ray")
 
 from .helpers import CONFIG, assert_same_run, reference  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("ray")  # Flower's simulation runs on Ray: tests/engine/test_ray_cluster.py
+
 
 def test_run_simulation_matches_in_process(tmp_path: Path):
     from flwr.simulation import run_simulation
