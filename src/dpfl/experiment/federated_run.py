@@ -317,6 +317,10 @@ class FederatedRun:
         b = int(self.batch_sizes[i])
         return int(batch_for(int(self.n_records[i]), b, r)) if batch_for is not None else b
 
+    def _steps(self, i: int, r: int) -> int:
+        """Client i's local steps in round r as planned: what its ledger is charged and its T* budget counts."""
+        return self.algorithm.local.steps_for(int(self.n_records[i]), self._batch(i, r))
+
     def _event_cache(self) -> dict:
         """The client-event cache of the current local program and upload stage (emptied when either changes,
         e.g. when calibration gives a stage its noise)."""
@@ -430,7 +434,7 @@ class FederatedRun:
         selected = self._select(eligible, r)
         expected = alg.selection.expected_count(len(eligible))
         for i in selected:
-            self.steps_done[i] += self.algorithm.local.steps_for(int(self.n_records[i]), self._batch(i, r))
+            self.steps_done[i] += self._steps(i, r)
         asks = hasattr(alg.aggregator, "model_choice")  # clients may answer a question after aggregation
         self._record(r, selected, eligible, server_event, close=not asks)  # before aggregation: spent even if it stops
         new_w, bytes_up, bytes_down, diagnostics = w, [], [], {}
@@ -523,7 +527,7 @@ class FederatedRun:
                 raise ValueError(f"algorithm {alg.name!r}: remote clients run stateless local programs from the "
                                  "global model only (no personal starts, client state or audit hook)")
             remote = self.remote_clients.round(self, r, w, ids)
-            planned = [alg.local.steps_for(int(self.n_records[i]), self._batch(i, r)) for i in ids]
+            planned = [self._steps(i, r) for i in ids]
             over = [(i, int(s), p) for i, s, p in zip(ids, remote.steps, planned) if int(s) > p]
             if over:  # the ledger charged the planned steps: more would spend more than it recorded
                 raise ValueError(f"round {r + 1}: clients took more local steps than the ledger charged "
@@ -620,9 +624,7 @@ class FederatedRun:
         if self.ledger is None or not self.enforce_budgets:
             return active
         if self.heuristic_steps is not None:  # PFA semantics: a client may spend its T* steps
-            local = self.algorithm.local
-            fits = [int(i) for i in active if self.steps_done[i]
-                    + local.steps_for(int(self.n_records[i]), self._batch(i, r)) <= self.heuristic_steps[i]]
+            fits = [int(i) for i in active if self.steps_done[i] + self._steps(i, r) <= self.heuristic_steps[i]]
             return np.array(fits, dtype=np.int64)
         candidates = [int(i) for i in active]
         while True:

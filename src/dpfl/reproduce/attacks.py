@@ -150,12 +150,11 @@ def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_patt
     rows: list[dict[str, Any]] = []
     cache: dict[str, Any] = {}
     for i, ((method, eps, cfg), state) in enumerate(zip(todo, states), 1):
-        if compute:
-            if progress is not None:
-                progress(f"[{i}/{len(todo)}] {cfg.name}")
-            rows.append(run_setting(method, eps, cfg, out, scale, cache))
-        elif state == "finished":
-            rows.append(json.loads((out / "runs" / cfg.name / "attacks.json").read_text()))
+        if not compute and state != "finished":
+            continue
+        if compute and progress is not None:
+            progress(f"[{i}/{len(todo)}] {cfg.name}")
+        rows.append(run_setting(method, eps, cfg, out, scale, cache))  # a finished setting is read back
     if not rows:
         raise GridError(f"--tables-only: no finished setting of this selection under {out / 'runs'}")
     out.mkdir(parents=True, exist_ok=True)

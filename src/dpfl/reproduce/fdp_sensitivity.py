@@ -552,13 +552,13 @@ def run_sensitivity(scale: str, out: Path, *, seeds: int | None = None, rounds: 
         f"{choice.dataset} / {choice.model} ({choice.reason})")
     rows: list[dict[str, Any]] = []
     pairs: list[dict[str, Any]] = []
-    paths: dict[str, Path] = {}
     for setting in settings:
         for seed in range(n_seeds):
             label = f"{setting.name} seed {seed}: "
             done = saved[(setting.name, seed)]
             if done is None and not compute:
                 continue
+            computed = done is None
             if done is None:
                 say(f"{label}{setting.describe}")
                 pair = measure_pair(configs[(setting.name, seed)], smoothness=spec["smoothness"], progress=say,
@@ -570,7 +570,8 @@ def run_sensitivity(scale: str, out: Path, *, seeds: int | None = None, rounds: 
                 say(f"{label}finished before")
             rows += done["rows"]
             pairs.append(done["summary"])
-            paths = _write(out, scale, T, n_seeds, choice, neighbours, couplings, settings, pairs, rows, complete=False)
+            if computed:  # progress on disk after every computed pair (pairs read back add nothing to show)
+                _write(out, scale, T, n_seeds, choice, neighbours, couplings, settings, pairs, rows, complete=False)
     complete = len(pairs) == len(configs)
     paths = _write(out, scale, T, n_seeds, choice, neighbours, couplings, settings, pairs, rows, complete=complete)
     return SensitivityResult(paths, rows, pairs)

@@ -65,8 +65,8 @@ from dpfl.results.run_files import write_json_atomic, write_text_atomic
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 OPTIONAL_METHODS = ("tp_smc",)  # run only when --methods names them (slow: homomorphic encryption every round)
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
-           "upload_bytes", "violation_rate", "epsilon_composed", "epsilon_label", "perturbed_accuracy", "demasked_accuracy", "mia_asr",
-           "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered", "psnr_b8_recovered",
+           "upload_bytes", "violation_rate", "epsilon_composed", "epsilon_label", "perturbed_accuracy",
+           "demasked_accuracy", "mia_asr", "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered", "psnr_b8_recovered",
            "psnr_b1_upload", "psnr_b8_upload", "psnr_b1_phi", "psnr_b8_phi", "status", "run_dir"]
 INVERSION_STEPS = 200  # per attack and probe batch, as in `dpfl reproduce attacks`
 SCALES = {

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dpfl.privacy.budget_distributions import RHDP_EPS20
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir, dataset_short
 
-__all__ = ["CONTROLS", "DISTS", "LIES", "MISREPORT", "MISREPORT_C10", "MISREPORT_C10_METHODS", "MISREPORT_METHODS", "SPEC",
-           "grid", "methods", "settings"]
+__all__ = ["CONTROLS", "DISTS", "LIES", "MISREPORT", "MISREPORT_C10", "MISREPORT_C10_METHODS", "MISREPORT_METHODS",
+           "SPEC", "grid", "methods", "settings"]
 
 PAPER = "robust-hdp"
 DISTS = tuple(f"Dist{i}" for i in range(1, 10))
