@@ -9,6 +9,7 @@ from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import FederatedArrays, federated_arrays, run_mpdp
 
 C = 4
+EXTRACTORS: dict = {}  # the public feature extractors, shared by this file's inversions as a study shares them
 
 
 def _planted(n_members=400, n_test=300):
@@ -90,8 +91,8 @@ def test_inversion_recovers_an_unprotected_record_and_not_an_mpdp_upload(digits)
     cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=3.0)
     plan = model_plan(cfg, (64,), 10)
     weights = run_mpdp(cfg, "fedavg", arrays=digits).weights
-    clear = inversion_report(cfg, "fedavg", weights, plan, digits, steps=60, batches=(1,))
-    noisy = inversion_report(cfg, "mpdp", weights, plan, digits, steps=60, batches=(1,))
+    clear = inversion_report(cfg, "fedavg", weights, plan, digits, steps=60, batches=(1,), extractors=EXTRACTORS)
+    noisy = inversion_report(cfg, "mpdp", weights, plan, digits, steps=60, batches=(1,), extractors=EXTRACTORS)
     views = noisy["batches"]["1"]["views"]
     recovered = max(a["psnr"] for a in views["recovered"]["attacks"].values())
     assert clear["batches"]["1"]["psnr"] > 40 > 20 > recovered
@@ -99,7 +100,7 @@ def test_inversion_recovers_an_unprotected_record_and_not_an_mpdp_upload(digits)
     assert set(views) == {"recovered", "upload_at_w_hat", "phi"} and "R∘" in views["recovered"]["target"]
     assert set(views["recovered"]["attacks"]) == {"dlg", "inverting_gradients"}
     hardened = inversion_report(cfg.model_copy(update={"mask_corrections": True}), "mpdp", weights, plan, digits,
-                                steps=20, batches=(1,))
+                                steps=20, batches=(1,), extractors=EXTRACTORS)
     assert set(hardened["batches"]["1"]["views"]) == {"upload_at_w_hat"}  # Eq. (18) cannot be formed
 
 
@@ -114,7 +115,8 @@ def test_the_raw_upload_leaks_under_the_oracle_clip_not_under_the_joint_clip(dig
     plan = model_plan(cfg, (64,), 10)
     weights = run_mpdp(cfg, "fedavg", arrays=digits).weights
     psnr = {mode: inversion_report(cfg.model_copy(update={"clip_mode": mode}), "mpdp", weights, plan, digits,
-                                   steps=60, batches=(1,))["batches"]["1"]["views"]["upload_at_w_hat"]
+                                   steps=60, batches=(1,), extractors=EXTRACTORS)
+            ["batches"]["1"]["views"]["upload_at_w_hat"]
             for mode in ("oracle_true", "perturbed_joint")}
     best = {mode: max(a["psnr"] for a in v["attacks"].values()) for mode, v in psnr.items()}
     assert best["oracle_true"] > 25 > 12 > best["perturbed_joint"]
@@ -151,7 +153,8 @@ def test_the_noise_free_correction_term_gives_the_record_back_under_the_spec_cli
     cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=3.0)
     plan = model_plan(cfg, (64,), 10)
     weights = run_mpdp(cfg, "fedavg", arrays=digits).weights
-    views = inversion_report(cfg, "mpdp", weights, plan, digits, steps=60, batches=(1,))["batches"]["1"]["views"]
+    report = inversion_report(cfg, "mpdp", weights, plan, digits, steps=60, batches=(1,), extractors=EXTRACTORS)
+    views = report["batches"]["1"]["views"]
     best = {v: max(a["psnr"] for a in r["attacks"].values()) for v, r in views.items()}
     assert best["phi"] > 25 > 12 > max(best["recovered"], best["upload_at_w_hat"])
 
@@ -163,7 +166,28 @@ def test_inversion_skips_what_cannot_be_probed_and_says_why(digits):
     cfg = MPDPConfig(name="t", clients=5, hidden=[32])
     plan = model_plan(cfg, (64,), 10)
     dead = [torch.zeros_like(w) for w in initial_weights(plan, 0)]  # bias-free and all zero: the gradient is 0
-    report = inversion_report(cfg, "fedavg", dead, plan, digits, steps=5, batches=(1, 10**4))
+    report = inversion_report(cfg, "fedavg", dead, plan, digits, steps=5, batches=(1, 10**4), extractors=EXTRACTORS)
     assert "exactly zero" in report["batches"]["1"]["views"]["clear"]["skipped"]
     assert "psnr" not in report["batches"]["1"]
     assert "fewer than 10000" in report["batches"]["10000"]["skipped"]
+
+
+def test_a_study_trains_one_extractor_per_public_records_and_seed(digits):
+    """The cache gives the same extractor for the same public records and seed (equal to a fresh training), and a
+    new one for another seed or other records."""
+    from dpfl.attacks.probe import Probe, public_extractor
+    from dpfl.experiment.mpdp_inversion import shared_extractor
+
+    images, labels = digits.x_test.reshape(-1, 1, 8, 8), digits.y_test
+
+    def probe(x, y):
+        return Probe(torch.nn.Identity(), [], x[:1], y[:1], "mse_onehot", None, "the server", (x, y), 10)
+
+    cache: dict = {}
+    first = shared_extractor(probe(images, labels), 0, cache)
+    assert shared_extractor(probe(images.clone(), labels.clone()), 0, cache) is first
+    assert shared_extractor(probe(images, labels), 1, cache) is not first
+    assert shared_extractor(probe(images[1:], labels[1:]), 0, cache) is not first
+    assert len(cache) == 3
+    fresh = public_extractor(probe(images, labels), 0)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), fresh.state_dict().values(), strict=True))

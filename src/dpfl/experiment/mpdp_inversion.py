@@ -21,6 +21,7 @@ client 0's upload (every one is attacked; the strongest counts, since a server u
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from dpfl.experiment.mpdp_run import FederatedArrays, noise_settings
 from dpfl.seeding import Purpose, derive_seed
 
 __all__ = ["BATCHES", "TARGETS", "AlphaNetwork", "PerturbedNetwork", "PlanNetwork", "inversion_report", "masked",
-           "probe_targets"]
+           "probe_targets", "shared_extractor"]
 
 BATCHES = (1, 8)  # the spec's probe batch sizes
 PROBE_ROUND = 10**6  # the probe round's index in the seeds: never one of the run's rounds
@@ -141,19 +142,35 @@ def masked(cfg: MPDPConfig, method: str) -> bool:
     return method == "mpdp" and cfg.mask_corrections
 
 
+def shared_extractor(probe: Probe, seed: int, cache: dict[Any, nn.Module]) -> nn.Module:
+    """`public_extractor(probe, seed)`, trained once per (public records, classes, seed) in `cache`. The key hashes
+    the public records themselves, so runs on other data or splits never share an extractor; training is
+    deterministic and leaves the global RNG alone, so a cached extractor is the one a fresh training gives."""
+    x, y = probe.public
+    digest = hashlib.sha256()
+    for t in (x, y):
+        digest.update(str((tuple(t.shape), t.dtype)).encode())
+        digest.update(t.detach().contiguous().cpu().numpy().tobytes())
+    key = (digest.hexdigest(), probe.n_classes, seed)
+    if key not in cache:
+        cache[key] = public_extractor(probe, seed)
+    return cache[key]
+
+
 def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], plan: FactorPlan,
-                     arrays: FederatedArrays, *, steps: int = 200, extractor: nn.Module | None = None,
+                     arrays: FederatedArrays, *, steps: int = 200, extractors: dict[Any, nn.Module] | None = None,
                      batches: tuple[int, ...] = BATCHES) -> dict[str, Any]:
     """DLG and Inverting Gradients on every view the server has of the probe upload, per probe batch size: PSNR
     (dB, higher = more leakage), image MSE, feature MSE, and the strongest (view, attack)'s PSNR: the server
-    uses whichever works. `extractor`: the public feature extractor (trained here from the test set's public
-    classes when None; it depends only on the dataset, so callers share it)."""
+    uses whichever works. `extractors`: a cache of the public feature extractors (`shared_extractor`), which depend
+    only on the public records and the seed: a study passes one dict to all its runs and trains each once."""
     if method == "tp_smc":
         return {"skipped": "TP-SMC: the server never sees a client's upload in the clear, only the threshold-decrypted "
                            "noisy sum of all K (spec §10 names no inversion target for it)"}
     if len(arrays.image_shape) != 3:
         return {"skipped": f"records of shape {arrays.image_shape} are not images"}
     out: dict[str, Any] = {"steps": steps, "batches": {}}
+    extractors = {} if extractors is None else extractors
     public = arrays.y_test >= private_classes(arrays.n_classes)
     for b in batches:
         records = _probe_records(arrays, b)
@@ -171,7 +188,7 @@ def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], 
             probe = Probe(model, gradient, images, labels, "mse_onehot", None, "the server",
                           (arrays.x_test[public].reshape(-1, *arrays.image_shape), arrays.y_test[public]),
                           arrays.n_classes)
-            extractor = extractor if extractor is not None else public_extractor(probe, cfg.seed)
+            extractor = shared_extractor(probe, cfg.seed, extractors)
             attacks = invert_probe(probe, steps=steps, seed=cfg.seed, extractor=extractor)
             views[view] = {"target": TARGETS[view],
                            "attacks": {name: {k: v for k, v in r.items() if k != "reconstruction"}

@@ -189,9 +189,11 @@ def inversion_columns(inversion: dict[str, Any]) -> dict[str, float | None]:
     return row
 
 
-def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS) -> dict[str, Any]:
+def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS,
+            extractors: dict[Any, Any] | None = None) -> dict[str, Any]:
     """Runs one job into its directory (skipped if summary.json exists) and returns its results.csv row.
-    `inversion_steps`: per attack and probe batch; 0 skips the inversion (recorded as skipped)."""
+    `inversion_steps`: per attack and probe batch; 0 skips the inversion (recorded as skipped). `extractors`: the
+    study's cache of public feature extractors (`shared_extractor`), shared by its jobs."""
     d = job.directory(out)
     summary_path = d / "summary.json"
     state = check_directories([job], out, inversion_steps)[0]
@@ -203,7 +205,8 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS) -> 
     try:
         arrays = federated_arrays(cfg)
         result = run_mpdp(cfg, cfg.method, arrays=arrays)
-        inversion = (inversion_report(cfg, cfg.method, result.weights, result.plan, arrays, steps=inversion_steps)
+        inversion = (inversion_report(cfg, cfg.method, result.weights, result.plan, arrays, steps=inversion_steps,
+                                      extractors=extractors)
                      if inversion_steps > 0 else {"skipped": "--inversion-steps 0"})
         result.privacy["inversion"] = inversion
     except Exception as e:  # noqa: BLE001 - a failed run is a row with its message; the study goes on
@@ -257,12 +260,13 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
     states = check_directories(todo, out, inversion_steps)
     runs = [compute and (chosen is None or j.seed in chosen) for j in todo]
     rows, done = [], 0
+    extractors: dict[Any, Any] = {}  # trained once per dataset and seed for all the study's jobs
     for job, state, run in zip(todo, states, runs):
         if run:
             done += 1
             if progress is not None:
                 progress(f"[{done}/{sum(runs)}] {job.setting} {job.method} seed {job.seed}")
-            rows.append(run_job(job, out, inversion_steps))
+            rows.append(run_job(job, out, inversion_steps, extractors))
         elif state == FINISHED:
             rows.append(json.loads((job.directory(out) / "summary.json").read_text()))
     if not rows and not compute:
