@@ -175,8 +175,7 @@ def test_inversion_skips_what_cannot_be_probed_and_says_why(digits):
 def test_a_study_trains_one_extractor_per_public_records_and_seed(digits):
     """The cache gives the same extractor for the same public records and seed (equal to a fresh training), and a
     new one for another seed or other records."""
-    from dpfl.attacks.probe import Probe, public_extractor
-    from dpfl.experiment.mpdp_inversion import shared_extractor
+    from dpfl.attacks.probe import Probe, public_extractor, shared_extractor
 
     images, labels = digits.x_test.reshape(-1, 1, 8, 8), digits.y_test
 

@@ -20,6 +20,7 @@ and PSNR all work on [0, 1] pixels.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -174,6 +175,21 @@ def public_extractor(probe: Probe, seed: int = 0) -> nn.Module:
     and the seed, so a study trains it once for all its settings."""
     x, y = probe.public[0][:EXTRACTOR_RECORDS], probe.public[1][:EXTRACTOR_RECORDS]
     return train_feature_extractor(x.to(torch.float64), y, probe.n_classes, seed, epochs=EXTRACTOR_EPOCHS)
+
+
+def shared_extractor(probe: Probe, seed: int, cache: dict[Any, nn.Module]) -> nn.Module:
+    """`public_extractor(probe, seed)`, trained once per (public records, classes, seed) in `cache`. The key hashes
+    the public records themselves, so runs on other data or splits never share an extractor; training is
+    deterministic and leaves the global RNG alone, so a cached extractor is the one a fresh training gives."""
+    x, y = probe.public
+    digest = hashlib.sha256()
+    for t in (x, y):
+        digest.update(str((tuple(t.shape), t.dtype)).encode())
+        digest.update(t.detach().contiguous().cpu().numpy().tobytes())
+    key = (digest.hexdigest(), probe.n_classes, seed)
+    if key not in cache:
+        cache[key] = public_extractor(probe, seed)
+    return cache[key]
 
 
 INVERSION_METRICS = ("psnr", "image_mse", "feature_mse")

@@ -21,7 +21,6 @@ client 0's upload (every one is attacked; the strongest counts, since a server u
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
@@ -29,13 +28,13 @@ from torch import nn
 
 from dpfl.algorithms.secure.mpdp.algorithm import clipped, perturbed_round, true_gradient
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, recover, round_generator
-from dpfl.attacks.probe import Probe, invert_probe, private_classes, public_extractor
+from dpfl.attacks.probe import Probe, invert_probe, private_classes, shared_extractor
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import FederatedArrays, noise_settings
 from dpfl.seeding import Purpose, derive_seed
 
 __all__ = ["BATCHES", "TARGETS", "AlphaNetwork", "PerturbedNetwork", "PlanNetwork", "inversion_report", "masked",
-           "probe_targets", "shared_extractor"]
+           "probe_targets"]
 
 BATCHES = (1, 8)  # the spec's probe batch sizes
 PROBE_ROUND = 10**6  # the probe round's index in the seeds: never one of the run's rounds
@@ -142,21 +141,6 @@ def masked(cfg: MPDPConfig, method: str) -> bool:
     return method == "mpdp" and cfg.mask_corrections
 
 
-def shared_extractor(probe: Probe, seed: int, cache: dict[Any, nn.Module]) -> nn.Module:
-    """`public_extractor(probe, seed)`, trained once per (public records, classes, seed) in `cache`. The key hashes
-    the public records themselves, so runs on other data or splits never share an extractor; training is
-    deterministic and leaves the global RNG alone, so a cached extractor is the one a fresh training gives."""
-    x, y = probe.public
-    digest = hashlib.sha256()
-    for t in (x, y):
-        digest.update(str((tuple(t.shape), t.dtype)).encode())
-        digest.update(t.detach().contiguous().cpu().numpy().tobytes())
-    key = (digest.hexdigest(), probe.n_classes, seed)
-    if key not in cache:
-        cache[key] = public_extractor(probe, seed)
-    return cache[key]
-
-
 def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], plan: FactorPlan,
                      arrays: FederatedArrays, *, steps: int = 200, extractors: dict[Any, nn.Module] | None = None,
                      batches: tuple[int, ...] = BATCHES) -> dict[str, Any]:
@@ -172,6 +156,8 @@ def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], 
     out: dict[str, Any] = {"steps": steps, "batches": {}}
     extractors = {} if extractors is None else extractors
     public = arrays.y_test >= private_classes(arrays.n_classes)
+    public_records = (arrays.x_test[public].reshape(-1, *arrays.image_shape), arrays.y_test[public])
+    extractor: nn.Module | None = None  # looked up once, at the first view there is to attack
     for b in batches:
         records = _probe_records(arrays, b)
         if records is None:
@@ -185,10 +171,10 @@ def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], 
                 views[view] = {"target": TARGETS[view], "skipped": "the probe gradient is exactly zero (no unit of "
                                "the model is active on these records): there is nothing to invert"}
                 continue
-            probe = Probe(model, gradient, images, labels, "mse_onehot", None, "the server",
-                          (arrays.x_test[public].reshape(-1, *arrays.image_shape), arrays.y_test[public]),
+            probe = Probe(model, gradient, images, labels, "mse_onehot", None, "the server", public_records,
                           arrays.n_classes)
-            extractor = shared_extractor(probe, cfg.seed, extractors)
+            if extractor is None:
+                extractor = shared_extractor(probe, cfg.seed, extractors)
             attacks = invert_probe(probe, steps=steps, seed=cfg.seed, extractor=extractor)
             views[view] = {"target": TARGETS[view],
                            "attacks": {name: {k: v for k, v in r.items() if k != "reconstruction"}
