@@ -51,7 +51,7 @@ def test_full_scale_runs_the_cifar_configs_when_the_files_exist(tmp_path, monkey
 
     from dpfl.reproduce.mpdp import jobs, run_job
 
-    write_cifar10(tmp_path / "data" / "cifar10" / "cifar-10-batches-py", per_batch=20, n_test=6)
+    write_cifar10(tmp_path / "data" / "cifar10" / "cifar-10-batches-py", per_batch=5, n_test=6)
     monkeypatch.setenv("DPFL_DATA", str(tmp_path / "data"))
     todo, skipped = jobs("full", seeds=1, methods=["mpdp"], rounds=1)
     assert {j.setting for j in todo} == {f"{name}-eps{e}" for name in ("full_c10_k5", "full_c10_k100_verified",
