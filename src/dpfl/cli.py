@@ -873,7 +873,9 @@ def reproduce_mpdp(
     scale: Annotated[str, typer.Option("--scale", help=(
         "ci (digits MLP at nominal per-round epsilon 3, 30 and 300; K = 100 on an n-out graph; Fashion-MNIST when "
         "found; 2 seeds; a few minutes) or full (CIFAR-10/100 with norm-free tied-residual ResNets at epsilon 1 and "
-        "3, 3 seeds, when the files are found locally: days of CPU; BreakHis listed as skipped)."))],
+        "3, 3 seeds, when the files are found locally: days of CPU; BreakHis listed as skipped) or overfit (a "
+        "Fashion-MNIST MLP on 100 records per client for 400 full-batch rounds, so FedAvg overfits and membership "
+        "inference has something to find; epsilon 3, 30 and 300, 3 seeds; about an hour)."))],
     seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None, settings: _Settings = None,
     methods: _Methods = None,
     inversion_steps: Annotated[Optional[int], typer.Option("--inversion-steps", help=(

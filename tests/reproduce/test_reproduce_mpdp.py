@@ -4,6 +4,8 @@ resumes without re-running finished jobs."""
 import csv
 import json
 
+import pytest
+
 from cli_runner import cli
 
 
@@ -88,3 +90,22 @@ def test_tp_smc_runs_only_on_request_with_the_clients_attack_and_no_inversion_vi
     md = markdown("ci", [row], {}, "test", computed_and_written(run_environments([tmp_path / row["run_dir"]])))
     assert any(line.startswith("| tp_smc | 1 |") and line.rstrip().endswith("n/a / n/a |") for line in md.splitlines())
     assert "Runs computed by: dpfl " in md and "(1 run). Written by: dpfl " in md
+
+
+@pytest.mark.needs_fmnist
+def test_overfit_scale_runs_the_fashion_mnist_membership_stand_in(tmp_path, monkeypatch):
+    """`--scale overfit`: one config at three epsilons (FedAvg once per seed), 100 records per client trained full
+    batch; a job runs and every method's target is attacked by membership inference."""
+    from dpfl.reproduce.mpdp import jobs, run_job
+
+    monkeypatch.setenv("DPFL_OFFLINE", "1")
+    todo, skipped = jobs("overfit", seeds=1, rounds=3)
+    if "overfit_fmnist_mlp" in skipped:
+        pytest.skip("Fashion-MNIST is not on this machine")
+    assert {j.setting for j in todo} == {"overfit_fmnist_mlp", "overfit_fmnist_mlp-eps3", "overfit_fmnist_mlp-eps30",
+                                         "overfit_fmnist_mlp-eps300"}
+    assert len(todo) == 3 * 4 + 1 and not skipped
+    job = next(j for j in todo if j.setting == "overfit_fmnist_mlp-eps300" and j.method == "mpdp_oracle_clip")
+    assert job.config.train_per_client == job.config.batch_size == 100 and job.config.dataset == "fashion_mnist"
+    row = run_job(job, tmp_path, inversion_steps=0)
+    assert row["status"] == "ok" and row["mia_asr"] is not None and row["mia_asr_adaptive"] is not None, row

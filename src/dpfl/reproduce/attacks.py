@@ -28,7 +28,7 @@ from typing import Any
 
 from dpfl.attacks.audit import audit_config
 from dpfl.attacks.figures import reconstruction_grid
-from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, public_extractor
+from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, shared_extractor
 from dpfl.attacks.released import attack_released_model
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
 from dpfl.experiment.run_directory import execute
@@ -105,7 +105,7 @@ def plan(scale: str, out: Path, *, rounds: int | None = None,
 
 
 def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, scale: str,
-                cache: dict[str, Any] | None = None) -> dict[str, Any]:
+                cache: dict[Any, Any] | None = None) -> dict[str, Any]:
     """The run, its attacks and its audit; the row of results.csv (read back if attacks.json exists). `cache` keeps
     what settings share (the inversion metrics' feature extractor)."""
     cache = cache if cache is not None else {}
@@ -120,9 +120,8 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
         mia = attack_released_model(run_dir)["attacks"]
         best_mia = max(mia.values(), key=lambda a: a["auc"])
         probe = probe_round(cfg, PICTURE_BATCH)
-        if "extractor" not in cache:  # the same data split and seed for every setting: train it once
-            cache["extractor"] = public_extractor(probe)
-        inversion = invert_probe(probe, SCALES[scale]["inversion_steps"], extractor=cache["extractor"])
+        extractor = shared_extractor(probe, 0, cache)  # the same public records for every setting: trained once
+        inversion = invert_probe(probe, SCALES[scale]["inversion_steps"], extractor=extractor)
         reconstruction_grid(probe.x, {k: v["reconstruction"] for k, v in inversion.items()}, d / "inversion.png",
                             cfg.name)
         psnr = max(v["psnr"] for v in inversion.values())
@@ -148,7 +147,7 @@ def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_patt
     todo = settings(scale, rounds, settings_pattern)
     states = [setting_state(cfg, out) for _, _, cfg in todo]  # every directory checked before anything runs
     rows: list[dict[str, Any]] = []
-    cache: dict[str, Any] = {}
+    cache: dict[Any, Any] = {}  # shared_extractor's: one feature extractor per public records
     for i, ((method, eps, cfg), state) in enumerate(zip(todo, states), 1):
         if not compute and state != "finished":
             continue

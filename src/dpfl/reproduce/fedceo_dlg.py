@@ -23,7 +23,7 @@ import torch
 
 from dpfl.attacks.figures import reconstruction_grid
 from dpfl.attacks.image_metrics import psnr
-from dpfl.attacks.probe import INVERSION_METRICS, inversion_metrics, invert_probe, probe_round, public_extractor
+from dpfl.attacks.probe import INVERSION_METRICS, inversion_metrics, invert_probe, probe_round, shared_extractor
 from dpfl.experiment.config import RunConfig, config_to_dict, load_config, validate_config
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table
@@ -82,7 +82,7 @@ def run_dlg_study(out: Path, base: RunConfig | None = None, *, steps: int = STEP
     out = Path(out)
     base = base if base is not None else load_config(config_dir("fedceo") / CONFIG)
     points = dlg_points(base, sigmas, smoothings)
-    cache: dict[str, Any] = {}
+    cache: dict[Any, Any] = {}  # shared_extractor's: one feature extractor per public records
     rows, environments = [], []
     for i, point in enumerate(points, 1):
         saved = out / point.name / "inversion.json"
@@ -103,11 +103,9 @@ def run_dlg_study(out: Path, base: RunConfig | None = None, *, steps: int = STEP
     return csv_path, md_path, rows
 
 
-def _attack(point: DlgPoint, d: Path, steps: int, cache: dict[str, Any]) -> None:
+def _attack(point: DlgPoint, d: Path, steps: int, cache: dict[Any, Any]) -> None:
     probe = probe_round(point.config, 1, point.smoothing)
-    if "extractor" not in cache:  # the same public records for every point: train it once
-        cache["extractor"] = public_extractor(probe)
-    result = invert_probe(probe, steps, 0, cache["extractor"])
+    result = invert_probe(probe, steps, 0, shared_extractor(probe, 0, cache))  # trained once per public records
     reconstruction_grid(probe.x, {k: v["reconstruction"] for k, v in result.items()}, d / "inversion.png",
                         f"{point.name}: {point.attacked}")
     write_json_atomic(d / "inversion.json", {

@@ -17,7 +17,10 @@ at 3 and 300, ci_digits_k100.yaml (K = 100, n-out graph, Theorem 11) at its epsi
 ci_fmnist_mlp.yaml when Fashion-MNIST is found locally. `full`: full_c10_k5, full_c100_k5 (Theorem 10),
 full_c10_k100_verified (n = 68) and full_c10_k100_paper (n = 5, UNVERIFIED) at nominal epsilon 1 and 3, 3 seeds,
 with dpfl's norm-free tied-residual ResNets (EXPERIMENTAL, spec §7.4), when the CIFAR files are found locally;
-BreakHis is listed as skipped (dpfl has no BreakHis loader).
+BreakHis is listed as skipped (dpfl has no BreakHis loader). `overfit`: overfit_fmnist_mlp.yaml at nominal
+per-round epsilon 3, 30 and 300, 3 seeds, when Fashion-MNIST is found locally: 100 records per client and 400
+full-batch rounds, so that FedAvg's model overfits and a client's membership inference has something to find (the
+ci models do not overfit; CIFAR, where the paper measured it, is absent).
 
 OUT/results.csv: setting, method, seed, epsilon (nominal per round; empty for fedavg), accuracy (final, the true
 model on the test set), round_seconds, server_seconds (per round), client_seconds (per client per round),
@@ -76,9 +79,12 @@ SCALES = {
                                    ("ci_digits_mlp_hardened.yaml", (30.0, 300.0), ("mpdp", "mpdp_oracle_clip")))},
     "full": {"seeds": 3, "configs": tuple((f"{name}.yaml", (1.0, 3.0)) for name in (
         "full_c10_k5", "full_c100_k5", "full_c10_k100_verified", "full_c10_k100_paper"))},
+    # a membership-inference stand-in for the full scale: few records per client, trained until FedAvg overfits
+    "overfit": {"seeds": 3, "configs": (("overfit_fmnist_mlp.yaml", (3.0, 30.0, 300.0)),)},
 }
 SKIPPED = {
     "ci": {},
+    "overfit": {},
     "full": {"full_breakhis_k5": "dpfl has no BreakHis loader (the histopathology PNGs would need a local "
                                  "image-folder reader); no config ships"},
 }
@@ -146,7 +152,7 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
     """The scale's jobs, and the settings skipped with their reasons. `settings_pattern`: only the settings whose
     name matches it (fnmatch; commas: alternatives), e.g. 'full_c10_k5-*'."""
     if scale not in SCALES:
-        raise ValueError(f"--scale must be 'ci' or 'full', got {scale!r}")
+        raise ValueError(f"--scale must be one of {', '.join(SCALES)}, got {scale!r}")
     wanted = tuple(methods) if methods else METHODS
     unknown = set(wanted) - set(METHODS) - set(OPTIONAL_METHODS)
     if unknown:
