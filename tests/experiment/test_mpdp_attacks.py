@@ -41,6 +41,20 @@ def test_a_memorising_model_is_caught_and_a_blind_one_is_not():
     assert abs(blind["asr"] - 0.5) < 0.12 and abs(blind["auc"] - 0.5) < 0.12
 
 
+def test_a_diverged_model_is_recorded_as_not_attacked_not_a_failed_run():
+    """A model whose outputs overflow (a diverged run; seen at nominal eps 3 with the oracle clip) keeps the run:
+    the report says why there is no ASR. Outputs finite but with scores that overflow count the same."""
+    from dpfl.attacks.membership import NonFiniteOutputsError, run_membership_attacks
+
+    arrays = _planted()
+    for bad in (float("nan"), float("inf"), 1e200):  # 1e200: finite outputs, an infinite MSE loss score
+        report = membership_report(lambda x, v=bad: torch.full((len(x), C), v, dtype=torch.float64), arrays, seed=0)
+        assert report["asr"] is None and report["auc"] is None and "diverged" in report["skipped"], bad
+    with pytest.raises(NonFiniteOutputsError):  # the attacks themselves still refuse such a model
+        run_membership_attacks(lambda x: torch.full((len(x), C), float("nan")), (arrays.x_test, arrays.y_test),
+                               (arrays.x_test, arrays.y_test))
+
+
 def test_client_attacks_need_a_target():
     with pytest.raises(ValueError, match="perturbed view"):
         client_attacks(_planted(), 0)

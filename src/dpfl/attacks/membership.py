@@ -43,6 +43,7 @@ __all__ = [
     "LOSSES",
     "MIN_PER_SIDE",
     "MAX_FPR",
+    "NonFiniteOutputsError",
     "Predict",
     "Shadow",
     "ShadowAttack",
@@ -77,12 +78,17 @@ def _numpy(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
+class NonFiniteOutputsError(ValueError):
+    """The attacked model's outputs (or the scores made from them) are NaN or infinite: a diverged model, which a
+    caller may record as not attackable instead of failing."""
+
+
 def _outputs(outputs: Any) -> np.ndarray:
     z = _numpy(outputs).astype(np.float64)
     if z.ndim != 2 or z.shape[1] < 2:
         raise ValueError(f"model outputs must have shape [N, C] with C >= 2, got {z.shape}")
     if not np.isfinite(z).all():
-        raise ValueError("model outputs contain NaN or infinite values")
+        raise NonFiniteOutputsError("model outputs contain NaN or infinite values")
     return z
 
 
@@ -108,7 +114,7 @@ def _scores(a: Any, name: str) -> np.ndarray:
     if s.ndim != 1 or s.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-D array of scores, got shape {s.shape}")
     if not np.isfinite(s).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
+        raise NonFiniteOutputsError(f"{name} contains NaN or infinite values")
     return s
 
 
@@ -146,11 +152,16 @@ def per_example_loss(outputs: Any, labels: Any, loss: str = "cross_entropy") -> 
     z = _outputs(outputs)
     y = _labels(labels, len(z), z.shape[1])
     rows = np.arange(len(z))
-    if loss == "cross_entropy":
-        return -_log_softmax(z)[rows, y]
-    target = np.zeros_like(z)
-    target[rows, y] = 1.0
-    return 0.5 * ((z - target) ** 2).sum(axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if loss == "cross_entropy":
+            out = -_log_softmax(z)[rows, y]
+        else:
+            target = np.zeros_like(z)
+            target[rows, y] = 1.0
+            out = 0.5 * ((z - target) ** 2).sum(axis=1)
+    if not np.isfinite(out).all():
+        raise NonFiniteOutputsError(f"the {loss} loss of the model's outputs overflows")
+    return out
 
 
 def loss_scores(outputs: Any, labels: Any, loss: str = "cross_entropy") -> np.ndarray:

@@ -19,7 +19,7 @@ import torch
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, forward
 from dpfl.algorithms.secure.mpdp.views import ClientView
 from dpfl.attacks.demask import Demasked, demask
-from dpfl.attacks.membership import run_membership_attacks
+from dpfl.attacks.membership import NonFiniteOutputsError, run_membership_attacks
 from dpfl.seeding import Purpose, numpy_generator
 
 if TYPE_CHECKING:
@@ -51,9 +51,14 @@ def _members(arrays: FederatedArrays, seed: int) -> tuple[torch.Tensor, torch.Te
 
 def membership_report(predict: Callable[[torch.Tensor], torch.Tensor], arrays: FederatedArrays,
                       seed: int) -> dict[str, Any]:
-    """The loss, confidence and shadow attacks on `predict` (MSE-on-one-hot scores), and the strongest by AUC."""
-    results = run_membership_attacks(predict, _members(arrays, seed), (arrays.x_test, arrays.y_test), seed=seed,
-                                     loss="mse_onehot")
+    """The loss, confidence and shadow attacks on `predict` (MSE-on-one-hot scores), and the strongest by AUC. A
+    model whose outputs are not finite (a diverged run, or a demasking that overflowed) is recorded as not attacked,
+    with the reason, so the run and its other results are kept."""
+    try:
+        results = run_membership_attacks(predict, _members(arrays, seed), (arrays.x_test, arrays.y_test), seed=seed,
+                                         loss="mse_onehot")
+    except NonFiniteOutputsError as e:
+        return {"skipped": f"not attacked: {e} (the model diverged)", "asr": None, "auc": None}
     attacks = {name: {k: r[k] for k in KEPT_METRICS} for name, r in results.items()}
     best = max(attacks, key=lambda name: attacks[name]["auc"])
     return {"attacks": attacks, "strongest": best, "asr": attacks[best]["asr"], "auc": attacks[best]["auc"]}

@@ -292,7 +292,7 @@ def _mean_or_na(values: Sequence[Any], spec: str) -> str:
 
 def _mia_cell(rs: Sequence[dict[str, Any]]) -> str:
     """Membership inference ASR, mean ± std over seeds, with the demasked network's in parentheses (mpdp*).
-    Runs made before the attack was added have no value: n/a."""
+    Runs made before the attack was added, or whose attacked model diverged (not attacked), have no value: n/a."""
     if any(r.get("mia_asr") is None for r in rs):
         return "n/a"
     cell = mean_std([r["mia_asr"] for r in rs])

@@ -47,5 +47,6 @@ def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> 
         adaptive = membership.get("adaptive")
         say(f"membership inference by a client, measured: ASR {or_na(membership['plain']['asr'], '.3f')} on "
             + ("the model as received" if adaptive else "the global model")
-            + (f", {or_na(adaptive['asr'], '.3f')} after demasking" if adaptive else "") + " (0.5 = guessing)")
+            + (f", {or_na(adaptive['asr'], '.3f')} after demasking" if adaptive else "") + " (0.5 = guessing)"
+            + "".join(f"; {part['skipped']}" for part in (membership["plain"], adaptive) if part and "skipped" in part))
     say(f"round time {or_na(summary.get('round_seconds'), '.4f')} s; run directory {out}")
