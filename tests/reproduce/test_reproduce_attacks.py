@@ -43,6 +43,22 @@ def test_reproduce_attacks_bad_scale_is_one_line(tmp_path):
     assert code == 2 and "--scale must be ci" in err
 
 
+def test_overfit_scale_derives_the_same_methods_from_a_base_that_overfits():
+    """`--scale overfit`: fedavg, dpsgd and client at budgets 1, 8 and 100, all on the overfitting base (50 records
+    per client, 100 rounds of 5 epochs, every client every round); nothing else differs from the ci machinery."""
+    derived = attacks.settings("overfit")
+    assert [attacks.setting_name(m, e) for m, e, _ in derived] == [
+        "fedavg", "dpsgd-eps1", "dpsgd-eps8", "dpsgd-eps100", "client-eps1", "client-eps8", "client-eps100"]
+    for method, eps, cfg in derived:
+        assert (cfg.data.clients, cfg.data.max_train_samples, cfg.training.rounds, cfg.training.local_epochs) == \
+            (10, 500, 100, 5)
+        assert cfg.training.selection.kind == "all" and cfg.name.startswith("attacks_overfit_fmnist-")
+        if method != "fedavg":
+            assert cfg.privacy.budgets == eps and cfg.privacy.unit == ("sample" if method == "dpsgd" else "client")
+    assert [attacks.setting_name(m, e) for m, e, _ in attacks.settings("overfit", pattern="dpsgd-eps1*")] == [
+        "dpsgd-eps1", "dpsgd-eps100"]
+
+
 def _finished(out, method, epsilon, cfg, psnr):
     """A setting as run_setting leaves it when done: its run's config.yaml and attacks.json."""
     from dpfl.experiment.config import config_to_yaml

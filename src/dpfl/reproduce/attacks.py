@@ -1,7 +1,9 @@
 """What each mechanism stops in practice (issue 19): `dpfl reproduce attacks`.
 
 For FedAvg (no privacy), record-level DP-SGD (`dpsgd`) and client-level central DP-FedAvg (`client`) at each budget,
-on the base config (configs/attacks/ci_fmnist.yaml):
+on the scale's base config (`ci`: configs/attacks/ci_fmnist.yaml, budgets 1, 3, 8; `overfit`:
+configs/attacks/overfit_fmnist.yaml, 50 records per client trained long enough that FedAvg overfits, budgets 1, 8,
+100):
 - the run itself (run directory runs/<setting>/run: accuracy, the ledger's epsilon);
 - membership inference on its released model (`attacks.released`; the strongest of the loss, confidence and shadow
   attacks by AUC: its ASR, AUC and TPR at 1% FPR);
@@ -41,7 +43,10 @@ from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
 COLUMNS = ["method", "epsilon", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported", "accuracy",
            "audit_unit", "status"]
-SCALES = {"ci": {"config": "ci_fmnist.yaml", "epsilons": (1.0, 3.0, 8.0), "canaries": 200, "inversion_steps": 200}}
+SCALES = {"ci": {"config": "ci_fmnist.yaml", "epsilons": (1.0, 3.0, 8.0), "canaries": 200, "inversion_steps": 200},
+          # few records trained long, so FedAvg's model overfits and membership inference has something to find
+          "overfit": {"config": "overfit_fmnist.yaml", "epsilons": (1.0, 8.0, 100.0), "canaries": 200,
+                      "inversion_steps": 200}}
 DELTA = 1e-5
 PICTURE_BATCH = 4  # the probe's batch: four private-class records, distinct labels
 
