@@ -916,9 +916,11 @@ def reproduce_attacks(
         "central DP at epsilon 1, 3, 8; about 10 minutes) or overfit (500 images on 10 clients trained for 100 rounds "
         "of 5 epochs, so FedAvg overfits and membership inference has something to find; epsilon 1, 8, 100)."))],
     rounds: _Rounds = None,
+    seeds: Annotated[Optional[int], typer.Option("--seeds", help=(
+        "Seeds 0..N-1 of every setting (default 1: seed 0; another seed's directory is runs/<setting>-seed<s>)."))] = None,
     settings: Annotated[Optional[str], typer.Option("--settings", help=(
         "Only settings matching this fnmatch pattern (comma-separated alternatives): fedavg, dpsgd-eps1, dpsgd-eps3, "
-        "dpsgd-eps8, client-eps1, client-eps3, client-eps8; e.g. 'dpsgd-*'."))] = None,
+        "dpsgd-eps8, client-eps1, client-eps3, client-eps8 (overfit: eps1, eps8, eps100); e.g. 'dpsgd-*'."))] = None,
     dry_run: _DryRun = False, tables_only: _TablesOnly = False,
 ) -> None:
     """Gradient inversion, membership inference and an empirical epsilon audit of FedAvg, DP-SGD and client-level
@@ -926,17 +928,19 @@ def reproduce_attacks(
     from dpfl.reproduce.attacks import plan, run_study
 
     command = " ".join(["dpfl reproduce attacks --scale", scale, "--out", str(out)]
-                       + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings)) if v is not None])
+                       + [f"--{k} {v}" for k, v in (("rounds", rounds), ("seeds", seeds), ("settings", settings))
+                          if v is not None])
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
+    n_seeds = 1 if seeds is None else seeds
     if dry_run:
         with _study_errors(out):
-            for name, cfg, state in plan(scale, out, rounds=rounds, pattern=settings):
-                console.print(f"{name} ({cfg.name}, {cfg.training.rounds} rounds): {state}", markup=False,
-                              highlight=False)
+            for name, cfg, state in plan(scale, out, rounds=rounds, pattern=settings, seeds=n_seeds):
+                console.print(f"{name} seed {cfg.seed} ({cfg.name}, {cfg.training.rounds} rounds): {state}",
+                              markup=False, highlight=False)
         return
     _run_study("attacks", scale, out, "in the run directories (error.txt)",
-               lambda say: run_study(scale, out, rounds=rounds, settings_pattern=settings, compute=not tables_only,
-                                     command=command, progress=say))
+               lambda say: run_study(scale, out, rounds=rounds, settings_pattern=settings, seeds=n_seeds,
+                                     compute=not tables_only, command=command, progress=say))
 
 
 @reproduce_app.command("fdp-sensitivity")

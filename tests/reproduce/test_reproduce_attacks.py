@@ -59,6 +59,26 @@ def test_overfit_scale_derives_the_same_methods_from_a_base_that_overfits():
         "dpsgd-eps1", "dpsgd-eps100"]
 
 
+def test_seeds_add_directories_and_keep_seed_zeros(tmp_path, monkeypatch):
+    """--seeds N: every setting on seeds 0..N-1, seed by seed; seed 0 keeps its name (finished runs stay valid), the
+    others get -seed<s> and their own config seed; results.md adds mean ± std over seeds."""
+    one = attacks.settings("ci")
+    two = attacks.settings("ci", seeds=2)
+    assert [c for _, _, c in two[:7]] == [c for _, _, c in one]  # seed 0: the same configs as before seeds
+    assert [(c.name, c.seed) for _, _, c in two[7:9]] == [("attacks_ci_fmnist-fedavg-seed1", 1),
+                                                         ("attacks_ci_fmnist-dpsgd-eps1-seed1", 1)]
+    assert [c.seed for _, _, c in attacks.settings("ci", pattern="client-eps8", seeds=3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        attacks.settings("ci", seeds=0)
+    out = tmp_path / "attacks"
+    monkeypatch.setattr(attacks, "run_setting", lambda m, e, c, o, s, cache: {
+        "method": m, "epsilon": e, "seed": c.seed, "mia_asr": 0.5 + 0.1 * c.seed, "status": "ok"})
+    _, md_path, rows = attacks.run_study("ci", out, settings_pattern="fedavg", seeds=2)
+    assert [(r["method"], r["seed"]) for r in rows] == [("fedavg", 0), ("fedavg", 1)]
+    md = md_path.read_text()
+    assert "Over seeds" in md and "| fedavg | n/a | 2 |" in md and "0.550 ± 0.071" in md
+
+
 def _finished(out, method, epsilon, cfg, psnr):
     """A setting as run_setting leaves it when done: its run's config.yaml and attacks.json."""
     from dpfl.experiment.config import config_to_yaml
@@ -81,13 +101,14 @@ def test_settings_dry_run_and_tables_only_without_computing(tmp_path, monkeypatc
     code, text, _ = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--dry-run", "--settings", "fedavg,client-*")
     assert code == 0
     assert [line.split(" (")[0] + ": " + line.rsplit(": ", 1)[1] for line in text.strip().splitlines()] == [
-        "fedavg: new", "client-eps1: finished", "client-eps3: new", "client-eps8: new"]
+        "fedavg seed 0: new", "client-eps1 seed 0: finished", "client-eps3 seed 0: new", "client-eps8 seed 0: new"]
     assert not (out / "results.csv").exists()  # a dry run writes nothing
 
     code, text, _ = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--tables-only")
     assert code == 0 and "1 ok, 0 failed" in text
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert [(r["method"], r["epsilon"], r["psnr"]) for r in rows] == [("client", "1.0", "7.5")]
+    # its attacks.json has no seed (as rows written before seeds existed): read back as seed 0
+    assert [(r["method"], r["epsilon"], r["seed"], r["psnr"]) for r in rows] == [("client", "1.0", "0", "7.5")]
     md = (out / "results.md").read_text()
     assert "holds 1 of the selection's 7 settings" in md
     assert "Command: `dpfl reproduce attacks --scale ci --out" in md and "--tables-only" not in md

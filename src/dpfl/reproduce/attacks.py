@@ -13,10 +13,12 @@ configs/attacks/overfit_fmnist.yaml, 50 records per client trained long enough t
   for dpsgd), a 95%-confidence lower bound on epsilon next to the epsilon the audited run (the setting plus its
   canaries, calibrated to the same budget) reports.
 
-OUT/results.csv: method, epsilon, psnr, mia_asr, mia_auc, tpr_at_1fpr, eps_lower, eps_reported, accuracy,
+OUT/results.csv: method, epsilon, seed, psnr, mia_asr, mia_auc, tpr_at_1fpr, eps_lower, eps_reported, accuracy,
 audit_unit, status. Each setting's attacks.json is written last: a re-run skips finished settings of the same config
 and refuses one of another (other --rounds). Settings are named `fedavg`, `dpsgd-eps1`, ..., `client-eps8`
-(`setting_name`); `--settings` selects them by fnmatch pattern, `--dry-run` lists their state (`plan`) and
+(`setting_name`); `--seeds N` runs each on seeds 0..N-1 (seed 0 in runs/<config name>, as before seeds existed,
+seed s in runs/<config name>-seed<s>) and results.md adds mean ± std over seeds; `--settings` selects them by
+fnmatch pattern, `--dry-run` lists their state (`plan`) and
 `--tables-only` rewrites the results from the finished ones without computing.
 """
 
@@ -36,12 +38,12 @@ from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, lo
 from dpfl.experiment.run_directory import execute
 from dpfl.reproduce.jobs import GridError, config_dir, select_names
 from dpfl.reproduce.runner import first_difference
-from dpfl.reproduce.tables import csv_text, md_table
+from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.environment import computed_and_written, describe_job, job_executions
 from dpfl.results.formatting import or_na
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
-COLUMNS = ["method", "epsilon", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported", "accuracy",
+COLUMNS = ["method", "epsilon", "seed", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported", "accuracy",
            "audit_unit", "status"]
 SCALES = {"ci": {"config": "ci_fmnist.yaml", "epsilons": (1.0, 3.0, 8.0), "canaries": 200, "inversion_steps": 200},
           # few records trained long, so FedAvg's model overfits and membership inference has something to find
@@ -51,10 +53,14 @@ DELTA = 1e-5
 PICTURE_BATCH = 4  # the probe's batch: four private-class records, distinct labels
 
 
-def setting_config(base: RunConfig, method: str, epsilon: float | None, rounds: int | None) -> RunConfig:
-    """The base config turned into `method` at `epsilon` (fedavg: None)."""
+def setting_config(base: RunConfig, method: str, epsilon: float | None, rounds: int | None,
+                   seed: int = 0) -> RunConfig:
+    """The base config turned into `method` at `epsilon` (fedavg: None) and `seed`. Seed 0 keeps the name it had
+    before seeds existed (its run directories stay valid); another seed adds `-seed<s>`."""
     d = config_to_dict(base)
-    d["name"] = f"{base.name}-{method}" + (f"-eps{epsilon:g}" if epsilon is not None else "")
+    d["name"] = (f"{base.name}-{method}" + (f"-eps{epsilon:g}" if epsilon is not None else "")
+                 + (f"-seed{seed}" if seed else ""))
+    d["seed"] = seed
     if rounds is not None:
         d["training"]["rounds"] = rounds
     if method == "fedavg":
@@ -75,16 +81,21 @@ def setting_name(method: str, epsilon: float | None) -> str:
     return method if epsilon is None else f"{method}-eps{epsilon:g}"
 
 
-def settings(scale: str, rounds: int | None = None,
-             pattern: str | None = None) -> list[tuple[str, float | None, RunConfig]]:
-    """(method, epsilon, config) of the scale's settings whose `setting_name` matches `pattern` (all if None)."""
+def settings(scale: str, rounds: int | None = None, pattern: str | None = None,
+             seeds: int = 1) -> list[tuple[str, float | None, RunConfig]]:
+    """(method, epsilon, config) of the scale's settings whose `setting_name` matches `pattern` (all if None), for
+    seeds 0..seeds-1, seed by seed (every setting of seed 0 first)."""
     if scale not in SCALES:
         raise ValueError(f"--scale must be {' or '.join(SCALES)}, got {scale!r}")
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
     base = load_config(config_dir("attacks") / SCALES[scale]["config"])
-    out: list[tuple[str, float | None, RunConfig]] = [("fedavg", None, setting_config(base, "fedavg", None, rounds))]
-    for method in ("dpsgd", "client"):
-        out += [(method, e, setting_config(base, method, e, rounds)) for e in SCALES[scale]["epsilons"]]
-    chosen = set(select_names([setting_name(m, e) for m, e, _ in out], pattern))
+    out: list[tuple[str, float | None, RunConfig]] = []
+    for seed in range(seeds):
+        out.append(("fedavg", None, setting_config(base, "fedavg", None, rounds, seed)))
+        for method in ("dpsgd", "client"):
+            out += [(method, e, setting_config(base, method, e, rounds, seed)) for e in SCALES[scale]["epsilons"]]
+    chosen = set(select_names(list(dict.fromkeys(setting_name(m, e) for m, e, _ in out)), pattern))
     return [(m, e, cfg) for m, e, cfg in out if setting_name(m, e) in chosen]
 
 
@@ -103,10 +114,11 @@ def setting_state(cfg: RunConfig, out: Path) -> str:
     return "partial" if d.exists() else "new"
 
 
-def plan(scale: str, out: Path, *, rounds: int | None = None,
-         pattern: str | None = None) -> list[tuple[str, RunConfig, str]]:
+def plan(scale: str, out: Path, *, rounds: int | None = None, pattern: str | None = None,
+         seeds: int = 1) -> list[tuple[str, RunConfig, str]]:
     """(setting name, config, state) of the selected settings, every directory checked before anything runs."""
-    return [(setting_name(m, e), cfg, setting_state(cfg, out)) for m, e, cfg in settings(scale, rounds, pattern)]
+    return [(setting_name(m, e), cfg, setting_state(cfg, out))
+            for m, e, cfg in settings(scale, rounds, pattern, seeds)]
 
 
 def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, scale: str,
@@ -117,8 +129,8 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
     d = out / "runs" / cfg.name
     done = d / "attacks.json"
     if setting_state(cfg, out) == "finished":
-        return json.loads(done.read_text())
-    row: dict[str, Any] = {"method": method, "epsilon": epsilon}
+        return {"seed": cfg.seed, **json.loads(done.read_text())}  # rows written before seeds existed: seed 0
+    row: dict[str, Any] = {"method": method, "epsilon": epsilon, "seed": cfg.seed}
     try:
         run_dir = d / "run"
         summary = execute(cfg, run_dir, resume=run_dir.exists())
@@ -146,10 +158,10 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
 
 
 def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_pattern: str | None = None,
-              compute: bool = True, progress: Callable[[str], None] | None = None,
+              seeds: int = 1, compute: bool = True, progress: Callable[[str], None] | None = None,
               command: str = "") -> tuple[Path, Path, list[dict[str, Any]]]:
     """Run (or with compute=False only read back) the selected settings; OUT/results.{csv,md} of their rows."""
-    todo = settings(scale, rounds, settings_pattern)
+    todo = settings(scale, rounds, settings_pattern, seeds)
     states = [setting_state(cfg, out) for _, _, cfg in todo]  # every directory checked before anything runs
     rows: list[dict[str, Any]] = []
     cache: dict[Any, Any] = {}  # shared_extractor's: one feature extractor per public records
@@ -181,10 +193,24 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str, planned: 
              "(ASR 0.5 = guessing). eps_lower: a 95%-confidence empirical lower bound on epsilon from canaries "
              "(one run; Steinke et al. 2023), next to the epsilon the audited run (the setting plus its canaries, calibrated to "
              "the same budget) reports; it can refute a reported epsilon, never confirm it.", ""]
-    body = [[r["method"], or_na(r.get("epsilon"), "g"), or_na(r.get("accuracy"), ".3f"), or_na(r.get("psnr"), ".1f"),
-             or_na(r.get("mia_asr"), ".3f"), or_na(r.get("mia_auc"), ".3f"), or_na(r.get("tpr_at_1fpr"), ".3f"),
-             or_na(r.get("eps_lower"), ".3f"), or_na(r.get("eps_reported"), ".3f"), r.get("audit_unit") or "n/a",
-             r.get("status", "")] for r in rows]
-    lines += md_table(["method", "ε budget", "accuracy", "PSNR dB", "MIA ASR", "MIA AUC", "TPR@1%FPR", "ε lower",
-                       "ε reported", "audit unit", "status"], body)
-    return "\n".join(lines) + "\n"
+    body = [[r["method"], or_na(r.get("epsilon"), "g"), str(r.get("seed", 0)), or_na(r.get("accuracy"), ".3f"),
+             or_na(r.get("psnr"), ".1f"), or_na(r.get("mia_asr"), ".3f"), or_na(r.get("mia_auc"), ".3f"),
+             or_na(r.get("tpr_at_1fpr"), ".3f"), or_na(r.get("eps_lower"), ".3f"), or_na(r.get("eps_reported"), ".3f"),
+             r.get("audit_unit") or "n/a", r.get("status", "")] for r in rows]
+    lines += md_table(["method", "ε budget", "seed", "accuracy", "PSNR dB", "MIA ASR", "MIA AUC", "TPR@1%FPR",
+                       "ε lower", "ε reported", "audit unit", "status"], body)
+    return "\n".join(lines + _over_seeds(rows)) + "\n"
+
+
+def _over_seeds(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Mean ± sample std over seeds per (method, budget) of the finished rows, when some setting has several."""
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            groups.setdefault((r["method"], r.get("epsilon")), []).append(r)
+    if all(len(g) < 2 for g in groups.values()):
+        return []
+    body = [[method, or_na(eps, "g"), str(len(g))] + [mean_std((r.get(k) for r in g), ".3f") for k in (
+        "accuracy", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower")] for (method, eps), g in groups.items()]
+    return ["", "Over seeds (mean ± sample std of the finished runs):", ""] + md_table(
+        ["method", "ε budget", "seeds", "accuracy", "PSNR dB", "MIA ASR", "MIA AUC", "TPR@1%FPR", "ε lower"], body)
