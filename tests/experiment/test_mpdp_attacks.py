@@ -50,6 +50,10 @@ def test_a_diverged_model_is_recorded_as_not_attacked_not_a_failed_run():
     for bad in (float("nan"), float("inf"), 1e200):  # 1e200: finite outputs, an infinite MSE loss score
         report = membership_report(lambda x, v=bad: torch.full((len(x), C), v, dtype=torch.float64), arrays, seed=0)
         assert report["asr"] is None and report["auc"] is None and "diverged" in report["skipped"], bad
+    from dpfl.experiment.mpdp_attacks import _accuracy
+
+    assert _accuracy(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0])) == 0.5
+    assert _accuracy(torch.tensor([[float("nan"), 0.0], [0.0, 1.0]]), torch.tensor([0, 1])) is None  # not "0.5"
     with pytest.raises(NonFiniteOutputsError):  # the attacks themselves still refuse such a model
         run_membership_attacks(lambda x: torch.full((len(x), C), float("nan")), (arrays.x_test, arrays.y_test),
                                (arrays.x_test, arrays.y_test))

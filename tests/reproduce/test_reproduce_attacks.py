@@ -38,6 +38,23 @@ def test_reproduce_attacks_ci_smoke(tmp_path, small):
     assert "(7 settings). Written by: dpfl " in md_path.read_text()  # each setting's environment in its attacks.json
 
 
+def test_a_diverged_model_keeps_its_row_without_membership_numbers(tmp_path, small, monkeypatch):
+    """A released model with non-finite outputs is not attacked (and says so); its run, inversion and audit stay."""
+    from dpfl.attacks.membership import NonFiniteOutputsError
+
+    def diverged(run_dir):
+        raise NonFiniteOutputsError("model outputs contain NaN or infinite values")
+
+    monkeypatch.setattr(attacks, "attack_released_model", diverged)
+    out = tmp_path / "attacks"
+    csv_path, md_path, rows = attacks.run_study("ci", out, rounds=1, settings_pattern="fedavg")
+    assert rows[0]["status"] == "ok" and rows[0]["mia_asr"] is None and rows[0]["psnr"] is not None
+    assert rows[0]["eps_lower"] is not None and "diverged" in rows[0]["mia_skipped"]
+    saved = json.loads((out / "runs" / "attacks_ci_fmnist-fedavg" / "attacks.json").read_text())
+    assert "diverged" in saved["mia_skipped"]
+    assert "| fedavg | n/a | 0 |" in md_path.read_text()
+
+
 def test_reproduce_attacks_bad_scale_is_one_line(tmp_path):
     code, _, err = cli("reproduce", "attacks", "--scale", "huge", "--out", tmp_path)
     assert code == 2 and "--scale must be ci" in err

@@ -30,13 +30,24 @@ __all__ = ["KEPT_METRICS", "client_attacks", "demasking_report", "membership_rep
 KEPT_METRICS = ("asr", "auc", "tpr_at_1fpr", "threshold_protocol", "n_members", "n_nonmembers")
 
 
+def _accuracy(outputs: torch.Tensor, labels: torch.Tensor) -> float | None:
+    """Test accuracy, or None for non-finite outputs (a diverged model: its argmax would be an arbitrary class)."""
+    if not bool(torch.isfinite(outputs).all()):
+        return None
+    return float((outputs.argmax(1) == labels).double().mean())
+
+
 def demasking_report(view: ClientView, attack: Demasked, arrays: FederatedArrays) -> dict[str, Any]:
-    """W3 measured: test accuracies of the perturbed outputs as received and of client 0's demasked network."""
+    """W3 measured: test accuracies of the perturbed outputs as received and of client 0's demasked network (None,
+    with a note, where a network's outputs are not finite)."""
     y_hat, _ = view.outputs(arrays.x_test)
-    return {"attack": "adaptive demasking by client 0 (folded transitional layers, least-squares mask from its "
-                      "one-hot labels) of the last model it received",
-            "perturbed_accuracy": float((y_hat.argmax(1) == arrays.y_test).double().mean()),
-            "demasked_accuracy": float((attack.predict(arrays.x_test, view).argmax(1) == arrays.y_test).double().mean())}
+    report = {"attack": "adaptive demasking by client 0 (folded transitional layers, least-squares mask from its "
+                        "one-hot labels) of the last model it received",
+              "perturbed_accuracy": _accuracy(y_hat, arrays.y_test),
+              "demasked_accuracy": _accuracy(attack.predict(arrays.x_test, view), arrays.y_test)}
+    if report["perturbed_accuracy"] is None or report["demasked_accuracy"] is None:
+        report["note"] = "None: that network's outputs are NaN or infinite (the model diverged)"
+    return report
 
 
 def _members(arrays: FederatedArrays, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

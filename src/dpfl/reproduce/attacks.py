@@ -32,6 +32,7 @@ from typing import Any
 
 from dpfl.attacks.audit import audit_config
 from dpfl.attacks.figures import reconstruction_grid
+from dpfl.attacks.membership import NonFiniteOutputsError
 from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, shared_extractor
 from dpfl.attacks.released import attack_released_model
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
@@ -134,8 +135,12 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
     try:
         run_dir = d / "run"
         summary = execute(cfg, run_dir, resume=run_dir.exists())
-        mia = attack_released_model(run_dir)["attacks"]
-        best_mia = max(mia.values(), key=lambda a: a["auc"])
+        try:
+            mia = attack_released_model(run_dir)["attacks"]
+            best_mia = max(mia.values(), key=lambda a: a["auc"])
+        except NonFiniteOutputsError as e:  # a diverged model: no membership numbers, the rest of the row stays
+            best_mia = dict.fromkeys(("asr", "auc", "tpr_at_1fpr"))
+            row["mia_skipped"] = f"not attacked: {e} (the model diverged)"
         probe = probe_round(cfg, PICTURE_BATCH)
         extractor = shared_extractor(probe, 0, cache)  # the same public records for every setting: trained once
         inversion = invert_probe(probe, SCALES[scale]["inversion_steps"], extractor=extractor)

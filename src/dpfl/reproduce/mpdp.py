@@ -334,7 +334,8 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str]
                          or_na(rs[0]["violation_rate"], ".3f") if rs[0]["violation_rate"] is not None else "n/a",
                          or_na(max(r["epsilon_composed"] for r in rs), ".4g") if rs[0]["epsilon_composed"] is not None
                          else "n/a",
-                         mean_std([r.get("demasked_accuracy") for r in rs]) if rs[0].get("demasked_accuracy") is not None
+                         mean_std([r.get("demasked_accuracy") for r in rs])
+                         if any(r.get("demasked_accuracy") is not None for r in rs)
                          else "n/a", _mia_cell(rs),
                          " / ".join(_mean_or_na([r.get(f"psnr_b{b}") for r in rs], ".1f") for b in (1, 8))])
         stamps = sorted({part.strip() for r in mine for part in (r.get("epsilon_label") or "").split(";")
