@@ -917,7 +917,8 @@ def reproduce_attacks(
         "of 5 epochs, so FedAvg overfits and membership inference has something to find; epsilon 1, 8, 100)."))],
     rounds: _Rounds = None,
     seeds: Annotated[Optional[int], typer.Option("--seeds", help=(
-        "Seeds 0..N-1 of every setting (default 1: seed 0; another seed's directory is runs/<setting>-seed<s>)."))] = None,
+        "Seeds 0..N-1 of every setting (default 1: seed 0; another seed's directory is "
+        "runs/<setting>-seed<s>)."))] = None,
     settings: Annotated[Optional[str], typer.Option("--settings", help=(
         "Only settings matching this fnmatch pattern (comma-separated alternatives): fedavg, dpsgd-eps1, dpsgd-eps3, "
         "dpsgd-eps8, client-eps1, client-eps3, client-eps8 (overfit: eps1, eps8, eps100); e.g. 'dpsgd-*'."))] = None,

@@ -94,6 +94,13 @@ def test_seeds_add_directories_and_keep_seed_zeros(tmp_path, monkeypatch):
     assert [(r["method"], r["seed"]) for r in rows] == [("fedavg", 0), ("fedavg", 1)]
     md = md_path.read_text()
     assert "Over seeds" in md and "| fedavg | n/a | 2 |" in md and "0.550 ± 0.071" in md
+    code, text, _ = cli("reproduce", "attacks", "--scale", "ci", "--out", tmp_path / "other", "--dry-run", "--seeds", 2,
+                        "--settings", "fedavg")  # as a user lists the grid
+    assert code == 0 and [line.split(" (")[0] for line in text.strip().splitlines()] == ["fedavg seed 0",
+                                                                                        "fedavg seed 1"]
+    assert "attacks_ci_fmnist-fedavg-seed1" in text
+    code, _, err = cli("reproduce", "attacks", "--scale", "ci", "--out", tmp_path / "other", "--dry-run", "--seeds", 0)
+    assert code == 2 and "--seeds must be >= 1" in err
 
 
 def _finished(out, method, epsilon, cfg, psnr):

@@ -109,3 +109,6 @@ def test_overfit_scale_runs_the_fashion_mnist_membership_stand_in(tmp_path, monk
     assert job.config.train_per_client == job.config.batch_size == 100 and job.config.dataset == "fashion_mnist"
     row = run_job(job, tmp_path, inversion_steps=0)
     assert row["status"] == "ok" and row["mia_asr"] is not None and row["mia_asr_adaptive"] is not None, row
+    code, text, err = cli("reproduce", "mpdp", "--scale", "overfit", "--out", tmp_path / "grid", "--dry-run")
+    assert code == 0, err
+    assert "scale overfit: 39 jobs" in text and "overfit_fmnist_mlp-eps300 mpdp_oracle_clip seed 2: new" in text

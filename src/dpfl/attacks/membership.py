@@ -82,6 +82,11 @@ class NonFiniteOutputsError(ValueError):
     """The attacked model's outputs (or the scores made from them) are NaN or infinite: a diverged model, which a
     caller may record as not attackable instead of failing."""
 
+    @property
+    def skipped(self) -> str:
+        """What a report records in place of the attack's numbers."""
+        return f"not attacked: {self} (the model diverged)"
+
 
 def _outputs(outputs: Any) -> np.ndarray:
     z = _numpy(outputs).astype(np.float64)

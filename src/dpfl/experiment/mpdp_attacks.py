@@ -69,7 +69,7 @@ def membership_report(predict: Callable[[torch.Tensor], torch.Tensor], arrays: F
         results = run_membership_attacks(predict, _members(arrays, seed), (arrays.x_test, arrays.y_test), seed=seed,
                                          loss="mse_onehot")
     except NonFiniteOutputsError as e:
-        return {"skipped": f"not attacked: {e} (the model diverged)", "asr": None, "auc": None}
+        return {"skipped": e.skipped, "asr": None, "auc": None}
     attacks = {name: {k: r[k] for k in KEPT_METRICS} for name, r in results.items()}
     best = max(attacks, key=lambda name: attacks[name]["auc"])
     return {"attacks": attacks, "strongest": best, "asr": attacks[best]["asr"], "auc": attacks[best]["auc"]}

@@ -44,8 +44,8 @@ from dpfl.results.environment import computed_and_written, describe_job, job_exe
 from dpfl.results.formatting import or_na
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
-COLUMNS = ["method", "epsilon", "seed", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported", "accuracy",
-           "audit_unit", "status"]
+COLUMNS = ["method", "epsilon", "seed", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported",
+           "accuracy", "audit_unit", "status"]
 SCALES = {"ci": {"config": "ci_fmnist.yaml", "epsilons": (1.0, 3.0, 8.0), "canaries": 200, "inversion_steps": 200},
           # few records trained long, so FedAvg's model overfits and membership inference has something to find
           "overfit": {"config": "overfit_fmnist.yaml", "epsilons": (1.0, 8.0, 100.0), "canaries": 200,
@@ -140,7 +140,7 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
             best_mia = max(mia.values(), key=lambda a: a["auc"])
         except NonFiniteOutputsError as e:  # a diverged model: no membership numbers, the rest of the row stays
             best_mia = dict.fromkeys(("asr", "auc", "tpr_at_1fpr"))
-            row["mia_skipped"] = f"not attacked: {e} (the model diverged)"
+            row["mia_skipped"] = e.skipped
         probe = probe_round(cfg, PICTURE_BATCH)
         extractor = shared_extractor(probe, 0, cache)  # the same public records for every setting: trained once
         inversion = invert_probe(probe, SCALES[scale]["inversion_steps"], extractor=extractor)
