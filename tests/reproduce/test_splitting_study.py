@@ -57,6 +57,14 @@ def test_the_cnn_grid_is_the_spec_comparison():
         assert (f.training.rounds, f.training.local_epochs) == (100, 10)
         assert j.config.algorithm == f.algorithm and j.config.data == f.data
     assert "reduced" in reduced.label and "local_epochs=1" in reduced.label
+    everyone = splitting.plan("reduced-all-clients").cnn  # reduced, but the whole population in every round
+    assert [(j.setting, j.method, j.seed) for j in everyone.jobs] == [(j.setting, j.method, j.seed) for j in reduced.jobs]
+    for j, r in zip(everyone.jobs, reduced.jobs):
+        assert (j.config.training.selection.kind, r.config.training.selection.kind) == ("all", "fixed")
+        assert j.config.training.model_copy(update={"selection": r.config.training.selection}) == r.config.training
+        assert j.config.algorithm == r.config.algorithm and j.config.data == r.config.data
+    assert "reduced" in everyone.label and "selection={kind: all}" in everyone.label
+    assert not splitting.plan("reduced-all-clients").convex
     only = splitting.plan("full", methods=["fedpi"], settings_pattern="cnn-iid,ls-s1")
     assert {j.method for j in only.cnn.jobs} == {"fedpi-aa0", "fedpi-aa10"}
     assert {j.method for j in only.convex} == {"fedpi"}
@@ -97,6 +105,9 @@ def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
     text = md_path.read_text()
     assert "## Nonconvex" in text and "| fedpi | 2 |" in text and len(lines) == 4
     assert "Runs computed by: dpfl " in text and " (4 runs)." in text
+    assert "10 per round" in text  # the cohort the table states is the scale's
+    everyone = splitting.plan("reduced-all-clients", seeds=1, rounds=3, methods=["fedavg"]).cnn
+    assert "all 100 clients in every round" in splitting_cnn.markdown(everyone, [], out)
     again = splitting.run_study("reduced", out, seeds=1, rounds=3, methods=["fedavg", "fedpi"])[2]
     assert [r["final_accuracy"] for r in again] == [r["final_accuracy"] for r in rows]  # collected, not rerun
 
@@ -170,7 +181,7 @@ def test_bad_settings_are_one_config_error(change, match):
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
-    for args, match in ((["--scale", "huge"], "--scale must be one of ci, reduced, full"),
+    for args, match in ((["--scale", "huge"], "--scale must be one of ci, reduced, reduced-all-clients, full"),
                         (["--scale", "ci", "--methods", "nope"], "unknown method 'nope'"),
                         (["--scale", "ci", "--settings", "zzz*"], "matches no setting"),
                         (["--scale", "ci", "--seeds", "0"], "--seeds must be >= 1")):

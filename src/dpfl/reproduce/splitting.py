@@ -47,6 +47,7 @@ from dpfl.results.run_files import write_json_atomic, write_text_atomic
 SCALES = {  # convex settings per scale; the CNN settings are splitting_cnn.SCALES' (reduced and full)
     "ci": {"settings": ("ls_heterogeneous", "lr_heterogeneous_ci"), "seeds": 1},
     "reduced": {"settings": (), "seeds": 1},
+    "reduced-all-clients": {"settings": (), "seeds": 1},
     "full": {"settings": ("ls_heterogeneous", "lr_heterogeneous", "ls_homogeneous", "ls_shift2", "ls_noise10",
                           "ls_partial_p05", "lr_flip", "ls_diminishing", "ls_dp"), "seeds": 3},
 }
