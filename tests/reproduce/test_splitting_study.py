@@ -58,7 +58,8 @@ def test_the_cnn_grid_is_the_spec_comparison():
         assert j.config.algorithm == f.algorithm and j.config.data == f.data
     assert "reduced" in reduced.label and "local_epochs=1" in reduced.label
     everyone = splitting.plan("reduced-all-clients").cnn  # reduced, but the whole population in every round
-    assert [(j.setting, j.method, j.seed) for j in everyone.jobs] == [(j.setting, j.method, j.seed) for j in reduced.jobs]
+    key = lambda j: (j.setting, j.method, j.seed)  # noqa: E731
+    assert [key(j) for j in everyone.jobs] == [key(j) for j in reduced.jobs]
     for j, r in zip(everyone.jobs, reduced.jobs):
         assert (j.config.training.selection.kind, r.config.training.selection.kind) == ("all", "fixed")
         assert j.config.training.model_copy(update={"selection": r.config.training.selection}) == r.config.training
