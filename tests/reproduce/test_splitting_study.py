@@ -106,9 +106,9 @@ def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
     text = md_path.read_text()
     assert "## Nonconvex" in text and "| fedpi | 2 |" in text and len(lines) == 4
     assert "Runs computed by: dpfl " in text and " (4 runs)." in text
-    assert "10 per round" in text  # the cohort the table states is the scale's
+    assert "4 clients, 2 per round" in text  # the cohort the table states is the runs' (TINY_CNN's)
     everyone = splitting.plan("reduced-all-clients", seeds=1, rounds=3, methods=["fedavg"]).cnn
-    assert "all 100 clients in every round" in splitting_cnn.markdown(everyone, [], out)
+    assert "all 4 clients in every round" in splitting_cnn.markdown(everyone, [], out)  # TINY_CNN, every client
     again = splitting.run_study("reduced", out, seeds=1, rounds=3, methods=["fedavg", "fedpi"])[2]
     assert [r["final_accuracy"] for r in again] == [r["final_accuracy"] for r in rows]  # collected, not rerun
 

@@ -44,7 +44,7 @@ from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
-SCALES = {  # convex settings per scale; the CNN settings are splitting_cnn.SCALES' (reduced and full)
+SCALES = {  # convex settings per scale; the CNN settings are splitting_cnn.SCALES' (the reduced scales and full)
     "ci": {"settings": ("ls_heterogeneous", "lr_heterogeneous_ci"), "seeds": 1},
     "reduced": {"settings": (), "seeds": 1},
     "reduced-all-clients": {"settings": (), "seeds": 1},

@@ -45,10 +45,9 @@ ETA = 1.0  # the prox step of the configs (fedprox's mu = 1 / eta)
 SCALES = {
     "full": {"rounds": 100, "seeds": 4, "extra": ()},
     "reduced": {"rounds": 30, "seeds": 4, "extra": ("training.local_epochs=1",)},
-    "reduced-all-clients": {"rounds": 30, "seeds": 4,
-                            "extra": ("training.local_epochs=1", "training.selection={kind: all}")},
 }
-COHORT = {"reduced-all-clients": "all 100 clients in every round"}  # scale -> cohort; otherwise the configs' 10
+SCALES["reduced-all-clients"] = {**SCALES["reduced"],
+                                 "extra": (*SCALES["reduced"]["extra"], "training.selection={kind: all}")}
 
 
 def method_name(preset: str, tau: int) -> str:
@@ -124,8 +123,7 @@ def row(outcome: Outcome, label: str, out: Path) -> dict[str, Any]:
 def markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path) -> str:
     """The CNN section of results.md: per setting, accuracy mean ± std over seeds per method and memory, a plot."""
     lines = ["## Nonconvex: the reference CNN", "",
-             f"Scale: {grid.label}. Fashion-MNIST (MNIST is not shipped here), 100 clients, "
-             f"{COHORT.get(grid.scale, '10 per round')}, batch 20, "
+             f"Scale: {grid.label}. Fashion-MNIST (MNIST is not shipped here), {_cohort(grid)}, batch 20, "
              f"SGD lr 0.01 with momentum 0.5; eta = {ETA:g} for fedsplit / fedpi / fedrp, fedprox mu = {1 / ETA:g}; "
              f"Anderson tau = {TAU} (scope global for {', '.join(GLOBAL_SCOPE)}, state otherwise). Accuracy: the "
              "global model on the 10,000 test images; mean ± sample std over the seeds that finished. "
@@ -154,6 +152,16 @@ def markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path) -> str:
             lines += ["", f"![test accuracy vs round]({plot.relative_to(out).as_posix()})"]
         lines.append("")
     return "\n".join(lines)
+
+
+def _cohort(grid: Grid) -> str:
+    """Who takes part in a round, as the jobs' configs say (every partition's config has the same population)."""
+    config = grid.jobs[0].config
+    n, selection = config.data.clients, config.training.selection
+    if selection.kind == "all":
+        return f"all {n} clients in every round"
+    return f"{n} clients, " + (f"{selection.k} per round" if selection.kind == "fixed"
+                               else f"each with probability {selection.rate:g} per round")
 
 
 def _plot(setting: str, ok_rows: Sequence[dict[str, Any]], grid: Grid, out: Path) -> Path | None:
