@@ -199,6 +199,9 @@ def test_cli_dry_run_lists_the_jobs(tmp_path):
     code, out, _ = cli("reproduce", "splitting", "--scale", "reduced", "--out", tmp_path / "o", "--dry-run",
                        "--settings", "cnn-iid", "--seeds", "1")
     assert code == 0 and "cnn-iid" in out and "fedpi-aa10" in out and "new" in out
+    code, out, _ = cli("reproduce", "splitting", "--scale", "reduced-all-clients", "--out", tmp_path / "all",
+                       "--dry-run", "--settings", "cnn-iid", "--seeds", "1")  # as a user lists the new scale's grid
+    assert code == 0 and "10 jobs" in out and "cnn-iid" in out and "fedrp-aa10" in out
 
 
 def test_load_setting_names_the_file(tmp_path):
