@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lock_holder import hold_in_another_process, kill
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.run_directory import execute as real_execute
 from dpfl.reproduce import pfa, robust_hdp
@@ -197,3 +198,37 @@ def test_the_real_ci_grid_with_the_thesis_cnn(tmp_path, fmnist):
     md = (tmp_path / "results.md").read_text()
     robust = next(line for line in md.split("## Falsified budget")[1].splitlines() if line.startswith("| robust_hdp |"))
     assert robust.endswith("| yes |")  # Robust-HDP never reads the reported epsilon
+
+
+def test_a_job_another_process_is_running_is_skipped_and_the_rest_run(tmp_path, fmnist):
+    """Two invocations sharing --out: the job whose directory another process holds is skipped (its result is that
+    process's), not trained into the same directory; the next invocation collects it once it has finished."""
+    grid = pfa.grid("ci", seeds=2, rounds=1, methods=["np_fedavg"], settings_pattern="fmnist-logr-*-rdp")
+    busy = grid.jobs[0].run_dir(tmp_path)
+    busy.mkdir(parents=True)
+    proc = hold_in_another_process(busy)
+    try:
+        outcomes = run_jobs(grid.jobs, tmp_path)
+    finally:
+        kill(proc)
+    assert [o.status for o in outcomes] == [SKIPPED, OK]
+    assert "in use by another process" in outcomes[0].message
+    assert not (busy / "config.yaml").exists()
+    assert [o.status for o in run_jobs(grid.jobs, tmp_path)] == [OK, OK]
+
+
+def test_a_job_finished_by_another_process_meanwhile_is_not_run_again(tmp_path, fmnist):
+    """States are read again when a job's turn comes: one that another invocation finished in the meantime is
+    'finished before', not refused as an existing directory."""
+    grid = pfa.grid("ci", seeds=2, rounds=1, methods=["np_fedavg"], settings_pattern="fmnist-logr-*-rdp")
+    first, second = grid.jobs
+    ran = []
+
+    def and_the_other_process(cfg, path, **kw):
+        ran.append(cfg.seed)
+        real_execute(second.config, second.run_dir(tmp_path))  # the other invocation finishes job 2 meanwhile
+        return real_execute(cfg, path, **kw)
+
+    outcomes = run_jobs(grid.jobs, tmp_path, execute=and_the_other_process)
+    assert ran == [0]
+    assert [(o.status, o.action) for o in outcomes] == [(OK, "ran"), (OK, "finished before")]

@@ -35,6 +35,7 @@ import torch
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
+from dpfl.experiment.run_lock import LOCK_FILE, hold_run_directory
 from dpfl.results.environment import ENVIRONMENT_FILE, read_environment, record_environment
 from dpfl.results.report import write_report
 from dpfl.results.traffic import traffic_report
@@ -63,7 +64,22 @@ def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
     """
     out = Path(out)
     build = build or (lambda: build_run(cfg))
-    if resume:
+    run = None
+    if not resume:
+        _refuse_existing(out)
+        run = build()  # data, model, calibration: user errors surface before anything is written
+        out.mkdir(parents=True, exist_ok=True)
+    elif not out.is_dir():
+        _inspect(cfg, out)  # raises: nothing to resume
+    with hold_run_directory(out):  # another process writing here is refused before anything is read or written
+        return _execute_held(cfg, out, run, build, on_round, on_start)
+
+
+def _execute_held(cfg: RunConfig, out: Path, run: FederatedRun | None, build: Callable[[], FederatedRun],
+                  on_round: Callable[[dict[str, Any]], None] | None,
+                  on_start: Callable[[FederatedRun, int], None] | None) -> dict[str, Any]:
+    """`execute` with the directory's lock held: resume when `run` is None, else start `run` afresh."""
+    if run is None:
         found = _inspect(cfg, out)  # reads and checks every file; changes nothing
         if found.summary is not None:  # the training is complete: only the report may be missing
             _remove_stale_temps(out)
@@ -77,9 +93,7 @@ def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
         _restore_metrics(out, state)
         fingerprint = found.fingerprint
     else:
-        _refuse_existing(out)
-        run = build()  # data, model, calibration: user errors surface before anything is written
-        out.mkdir(parents=True, exist_ok=True)
+        _refuse_existing(out)  # again, under the lock: another process may have started here meanwhile
         _remove_stale_temps(out)
         text = config_to_yaml(cfg)
         write_text_atomic(out / CONFIG, text)
@@ -103,7 +117,8 @@ def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
 
 # ---------------------------------------------------------------------------------------- fresh runs
 def _refuse_existing(out: Path) -> None:
-    leftovers = set(stale_temp_files(out))  # a kill while config.yaml was written leaves only a temp file
+    # a kill while config.yaml was written leaves only a temp file; the lock file stays after any run
+    leftovers = set(stale_temp_files(out)) | {out / LOCK_FILE}
     if out.exists() and (not out.is_dir() or any(p not in leftovers for p in out.iterdir())):
         hint = "it is a finished run" if (out / SUMMARY).exists() else "resume it with --resume"
         raise RunDirectoryError(f"{out} already exists and is not empty ({hint}, or choose another --out)")

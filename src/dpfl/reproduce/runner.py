@@ -10,7 +10,9 @@ Why it looks like this:
 - One failing job must not cost the others: its exception is recorded (status "failed", the traceback
   in OUT/logs/) and the next job starts. A dataset that is not on this machine skips every job that
   needs it ("skipped").
-- Jobs run sequentially: one heavy torch process at a time.
+- Jobs run sequentially: one heavy torch process at a time. Two invocations may share an --out (e.g. split by
+  --settings): each job's state is read again when its turn comes, and a job another process is running (its
+  directory's lock held, `dpfl.experiment.run_lock`) is skipped, never trained twice into one directory.
 - A job whose config equals a finished job's but for its name (a non-private reference listed under every
   budget setting, say) is not run again: the finished run directory is copied (`copy_finished_run`; the copy's
   summary.json names its source in `same_run_as`).
@@ -110,6 +112,7 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
     """
     from dpfl.data.errors import DatasetNotFoundError
     from dpfl.experiment.run_directory import copy_finished_run, twin_key
+    from dpfl.experiment.run_lock import RunDirectoryBusy
 
     if execute is None:
         from dpfl.experiment.run_directory import execute
@@ -122,6 +125,8 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
     for index, job in enumerate(jobs, start=1):
         d = job.run_dir(out)
         state = states[job.key]
+        if state != FINISHED:  # another process sharing --out may have started or finished it since
+            state = job_state(job, out)[0]
         dataset = job.config.data.dataset
         key = twin_key(job.config)
         twin = finished[key].run_dir(out) if state == NEW and key in finished else None
@@ -146,6 +151,8 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
             except DatasetNotFoundError as err:
                 missing[dataset] = f"dataset {dataset} is not available on this machine ({_one_line(err)})"
                 outcome = Outcome(job, d, SKIPPED, message=missing[dataset])
+            except RunDirectoryBusy as err:  # another process is running this job: its result is that process's
+                outcome = Outcome(job, d, SKIPPED, message=_one_line(err))
             except Exception as err:  # noqa: BLE001 - one failing job must not stop the comparison
                 log = _write_log(out, job, err)
                 outcome = Outcome(job, d, FAILED, "resumed" if state == PARTIAL else "ran",

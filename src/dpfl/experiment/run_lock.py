@@ -1,0 +1,56 @@
+"""One process at a time in a run directory: an advisory lock (`flock`) on OUT/.lock while a run writes there.
+
+Why: two processes given the same directory (two `dpfl reproduce` invocations whose job lists overlap on one --out,
+or a run started twice) would otherwise both train into it: metrics.jsonl gets the rows of both, interleaved, and
+each overwrites the other's checkpoint; a grid process that finds the other's half-written directory "resumes" it.
+The second process is refused instead (`RunDirectoryBusy`) and writes nothing. The kernel releases the lock when
+its holder exits, however it exits, so a killed run leaves no stale lock behind. The file stays in the directory
+(empty but for the holder's pid and host). Where `fcntl` does not exist (Windows) no lock is taken.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["LOCK_FILE", "RunDirectoryBusy", "hold_run_directory"]
+
+LOCK_FILE = ".lock"
+
+
+class RunDirectoryBusy(ValueError):
+    """Another process holds the run directory (a user error: one line in the CLI)."""
+
+
+@contextmanager
+def hold_run_directory(out: Path) -> Iterator[None]:
+    """Hold `out`'s lock for the duration of the block; `out` must be a directory. Raises RunDirectoryBusy at once
+    (never waits) if another process holds it."""
+    path = Path(out) / LOCK_FILE
+    with open(path, "a+", encoding="utf-8") as handle:
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "a process that has not written its pid yet"
+                raise RunDirectoryBusy(
+                    f"{out} is in use by another process ({holder}): a run is writing there now; wait for it to "
+                    "end, or choose another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -1,0 +1,83 @@
+"""Two processes in one run directory: the second is refused before it reads or writes anything.
+
+Found the hard way: two `dpfl reproduce` invocations on one --out whose job lists overlapped both trained the same
+job; the second found the first's half-written directory, "resumed" it, and metrics.jsonl ended with 56 interleaved
+rows of a 30-round run. The holder here is a real second process (flock is per open file, released by the kernel
+when the holder dies), so a SIGKILLed holder must leave no stale lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli_runner import cli
+from lock_holder import hold_in_another_process, kill
+from dpfl.experiment.config import load_config
+from dpfl.experiment.run_directory import execute
+from dpfl.experiment.run_lock import LOCK_FILE, RunDirectoryBusy, hold_run_directory
+
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+SETS = ["name=locked", "training.rounds=3", "evaluation.every=1", "checkpoint.every=1", "privacy.noise_multiplier=1.5"]
+
+
+class _Stop(Exception):
+    pass
+
+
+def _files(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _unfinished(out: Path) -> None:
+    """The run stopped after round 2 (checkpoint at round 2), as a kill leaves it."""
+    def stop(row: dict[str, Any]) -> None:
+        if row["round"] == 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        execute(load_config(DEMO, SETS), out, on_round=stop)
+
+
+def test_the_lock_refuses_a_second_holder_in_this_process_and_is_free_after(tmp_path):
+    with hold_run_directory(tmp_path):
+        with pytest.raises(RunDirectoryBusy, match="in use by another process"):
+            with hold_run_directory(tmp_path):
+                pass
+    with hold_run_directory(tmp_path):  # released on leaving the block
+        pass
+
+
+def test_resuming_a_directory_another_process_holds_is_refused_and_changes_nothing(tmp_path):
+    out = tmp_path / "run"
+    _unfinished(out)
+    proc = hold_in_another_process(out)
+    try:
+        before = _files(out)
+        with pytest.raises(RunDirectoryBusy, match=rf"in use by another process \(pid {proc.pid} on "):
+            execute(load_config(DEMO, SETS), out, resume=True)
+        code, _, err = cli("run", DEMO, "--out", out, *[a for s in SETS for a in ("--set", s)], "--resume")
+        assert code == 2 and err.count("\n") == 1 and "in use by another process" in err, err
+        assert _files(out) == before  # refused before anything was read, repaired or written
+    finally:
+        kill(proc)
+    summary = execute(load_config(DEMO, SETS), out, resume=True)  # a killed holder leaves no stale lock
+    assert summary["rounds_done"] == 3
+
+
+def test_a_fresh_run_into_a_directory_another_process_holds_writes_nothing(tmp_path):
+    """Two processes that start the same new job: the second to take the lock is refused, whatever it built."""
+    out = tmp_path / "run"
+    out.mkdir()
+    proc = hold_in_another_process(out)
+    try:
+        with pytest.raises(RunDirectoryBusy):
+            execute(load_config(DEMO, SETS), out)
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+    finally:
+        kill(proc)
+    summary = execute(load_config(DEMO, SETS), out)  # the lock file alone does not make the directory "not empty"
+    assert summary["rounds_done"] == 3 and (out / "summary.json").is_file()
