@@ -18,7 +18,7 @@ from cli_runner import cli
 from lock_holder import hold_in_another_process, kill
 from dpfl.experiment.config import load_config
 from dpfl.experiment.run_directory import execute
-from dpfl.experiment.run_lock import LOCK_FILE, RunDirectoryBusy, hold_run_directory
+from dpfl.experiment.run_lock import LOCK_FILE, RunDirectoryBusy, hold_run_directory, lock_holder
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 SETS = ["name=locked", "training.rounds=3", "evaluation.every=1", "checkpoint.every=1", "privacy.noise_multiplier=1.5"]
@@ -81,3 +81,16 @@ def test_a_fresh_run_into_a_directory_another_process_holds_writes_nothing(tmp_p
         kill(proc)
     summary = execute(load_config(DEMO, SETS), out)  # the lock file alone does not make the directory "not empty"
     assert summary["rounds_done"] == 3 and (out / "summary.json").is_file()
+
+
+def test_lock_holder_names_the_holding_process_and_creates_nothing(tmp_path):
+    assert lock_holder(tmp_path) is None and not (tmp_path / LOCK_FILE).exists()  # no lock file: nobody, none made
+    proc = hold_in_another_process(tmp_path)
+    try:
+        assert lock_holder(tmp_path).startswith(f"pid {proc.pid} on ")
+        with pytest.raises(RunDirectoryBusy):  # the probe did not take or break the holder's lock
+            with hold_run_directory(tmp_path):
+                pass
+    finally:
+        kill(proc)
+    assert lock_holder(tmp_path) is None  # the file stays; its lock died with the holder

@@ -16,7 +16,7 @@ from lock_holder import hold_in_another_process, kill
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.run_directory import execute as real_execute
 from dpfl.reproduce import pfa, robust_hdp
-from dpfl.reproduce.runner import FAILED, OK, SKIPPED, ConfigMismatchError, run_jobs
+from dpfl.reproduce.runner import FAILED, OK, SKIPPED, ConfigMismatchError, describe_jobs, run_jobs
 from dpfl.reproduce.tables import COLUMNS, columns, write_results
 from dpfl.results.run_files import read_metrics
 
@@ -208,9 +208,11 @@ def test_a_job_another_process_is_running_is_skipped_and_the_rest_run(tmp_path, 
     busy.mkdir(parents=True)
     proc = hold_in_another_process(busy)
     try:
+        listing = describe_jobs(grid, tmp_path)  # --dry-run says who runs it
         outcomes = run_jobs(grid.jobs, tmp_path)
     finally:
         kill(proc)
+    assert f"running in another process (pid {proc.pid} on " in listing[-2] and listing[-1].split()[3] == "new"
     assert [o.status for o in outcomes] == [SKIPPED, OK]
     assert "in use by another process" in outcomes[0].message
     assert not (busy / "config.yaml").exists()

@@ -21,7 +21,7 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_FILE", "RunDirectoryBusy", "hold_run_directory"]
+__all__ = ["LOCK_FILE", "RunDirectoryBusy", "hold_run_directory", "lock_holder"]
 
 LOCK_FILE = ".lock"
 
@@ -54,3 +54,17 @@ def hold_run_directory(out: Path) -> Iterator[None]:
         finally:
             if fcntl is not None:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def lock_holder(out: Path) -> str | None:
+    """Who holds `out`'s lock now ("pid N on HOST"), None if nobody does; creates nothing (for listings)."""
+    path = Path(out) / LOCK_FILE
+    if fcntl is None or not path.is_file():
+        return None
+    with open(path, encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "a process that has not written its pid yet"
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return None

@@ -193,6 +193,7 @@ def describe_jobs(grid: Grid, out: Path) -> list[str]:
     """The --dry-run listing: the scale, the notes, and one aligned line per job with its directory's state."""
     from dpfl.data import available
     from dpfl.experiment.run_directory import twin_key
+    from dpfl.experiment.run_lock import lock_holder
 
     missing = {r["name"] for r in available() if r.get("source") == "missing" and not r.get("fetchable")}
     lines = [f"{grid.paper}, scale {grid.label}: {len(grid.jobs)} jobs -> {Path(out) / RUNS_DIR}"]
@@ -203,7 +204,10 @@ def describe_jobs(grid: Grid, out: Path) -> list[str]:
     for job in grid.jobs:
         state, why = reasons[job.key]
         twin = finished.get(twin_key(job.config)) if state == NEW else None
-        if twin is not None:
+        holder = lock_holder(job.run_dir(out)) if state in (NEW, PARTIAL) else None
+        if holder is not None:
+            state = f"running in another process ({holder})"
+        elif twin is not None:
             state = f"new: copies {twin.setting}'s (same run)"
         elif job.config.data.dataset in missing and state == NEW:
             state = f"dataset {job.config.data.dataset} not found locally: would be skipped"
