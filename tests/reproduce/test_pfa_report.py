@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
+
+import pytest
 
 from dpfl.reproduce import pfa
 from dpfl.reproduce.pfa_report import accuracy_vs_m, overspent_clients
@@ -48,3 +52,36 @@ def test_every_client_the_heuristic_overspent_is_listed(tmp_path, fmnist):
     assert expected and sorted(listed) == sorted(expected)
     assert f"{len(expected)} client-runs spent more than their budgets" in lines[2]
     assert "| fmnist-logr-iid-MixGauss1-M10-heuristic | weiavg | 2 | 1 |" in "\n".join(lines)  # the summary row
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    path = ROOT / "scripts" / "pfa_accuracy_vs_m.py"
+    spec = importlib.util.spec_from_file_location("pfa_accuracy_vs_m", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_draws_accuracy_against_m_from_published_csvs_split_by_m(tmp_path):
+    """docs/results/pfa_full.csv cut into one CSV per M (a grid run one M per session) gives the same tables as the
+    whole file, and those are heterogeneous.md's published numbers."""
+    published = ROOT / "docs" / "results" / "pfa_full.csv"
+    lines = published.read_text().splitlines(keepends=True)
+    header, body = lines[0], lines[1:]
+    pieces = []
+    for m in (20, 30, 40, 50):
+        piece = tmp_path / f"M{m}.csv"
+        piece.write_text(header + "".join(r for r in body if f"-M{m}-" in r.split(",")[1]))
+        pieces.append(piece)
+    _script().main([*map(str, pieces), "--out", str(tmp_path / "split")])
+    _script().main([str(published), "--out", str(tmp_path / "whole")])
+    split = (tmp_path / "split" / "accuracy_vs_M.md").read_text()
+    whole = (tmp_path / "whole" / "accuracy_vs_M.md").read_text()
+    assert split.split("\n", 1)[1] == whole.split("\n", 1)[1]  # all but the line naming the sources
+    assert "| pfa | 0.6995 ± 0.0424 | 0.7566 ± 0.0086 | 0.7673 ± 0.0020 | 0.7774 ± 0.0035 |" in split  # as published
+    assert (tmp_path / "split" / "plots" / "accuracy_vs_M-logr-MixGauss3-pfa-heuristic.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="two or more M"):
+        _script().main([str(pieces[0]), "--out", str(tmp_path / "one")])
