@@ -57,7 +57,8 @@ def hold_run_directory(out: Path) -> Iterator[None]:
 
 
 def lock_holder(out: Path) -> str | None:
-    """Who holds `out`'s lock now ("pid N on HOST"), None if nobody does; creates nothing (for listings)."""
+    """Who holds `out`'s lock now ("pid N on HOST"), None if nobody does; creates nothing (for listings). The probe
+    takes a shared lock for an instant: a run starting in that instant is refused as busy (for --dry-run, harmless)."""
     path = Path(out) / LOCK_FILE
     if fcntl is None or not path.is_file():
         return None
