@@ -15,6 +15,7 @@ import pytest
 from lock_holder import hold_in_another_process, kill
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.run_directory import execute as real_execute
+from dpfl.experiment.run_lock import RunDirectoryBusy
 from dpfl.reproduce import pfa, robust_hdp
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, ConfigMismatchError, describe_jobs, run_jobs
 from dpfl.reproduce.tables import COLUMNS, columns, write_results
@@ -234,3 +235,23 @@ def test_a_job_finished_by_another_process_meanwhile_is_not_run_again(tmp_path, 
     outcomes = run_jobs(grid.jobs, tmp_path, execute=and_the_other_process)
     assert ran == [0]
     assert [(o.status, o.action) for o in outcomes] == [(OK, "ran"), (OK, "finished before")]
+
+
+def test_a_twin_finished_by_another_process_meanwhile_is_copied_not_run(tmp_path, fmnist):
+    """The non-private reference is one run listed under both calibrations: when another invocation finished the
+    first listing while this one could not take it, the second listing is copied, not trained again."""
+    grid = pfa.grid("ci", seeds=1, rounds=1, methods=["np_fedavg", "fedavg"], settings_pattern="fmnist-logr-*")
+    reference, other, twin = grid.jobs[0], grid.jobs[1], grid.jobs[2]
+    assert (reference.method, twin.method, twin.setting) == ("np_fedavg", "np_fedavg", grid.settings[1].name)
+    ran = []
+
+    def held_by_another_process(cfg, path, **kw):
+        ran.append(path)
+        if path == reference.run_dir(tmp_path):  # the other invocation holds it, and finishes it
+            real_execute(cfg, path)
+            raise RunDirectoryBusy(f"{path} is in use by another process (test)")
+        return real_execute(cfg, path, **kw)
+
+    outcomes = run_jobs(grid.jobs, tmp_path, execute=held_by_another_process)
+    assert ran == [reference.run_dir(tmp_path), other.run_dir(tmp_path), grid.jobs[3].run_dir(tmp_path)]
+    assert outcomes[0].status == SKIPPED and outcomes[2].action.startswith("copied from")

@@ -11,8 +11,9 @@ Why it looks like this:
   in OUT/logs/) and the next job starts. A dataset that is not on this machine skips every job that
   needs it ("skipped").
 - Jobs run sequentially: one heavy torch process at a time. Two invocations may share an --out (e.g. split by
-  --settings): each job's state is read again when its turn comes, and a job another process is running (its
-  directory's lock held, `dpfl.experiment.run_lock`) is skipped, never trained twice into one directory.
+  --settings): each job's state (and its twins') is read again when its turn comes, and a job another process is
+  running (its directory's lock held, `dpfl.experiment.run_lock`) is skipped, never trained twice into one
+  directory.
 - A job whose config equals a finished job's but for its name (a non-private reference listed under every
   budget setting, say) is not run again: the finished run directory is copied (`copy_finished_run`; the copy's
   summary.json names its source in `same_run_as`).
@@ -121,6 +122,9 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
     states = check_existing(jobs, out)
     missing: dict[str, str] = {}  # dataset -> why it is skipped
     finished = _finished_twins(jobs, states)
+    twins: dict[str, list[Job]] = {}  # twin_key -> the jobs of that config
+    for job in jobs:
+        twins.setdefault(twin_key(job.config), []).append(job)
     outcomes = []
     for index, job in enumerate(jobs, start=1):
         d = job.run_dir(out)
@@ -129,6 +133,8 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
             state = job_state(job, out)[0]
         dataset = job.config.data.dataset
         key = twin_key(job.config)
+        if state == NEW and key not in finished:  # ... or finished a twin of it
+            finished.update({key: j for j in twins[key] if j is not job and job_state(j, out)[0] == FINISHED})
         twin = finished[key].run_dir(out) if state == NEW and key in finished else None
         if state == FINISHED:
             outcome = Outcome(job, d, OK, "finished before")
