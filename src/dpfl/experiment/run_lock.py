@@ -15,6 +15,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 try:
     import fcntl
@@ -40,11 +41,9 @@ def hold_run_directory(out: Path) -> Iterator[None]:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "a process that has not written its pid yet"
                 raise RunDirectoryBusy(
-                    f"{out} is in use by another process ({holder}): a run is writing there now; wait for it to "
-                    "end, or choose another --out") from None
+                    f"{out} is in use by another process ({_holder(handle)}): a run is writing there now; wait for it "
+                    "to end, or choose another --out") from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
@@ -66,6 +65,12 @@ def lock_holder(out: Path) -> str | None:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return handle.read().strip() or "a process that has not written its pid yet"
+            return _holder(handle)
         fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
     return None
+
+
+def _holder(handle: IO[str]) -> str:
+    """What the lock file says of its holder (it writes its pid and host right after taking the lock)."""
+    handle.seek(0)
+    return handle.read().strip() or "a process that has not written its pid yet"

@@ -122,9 +122,10 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
     states = check_existing(jobs, out)
     missing: dict[str, str] = {}  # dataset -> why it is skipped
     finished = _finished_twins(jobs, states)
-    twins: dict[str, list[Job]] = {}  # twin_key -> the jobs of that config
+    keys = {job.key: twin_key(job.config) for job in jobs}  # a config's YAML: computed once per job
+    twins: dict[str, list[Job]] = {}  # twin_key -> the jobs of that config, in order
     for job in jobs:
-        twins.setdefault(twin_key(job.config), []).append(job)
+        twins.setdefault(keys[job.key], []).append(job)
     outcomes = []
     for index, job in enumerate(jobs, start=1):
         d = job.run_dir(out)
@@ -132,9 +133,11 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
         if state != FINISHED:  # another process sharing --out may have started or finished it since
             state = job_state(job, out)[0]
         dataset = job.config.data.dataset
-        key = twin_key(job.config)
-        if state == NEW and key not in finished:  # ... or finished a twin of it
-            finished.update({key: j for j in twins[key] if j is not job and job_state(j, out)[0] == FINISHED})
+        key = keys[job.key]
+        if state == NEW and key not in finished:  # ... or finished a twin of it (the first, as _finished_twins)
+            done = next((j for j in twins[key] if j is not job and job_state(j, out)[0] == FINISHED), None)
+            if done is not None:
+                finished[key] = done
         twin = finished[key].run_dir(out) if state == NEW and key in finished else None
         if state == FINISHED:
             outcome = Outcome(job, d, OK, "finished before")
