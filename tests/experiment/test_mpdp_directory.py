@@ -1,13 +1,15 @@
 """`dpfl run` on an MP-DP config (scheme: mpdp): a complete run directory, the guarantee with its label, one-line
-errors, no resume, nothing written on a bad config."""
+errors, no resume, nothing written on a bad config or into a directory another process holds."""
 
 import json
 import shutil
 
 import yaml
 from cli_runner import cli
+from lock_holder import hold_in_another_process, kill
 
 from dpfl.experiment.mpdp_directory import is_mpdp_config
+from dpfl.experiment.run_lock import LOCK_FILE
 from dpfl.reproduce.jobs import config_dir
 
 
@@ -17,7 +19,7 @@ def test_run_writes_the_run_directory_and_prints_the_nominal_guarantee(tmp_path)
                             "eval_every=1", "--out", out)
     assert code == 0, err
     assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "privacy.json", "summary.json",
-                                                 "environment.jsonl"}
+                                                 "environment.jsonl", LOCK_FILE}
     privacy = json.loads((out / "privacy.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     assert privacy["guarantee"] == "nominal" and privacy["in_ledger"] is False
@@ -66,3 +68,21 @@ def test_bad_mpdp_configs_are_one_line_and_write_nothing(tmp_path):
         code, _, err = cli("run", path, *args, "--out", tmp_path / "x")
         assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_directory_another_process_holds_is_refused_and_a_lone_lock_file_is_not(tmp_path):
+    """Two `dpfl run` of one MP-DP config into one --out: the second is refused at once and writes nothing (it would
+    otherwise run too and overwrite the first's files at its end). The lock file a failed run leaves is no obstacle."""
+    out = tmp_path / "run"
+    out.mkdir()
+    args = ("run", config_dir("mpdp") / "ci_digits_mlp.yaml", "--set", "rounds=1", "--out", out)
+    proc = hold_in_another_process(out)
+    try:
+        code, _, err = cli(*args)
+        assert code == 2 and err.count("\n") == 1 and f"in use by another process (pid {proc.pid} on " in err, err
+        assert [p.name for p in out.iterdir()] == [LOCK_FILE]
+    finally:
+        kill(proc)
+    code, _, err = cli(*args)
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["rounds_done"] == 1

@@ -109,3 +109,25 @@ def test_discovery_says_when_nodes_did_not_answer_in_time(monkeypatch):
 
     with pytest.raises(FederationError, match=r"0 of 3 SuperNodes answered the partition-id query in 7 s"):
         discover(SlowGrid(), 3, timeout=1.0, reply_timeout=7.0)
+
+
+def test_start_refuses_a_used_directory_but_not_a_lone_lock_file(tmp_path: Path):
+    """The strategy's early check (before any node is asked) calls empty what `execute` does: the lock file alone,
+    left by a run that died before writing its config, does not block a new run there."""
+    from dpfl.experiment.run_lock import LOCK_FILE
+    from dpfl.flower.clients import FederationError
+
+    class NoNodes:
+        def get_node_ids(self):
+            return []
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    strategy = DpflStrategy(load_config(CONFIG, ["training.rounds=1"]), out, node_timeout=0.0)
+    with pytest.raises(ValueError, match="already exists and is not empty"):
+        strategy.start(NoNodes())
+    (out / "metrics.jsonl").unlink()
+    (out / LOCK_FILE).write_text("pid 1 on elsewhere\n")
+    with pytest.raises(FederationError, match="0 SuperNodes connected in 0 s"):  # past the check: nodes are asked
+        strategy.start(NoNodes())

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from cli_runner import cli
+from lock_holder import hold_in_another_process, kill
 
 
 def test_reproduce_mpdp_ci_smoke(tmp_path):
@@ -112,3 +113,29 @@ def test_overfit_scale_runs_the_fashion_mnist_membership_stand_in(tmp_path, monk
     code, text, err = cli("reproduce", "mpdp", "--scale", "overfit", "--out", tmp_path / "grid", "--dry-run")
     assert code == 0, err
     assert "scale overfit: 39 jobs" in text and "overfit_fmnist_mlp-eps300 mpdp_oracle_clip seed 2: new" in text
+
+
+def test_a_job_another_process_is_running_is_skipped_and_listed(tmp_path):
+    """Two `dpfl reproduce mpdp` on one --out: a job whose directory another process holds is neither run nor
+    written (its row is the other process's); --dry-run names the holder; once it is gone the job runs."""
+    from dpfl.experiment.run_lock import LOCK_FILE, RunDirectoryBusy
+    from dpfl.reproduce.mpdp import describe, jobs, run_job, run_study
+
+    out = tmp_path / "mpdp"
+    select = dict(seeds=1, methods=["fedavg"], rounds=1, settings_pattern="ci_digits_k100", inversion_steps=0)
+    (job,), _ = jobs("ci", **{k: v for k, v in select.items() if k != "inversion_steps"})
+    d = job.directory(out)
+    d.mkdir(parents=True)
+    proc = hold_in_another_process(d)
+    try:
+        with pytest.raises(RunDirectoryBusy, match="in use by another process"):
+            run_job(job, out, inversion_steps=0)
+        assert f"running in another process (pid {proc.pid} on " in describe("ci", out, **select)[1]
+        lines: list[str] = []
+        assert run_study("ci", out, progress=lines.append, **select)[2] == []
+        assert any(line.startswith("  skipped: ") and "in use by another process" in line for line in lines), lines
+        assert [p.name for p in d.iterdir()] == [LOCK_FILE]
+    finally:
+        kill(proc)
+    rows = run_study("ci", out, **select)[2]
+    assert [r["status"] for r in rows] == ["ok"]

@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 import torch
 
+from lock_holder import hold_in_another_process, kill
 from untimed import untimed
 
 from dpfl.experiment.config import config_to_yaml
 from dpfl.experiment.run_directory import (FINGERPRINT, RunDirectoryError, copy_finished_run, execute,
                                            load_checkpoint, twin_key)
 from dpfl.reproduce import pfa
-from dpfl.reproduce.runner import FAILED, OK, describe_jobs, run_jobs
+from dpfl.experiment.run_lock import LOCK_FILE, RunDirectoryBusy
+from dpfl.reproduce.runner import FAILED, OK, SKIPPED, describe_jobs, run_jobs
 from dpfl.reproduce.tables import write_results
 
 
@@ -138,3 +140,25 @@ def test_a_copy_that_fails_is_a_failed_job_and_the_next_invocation_runs_it(twins
     again = run_jobs(grid.jobs, tmp_path)
     assert [(o.status, o.action) for o in again] == [(OK, "finished before"), (OK, "resumed")]
     assert _metrics(second.run_dir(tmp_path)) == _metrics(second.run_dir(out))
+
+
+def test_a_copy_another_process_is_making_is_refused_and_skipped(twins, tmp_path):
+    """Two workers on one --out reach the same NEW twin: the one that finds the directory's lock held writes nothing
+    and skips the job (the holder's copy is the result)."""
+    grid, out, _, _ = twins
+    first, second = grid.jobs
+    shutil.copytree(first.run_dir(out), first.run_dir(tmp_path))
+    d = second.run_dir(tmp_path)
+    d.mkdir(parents=True)
+    proc = hold_in_another_process(d)
+    try:
+        with pytest.raises(RunDirectoryBusy, match="in use by another process"):
+            copy_finished_run(first.run_dir(tmp_path), second.config, d)
+        outcomes = run_jobs(grid.jobs, tmp_path, execute=None)
+        assert [o.status for o in outcomes] == [OK, SKIPPED] and "in use by another process" in outcomes[1].message
+        assert sorted(p.name for p in d.iterdir()) == [LOCK_FILE]
+    finally:
+        kill(proc)
+    again = run_jobs(grid.jobs, tmp_path, execute=None)  # the holder died: the lock file alone is no obstacle
+    assert [o.action for o in again] == ["finished before", f"copied from runs/{first.setting}/np_fedavg/seed0: "
+                                         "the same config but for its name"]

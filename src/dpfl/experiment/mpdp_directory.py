@@ -3,7 +3,8 @@
 The directory holds config.yaml, metrics.jsonl (one row per round), privacy.json (the method's guarantee: NOMINAL
 for mpdp and mpdp_naive, accounted for mp_cdp), environment.jsonl (what ran it) and summary.json, written last.
 MP-DP runs keep no checkpoints (the server's secrets are drawn per round and never stored), so a killed run is
-re-run from the start, not resumed.
+re-run from the start, not resumed. As for training runs, the directory's lock file (.lock) is held while a run
+writes there.
 `dpfl reproduce mpdp` writes the same files for each of its runs.
 """
 
@@ -19,8 +20,9 @@ import yaml
 from dpfl.experiment.config.errors import ConfigError
 from dpfl.experiment.config.loading import read_config_mapping
 from dpfl.experiment.mpdp_config import MPDPConfig
-from dpfl.experiment.mpdp_run import MPDPResult, run_mpdp
-from dpfl.experiment.run_directory import CONFIG, METRICS, PRIVACY, SUMMARY, RunDirectoryError
+from dpfl.experiment.mpdp_run import MPDPResult, federated_arrays, run_mpdp
+from dpfl.experiment.run_directory import CONFIG, METRICS, PRIVACY, SUMMARY, RunDirectoryError, is_occupied
+from dpfl.experiment.run_lock import hold_run_directory
 from dpfl.results.environment import write_environment
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
@@ -45,15 +47,24 @@ def write_run_files(out: Path, result: MPDPResult) -> None:
 
 
 def execute_mpdp(cfg: MPDPConfig, out: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run cfg's `method` into `out` (which must not exist or be empty) and return the summary."""
+    """Run cfg's `method` into `out` (which must not exist or be empty) and return the summary. The directory's lock
+    (`dpfl.experiment.run_lock`) is held from the run's start to its last write: a second process given the same
+    `out` is refused at once (RunDirectoryBusy) instead of running too and overwriting the first's files."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    arrays = federated_arrays(cfg)  # a missing dataset surfaces before the directory is made
+    _refuse_used(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with hold_run_directory(out):
+        _refuse_used(out)  # again, under the lock: another process may have finished a run here meanwhile
+        result = run_mpdp(cfg, cfg.method, arrays=arrays, progress=progress)
+        write_text_atomic(out / CONFIG, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        write_run_files(out, result)
+        summary = {"name": cfg.name, "scheme": SCHEME, **result.summary, "rounds_done": cfg.rounds}
+        write_json_atomic(out / SUMMARY, summary)
+    return summary
+
+
+def _refuse_used(out: Path) -> None:
+    if is_occupied(out):  # the lock file alone (a run that failed before writing) is no obstacle
         state = "a finished run" if (out / SUMMARY).exists() else "an unfinished run: MP-DP runs cannot resume"
         raise RunDirectoryError(f"{out} already exists and is not empty ({state}; choose another --out)")
-    result = run_mpdp(cfg, cfg.method, progress=progress)  # data and calibration errors surface before any write
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / CONFIG, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    write_run_files(out, result)
-    summary = {"name": cfg.name, "scheme": SCHEME, **result.summary, "rounds_done": cfg.rounds}
-    write_json_atomic(out / SUMMARY, summary)
-    return summary

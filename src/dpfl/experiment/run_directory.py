@@ -43,7 +43,8 @@ from dpfl.results.run_files import (PLOTS_DIR, append_jsonl, canonical_json, com
                                     read_metrics, read_privacy, read_summary, stale_temp_files, truncate_jsonl,
                                     write_bytes_atomic, write_json_atomic, write_text_atomic)
 
-CONFIG, METRICS, PRIVACY, SUMMARY, CHECKPOINT = "config.yaml", "metrics.jsonl", "privacy.json", "summary.json", "checkpoint.pt"
+CONFIG, METRICS, PRIVACY, SUMMARY = "config.yaml", "metrics.jsonl", "privacy.json", "summary.json"
+CHECKPOINT = "checkpoint.pt"
 # Extra checkpoint key: sha256 of the config.yaml the checkpoint was written under (RunState ignores it).
 FINGERPRINT = "dpfl_config_sha256"
 _STATE_KEYS = ("round", "params", "retired", "ledger", "history", "stop_reason", "steps_done")
@@ -116,13 +117,20 @@ def _execute_held(cfg: RunConfig, out: Path, run: FederatedRun | None, build: Ca
 
 
 # ---------------------------------------------------------------------------------------- fresh runs
-def _refuse_existing(out: Path) -> None:
-    # a kill while config.yaml was written leaves only a temp file; the lock file stays after any run
+def is_occupied(out: Path) -> bool:
+    """Whether a new run must not start in `out`: it exists and holds more than a run that wrote nothing leaves (the
+    lock file, which stays after any run, and the temp file of a write a kill interrupted)."""
+    out = Path(out)
+    if not out.is_dir():
+        return out.exists()
     leftovers = set(stale_temp_files(out)) | {out / LOCK_FILE}
-    if out.exists() and (not out.is_dir() or any(p not in leftovers for p in out.iterdir())):
+    return any(p not in leftovers for p in out.iterdir())
+
+
+def _refuse_existing(out: Path) -> None:
+    if is_occupied(out):
         hint = "it is a finished run" if (out / SUMMARY).exists() else "resume it with --resume"
         raise RunDirectoryError(f"{out} already exists and is not empty ({hint}, or choose another --out)")
-    return None
 
 
 # ---------------------------------------------------------------------------------------- resume: checks
@@ -154,7 +162,8 @@ def _inspect(cfg: RunConfig, out: Path) -> _Found:
         detail = detail[len(f"{path}: "):] if detail.startswith(f"{path}: ") else detail
         raise RunDirectoryError(
             f"{path}: corrupt: not a valid dpfl config ({detail}); nothing was changed; without its saved config the "
-            "run cannot be resumed: restore config.yaml from a copy, or re-run the experiment into a new --out") from None
+            "run cannot be resumed: restore config.yaml from a copy, or re-run the experiment into a new --out"
+        ) from None
     if config_to_yaml(saved) != config_to_yaml(cfg) and _placed_alike(saved) != _placed_alike(cfg):
         where = _first_difference(config_to_dict(saved), config_to_dict(cfg))
         note = ("" if config_to_yaml(saved).encode("utf-8") == raw else
@@ -366,6 +375,12 @@ def copy_finished_run(src: Path, cfg: RunConfig, out: Path) -> dict[str, Any]:
         raise RunDirectoryError(f"{src} holds a run of another config than {cfg.name!r} (beyond its name)")
     _refuse_existing(out)
     out.mkdir(parents=True, exist_ok=True)
+    with hold_run_directory(out):  # two processes copying one twin: the second is refused (RunDirectoryBusy)
+        _refuse_existing(out)  # again, under the lock: the other may have finished the copy meanwhile
+        return _copy_held(src, summary, cfg, out)
+
+
+def _copy_held(src: Path, summary: dict[str, Any], cfg: RunConfig, out: Path) -> dict[str, Any]:
     text = config_to_yaml(cfg)
     write_text_atomic(out / CONFIG, text)
     for name in (METRICS, PRIVACY, ENVIRONMENT_FILE):

@@ -79,7 +79,7 @@ class DpflStrategy(Strategy):
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
         """Run the configured dpfl run over `grid` into `self.out`; the Flower arguments are fixed by the config
         (initial model, rounds) and refused if they differ."""
-        from dpfl.experiment.run_directory import CHECKPOINT, execute, load_checkpoint
+        from dpfl.experiment.run_directory import CHECKPOINT, execute, is_occupied, load_checkpoint
 
         if initial_arrays is not None or evaluate_fn is not None or train_config or evaluate_config:
             raise ValueError("DpflStrategy takes its model, rounds and evaluation from the dpfl config")
@@ -88,7 +88,7 @@ class DpflStrategy(Strategy):
                              f"{self.cfg.training.rounds}")
         if timeout is not None:
             self.timeout = timeout
-        if self.out.exists() and any(self.out.iterdir()):
+        if is_occupied(self.out):  # checked before nodes are asked; `execute` checks again under the lock
             raise ValueError(f"{self.out} already exists and is not empty (choose another run config `out`)")
         run = self.run = self.build()
         nodes = discover(grid, run.n_clients, self.node_timeout, self.timeout)

@@ -39,6 +39,8 @@ status, run_dir. Every run directory has config.yaml (the config it ran, written
 same config and inversion steps, runs the unfinished ones from the start (MP-DP runs do not resume), and refuses,
 before running anything, a directory that holds another config: one --out, one experiment. `--only-seeds` spreads a
 grid's seeds over sessions or machines; `--tables-only` writes the tables of the finished runs and trains nothing.
+Two invocations may share an --out: a job's directory is locked while it runs (`dpfl.experiment.run_lock`), and a
+job another process is running is skipped, its row left to that process (the tables then hold the finished runs).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
 from dpfl.experiment.mpdp_directory import write_run_files
 from dpfl.experiment.mpdp_inversion import inversion_report
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
+from dpfl.experiment.run_lock import RunDirectoryBusy, hold_run_directory, lock_holder
 from dpfl.reproduce.jobs import GridError, check_planned, config_dir, select_names
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
@@ -205,8 +208,15 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS,
     state = check_directories([job], out, inversion_steps)[0]
     if state == FINISHED:
         return json.loads(summary_path.read_text())
-    cfg = job.run_config()
     d.mkdir(parents=True, exist_ok=True)
+    with hold_run_directory(d):  # another worker on this --out running the job: RunDirectoryBusy, nothing written
+        if job_state(job, out, inversion_steps)[0] == FINISHED:  # ... or it finished the job meanwhile
+            return json.loads(summary_path.read_text())
+        return _run_job_held(job, out, inversion_steps, extractors)
+
+
+def _run_job_held(job: MPDPJob, out: Path, inversion_steps: int, extractors: dict[Any, Any] | None) -> dict[str, Any]:
+    d, cfg = job.directory(out), job.run_config()
     write_text_atomic(d / "config.yaml", _config_text(cfg))
     try:
         arrays = federated_arrays(cfg)
@@ -223,7 +233,7 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS,
     row = {**{k: result.summary.get(k) for k in COLUMNS}, "setting": job.setting, "method": job.method,
            **inversion_columns(inversion),
            "status": "ok", "run_dir": str(d.relative_to(out)), "inversion_steps": inversion_steps}
-    write_json_atomic(summary_path, row)
+    write_json_atomic(d / "summary.json", row)
     return row
 
 
@@ -248,6 +258,8 @@ def describe(scale: str, out: Path, *, seeds: int | None = None, methods: Sequen
     for job in todo:
         state, why = job_state(job, out, inversion_steps)
         state = "partial: runs again from the start" if state == PARTIAL else state
+        holder = lock_holder(job.directory(out)) if state != FINISHED else None
+        state = f"running in another process ({holder})" if holder else state
         lines.append(f"{job.setting} {job.method} seed {job.seed}: {state}" + (f" ({why})" if why else ""))
     return lines + [f"skipped: {k}: {v}" for k, v in sorted(skipped.items())]
 
@@ -272,7 +284,11 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
             done += 1
             if progress is not None:
                 progress(f"[{done}/{sum(runs)}] {job.setting} {job.method} seed {job.seed}")
-            rows.append(run_job(job, out, inversion_steps, extractors))
+            try:
+                rows.append(run_job(job, out, inversion_steps, extractors))
+            except RunDirectoryBusy as err:  # another process sharing --out runs it: its row is that process's
+                if progress is not None:
+                    progress(f"  skipped: {err}")
         elif state == FINISHED:
             rows.append(json.loads((job.directory(out) / "summary.json").read_text()))
     if not rows and not compute:

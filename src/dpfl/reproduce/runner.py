@@ -12,7 +12,7 @@ Why it looks like this:
   needs it ("skipped").
 - Jobs run sequentially: one heavy torch process at a time. Two invocations may share an --out (e.g. split by
   --settings): each job's state (and its twins') is read again when its turn comes, and a job another process is
-  running (its directory's lock held, `dpfl.experiment.run_lock`) is skipped, never trained twice into one
+  running or copying (its directory's lock held, `dpfl.experiment.run_lock`) is skipped, never trained twice into one
   directory.
 - A job whose config equals a finished job's but for its name (a non-private reference listed under every
   budget setting, say) is not run again: the finished run directory is copied (`copy_finished_run`; the copy's
@@ -144,6 +144,8 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
         elif twin is not None:
             try:
                 copy_finished_run(twin, job.config, d)
+            except RunDirectoryBusy as err:  # another process is copying it now
+                outcome = Outcome(job, d, SKIPPED, message=_one_line(err))
             except Exception as err:  # noqa: BLE001 - e.g. a damaged source: recorded like a failed job
                 log = _write_log(out, job, err)
                 outcome = Outcome(job, d, FAILED, "copy", f"{type(err).__name__}: {_one_line(err)} (traceback: "
