@@ -491,6 +491,10 @@ _Methods = Annotated[Optional[str], typer.Option("--methods", help="Only these m
 _Datasets = Annotated[Optional[list[str]], typer.Option("--dataset", help="fashion_mnist (default) or mnist; "
                                                                           "repeatable or comma-separated.")]
 _DryRun = Annotated[bool, typer.Option("--dry-run", help="List the jobs and their state; run nothing.")]
+_Workers = Annotated[int, typer.Option(
+    "--workers", help="Worker processes sharing the grid's jobs (each job runs once, in one of them), each with "
+                      "this process's torch threads divided among them: on C cores, --workers C runs C jobs at "
+                      "once with one thread each.")]
 _TablesOnly = Annotated[bool, typer.Option(
     "--tables-only", help="Write results.csv, results.md and plots/ from the runs already finished under --out; "
                           "train nothing (a long grid's tables while it runs elsewhere). The tables' command line "
@@ -527,7 +531,7 @@ def _seed_list(only_seeds: Optional[str], tables_only: bool = False, work: str =
 
 def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
                methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, tables_only: bool = False,
-               *, only_seeds: Optional[str] = None, **grid_options: Any) -> None:
+               *, only_seeds: Optional[str] = None, workers: int = 1, **grid_options: Any) -> None:
     """The reproduce commands: build the grid, list it (--dry-run) or run it (or, --tables-only, collect its
     finished runs), then write the results."""
     from dpfl.reproduce import fdp_accuracy, fedceo, pfa, rdpcfl, robust_hdp
@@ -535,8 +539,15 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
     from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
     from dpfl.reproduce.tables import write_results as generic_results
 
+    from dpfl.reproduce.workers import WorkerDied, run_jobs_in_workers
+
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
     only = _seed_list(only_seeds, tables_only)
+    if workers < 1:
+        _fail(f"--workers must be at least 1, got {workers}")
+    if workers > 1 and (dry_run or tables_only):
+        _fail(f"--workers shares the jobs to run among processes; {'--dry-run' if dry_run else '--tables-only'} "
+              "runs none")
     names = _dataset_names(datasets)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
@@ -561,14 +572,17 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
             outcomes = collect_finished(grid.all_jobs, out)
             if not outcomes:
                 raise UserError(f"--tables-only: no finished run of this selection under {out / 'runs'}")
+        elif workers > 1:
+            outcomes = run_jobs_in_workers(grid.jobs, out, workers)
         else:
             with RichProgress(errors) as progress:
                 outcomes = run_jobs(grid.jobs, out, progress=progress)
+        if not tables_only:
             selected = {j.key for j in grid.jobs}
             outcomes += collect_finished([j for j in grid.all_jobs if j.key not in selected], out)
         write_results = getattr(module, "write_results", generic_results)  # a study's own tables, if it has them
         csv_path, md_path = write_results(grid, outcomes, out, command=command)
-    except _user_errors() as e:
+    except (*_user_errors(), WorkerDied) as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     failed = [o for o in outcomes if o.status == FAILED]
     counts = {s: sum(o.status == s for o in outcomes) for s in dict.fromkeys(o.status for o in outcomes)}
@@ -587,18 +601,18 @@ def reproduce_pfa(
     calibration: Annotated[Optional[str], typer.Option(
         help="accountant (RDP + Poisson), pfa-heuristic (the paper's formula + fixed-size batches) or both; default "
              "accountant at full scale, both at ci.")] = None,
-    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False, workers: _Workers = 1,
 ) -> None:
     """PFA's comparison (PVLDB 2022): np_fedavg, max_eps, pfa, pfa_plus, weiavg, fedavg, min_eps."""
     _reproduce("pfa", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               only_seeds=only_seeds, calibration=calibration)
+               only_seeds=only_seeds, workers=workers, calibration=calibration)
 
 
 @reproduce_app.command("robust-hdp")
 def reproduce_robust_hdp(
     out: _Out, scale: _Scale, seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None,
     settings: _Settings = None, methods: _Methods = None, dataset: _Datasets = None, dry_run: _DryRun = False,
-    tables_only: _TablesOnly = False,
+    tables_only: _TablesOnly = False, workers: _Workers = 1,
     noise_table: Annotated[bool, typer.Option(
         "--noise-table", help="Only the round-1 noise statistic table (thesis Table 3.4): each setting calibrated "
                               "for its full planned length, round 1 trained once, every aggregator on the same "
@@ -610,10 +624,12 @@ def reproduce_robust_hdp(
             _fail("--only-seeds applies to the comparison (the noise table trains round 1 once per setting)")
         if tables_only:
             _fail("--tables-only applies to the comparison (the noise table reuses its saved pairs anyway)")
+        if workers != 1:
+            _fail("--workers applies to the comparison (the noise table trains round 1 once per setting)")
         _noise_table(out, scale, settings, dataset)
         return
     _reproduce("robust-hdp", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               only_seeds=only_seeds)
+               only_seeds=only_seeds, workers=workers)
 
 
 @reproduce_app.command("fedceo")
@@ -653,13 +669,15 @@ def reproduce_fedceo(
     tune_ablation: Annotated[bool, typer.Option(
         "--tune-ablation", help="With --search: also choose the theta = 1 ablation's own lambda (a third stage, the "
                                 "lambda grid at the chosen I); the comparison's fedceo_theta1 then uses it.")] = False,
-    tables_only: _TablesOnly = False,
+    tables_only: _TablesOnly = False, workers: _Workers = 1,
 ) -> None:
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
     if tables_only and (dlg or search):
         _fail("--tables-only applies to the comparison, not to --search or --dlg")
     if only_seeds is not None and (dlg or search):
         _fail("--only-seeds applies to the comparison, not to --search or --dlg")
+    if workers != 1 and (dlg or search):
+        _fail("--workers applies to the comparison, not to --search or --dlg")
     if dlg:
         _fedceo_dlg(out, scale, search or search_result is not None or any(
             v is not None for v in (seeds, rounds, settings, methods, dataset, partition, mechanism)) or dry_run
@@ -674,7 +692,7 @@ def reproduce_fedceo(
     if tune_ablation:
         _fail("--tune-ablation is a stage of --search (the comparison takes its choice through --search-result)")
     _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               only_seeds=only_seeds, search_result=search_result,
+               only_seeds=only_seeds, workers=workers, search_result=search_result,
                partition=partition, mechanism=mechanism)
 
 
@@ -708,7 +726,7 @@ def reproduce_fdp_accuracy(
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", help="Default per scale: full mnist,cifar10 (fashion_mnist adds a stand-in for mnist), reduced "
                           "fashion_mnist, ci digits. Repeatable or comma-separated.")] = None,
-    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False, workers: _Workers = 1,
 ) -> None:
     """The f-DP paper's accuracy study (spec fdp_accounting.md §8): Noisy-FedAvg accuracy against sigma, m, (K, T),
     next to the accountant's mu and epsilon per configuration."""
@@ -716,7 +734,7 @@ def reproduce_fdp_accuracy(
 
     names = _dataset_names(dataset) if dataset else list(fdp_accuracy.DEFAULT_DATASETS.get(scale, ())) or None
     _reproduce("fdp-accuracy", out, scale, seeds, rounds, settings, methods, names, dry_run, tables_only,
-               only_seeds=only_seeds)
+               only_seeds=only_seeds, workers=workers)
 
 
 @reproduce_app.command("rdpcfl")
@@ -740,10 +758,12 @@ def reproduce_rdpcfl(
     round1_batches: Annotated[Optional[str], typer.Option(
         "--round1-batches", help="With --round1-analysis: comma-separated b^1 values ('full' or integers; default "
                                  "ci 32,128,512,full, full 32,128,512,2048,full).")] = None,
-    tables_only: _TablesOnly = False,
+    tables_only: _TablesOnly = False, workers: _Workers = 1,
 ) -> None:
     """R-DPCFL's comparison (TMLR 2025): rdpcfl, ifca, global, local, mr_mtl, oracle, fedavg on planted clusters.
     Writes OUT/results.csv (mean_acc, minority_acc, ari, clusters_found, ... per run), results.md, plots/."""
+    if round1_analysis and workers != 1:
+        _fail("--workers applies to the comparison, not to --round1-analysis")
     if round1_analysis:
         _rdpcfl_round1(out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons, round1_batches,
                        tables_only, only_seeds)
@@ -751,7 +771,7 @@ def reproduce_rdpcfl(
     if round1_batches is not None:
         _fail("--round1-batches applies to --round1-analysis only")
     _reproduce("rdpcfl", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               only_seeds=only_seeds, epsilons=epsilons)
+               only_seeds=only_seeds, workers=workers, epsilons=epsilons)
 
 
 def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],

@@ -255,3 +255,30 @@ def test_a_twin_finished_by_another_process_meanwhile_is_copied_not_run(tmp_path
     outcomes = run_jobs(grid.jobs, tmp_path, execute=held_by_another_process)
     assert ran == [reference.run_dir(tmp_path), other.run_dir(tmp_path), grid.jobs[3].run_dir(tmp_path)]
     assert outcomes[0].status == SKIPPED and outcomes[2].action.startswith("copied from")
+
+
+def test_a_job_another_process_finished_while_this_one_prepared_it_is_finished_not_failed(tmp_path, fmnist):
+    """Two workers read a job as new; one takes its directory and finishes it while the other still loads the data
+    and calibrates. The latecomer's `execute` then finds the directory full: the job is finished (by the other), not
+    failed; one the other has only started is skipped."""
+    grid = pfa.grid("ci", seeds=2, rounds=1, methods=["np_fedavg"], settings_pattern="fmnist-logr-*-rdp")
+    first, second = grid.jobs
+
+    def the_other_finished_it(cfg, path, **kw):
+        real_execute(cfg, path)  # the other process, in the time this one prepared the run
+        return real_execute(cfg, path, **kw)
+
+    outcomes = run_jobs([first], tmp_path, execute=the_other_finished_it)
+    assert [(o.status, o.action) for o in outcomes] == [(OK, "finished before")], outcomes[0].message
+    assert not (tmp_path / "logs").exists()
+
+    class _Killed(Exception):
+        pass
+
+    def the_other_started_it(cfg, path, **kw):
+        with pytest.raises(_Killed):  # the other process wrote its config and a round, and is still running
+            real_execute(cfg, path, on_round=lambda row: (_ for _ in ()).throw(_Killed()))
+        return real_execute(cfg, path, **kw)
+
+    outcomes = run_jobs([second], tmp_path, execute=the_other_started_it)
+    assert [o.status for o in outcomes] == [SKIPPED] and "another process started it" in outcomes[0].message

@@ -22,9 +22,10 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_FILE", "RunDirectoryBusy", "hold_run_directory", "lock_holder"]
+__all__ = ["LOCKS_AVAILABLE", "LOCK_FILE", "RunDirectoryBusy", "hold_run_directory", "lock_holder"]
 
 LOCK_FILE = ".lock"
+LOCKS_AVAILABLE = fcntl is not None  # False on Windows: two processes in one directory are then not refused
 
 
 class RunDirectoryBusy(ValueError):

@@ -10,9 +10,10 @@ Why it looks like this:
 - One failing job must not cost the others: its exception is recorded (status "failed", the traceback
   in OUT/logs/) and the next job starts. A dataset that is not on this machine skips every job that
   needs it ("skipped").
-- Jobs run sequentially: one heavy torch process at a time. Two invocations may share an --out (e.g. split by
-  --settings): each job's state (and its twins') is read again when its turn comes, and a job another process is
-  running or copying (its directory's lock held, `dpfl.experiment.run_lock`) is skipped, never trained twice into one
+- Jobs run sequentially in one process. Several processes may share an --out (two invocations split by --settings,
+  or `--workers`, `dpfl.reproduce.workers`): each job's state (and its twins') is read again when its turn comes, a
+  job another process is running or copying (its directory's lock held, `dpfl.experiment.run_lock`) is skipped,
+  and one another process finished while this one prepared it is finished: never trained twice into one
   directory.
 - A job whose config equals a finished job's but for its name (a non-private reference listed under every
   budget setting, say) is not run again: the finished run directory is copied (`copy_finished_run`; the copy's
@@ -165,10 +166,12 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
             except RunDirectoryBusy as err:  # another process is running this job: its result is that process's
                 outcome = Outcome(job, d, SKIPPED, message=_one_line(err))
             except Exception as err:  # noqa: BLE001 - one failing job must not stop the comparison
-                log = _write_log(out, job, err)
-                outcome = Outcome(job, d, FAILED, "resumed" if state == PARTIAL else "ran",
-                                  f"{type(err).__name__}: {_one_line(err)} (traceback: {log.relative_to(out)})",
-                                  time.perf_counter() - started)
+                outcome = _raced(job, out, state, err)
+                if outcome is None:
+                    log = _write_log(out, job, err)
+                    outcome = Outcome(job, d, FAILED, "resumed" if state == PARTIAL else "ran",
+                                      f"{type(err).__name__}: {_one_line(err)} (traceback: {log.relative_to(out)})",
+                                      time.perf_counter() - started)
             else:
                 _log_path(out, job).unlink(missing_ok=True)
                 outcome = Outcome(job, d, OK, "resumed" if state == PARTIAL else "ran",
@@ -178,6 +181,21 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
         outcomes.append(outcome)
         progress.end(outcome, index, len(jobs))
     return outcomes
+
+
+def _raced(job: Job, out: Path, state: str, err: Exception) -> Outcome | None:
+    """The outcome of a new job whose directory another process filled while this one prepared the run (loaded the
+    data, calibrated: `execute` refuses a directory that is no longer empty), None for any other error."""
+    from dpfl.experiment.run_directory import RunDirectoryError
+
+    if state != NEW or not isinstance(err, RunDirectoryError):
+        return None
+    now = job_state(job, out)[0]
+    if now == FINISHED:
+        return Outcome(job, job.run_dir(out), OK, "finished before", "by another process, while this one prepared it")
+    if now == PARTIAL:
+        return Outcome(job, job.run_dir(out), SKIPPED, message="another process started it while this one prepared it")
+    return None
 
 
 def _finished_twins(jobs: Sequence[Job], states: dict[tuple[str, str, int], str]) -> dict[str, Job]:

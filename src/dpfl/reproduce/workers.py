@@ -1,0 +1,125 @@
+"""One grid, several worker processes: `dpfl reproduce ... --workers N`.
+
+Why: a grid's runs are independent, and the small models of these papers do not speed up with more torch threads
+nearly as much as with more runs at once (one thread per run is the fastest use of a core here). Each worker is a
+process that walks the same job list with `run_jobs`; the run-directory lock (`dpfl.experiment.run_lock`) makes a
+worker skip the job another one is running, and each job's state is read again when its turn comes, so every job is
+run once, into its own directory, whichever worker reaches it first. The same happens with N invocations by hand on
+one --out; this module only starts them and merges what they did into one outcome per job.
+
+Each worker uses `threads` torch threads (default: this process's thread count divided among the workers, at least
+one). A number reproduces bit for bit with the same code and thread count, and every run's environment.jsonl records
+its thread count, so a grid run with workers is as reproducible as one run without.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from dpfl.reproduce.jobs import Job
+from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome, Progress, check_existing, run_jobs
+
+__all__ = ["WorkerDied", "default_threads", "merge_outcomes", "run_jobs_in_workers"]
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without returning (killed): the grid is resumable, nothing finished is lost."""
+
+
+def default_threads(workers: int) -> int:
+    """This process's torch thread count divided among `workers` processes (at least one thread each)."""
+    import torch
+
+    return max(1, torch.get_num_threads() // workers)
+
+
+def run_jobs_in_workers(jobs: Sequence[Job], out: Path, workers: int, *, threads: int | None = None) -> list[Outcome]:
+    """`run_jobs(jobs, out)` shared by `workers` processes; one Outcome per job, in order (`merge_outcomes`).
+
+    Raises ConfigMismatchError before any process starts if a directory holds another config, and ValueError where
+    run directories cannot be locked (no `fcntl`: the workers would train into one directory together)."""
+    from dpfl.experiment.run_lock import LOCKS_AVAILABLE
+
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    if workers > 1 and not LOCKS_AVAILABLE:
+        raise ValueError("--workers needs run-directory locks (fcntl), which this platform lacks; run one worker")
+    check_existing(jobs, out)  # a user error, said once, before any process starts
+    threads = threads or default_threads(workers)
+    jobs = list(jobs)
+    # spawn, not fork: a forked child would inherit this process's torch thread pools and locks half-initialised
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_work, jobs, Path(out), k, threads) for k in range(1, workers + 1)]
+        try:
+            return merge_outcomes([f.result() for f in futures])
+        except BrokenProcessPool:
+            raise WorkerDied("a worker process died (killed, or out of memory?); every finished run stays, and the "
+                             "same command continues the grid") from None
+
+
+def merge_outcomes(per_worker: Sequence[Sequence[Outcome]]) -> list[Outcome]:
+    """One outcome per job from every worker's: the worker that acted on it (ran, resumed or copied it, or failed)
+    over one that found it finished, over one that skipped it (another worker held it, or its dataset is missing).
+    A job one worker failed and another then resumed to the end is the success."""
+    def rank(o: Outcome) -> int:
+        if o.status == OK:
+            return 1 if o.action in ("finished before", "collected") else 3
+        return 2 if o.status == FAILED else 0
+
+    merged = []
+    for same_job in zip(*per_worker, strict=True):
+        assert len({o.job.key for o in same_job}) == 1, "workers walk the same job list"
+        merged.append(max(same_job, key=rank))  # max keeps the first of equal rank
+    return merged
+
+
+class _Lines(Progress):
+    """One line when a worker's run has trained its first round and one when a job ends, prefixed with the worker's
+    number (a bar per worker would fight over the terminal). Not at `start`: two workers may both prepare a job
+    (data, calibration) before one of them takes its directory; the other then skips it."""
+
+    def __init__(self, worker: int) -> None:
+        self.prefix = f"worker {worker}:"
+        self.started: tuple[int, int, int] | None = None  # (index, total, rounds) of the job being prepared
+
+    def start(self, job: Job, index: int, total: int, rounds: int) -> None:
+        self.started = (index, total, rounds)
+
+    def round(self, job: Job, row: dict[str, Any]) -> None:
+        if self.started is not None:
+            index, total, rounds = self.started
+            self.started = None
+            _say(f"{self.prefix} [{index}/{total}] {job.setting} {job.method} seed{job.seed}: running (round "
+                 f"{row['round']} of {rounds} done)")
+
+    def end(self, outcome: Outcome, index: int, total: int) -> None:
+        job, self.started = outcome.job, None
+        if outcome.status == SKIPPED and "another process" in outcome.message:
+            return  # another worker's job: that worker reports it
+        detail = outcome.action
+        if outcome.status == OK and outcome.action in ("ran", "resumed"):
+            detail = f"{outcome.action}, {outcome.seconds:.0f} s"
+        if outcome.message:
+            detail = f"{detail}: {outcome.message}" if detail else outcome.message
+        _say(f"{self.prefix} [{index}/{total}] {job.setting} {job.method} seed{job.seed}: {outcome.status}"
+             + (f" ({detail})" if detail else ""))
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _work(jobs: list[Job], out: Path, worker: int, threads: int) -> list[Any]:
+    """One worker process: `threads` torch threads, then the job list."""
+    import torch
+
+    torch.set_num_threads(threads)
+    return run_jobs(jobs, out, progress=_Lines(worker))

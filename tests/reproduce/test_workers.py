@@ -1,0 +1,114 @@
+"""`dpfl reproduce ... --workers N`: worker processes share one grid; each job runs once, as it would alone.
+
+The end-to-end test runs the PFA ci grid's logistic-regression settings (2 rounds, 3 methods, both calibrations: 6
+jobs, the non-private reference listed twice) in 2 workers of one thread, and compares every run with the same job
+run alone: the same metrics, privacy block and final model, one execution per directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_runner import cli
+from untimed import untimed
+
+from dpfl.experiment.run_directory import execute, load_checkpoint
+from dpfl.reproduce import pfa
+from dpfl.reproduce.jobs import Job
+from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
+from dpfl.reproduce.workers import merge_outcomes, run_jobs_in_workers
+
+
+def _grid():
+    return pfa.grid("ci", rounds=2, methods=["np_fedavg", "max_eps", "fedavg"], settings_pattern="fmnist-logr-*",
+                    calibration="both")
+
+
+def _metrics(d: Path) -> list[dict]:
+    return untimed([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()])
+
+
+def test_two_workers_run_every_job_once_with_the_results_of_one(tmp_path, fmnist):
+    grid = _grid()
+    assert len(grid.jobs) == 6
+    out = tmp_path / "out"
+    outcomes = run_jobs_in_workers(grid.jobs, out, 2, threads=1)
+    assert [o.job.key for o in outcomes] == [j.key for j in grid.jobs]
+    assert all(o.status == OK for o in outcomes), [(o.job.key, o.status, o.message) for o in outcomes]
+    assert not (out / "logs").exists()  # no worker failed a job, not even one the other had taken meanwhile
+    twin = next(o for o in outcomes if o.job.method == "np_fedavg" and o.job.setting.endswith("-heuristic"))
+    assert twin.action.startswith("copied from") or twin.action == "finished before"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' thread count: a number reproduces bit for bit with the same
+    try:
+        for job in grid.jobs:
+            d, alone = job.run_dir(out), tmp_path / "alone" / job.setting / job.method
+            execute(job.config, alone)
+            assert _metrics(d) == _metrics(alone), job.key  # one execution: no interleaved or repeated rows
+            assert len((d / "environment.jsonl").read_text().splitlines()) == 1, job.key  # started once
+            privacy = json.loads((d / "privacy.json").read_text())
+            assert privacy == json.loads((alone / "privacy.json").read_text()), job.key
+            got, want = (load_checkpoint(x / "checkpoint.pt")["params"] for x in (d, alone))
+            assert all(torch.equal(got[k], want[k]) for k in want), job.key
+    finally:
+        torch.set_num_threads(threads)
+    again = run_jobs_in_workers(grid.jobs, out, 2, threads=1)  # a second invocation finds the grid done
+    assert [o.action for o in again] == ["finished before"] * 6
+
+
+def _outcome(status: str, action: str = "", message: str = "") -> Outcome:
+    job = Job("s", "m", 0, config=None, label="")  # type: ignore[arg-type]
+    return Outcome(job, Path("d"), status, action, message)
+
+
+def test_the_merged_outcome_is_the_worker_that_acted():
+    busy = _outcome(SKIPPED, message="in use by another process")
+    ran, before = _outcome(OK, "ran"), _outcome(OK, "finished before")
+    failed, resumed = _outcome(FAILED, "ran", "boom"), _outcome(OK, "resumed")
+    copied = _outcome(OK, "copied from runs/x: the same config but for its name")
+    assert merge_outcomes([[busy], [ran]]) == [ran]
+    assert merge_outcomes([[ran], [before]]) == [ran] and merge_outcomes([[before], [copied]]) == [copied]
+    assert merge_outcomes([[failed], [busy]]) == [failed] and merge_outcomes([[before], [failed]]) == [failed]
+    assert merge_outcomes([[failed], [resumed]]) == [resumed]  # one worker failed it, the other resumed it to the end
+    missing = [_outcome(SKIPPED, message="dataset x is not available"), _outcome(SKIPPED, message="other words")]
+    assert merge_outcomes([[missing[0]], [missing[1]]]) == [missing[0]]  # equal rank: the first worker's
+    assert merge_outcomes([[busy, ran], [ran, before]]) == [ran, ran]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "0"], "--workers must be at least 1, got 0"),
+    (["--workers", "2", "--dry-run"], "--dry-run runs none"),
+    (["--workers", "2", "--tables-only"], "--tables-only runs none"),
+])
+def test_bad_workers_are_one_line(tmp_path, args, message):
+    code, _, err = cli("reproduce", "pfa", "--scale", "ci", "--out", tmp_path / "o", *args)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_workers_are_refused_where_they_do_not_apply(tmp_path):
+    for args, message in ((["robust-hdp", "--noise-table"], "the noise table trains round 1 once"),
+                          (["fedceo", "--search"], "not to --search or --dlg"),
+                          (["rdpcfl", "--round1-analysis"], "not to --round1-analysis")):
+        code, _, err = cli("reproduce", *args, "--scale", "ci", "--out", tmp_path / "o", "--workers", "2")
+        assert code == 2 and message in err, (args, err)
+
+
+def test_a_worker_says_what_it_runs_not_what_another_holds(capsys):
+    from dpfl.reproduce.workers import _Lines
+
+    lines = _Lines(2)
+    job = _outcome(OK).job
+    lines.start(job, 1, 6, 100)  # preparing; another worker may take the directory first
+    lines.end(_outcome(SKIPPED, message="runs/s/m/seed0 is in use by another process (pid 7 on vm)"), 1, 6)
+    lines.round(job, {"round": 1})  # a stray row after the skip says nothing
+    lines.start(job, 2, 6, 100)
+    lines.round(job, {"round": 1})
+    lines.round(job, {"round": 2})
+    lines.end(Outcome(job, Path("d"), OK, "ran", seconds=412.3), 2, 6)
+    assert capsys.readouterr().err.splitlines() == ["worker 2: [2/6] s m seed0: running (round 1 of 100 done)",
+                                                    "worker 2: [2/6] s m seed0: ok (ran, 412 s)"]
