@@ -1,7 +1,8 @@
 """One grid, several worker processes: `dpfl reproduce ... --workers N`.
 
-Why: a grid's runs are independent, and the small models of these papers do not speed up with more torch threads
-nearly as much as with more runs at once (one thread per run is the fastest use of a core here). Each worker is a
+Why: a grid's runs are independent, and small models gain less from more torch threads than from more runs at once
+(on 2 cores, `benchmarks/grid_workers.py`: logistic regression 1.58x one process using both cores, where the second
+thread slows a run down; the PFA CNN, which uses the second thread well, 1.05x). Each worker is a
 process that walks the same job list with `run_jobs`; the run-directory lock (`dpfl.experiment.run_lock`) makes a
 worker skip the job another one is running, and each job's state is read again when its turn comes, so every job is
 run once, into its own directory, whichever worker reaches it first. The same happens with N invocations by hand on
