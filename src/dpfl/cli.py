@@ -831,6 +831,9 @@ def reproduce_splitting(
         "side on 2 cores); CNN: 100 rounds of 10 local epochs, 4 seeds, about 10 s per round: days)."))],
     seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
     dry_run: _DryRun = False, tables_only: _TablesOnly = False,
+    workers: Annotated[int, typer.Option(
+        "--workers", help="Worker processes sharing the CNN runs (each runs once, in one of them; the convex runs "
+                          "stay in this process), each with this process's torch threads divided among them.")] = 1,
 ) -> None:
     """The operator-splitting family (FedAvg, FedProx, FedSplit, FedPi, FedRP, Anderson) on the convex problems of
     specs/operator_splitting.md in float64, and on the reference CNN. Writes OUT/results.csv, results.md, plots/,
@@ -844,6 +847,10 @@ def reproduce_splitting(
                                                    ("methods", methods)) if v is not None])
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
+    if workers < 1:
+        _fail(f"--workers must be at least 1, got {workers}")
+    if workers > 1 and (dry_run or tables_only):
+        _fail(f"--workers shares the runs among processes; {'--dry-run' if dry_run else '--tables-only'} runs none")
     if dry_run:
         with _study_errors(out):
             todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings, methods=wanted)
@@ -856,7 +863,8 @@ def reproduce_splitting(
         return
     _run_study("splitting", scale, out, f"in {out / 'logs'}",
                lambda say: run_study(scale, out, seeds=seeds, rounds=rounds, settings_pattern=settings,
-                                     methods=wanted, progress=say, command=command, compute=not tables_only))
+                                     methods=wanted, progress=say, command=command, compute=not tables_only,
+                                     workers=workers))
 
 
 def _study_outcome(name: str, scale: str, rows: list[dict[str, Any]], md_path: Path, csv_path: Path,
@@ -880,10 +888,13 @@ def _run_study(name: str, scale: str, out: Path, tracebacks: str, study: Any) ->
 
 @contextmanager
 def _study_errors(out: Path) -> Iterator[None]:
-    """A study's problems as one line and exit code 2: user errors (bad scale, pattern, ...) and an unwritable --out."""
+    """A study's problems as one line and exit code 2: user errors (bad scale, pattern, ...), an unwritable --out and
+    a worker process that died (--workers)."""
+    from dpfl.reproduce.workers import WorkerDied
+
     try:
         yield
-    except _user_errors() as e:
+    except (*_user_errors(), WorkerDied) as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:
         _fail(f"could not write to {out}: {e}")

@@ -113,6 +113,29 @@ def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
     assert [r["final_accuracy"] for r in again] == [r["final_accuracy"] for r in rows]  # collected, not rerun
 
 
+def test_the_cnn_runs_can_be_shared_by_worker_processes(tmp_path, monkeypatch):
+    """--workers: the CNN jobs (built here from the patched configs, pickled to the workers) run once each."""
+    from dpfl.reproduce import splitting_cnn
+
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "tiny.yaml").write_text(TINY_CNN)
+    monkeypatch.setattr(splitting_cnn, "config_dir", lambda family: configs)
+    monkeypatch.setattr(splitting_cnn, "PARTITIONS", {"cnn-tiny": ("tiny.yaml", "digits, 4 clients")})
+    monkeypatch.setattr(splitting_cnn, "TAU", 2)
+    out = tmp_path / "out"
+    rows = splitting.run_study("reduced", out, seeds=1, rounds=3, methods=["fedavg", "fedpi"], workers=2)[2]
+    assert [(r["method"], r["anderson"], r["status"], r["rounds"]) for r in rows] == [
+        ("fedavg", 0, "ok", 3), ("fedavg", 2, "ok", 3), ("fedpi", 0, "ok", 3), ("fedpi", 2, "ok", 3)]
+    for d in (out / "runs" / "cnn-tiny").glob("*/seed0"):
+        assert len((d / "environment.jsonl").read_text().splitlines()) == 1, d  # each run started once
+    code, _, err = cli("reproduce", "splitting", "--scale", "ci", "--out", tmp_path / "o", "--workers", "0")
+    assert code == 2 and "--workers must be at least 1" in err
+    code, _, err = cli("reproduce", "splitting", "--scale", "ci", "--out", tmp_path / "o", "--workers", "2",
+                       "--dry-run")
+    assert code == 2 and "--dry-run runs none" in err
+
+
 def test_study_writes_one_row_per_run_with_the_required_columns(tiny_scale, tmp_path):
     out = tmp_path / "out"
     csv_path, md_path, rows = splitting.run_study("ci", out)

@@ -180,9 +180,10 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
 def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | None = None,
               settings_pattern: str | None = None, methods: Sequence[str] | None = None,
               progress: Callable[[str], None] | None = None, command: str = "",
-              compute: bool = True) -> tuple[Path, Path, list[dict]]:
+              compute: bool = True, workers: int = 1) -> tuple[Path, Path, list[dict]]:
     """Run (or continue) the study; write results.csv, results.md, one gap plot per convex setting and one accuracy
-    plot per CNN setting. compute=False (--tables-only): only the jobs that finished before, nothing run."""
+    plot per CNN setting. compute=False (--tables-only): only the jobs that finished before, nothing run. `workers`:
+    processes sharing the CNN runs (the convex runs stay in this process, before them)."""
     todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings_pattern, methods=methods)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -195,7 +196,8 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | 
             progress(f"[{n}/{len(todo.convex)}] {job.setting.name} {job.key}: {row['status']}"
                      + (f", rel dist {row['final_rel_dist']:.2e}, rounds to 1e-8 {row['rounds_to_1e-8']}"
                         if row["status"] == "ok" and row["rounds"] else ""))
-    cnn_rows = [] if todo.cnn is None else splitting_cnn.run(todo.cnn, out, progress, compute=compute)
+    cnn_rows = [] if todo.cnn is None else splitting_cnn.run(todo.cnn, out, progress, compute=compute,
+                                                              workers=workers)
     if not compute and not rows + cnn_rows:
         raise GridError(f"--tables-only: no finished job of this selection under {out}")
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows + cnn_rows, COLUMNS))

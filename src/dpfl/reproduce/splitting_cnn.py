@@ -99,10 +99,17 @@ class _Lines(Progress):
 
 
 def run(grid: Grid, out: Path, progress: Callable[[str], None] | None = None,
-        compute: bool = True) -> list[dict[str, Any]]:
-    """Run (or continue) the grid's jobs (compute=False: only collect the finished ones); their results.csv rows in
-    the study's columns."""
-    outcomes = run_jobs(grid.jobs, out, progress=_Lines(progress)) if compute else collect_finished(grid.jobs, out)
+        compute: bool = True, workers: int = 1) -> list[dict[str, Any]]:
+    """Run (or continue) the grid's jobs (compute=False: only collect the finished ones; workers > 1: in that many
+    processes, `dpfl.reproduce.workers`); their results.csv rows in the study's columns."""
+    from dpfl.reproduce.workers import run_jobs_in_workers
+
+    if not compute:
+        outcomes = collect_finished(grid.jobs, out)
+    elif workers > 1:
+        outcomes = run_jobs_in_workers(grid.jobs, out, workers)
+    else:
+        outcomes = run_jobs(grid.jobs, out, progress=_Lines(progress))
     return [row(o, grid.label, out) for o in outcomes]
 
 
