@@ -4,7 +4,7 @@
 sessions (one M per session, directories not kept) leaves only its CSVs under docs/results/. This reads them (merged
 in memory: one row per setting, seed and method) and writes the same tables and plots (`pfa_report.accuracy_vs_m`).
 
-    python scripts/pfa_accuracy_vs_m.py docs/results/pfa_cnn_full_M20.csv docs/results/pfa_cnn_full_M30.csv --out OUT
+    python scripts/pfa_accuracy_vs_m.py docs/results/pfa_cnn_full.csv --out OUT   # or one CSV per M, merged here
 """
 
 from __future__ import annotations
