@@ -55,6 +55,20 @@ def test_worst_case_participation_plans_every_round_and_needs_more_noise():
     assert (calibrate_run(dpsgd_plan(participation="worst_case")).noise == full.noise).all()
 
 
+@pytest.mark.parametrize("method", ["accountant", "pfa-heuristic"])
+def test_an_expected_plan_of_less_than_one_participation_is_refused(method):
+    """1 round with 2 of 4 clients: 0.5 planned participations (6 of a round's 12 steps). Calibrated so, no client
+    could afford its first round and the run would stop before round 1, trained on nothing."""
+    with pytest.raises(ValueError, match=r"1 round\(s\) at a participation rate of 0.5 plan each client 0.5 "
+                                         r"participations .* less than one: no client could afford its first round"):
+        calibrate_run(dpsgd_plan(rounds=1, selection="fixed", k=2, method=method))
+    assert list(calibrate_run(dpsgd_plan(rounds=2, selection="fixed", k=2, method=method)).steps) == [12] * 4
+    worst = calibrate_run(dpsgd_plan(rounds=1, selection="fixed", k=2, participation="worst_case", method=method))
+    assert list(worst.steps) == [12] * 4
+    uneven = calibrate_run(dpsgd_plan(rounds=1, selection="fixed", k=2, local_steps=[12, 12, 12, 1], method=method))
+    assert list(uneven.steps) == [6, 6, 6, 1]  # client 3 can afford a round (of 1 step): the run trains
+
+
 def test_fixed_size_local_sampling_and_the_pfa_heuristic():
     fixed = calibrate_run(dpsgd_plan(local_sampling="fixed"))
     for i, b in enumerate(dpsgd_plan().budgets):

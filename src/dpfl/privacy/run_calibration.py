@@ -255,11 +255,13 @@ def _dpsgd(plan: PlannedRun, targets: np.ndarray, parts: np.ndarray) -> tuple[np
     """Per client: DP-SGD noise for its planned steps (cached over clients with the same setting)."""
     assert plan.records is not None and plan.batch_sizes is not None and plan.local_steps is not None
     out, steps_planned = np.empty(plan.n_clients), np.zeros(plan.n_clients, dtype=np.int64)
+    for i in range(plan.n_clients):
+        steps_planned[i] = max(1, int(round(parts[i] * int(plan.local_steps[i]))))
+    _refuse_a_run_that_trains_nothing(plan, parts, steps_planned)
     cache: dict[tuple, float] = {}
     for i in range(plan.n_clients):
         b, m = int(plan.batch_sizes[i]), int(plan.records[i])
-        steps = max(1, int(round(parts[i] * int(plan.local_steps[i]))))
-        steps_planned[i] = steps
+        steps = int(steps_planned[i])
         delta = plan.budgets[i].delta
         if plan.method == "pfa-heuristic":
             out[i] = heuristic_pfa_noise(float(targets[i]), delta, min(1.0, b / m), steps)
@@ -274,6 +276,19 @@ def _dpsgd(plan: PlannedRun, targets: np.ndarray, parts: np.ndarray) -> tuple[np
                                                         sample_size=b, accountant=plan.accountant)
         out[i] = cache[key]
     return out, steps_planned
+
+
+def _refuse_a_run_that_trains_nothing(plan: PlannedRun, parts: np.ndarray, steps: np.ndarray) -> None:
+    """Under the expected plan with fewer rounds than M/K (T* = (K/M) R tau < tau: spec heterogeneous_dp 2.3) every
+    client's noise is calibrated for less than one participation, so no client can afford its first round and the run
+    would stop before round 1 with nothing trained: an error here, not an empty result."""
+    local = np.asarray(plan.local_steps, dtype=np.int64)
+    if plan.participation == "expected" and bool((steps < local).all()):
+        raise ValueError(
+            f"{plan.rounds} round(s) at a participation rate of {float(parts.max()) / plan.rounds:.3g} plan each "
+            f"client {float(parts.max()):.3g} participations (the expected count), less than one: no client could "
+            "afford its first round, so the run would train nothing. Plan more rounds, or participation "
+            "worst_case (a participation in every round)")
 
 
 def _common_event(plan: PlannedRun, parts: np.ndarray):  # noqa: ANN202 - (make, what, scale)
