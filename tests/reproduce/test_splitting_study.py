@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,8 @@ evaluation: {every: 1}
 """
 
 
-def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
+def _tiny_cnn_grid(tmp_path: Path, monkeypatch) -> None:
+    """The CNN half with one tiny digits partition (TINY_CNN) and Anderson memory 2."""
     from dpfl.reproduce import splitting_cnn
 
     configs = tmp_path / "configs"
@@ -91,6 +93,12 @@ def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
     monkeypatch.setattr(splitting_cnn, "config_dir", lambda family: configs)
     monkeypatch.setattr(splitting_cnn, "PARTITIONS", {"cnn-tiny": ("tiny.yaml", "digits, 4 clients")})
     monkeypatch.setattr(splitting_cnn, "TAU", 2)
+
+
+def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
+    from dpfl.reproduce import splitting_cnn
+
+    _tiny_cnn_grid(tmp_path, monkeypatch)
     out = tmp_path / "out"
     lines = []
     csv_path, md_path, rows = splitting.run_study("reduced", out, seeds=1, rounds=3, methods=["fedavg", "fedpi"],
@@ -115,14 +123,7 @@ def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
 
 def test_the_cnn_runs_can_be_shared_by_worker_processes(tmp_path, monkeypatch):
     """--workers: the CNN jobs (built here from the patched configs, pickled to the workers) run once each."""
-    from dpfl.reproduce import splitting_cnn
-
-    configs = tmp_path / "configs"
-    configs.mkdir()
-    (configs / "tiny.yaml").write_text(TINY_CNN)
-    monkeypatch.setattr(splitting_cnn, "config_dir", lambda family: configs)
-    monkeypatch.setattr(splitting_cnn, "PARTITIONS", {"cnn-tiny": ("tiny.yaml", "digits, 4 clients")})
-    monkeypatch.setattr(splitting_cnn, "TAU", 2)
+    _tiny_cnn_grid(tmp_path, monkeypatch)
     out = tmp_path / "out"
     rows = splitting.run_study("reduced", out, seeds=1, rounds=3, methods=["fedavg", "fedpi"], workers=2)[2]
     assert [(r["method"], r["anderson"], r["status"], r["rounds"]) for r in rows] == [
