@@ -162,3 +162,23 @@ def test_a_copy_another_process_is_making_is_refused_and_skipped(twins, tmp_path
     again = run_jobs(grid.jobs, tmp_path, execute=None)  # the holder died: the lock file alone is no obstacle
     assert [o.action for o in again] == ["finished before", f"copied from runs/{first.setting}/np_fedavg/seed0: "
                                          "the same config but for its name"]
+
+
+def test_a_copy_another_process_finished_first_is_finished_not_failed(twins, tmp_path, monkeypatch):
+    """Two workers reach the same NEW twin; one copies it while the other reads the source: the latecomer finds the
+    directory full, and the job is finished (by the other), not failed."""
+    from dpfl.experiment import run_directory
+
+    grid, out, _, _ = twins
+    first, second = grid.jobs
+    shutil.copytree(first.run_dir(out), first.run_dir(tmp_path))
+    real_copy = run_directory.copy_finished_run
+
+    def the_other_copied_it_first(src, cfg, d):
+        real_copy(src, cfg, d)  # the other process
+        return real_copy(src, cfg, d)
+
+    monkeypatch.setattr(run_directory, "copy_finished_run", the_other_copied_it_first)
+    outcomes = run_jobs(grid.jobs, tmp_path, execute=None)
+    assert [(o.status, o.action) for o in outcomes] == [(OK, "finished before"), (OK, "finished before")]
+    assert "by another process" in outcomes[1].message and not (tmp_path / "logs").exists()

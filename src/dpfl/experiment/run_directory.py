@@ -55,6 +55,10 @@ class RunDirectoryError(ValueError):
     file, a checkpoint of another run)."""
 
 
+class RunDirectoryOccupied(RunDirectoryError):
+    """A new run (or a copy) was to start in a directory that already holds one (`is_occupied`)."""
+
+
 def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
             on_round: Callable[[dict[str, Any]], None] | None = None,
             on_start: Callable[[FederatedRun, int], None] | None = None,
@@ -130,7 +134,7 @@ def is_occupied(out: Path) -> bool:
 def _refuse_existing(out: Path) -> None:
     if is_occupied(out):
         hint = "it is a finished run" if (out / SUMMARY).exists() else "resume it with --resume"
-        raise RunDirectoryError(f"{out} already exists and is not empty ({hint}, or choose another --out)")
+        raise RunDirectoryOccupied(f"{out} already exists and is not empty ({hint}, or choose another --out)")
 
 
 # ---------------------------------------------------------------------------------------- resume: checks

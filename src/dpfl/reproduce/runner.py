@@ -148,9 +148,11 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
             except RunDirectoryBusy as err:  # another process is copying it now
                 outcome = Outcome(job, d, SKIPPED, message=_one_line(err))
             except Exception as err:  # noqa: BLE001 - e.g. a damaged source: recorded like a failed job
-                log = _write_log(out, job, err)
-                outcome = Outcome(job, d, FAILED, "copy", f"{type(err).__name__}: {_one_line(err)} (traceback: "
-                                  f"{log.relative_to(out)})")
+                outcome = _raced(job, out, state, err)  # ... unless another process made the copy meanwhile
+                if outcome is None:
+                    log = _write_log(out, job, err)
+                    outcome = Outcome(job, d, FAILED, "copy", f"{type(err).__name__}: {_one_line(err)} (traceback: "
+                                      f"{log.relative_to(out)})")
             else:
                 outcome = Outcome(job, d, OK, f"copied from {twin.relative_to(out)}: the same config but for its name")
         elif dataset in missing:
@@ -185,10 +187,11 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
 
 def _raced(job: Job, out: Path, state: str, err: Exception) -> Outcome | None:
     """The outcome of a new job whose directory another process filled while this one prepared the run (loaded the
-    data, calibrated: `execute` refuses a directory that is no longer empty), None for any other error."""
-    from dpfl.experiment.run_directory import RunDirectoryError
+    data, calibrated) or the copy: `execute` and `copy_finished_run` refuse a directory that is no longer empty.
+    None for any other error."""
+    from dpfl.experiment.run_directory import RunDirectoryOccupied
 
-    if state != NEW or not isinstance(err, RunDirectoryError):
+    if state != NEW or not isinstance(err, RunDirectoryOccupied):
         return None
     now = job_state(job, out)[0]
     if now == FINISHED:
