@@ -507,6 +507,13 @@ def _one_of_dry_run_and_tables_only(dry_run: bool, tables_only: bool) -> None:
               "tables of what finished)")
 
 
+def _check_workers(workers: int, dry_run: bool, tables_only: bool) -> None:
+    if workers < 1:
+        _fail(f"--workers must be at least 1, got {workers}")
+    if workers > 1 and (dry_run or tables_only):
+        _fail(f"--workers shares the runs among processes; {'--dry-run' if dry_run else '--tables-only'} runs none")
+
+
 def _dataset_names(datasets: Optional[list[str]]) -> list[str]:
     """--dataset values (repeatable or comma-separated, `fmnist` for short), in order, without repeats."""
     names = [d.strip() for item in (datasets or ["fashion_mnist"]) for d in item.split(",") if d.strip()]
@@ -543,11 +550,7 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
     only = _seed_list(only_seeds, tables_only)
-    if workers < 1:
-        _fail(f"--workers must be at least 1, got {workers}")
-    if workers > 1 and (dry_run or tables_only):
-        _fail(f"--workers shares the jobs to run among processes; {'--dry-run' if dry_run else '--tables-only'} "
-              "runs none")
+    _check_workers(workers, dry_run, tables_only)
     names = _dataset_names(datasets)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
@@ -847,10 +850,7 @@ def reproduce_splitting(
                                                    ("methods", methods)) if v is not None])
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
-    if workers < 1:
-        _fail(f"--workers must be at least 1, got {workers}")
-    if workers > 1 and (dry_run or tables_only):
-        _fail(f"--workers shares the runs among processes; {'--dry-run' if dry_run else '--tables-only'} runs none")
+    _check_workers(workers, dry_run, tables_only)
     if dry_run:
         with _study_errors(out):
             todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings, methods=wanted)
@@ -914,7 +914,7 @@ def reproduce_mpdp(
     inversion_steps: Annotated[Optional[int], typer.Option("--inversion-steps", help=(
         "Steps of each gradient-inversion attack on client 0's probe upload (default 200, as `reproduce attacks`; "
         "0 skips the inversion)."))] = None,
-    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False, workers: _Workers = 1,
 ) -> None:
     """MP-DP (bidirectional privacy) against MP-DP with an oracle clip, MP-DP-Naive, MP-CDP and FedAvg on the same
     FedSGD rounds, with the attacks of spec §10 on each run; TP-SMC (threshold Paillier, slow) only when --methods
@@ -923,6 +923,7 @@ def reproduce_mpdp(
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
     only = _seed_list(only_seeds, tables_only)
+    _check_workers(workers, dry_run, tables_only)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce mpdp --scale", scale, "--out", str(out)]
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
@@ -938,7 +939,7 @@ def reproduce_mpdp(
         return
     _run_study("mpdp", scale, out, "in the run directories",
                lambda say: run_study(scale, out, only_seeds=only, compute=not tables_only, command=command,
-                                     progress=say, **grid))
+                                     progress=say, workers=workers, **grid))
 
 
 @reproduce_app.command("attacks")

@@ -139,3 +139,24 @@ def test_a_job_another_process_is_running_is_skipped_and_listed(tmp_path):
         kill(proc)
     rows = run_study("ci", out, **select)[2]
     assert [r["status"] for r in rows] == ["ok"]
+
+
+def test_workers_share_the_jobs_and_each_runs_once(tmp_path):
+    """--workers 2: every job of the selection runs in one of the two processes; the tables hold one ok row each."""
+    out = tmp_path / "mpdp"
+    code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--seeds", 1, "--rounds", 2,
+                       "--methods", "mpdp,fedavg", "--settings", "ci_digits_k100,ci_digits_mlp",
+                       "--inversion-steps", 0, "--workers", 2)
+    assert code == 0, err
+    from dpfl.reproduce.mpdp import jobs
+
+    planned, _ = jobs("ci", seeds=1, methods=["mpdp", "fedavg"], rounds=2,
+                      settings_pattern="ci_digits_k100,ci_digits_mlp")
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(planned) == 3 and sorted((r["setting"], r["method"], r["status"]) for r in rows) == sorted(
+        (j.setting, j.method, "ok") for j in planned)
+    for row in rows:  # one execution per directory: environment.jsonl has one line
+        d = out / row["run_dir"]
+        assert len((d / "environment.jsonl").read_text().splitlines()) == 1, d
+    code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--workers", 2, "--dry-run")
+    assert code == 2 and "--dry-run runs none" in err

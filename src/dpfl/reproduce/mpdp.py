@@ -39,17 +39,20 @@ status, run_dir. Every run directory has config.yaml (the config it ran, written
 same config and inversion steps, runs the unfinished ones from the start (MP-DP runs do not resume), and refuses,
 before running anything, a directory that holds another config: one --out, one experiment. `--only-seeds` spreads a
 grid's seeds over sessions or machines; `--tables-only` writes the tables of the finished runs and trains nothing.
-Two invocations may share an --out: a job's directory is locked while it runs (`dpfl.experiment.run_lock`), and a
-job another process is running is skipped, its row left to that process (the tables then hold the finished runs).
+Two invocations may share an --out, and `--workers N` starts N processes that do: a job's directory is locked while
+it runs (`dpfl.experiment.run_lock`), and a job another process is running is skipped, its row left to that process
+(the tables then hold the finished runs; with --workers, every job's row).
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,7 @@ from dpfl.experiment.run_lock import RunDirectoryBusy, hold_run_directory, lock_
 from dpfl.reproduce.jobs import GridError, check_planned, config_dir, select_names
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
+from dpfl.reproduce.workers import in_workers
 from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.formatting import or_na
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
@@ -268,9 +272,11 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
               rounds: int | None = None, settings_pattern: str | None = None,
               only_seeds: Sequence[int] | None = None, compute: bool = True,
               progress: Callable[[str], None] | None = None,
-              command: str = "", inversion_steps: int = INVERSION_STEPS) -> tuple[Path, Path, list[dict[str, Any]]]:
-    """Runs the grid's jobs (`only_seeds`: only these seeds'; compute=False, --tables-only: none) and writes the
-    tables of every finished run of the grid under `out`."""
+              command: str = "", inversion_steps: int = INVERSION_STEPS,
+              workers: int = 1) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """Runs the grid's jobs (`only_seeds`: only these seeds'; compute=False, --tables-only: none; workers > 1: shared
+    by that many processes, `dpfl.reproduce.workers`) and writes the tables of every finished run of the grid under
+    `out`."""
     if inversion_steps < 0:
         raise ValueError(f"--inversion-steps must be >= 0, got {inversion_steps}")
     todo, skipped = jobs(scale, seeds, methods, rounds, settings_pattern)
@@ -279,8 +285,13 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
     runs = [compute and (chosen is None or j.seed in chosen) for j in todo]
     rows, done = [], 0
     extractors: dict[Any, Any] = {}  # trained once per dataset and seed for all the study's jobs
+    shared = _in_workers([j for j, run in zip(todo, runs) if run], out, inversion_steps, workers)
     for job, state, run in zip(todo, states, runs):
-        if run:
+        if run and shared is not None:
+            row = shared.pop(0)
+            if row is not None:  # None: every worker found it held by another process (not one of them)
+                rows.append(row)
+        elif run:
             done += 1
             if progress is not None:
                 progress(f"[{done}/{sum(runs)}] {job.setting} {job.method} seed {job.seed}")
@@ -300,6 +311,34 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
         line += f" These tables hold {len(rows)} of the grid's {len(todo)} runs (the others have not finished here)."
     md_path = write_text_atomic(out / "results.md", markdown(scale, rows, skipped, command, line))
     return csv_path, md_path, rows
+
+
+def _in_workers(todo: list[MPDPJob], out: Path, inversion_steps: int, workers: int) -> list[dict | None] | None:
+    """The rows of `todo` run by `workers` processes (None with one worker: the caller runs them itself); a job's
+    row is the one of the worker that ran it (an ok row over a failed one), None if no worker did."""
+    if workers <= 1 or not todo:
+        return None
+    per_worker = in_workers(partial(_run_in_worker, todo, out, inversion_steps), workers)
+    merged = []
+    for same_job in zip(*per_worker, strict=True):
+        found = [r for r in same_job if r is not None]
+        merged.append(next((r for r in found if r["status"] == "ok"), found[0] if found else None))
+    return merged
+
+
+def _run_in_worker(todo: list[MPDPJob], out: Path, inversion_steps: int, worker: int) -> list[dict | None]:
+    """One worker: every job of `todo` another worker does not hold (None for those), one line per job it ends."""
+    extractors: dict[Any, Any] = {}
+    rows: list[dict | None] = []
+    for n, job in enumerate(todo, 1):
+        try:
+            rows.append(run_job(job, out, inversion_steps, extractors))
+        except RunDirectoryBusy:
+            rows.append(None)
+            continue
+        print(f"worker {worker}: [{n}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: {rows[-1]['status']}",
+              file=sys.stderr, flush=True)
+    return rows
 
 
 def _mean_or_na(values: Sequence[Any], spec: str) -> str:

@@ -16,17 +16,21 @@ its thread count, so a grid run with workers is as reproducible as one run witho
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from dpfl.experiment.run_lock import LOCKS_AVAILABLE
 from dpfl.reproduce.jobs import Job
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome, Progress, check_existing, run_jobs
 
-__all__ = ["WorkerDied", "default_threads", "merge_outcomes", "run_jobs_in_workers"]
+__all__ = ["WorkerDied", "default_threads", "in_workers", "merge_outcomes", "run_jobs_in_workers"]
+
+T = TypeVar("T")
 
 
 class WorkerDied(RuntimeError):
@@ -45,25 +49,36 @@ def run_jobs_in_workers(jobs: Sequence[Job], out: Path, workers: int, *, threads
 
     Raises ConfigMismatchError before any process starts if a directory holds another config, and ValueError where
     run directories cannot be locked (no `fcntl`: the workers would train into one directory together)."""
-    from dpfl.experiment.run_lock import LOCKS_AVAILABLE
+    check_existing(jobs, out)  # a user error, said once, before any process starts
+    return merge_outcomes(in_workers(partial(_run_jobs, list(jobs), Path(out)), workers, threads))
 
+
+def in_workers(work: Callable[[int], T], workers: int, threads: int | None = None) -> list[T]:
+    """`work(k)` in worker processes k = 1..workers at once, each with `threads` torch threads (default
+    `default_threads`); their results in order. `work` must pickle (a module-level function or a partial of one).
+    Raises WorkerDied if a worker is killed."""
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     if workers > 1 and not LOCKS_AVAILABLE:
         raise ValueError("--workers needs run-directory locks (fcntl), which this platform lacks; run one worker")
-    check_existing(jobs, out)  # a user error, said once, before any process starts
     threads = threads or default_threads(workers)
-    jobs = list(jobs)
     # spawn, not fork: a forked child would inherit this process's torch thread pools and locks half-initialised
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_work, jobs, Path(out), k, threads) for k in range(1, workers + 1)]
+        futures = [pool.submit(_in_worker, work, k, threads) for k in range(1, workers + 1)]
         try:
-            return merge_outcomes([f.result() for f in futures])
+            return [f.result() for f in futures]
         except BrokenProcessPool:
             raise WorkerDied("a worker process died (killed, or out of memory?); every finished run stays, and the "
                              "same command continues the grid") from None
+
+
+def _in_worker(work: Callable[[int], T], worker: int, threads: int) -> T:
+    import torch
+
+    torch.set_num_threads(threads)
+    return work(worker)
 
 
 def merge_outcomes(per_worker: Sequence[Sequence[Outcome]]) -> list[Outcome]:
@@ -118,9 +133,5 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _work(jobs: list[Job], out: Path, worker: int, threads: int) -> list[Any]:
-    """One worker process: `threads` torch threads, then the job list."""
-    import torch
-
-    torch.set_num_threads(threads)
+def _run_jobs(jobs: list[Job], out: Path, worker: int) -> list[Outcome]:
     return run_jobs(jobs, out, progress=_Lines(worker))
