@@ -956,7 +956,7 @@ def reproduce_attacks(
     settings: Annotated[Optional[str], typer.Option("--settings", help=(
         "Only settings matching this fnmatch pattern (comma-separated alternatives): fedavg, dpsgd-eps1, dpsgd-eps3, "
         "dpsgd-eps8, client-eps1, client-eps3, client-eps8 (overfit: eps1, eps8, eps100); e.g. 'dpsgd-*'."))] = None,
-    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False, workers: _Workers = 1,
 ) -> None:
     """Gradient inversion, membership inference and an empirical epsilon audit of FedAvg, DP-SGD and client-level
     DP. Writes OUT/results.csv, results.md and runs/."""
@@ -966,6 +966,7 @@ def reproduce_attacks(
                        + [f"--{k} {v}" for k, v in (("rounds", rounds), ("seeds", seeds), ("settings", settings))
                           if v is not None])
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
+    _check_workers(workers, dry_run, tables_only)
     n_seeds = 1 if seeds is None else seeds
     if dry_run:
         with _study_errors(out):
@@ -975,7 +976,7 @@ def reproduce_attacks(
         return
     _run_study("attacks", scale, out, "in the run directories (error.txt)",
                lambda say: run_study(scale, out, rounds=rounds, settings_pattern=settings, seeds=n_seeds,
-                                     compute=not tables_only, command=command, progress=say))
+                                     compute=not tables_only, command=command, progress=say, workers=workers))
 
 
 @reproduce_app.command("fdp-sensitivity")

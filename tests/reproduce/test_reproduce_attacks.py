@@ -6,6 +6,7 @@ import json
 
 import pytest
 from cli_runner import cli
+from lock_holder import hold_in_another_process, kill
 
 from dpfl.attacks import probe
 from dpfl.reproduce import attacks
@@ -20,8 +21,11 @@ def small(monkeypatch):  # the ci scale's machinery with fewer canaries and atta
 
 def test_reproduce_attacks_ci_smoke(tmp_path, small):
     out = tmp_path / "attacks"
-    csv_path, md_path, rows = attacks.run_study("ci", out, rounds=1)
+    # 2 rounds: DP-SGD clients (10 of 20 per round) are planned one participation; at 1 round, half of one, and the
+    # run is refused (it would train nothing)
+    csv_path, md_path, rows = attacks.run_study("ci", out, rounds=2)
     assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    assert all(r["accuracy"] is not None for r in rows)  # every released model was trained
     table = list(csv.DictReader(csv_path.open()))
     assert {"method", "epsilon", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported"} <= set(table[0])
     assert [(r["method"], r["epsilon"]) for r in table] == [("fedavg", "")] + [
@@ -30,10 +34,10 @@ def test_reproduce_attacks_ci_smoke(tmp_path, small):
     assert all(float(r["eps_reported"]) <= float(r["epsilon"]) + 1e-6 for r in table if r["method"] != "fedavg")
     assert (out / "runs" / "attacks_ci_fmnist-fedavg" / "inversion.png").is_file()
     stamp = (out / "runs" / "attacks_ci_fmnist-client-eps1" / "attacks.json").stat().st_mtime
-    attacks.run_study("ci", out, rounds=1)
+    attacks.run_study("ci", out, rounds=2)
     assert (out / "runs" / "attacks_ci_fmnist-client-eps1" / "attacks.json").stat().st_mtime == stamp
-    with pytest.raises(GridError, match="holds another run.*rounds: 1"):  # other --rounds: not mixed in
-        attacks.run_study("ci", out, rounds=2)
+    with pytest.raises(GridError, match="holds another run.*rounds: 2"):  # other --rounds: not mixed in
+        attacks.run_study("ci", out, rounds=3)
     assert "ε lower" in md_path.read_text()
     assert "(7 settings). Written by: dpfl " in md_path.read_text()  # each setting's environment in its attacks.json
 
@@ -151,3 +155,24 @@ def test_settings_dry_run_and_tables_only_without_computing(tmp_path, monkeypatc
     assert code == 2 and "holds another run" in err  # client-eps1 was made with the base config's rounds
     code, _, err = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--dry-run", "--tables-only")
     assert code == 2
+
+
+def test_a_setting_another_process_runs_is_skipped_and_written_nothing(tmp_path, small):
+    """Two `dpfl reproduce attacks` (or --workers) on one --out: a setting whose directory another process holds (its
+    run, attacks and audit) is skipped, not run twice; the other settings run."""
+    from dpfl.experiment.run_lock import LOCK_FILE
+
+    out = tmp_path / "attacks"
+    held = out / "runs" / "attacks_ci_fmnist-fedavg"
+    held.mkdir(parents=True)
+    proc = hold_in_another_process(held)
+    lines: list[str] = []
+    try:
+        rows = attacks.run_study("ci", out, rounds=1, settings_pattern="fedavg,client-eps8", progress=lines.append)[2]
+    finally:
+        kill(proc)
+    assert [(r["method"], r["status"]) for r in rows] == [("client", "ok")]
+    assert any(line.startswith("  skipped: ") and "in use by another process" in line for line in lines), lines
+    assert [p.name for p in held.iterdir()] == [LOCK_FILE]
+    code, _, err = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--workers", "2", "--tables-only")
+    assert code == 2 and "--tables-only runs none" in err

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import traceback
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,11 @@ from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, sha
 from dpfl.attacks.released import attack_released_model
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
 from dpfl.experiment.run_directory import execute
+from dpfl.experiment.run_lock import RunDirectoryBusy, hold_run_directory
 from dpfl.reproduce.jobs import GridError, config_dir, select_names
 from dpfl.reproduce.runner import first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
+from dpfl.reproduce.workers import rows_in_workers
 from dpfl.results.environment import computed_and_written, describe_job, job_executions
 from dpfl.results.formatting import or_na
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
@@ -126,11 +129,23 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
                 cache: dict[Any, Any] | None = None) -> dict[str, Any]:
     """The run, its attacks and its audit; the row of results.csv (read back if attacks.json exists). `cache` keeps
     what settings share (the inversion metrics' feature extractor)."""
-    cache = cache if cache is not None else {}
     d = out / "runs" / cfg.name
-    done = d / "attacks.json"
     if setting_state(cfg, out) == "finished":
-        return {"seed": cfg.seed, **json.loads(done.read_text())}  # rows written before seeds existed: seed 0
+        return _read_back(cfg, d)
+    d.mkdir(parents=True, exist_ok=True)
+    with hold_run_directory(d):  # the run, attacks and audit of one process: another worker skips the setting
+        if setting_state(cfg, out) == "finished":  # ... or finished it meanwhile
+            return _read_back(cfg, d)
+        return _run_setting_held(method, epsilon, cfg, d, scale, cache if cache is not None else {})
+
+
+def _read_back(cfg: RunConfig, d: Path) -> dict[str, Any]:
+    return {"seed": cfg.seed, **json.loads((d / "attacks.json").read_text())}  # rows from before seeds: seed 0
+
+
+def _run_setting_held(method: str, epsilon: float | None, cfg: RunConfig, d: Path, scale: str,
+                      cache: dict[Any, Any]) -> dict[str, Any]:
+    done = d / "attacks.json"
     row: dict[str, Any] = {"method": method, "epsilon": epsilon, "seed": cfg.seed}
     try:
         run_dir = d / "run"
@@ -155,7 +170,6 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
         write_json_atomic(d / "audit.json", audit)
         write_json_atomic(d / "inversion.json", inversion_metrics(inversion))
     except Exception as e:  # noqa: BLE001 - a failed setting is a row with its message; the study goes on
-        d.mkdir(parents=True, exist_ok=True)
         (d / "error.txt").write_text(traceback.format_exc())
         return {**row, "status": f"failed: {e}"}
     write_json_atomic(done, row)
@@ -164,24 +178,39 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
 
 def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_pattern: str | None = None,
               seeds: int = 1, compute: bool = True, progress: Callable[[str], None] | None = None,
-              command: str = "") -> tuple[Path, Path, list[dict[str, Any]]]:
-    """Run (or with compute=False only read back) the selected settings; OUT/results.{csv,md} of their rows."""
+              command: str = "", workers: int = 1) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """Run (or with compute=False only read back) the selected settings; OUT/results.{csv,md} of their rows.
+    `workers` > 1: the settings shared by that many processes (`dpfl.reproduce.workers`); one another process holds
+    is skipped (its row is that process's)."""
     todo = settings(scale, rounds, settings_pattern, seeds)
     states = [setting_state(cfg, out) for _, _, cfg in todo]  # every directory checked before anything runs
     rows: list[dict[str, Any]] = []
+    if compute and workers > 1:
+        shared = rows_in_workers(partial(_setting_row, out, scale), todo, [cfg.name for _, _, cfg in todo], workers)
+        rows = [r for r in shared if r is not None]
     cache: dict[Any, Any] = {}  # shared_extractor's: one feature extractor per public records
     for i, ((method, eps, cfg), state) in enumerate(zip(todo, states), 1):
-        if not compute and state != "finished":
+        if (not compute and state != "finished") or (compute and workers > 1):
             continue
         if compute and progress is not None:
             progress(f"[{i}/{len(todo)}] {cfg.name}")
-        rows.append(run_setting(method, eps, cfg, out, scale, cache))  # a finished setting is read back
+        try:
+            rows.append(run_setting(method, eps, cfg, out, scale, cache))  # a finished setting is read back
+        except RunDirectoryBusy as err:  # another process runs it: its row is that process's
+            if progress is not None:
+                progress(f"  skipped: {err}")
     if not rows:
         raise GridError(f"--tables-only: no finished setting of this selection under {out / 'runs'}")
     out.mkdir(parents=True, exist_ok=True)
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
     md_path = write_text_atomic(out / "results.md", markdown(scale, rows, command, planned=len(todo)))
     return csv_path, md_path, rows
+
+
+def _setting_row(out: Path, scale: str, setting: tuple[str, float | None, RunConfig],
+                 cache: dict[Any, Any]) -> dict[str, Any]:
+    method, epsilon, cfg = setting
+    return run_setting(method, epsilon, cfg, out, scale, cache)
 
 
 def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str, planned: int | None = None) -> str:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,7 +66,7 @@ from dpfl.experiment.run_lock import RunDirectoryBusy, hold_run_directory, lock_
 from dpfl.reproduce.jobs import GridError, check_planned, config_dir, select_names
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
-from dpfl.reproduce.workers import in_workers
+from dpfl.reproduce.workers import rows_in_workers
 from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.formatting import or_na
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
@@ -314,31 +313,16 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
 
 
 def _in_workers(todo: list[MPDPJob], out: Path, inversion_steps: int, workers: int) -> list[dict | None] | None:
-    """The rows of `todo` run by `workers` processes (None with one worker: the caller runs them itself); a job's
-    row is the one of the worker that ran it (an ok row over a failed one), None if no worker did."""
+    """The rows of `todo` run by `workers` processes (`rows_in_workers`); None with one worker (the caller runs
+    them itself)."""
     if workers <= 1 or not todo:
         return None
-    per_worker = in_workers(partial(_run_in_worker, todo, out, inversion_steps), workers)
-    merged = []
-    for same_job in zip(*per_worker, strict=True):
-        found = [r for r in same_job if r is not None]
-        merged.append(next((r for r in found if r["status"] == "ok"), found[0] if found else None))
-    return merged
+    names = [f"{j.setting} {j.method} seed {j.seed}" for j in todo]
+    return rows_in_workers(partial(_job_row, out, inversion_steps), todo, names, workers)
 
 
-def _run_in_worker(todo: list[MPDPJob], out: Path, inversion_steps: int, worker: int) -> list[dict | None]:
-    """One worker: every job of `todo` another worker does not hold (None for those), one line per job it ends."""
-    extractors: dict[Any, Any] = {}
-    rows: list[dict | None] = []
-    for n, job in enumerate(todo, 1):
-        try:
-            rows.append(run_job(job, out, inversion_steps, extractors))
-        except RunDirectoryBusy:
-            rows.append(None)
-            continue
-        print(f"worker {worker}: [{n}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: {rows[-1]['status']}",
-              file=sys.stderr, flush=True)
-    return rows
+def _job_row(out: Path, inversion_steps: int, job: MPDPJob, extractors: dict[Any, Any]) -> dict[str, Any]:
+    return run_job(job, out, inversion_steps, extractors)
 
 
 def _mean_or_na(values: Sequence[Any], spec: str) -> str:

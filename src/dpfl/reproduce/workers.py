@@ -28,7 +28,8 @@ from dpfl.experiment.run_lock import LOCKS_AVAILABLE
 from dpfl.reproduce.jobs import Job
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome, Progress, check_existing, run_jobs
 
-__all__ = ["WorkerDied", "default_threads", "in_workers", "merge_outcomes", "run_jobs_in_workers"]
+__all__ = ["WorkerDied", "default_threads", "in_workers", "merge_outcomes", "rows_in_workers",
+           "run_jobs_in_workers"]
 
 T = TypeVar("T")
 
@@ -79,6 +80,36 @@ def _in_worker(work: Callable[[int], T], worker: int, threads: int) -> T:
 
     torch.set_num_threads(threads)
     return work(worker)
+
+
+def rows_in_workers(run_row: Callable[[Any, dict], dict[str, Any]], items: Sequence[Any], names: Sequence[str],
+                    workers: int) -> list[dict[str, Any] | None]:
+    """For the studies whose jobs each give a results row (mpdp, attacks): `run_row(item, cache)` for every item,
+    shared by `workers` processes (`cache`: one dict per process, for what its jobs share). `run_row` raises
+    RunDirectoryBusy for a job another process holds. A job's row is the one of the worker that ran it (an ok row
+    over a failed one), None if none did; `names` label the progress lines."""
+    per_worker = in_workers(partial(_rows, run_row, list(items), list(names)), workers)
+    merged = []
+    for same_job in zip(*per_worker, strict=True):
+        found = [r for r in same_job if r is not None]
+        merged.append(next((r for r in found if r.get("status") == "ok"), found[0] if found else None))
+    return merged
+
+
+def _rows(run_row: Callable[[Any, dict], dict[str, Any]], items: list[Any], names: list[str],
+          worker: int) -> list[dict[str, Any] | None]:
+    from dpfl.experiment.run_lock import RunDirectoryBusy
+
+    cache: dict[Any, Any] = {}
+    rows: list[dict[str, Any] | None] = []
+    for n, (item, name) in enumerate(zip(items, names), 1):
+        try:
+            rows.append(run_row(item, cache))
+        except RunDirectoryBusy:  # another worker's job: that worker reports it
+            rows.append(None)
+            continue
+        _say(f"worker {worker}: [{n}/{len(items)}] {name}: {rows[-1].get('status')}")
+    return rows
 
 
 def merge_outcomes(per_worker: Sequence[Sequence[Outcome]]) -> list[Outcome]:
