@@ -4,6 +4,7 @@ calibrated noise spends its target, never more, under the participation it was p
 from __future__ import annotations
 
 import math
+import re
 
 import dp_accounting as dpa
 import numpy as np
@@ -14,7 +15,8 @@ from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.calibration import calibrate_noise_multiplier, heuristic_pfa_noise
 from dpfl.privacy.events import dpsgd_event, gaussian_event, sampled_gaussian_event
 from dpfl.privacy.fdp_run import NoisyRunAccounting
-from dpfl.privacy.run_calibration import PlannedRun, calibrate_run, calibration_targets
+from dpfl.privacy.run_calibration import (PlannedRun, calibrate_run, calibration_targets,
+                                          refuse_a_run_that_trains_nothing)
 
 DELTA = 1e-5
 
@@ -59,14 +61,22 @@ def test_worst_case_participation_plans_every_round_and_needs_more_noise():
 def test_an_expected_plan_of_less_than_one_participation_is_refused(method):
     """1 round with 2 of 4 clients: 0.5 planned participations (6 of a round's 12 steps). Calibrated so, no client
     could afford its first round and the run would stop before round 1, trained on nothing."""
-    with pytest.raises(ValueError, match=r"1 round\(s\) at a participation rate of 0.5 plan each client 0.5 "
-                                         r"participations .* less than one: no client could afford its first round"):
-        calibrate_run(dpsgd_plan(rounds=1, selection="fixed", k=2, method=method))
-    assert list(calibrate_run(dpsgd_plan(rounds=2, selection="fixed", k=2, method=method)).steps) == [12] * 4
-    worst = calibrate_run(dpsgd_plan(rounds=1, selection="fixed", k=2, participation="worst_case", method=method))
-    assert list(worst.steps) == [12] * 4
-    uneven = calibrate_run(dpsgd_plan(rounds=1, selection="fixed", k=2, local_steps=[12, 12, 12, 1], method=method))
-    assert list(uneven.steps) == [6, 6, 6, 1]  # client 3 can afford a round (of 1 step): the run trains
+    def refused(plan: PlannedRun) -> bool:
+        cal = calibrate_run(plan)
+        try:
+            refuse_a_run_that_trains_nothing(plan, cal)
+        except ValueError as err:
+            assert re.search(r"1 round\(s\) at a participation rate of 0.5 plan each client 0.5 participations "
+                             r".* less than one: no client could afford its first round", str(err)), err
+            return True
+        return False
+
+    assert refused(dpsgd_plan(rounds=1, selection="fixed", k=2, method=method))
+    assert calibrate_run(dpsgd_plan(rounds=1, selection="fixed", k=2, method=method)).steps.tolist() == [6] * 4
+    assert not refused(dpsgd_plan(rounds=2, selection="fixed", k=2, method=method))
+    assert not refused(dpsgd_plan(rounds=1, selection="fixed", k=2, participation="worst_case", method=method))
+    # client 3 can afford a round (of 1 step): the run trains
+    assert not refused(dpsgd_plan(rounds=1, selection="fixed", k=2, local_steps=[12, 12, 12, 1], method=method))
 
 
 def test_fixed_size_local_sampling_and_the_pfa_heuristic():

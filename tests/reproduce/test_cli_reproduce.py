@@ -55,6 +55,20 @@ def test_reproduce_pfa_runs_labels_and_resumes(tmp_path, fmnist):
     assert "--tables-only" not in (tmp_path / "results.md").read_text()
 
 
+def test_a_private_run_planned_less_than_one_participation_fails_max_eps_trains(tmp_path, fmnist):
+    """1 round with 8 of 10 clients: a budget-enforcing method's clients are planned 0.8 participations and could not
+    afford round 1, so the job fails with why (before, it finished with 0 rounds trained); max_eps, whose budgets are
+    not enforced, trains its round."""
+    code, out, err = cli("reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING,
+                         "--methods", "max_eps,fedavg", "--rounds", "1")
+    assert code == 1
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert rows["max_eps"]["status"] == "ok" and rows["max_eps"]["rounds_run"] == "1"
+    assert rows["fedavg"]["status"] == "failed" and "0.8 participations" in rows["fedavg"]["message"]
+    assert "would train nothing" in rows["fedavg"]["message"]
+
+
 def test_only_seeds_runs_those_seeds_and_the_tables_collect_every_finished_one(tmp_path, fmnist):
     # a grid's seeds spread over two invocations (two machines or sessions) into one --out
     args = ["reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING, "--methods", "max_eps",

@@ -35,7 +35,8 @@ from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS
 from dpfl.engine.pooled import PooledData
 from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import ClientBudget
-from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun, calibrate_run, calibration_targets
+from dpfl.privacy.run_calibration import (PARTICIPATIONS, CalibratedNoise, PlannedRun, calibrate_run,
+                                          calibration_targets, refuse_a_run_that_trains_nothing)
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.seeding import Purpose, numpy_generator
 
@@ -273,7 +274,10 @@ class FederatedRun:
             if (z < 0).any():
                 raise ValueError("noise multipliers must be >= 0")
             return z
-        self.calibrated = calibrate_run(self.planned_run("dpsgd"))
+        plan = self.planned_run("dpsgd")
+        self.calibrated = calibrate_run(plan)
+        if self.enforce_budgets:  # Maximum-epsilon (budgets not enforced) trains every round whatever was planned
+            refuse_a_run_that_trains_nothing(plan, self.calibrated)
         if self.calibration == "pfa-heuristic":
             self.heuristic_steps = self.calibrated.steps
         return self.calibrated.noise

@@ -46,7 +46,8 @@ from dpfl.privacy.calibration import calibrate_event, calibrate_noise_multiplier
 from dpfl.privacy.events import gaussian_event, sampled_gaussian_event
 from dpfl.privacy.fdp_run import NoisyRunAccounting
 
-__all__ = ["MECHANISMS", "PARTICIPATIONS", "CalibratedNoise", "PlannedRun", "calibrate_run", "calibration_targets"]
+__all__ = ["MECHANISMS", "PARTICIPATIONS", "CalibratedNoise", "PlannedRun", "calibrate_run", "calibration_targets",
+           "refuse_a_run_that_trains_nothing"]
 
 Mechanism = Literal["dpsgd", "central", "udp", "param_noise"]
 Participation = Literal["expected", "worst_case"]
@@ -257,7 +258,6 @@ def _dpsgd(plan: PlannedRun, targets: np.ndarray, parts: np.ndarray) -> tuple[np
     out, steps_planned = np.empty(plan.n_clients), np.zeros(plan.n_clients, dtype=np.int64)
     for i in range(plan.n_clients):
         steps_planned[i] = max(1, int(round(parts[i] * int(plan.local_steps[i]))))
-    _refuse_a_run_that_trains_nothing(plan, parts, steps_planned)
     cache: dict[tuple, float] = {}
     for i in range(plan.n_clients):
         b, m = int(plan.batch_sizes[i]), int(plan.records[i])
@@ -278,12 +278,15 @@ def _dpsgd(plan: PlannedRun, targets: np.ndarray, parts: np.ndarray) -> tuple[np
     return out, steps_planned
 
 
-def _refuse_a_run_that_trains_nothing(plan: PlannedRun, parts: np.ndarray, steps: np.ndarray) -> None:
-    """Under the expected plan with fewer rounds than M/K (T* = (K/M) R tau < tau: spec heterogeneous_dp 2.3) every
-    client's noise is calibrated for less than one participation, so no client can afford its first round and the run
-    would stop before round 1 with nothing trained: an error here, not an empty result."""
-    local = np.asarray(plan.local_steps, dtype=np.int64)
-    if plan.participation == "expected" and bool((steps < local).all()):
+def refuse_a_run_that_trains_nothing(plan: PlannedRun, calibrated: CalibratedNoise) -> None:
+    """For a run that enforces its budgets (stops each client at its budget): under the expected plan with fewer
+    rounds than M/K (T* = (K/M) R tau < tau, spec heterogeneous_dp 2.3) every client's DP-SGD noise is calibrated
+    for less than one participation, so no client can afford its first round and the run would stop before round 1
+    with nothing trained. A ValueError here, not an empty result."""
+    if plan.mechanism != "dpsgd" or plan.participation != "expected" or plan.local_steps is None:
+        return
+    parts = calibrated.participations
+    if bool((np.asarray(calibrated.steps) < np.asarray(plan.local_steps, dtype=np.int64)).all()):
         raise ValueError(
             f"{plan.rounds} round(s) at a participation rate of {float(parts.max()) / plan.rounds:.3g} plan each "
             f"client {float(parts.max()):.3g} participations (the expected count), less than one: no client could "
