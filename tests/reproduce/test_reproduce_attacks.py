@@ -174,5 +174,11 @@ def test_a_setting_another_process_runs_is_skipped_and_written_nothing(tmp_path,
     assert [(r["method"], r["status"]) for r in rows] == [("client", "ok")]
     assert any(line.startswith("  skipped: ") and "in use by another process" in line for line in lines), lines
     assert [p.name for p in held.iterdir()] == [LOCK_FILE]
+    proc = hold_in_another_process(held)
+    try:
+        with pytest.raises(GridError, match="every selected setting is being run by another process"):
+            attacks.run_study("ci", out, rounds=1, settings_pattern="fedavg")
+    finally:
+        kill(proc)
     code, _, err = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--workers", "2", "--tables-only")
     assert code == 2 and "--tables-only runs none" in err

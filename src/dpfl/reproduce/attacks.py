@@ -199,8 +199,11 @@ def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_patt
         except RunDirectoryBusy as err:  # another process runs it: its row is that process's
             if progress is not None:
                 progress(f"  skipped: {err}")
-    if not rows:
+    if not rows and not compute:
         raise GridError(f"--tables-only: no finished setting of this selection under {out / 'runs'}")
+    if not rows:
+        raise GridError("every selected setting is being run by another process: its tables come when it ends "
+                        "(or with --tables-only then)")
     out.mkdir(parents=True, exist_ok=True)
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
     md_path = write_text_atomic(out / "results.md", markdown(scale, rows, command, planned=len(todo)))
