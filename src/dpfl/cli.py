@@ -545,7 +545,6 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
     from dpfl.reproduce.jobs import select_seeds
     from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
     from dpfl.reproduce.tables import write_results as generic_results
-
     from dpfl.reproduce.workers import WorkerDied, run_jobs_in_workers
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)

@@ -256,12 +256,11 @@ def _dpsgd(plan: PlannedRun, targets: np.ndarray, parts: np.ndarray) -> tuple[np
     """Per client: DP-SGD noise for its planned steps (cached over clients with the same setting)."""
     assert plan.records is not None and plan.batch_sizes is not None and plan.local_steps is not None
     out, steps_planned = np.empty(plan.n_clients), np.zeros(plan.n_clients, dtype=np.int64)
-    for i in range(plan.n_clients):
-        steps_planned[i] = max(1, int(round(parts[i] * int(plan.local_steps[i]))))
     cache: dict[tuple, float] = {}
     for i in range(plan.n_clients):
         b, m = int(plan.batch_sizes[i]), int(plan.records[i])
-        steps = int(steps_planned[i])
+        steps = max(1, int(round(parts[i] * int(plan.local_steps[i]))))
+        steps_planned[i] = steps
         delta = plan.budgets[i].delta
         if plan.method == "pfa-heuristic":
             out[i] = heuristic_pfa_noise(float(targets[i]), delta, min(1.0, b / m), steps)

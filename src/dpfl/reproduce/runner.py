@@ -148,11 +148,7 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
             except RunDirectoryBusy as err:  # another process is copying it now
                 outcome = Outcome(job, d, SKIPPED, message=_one_line(err))
             except Exception as err:  # noqa: BLE001 - e.g. a damaged source: recorded like a failed job
-                outcome = _raced(job, out, state, err)  # ... unless another process made the copy meanwhile
-                if outcome is None:
-                    log = _write_log(out, job, err)
-                    outcome = Outcome(job, d, FAILED, "copy", f"{type(err).__name__}: {_one_line(err)} (traceback: "
-                                      f"{log.relative_to(out)})")
+                outcome = _failure(job, out, state, err, "copy")
             else:
                 outcome = Outcome(job, d, OK, f"copied from {twin.relative_to(out)}: the same config but for its name")
         elif dataset in missing:
@@ -168,12 +164,8 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
             except RunDirectoryBusy as err:  # another process is running this job: its result is that process's
                 outcome = Outcome(job, d, SKIPPED, message=_one_line(err))
             except Exception as err:  # noqa: BLE001 - one failing job must not stop the comparison
-                outcome = _raced(job, out, state, err)
-                if outcome is None:
-                    log = _write_log(out, job, err)
-                    outcome = Outcome(job, d, FAILED, "resumed" if state == PARTIAL else "ran",
-                                      f"{type(err).__name__}: {_one_line(err)} (traceback: {log.relative_to(out)})",
-                                      time.perf_counter() - started)
+                outcome = _failure(job, out, state, err, "resumed" if state == PARTIAL else "ran",
+                                   time.perf_counter() - started)
             else:
                 _log_path(out, job).unlink(missing_ok=True)
                 outcome = Outcome(job, d, OK, "resumed" if state == PARTIAL else "ran",
@@ -183,6 +175,17 @@ def run_jobs(jobs: Sequence[Job], out: Path, *, progress: Progress | None = None
         outcomes.append(outcome)
         progress.end(outcome, index, len(jobs))
     return outcomes
+
+
+def _failure(job: Job, out: Path, state: str, err: Exception, action: str, seconds: float = 0.0) -> Outcome:
+    """A job's exception as its outcome: failed, with the traceback in OUT/logs/, unless another process filled the
+    job's directory meanwhile (`_raced`)."""
+    raced = _raced(job, out, state, err)
+    if raced is not None:
+        return raced
+    log = _write_log(out, job, err)
+    return Outcome(job, job.run_dir(out), FAILED, action,
+                   f"{type(err).__name__}: {_one_line(err)} (traceback: {log.relative_to(out)})", seconds)
 
 
 def _raced(job: Job, out: Path, state: str, err: Exception) -> Outcome | None:

@@ -24,7 +24,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dpfl.experiment.run_lock import LOCKS_AVAILABLE
+from dpfl.experiment.run_lock import LOCKS_AVAILABLE, RunDirectoryBusy
 from dpfl.reproduce.jobs import Job
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome, Progress, check_existing, run_jobs
 
@@ -98,8 +98,6 @@ def rows_in_workers(run_row: Callable[[Any, dict], dict[str, Any]], items: Seque
 
 def _rows(run_row: Callable[[Any, dict], dict[str, Any]], items: list[Any], names: list[str],
           worker: int) -> list[dict[str, Any] | None]:
-    from dpfl.experiment.run_lock import RunDirectoryBusy
-
     cache: dict[Any, Any] = {}
     rows: list[dict[str, Any] | None] = []
     for n, (item, name) in enumerate(zip(items, names), 1):
