@@ -60,6 +60,21 @@ def test_two_workers_run_every_job_once_with_the_results_of_one(tmp_path, fmnist
     assert [o.action for o in again] == ["finished before"] * 6
 
 
+def test_the_cli_runs_a_grid_in_workers_as_a_user_does(tmp_path, fmnist):
+    """`dpfl reproduce pfa ... --workers 2`: every job once, the tables with one row per job, the summary line."""
+    code, out, err = cli("reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings",
+                         "fmnist-logr-iid-MixGauss1-M10-rdp", "--methods", "np_fedavg,fedavg", "--rounds", "2",
+                         "--workers", "2")
+    assert code == 0, err
+    assert "pfa (ci (reduced: 2 rounds instead of 5)): 2 ok" in out
+    rows = (tmp_path / "results.csv").read_text().splitlines()[1:]
+    assert len(rows) == 2 and all(",ok," in r for r in rows)
+    for method in ("np_fedavg", "fedavg"):
+        d = tmp_path / "runs" / "fmnist-logr-iid-MixGauss1-M10-rdp" / method / "seed0"
+        assert len((d / "environment.jsonl").read_text().splitlines()) == 1  # run once
+        assert len(_metrics(d)) == json.loads((d / "summary.json").read_text())["rounds_done"] >= 1
+
+
 def _outcome(status: str, action: str = "", message: str = "") -> Outcome:
     job = Job("s", "m", 0, config=None, label="")  # type: ignore[arg-type]
     return Outcome(job, Path("d"), status, action, message)
