@@ -18,7 +18,7 @@ from cli_runner import cli
 from lock_holder import hold_in_another_process, kill
 from dpfl.experiment.config import load_config
 from dpfl.experiment.run_directory import execute
-from dpfl.experiment.run_lock import LOCK_FILE, RunDirectoryBusy, hold_run_directory, lock_holder
+from dpfl.experiment.run_lock import LOCK_FILE, RunDirectoryBusy, hold_run_directory, lock_holder, run_held
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 SETS = ["name=locked", "training.rounds=3", "evaluation.every=1", "checkpoint.every=1", "privacy.noise_multiplier=1.5"]
@@ -94,3 +94,25 @@ def test_lock_holder_names_the_holding_process_and_creates_nothing(tmp_path):
     finally:
         kill(proc)
     assert lock_holder(tmp_path) is None  # the file stays; its lock died with the holder
+
+
+def test_run_held_asks_again_under_the_lock_and_runs_only_when_nothing_is_done(tmp_path):
+    """The second `finished` answer (under the lock) is the one that counts: another process may finish the work
+    between the first check and taking the lock; then `run` must not run again."""
+    d = tmp_path / "job"
+    answers = iter([None, "done by the other"])
+    ran: list[str] = []
+    assert run_held(d, lambda: next(answers), lambda: ran.append("run") or "ran") == "done by the other"
+    assert ran == [] and d.is_dir()
+    assert run_held(d, lambda: None, lambda: "ran") == "ran"
+    assert run_held(tmp_path / "finished", lambda: "kept", lambda: "ran") == "kept"
+    assert not (tmp_path / "finished").exists()  # nothing made where the work was done
+
+
+def test_run_held_in_a_directory_another_process_holds_runs_nothing(tmp_path):
+    proc = hold_in_another_process(tmp_path)
+    try:
+        with pytest.raises(RunDirectoryBusy):
+            run_held(tmp_path, lambda: None, lambda: pytest.fail("ran beside the holder"))
+    finally:
+        kill(proc)

@@ -22,7 +22,7 @@ from dpfl.experiment.config.loading import read_config_mapping
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import MPDPResult, federated_arrays, run_mpdp
 from dpfl.experiment.run_directory import CONFIG, METRICS, PRIVACY, SUMMARY, RunDirectoryError, is_occupied
-from dpfl.experiment.run_lock import hold_run_directory
+from dpfl.experiment.run_lock import run_held
 from dpfl.results.environment import write_environment
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
@@ -52,19 +52,21 @@ def execute_mpdp(cfg: MPDPConfig, out: Path, progress: Callable[[str], None] | N
     `out` is refused at once (RunDirectoryBusy) instead of running too and overwriting the first's files."""
     out = Path(out)
     arrays = federated_arrays(cfg)  # a missing dataset surfaces before the directory is made
-    _refuse_used(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with hold_run_directory(out):
-        _refuse_used(out)  # again, under the lock: another process may have finished a run here meanwhile
+
+    def run() -> dict[str, Any]:
         result = run_mpdp(cfg, cfg.method, arrays=arrays, progress=progress)
         write_text_atomic(out / CONFIG, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         write_run_files(out, result)
         summary = {"name": cfg.name, "scheme": SCHEME, **result.summary, "rounds_done": cfg.rounds}
         write_json_atomic(out / SUMMARY, summary)
-    return summary
+        return summary
+
+    return run_held(out, lambda: _refuse_used(out), run)
 
 
 def _refuse_used(out: Path) -> None:
-    if is_occupied(out):  # the lock file alone (a run that failed before writing) is no obstacle
+    """Raises if `out` holds a run (finished, or not: MP-DP runs cannot resume); the lock file alone is no
+    obstacle (a run that failed before writing)."""
+    if is_occupied(out):
         state = "a finished run" if (out / SUMMARY).exists() else "an unfinished run: MP-DP runs cannot resume"
         raise RunDirectoryError(f"{out} already exists and is not empty ({state}; choose another --out)")

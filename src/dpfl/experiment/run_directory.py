@@ -35,7 +35,7 @@ import torch
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
-from dpfl.experiment.run_lock import LOCK_FILE, hold_run_directory
+from dpfl.experiment.run_lock import LOCK_FILE, hold_run_directory, run_held
 from dpfl.results.environment import ENVIRONMENT_FILE, read_environment, record_environment
 from dpfl.results.report import write_report
 from dpfl.results.traffic import traffic_report
@@ -377,11 +377,8 @@ def copy_finished_run(src: Path, cfg: RunConfig, out: Path) -> dict[str, Any]:
         raise RunDirectoryError(f"{src} is not a finished run (no {SUMMARY}): nothing to copy")
     if twin_key(load_config(src / CONFIG)) != twin_key(cfg):
         raise RunDirectoryError(f"{src} holds a run of another config than {cfg.name!r} (beyond its name)")
-    _refuse_existing(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with hold_run_directory(out):  # two processes copying one twin: the second is refused (RunDirectoryBusy)
-        _refuse_existing(out)  # again, under the lock: the other may have finished the copy meanwhile
-        return _copy_held(src, summary, cfg, out)
+    # two processes copying one twin: the second is refused (RunDirectoryBusy), or finds the copy made (refused)
+    return run_held(out, lambda: _refuse_existing(out), lambda: _copy_held(src, summary, cfg, out))
 
 
 def _copy_held(src: Path, summary: dict[str, Any], cfg: RunConfig, out: Path) -> dict[str, Any]:

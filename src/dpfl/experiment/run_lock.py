@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCKS_AVAILABLE", "LOCK_FILE", "RunDirectoryBusy", "hold_run_directory", "lock_holder"]
+__all__ = ["LOCKS_AVAILABLE", "LOCK_FILE", "RunDirectoryBusy", "hold_run_directory", "lock_holder", "run_held"]
+
+T = TypeVar("T")
 
 LOCK_FILE = ".lock"
 LOCKS_AVAILABLE = fcntl is not None  # False on Windows: two processes in one directory are then not refused
@@ -54,6 +56,20 @@ def hold_run_directory(out: Path) -> Iterator[None]:
         finally:
             if fcntl is not None:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def run_held(out: Path, finished: Callable[[], T | None], run: Callable[[], T]) -> T:
+    """`run()` in `out` (made if missing) under its lock, unless `finished()` says the work is done: it returns the
+    result already there (None: not done; it may raise to refuse). `finished` is asked before the lock and again
+    under it, since another process may have finished the work while this one waited to start; a process that
+    finds the lock held gets RunDirectoryBusy and writes nothing."""
+    done = finished()
+    if done is not None:
+        return done
+    out.mkdir(parents=True, exist_ok=True)
+    with hold_run_directory(out):
+        done = finished()
+        return done if done is not None else run()
 
 
 def lock_holder(out: Path) -> str | None:

@@ -38,7 +38,7 @@ from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, sha
 from dpfl.attacks.released import attack_released_model
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
 from dpfl.experiment.run_directory import execute
-from dpfl.experiment.run_lock import RunDirectoryBusy, hold_run_directory
+from dpfl.experiment.run_lock import RunDirectoryBusy, run_held
 from dpfl.reproduce.jobs import GridError, config_dir, select_names
 from dpfl.reproduce.runner import first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
@@ -130,13 +130,13 @@ def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, s
     """The run, its attacks and its audit; the row of results.csv (read back if attacks.json exists). `cache` keeps
     what settings share (the inversion metrics' feature extractor)."""
     d = out / "runs" / cfg.name
-    if setting_state(cfg, out) == "finished":
-        return _read_back(cfg, d)
-    d.mkdir(parents=True, exist_ok=True)
-    with hold_run_directory(d):  # the run, attacks and audit of one process: another worker skips the setting
-        if setting_state(cfg, out) == "finished":  # ... or finished it meanwhile
-            return _read_back(cfg, d)
-        return _run_setting_held(method, epsilon, cfg, d, scale, cache if cache is not None else {})
+
+    def finished() -> dict[str, Any] | None:
+        return _read_back(cfg, d) if setting_state(cfg, out) == "finished" else None
+
+    # the run, attacks and audit of one process: another worker skips the setting (RunDirectoryBusy)
+    return run_held(d, finished,
+                    lambda: _run_setting_held(method, epsilon, cfg, d, scale, cache if cache is not None else {}))
 
 
 def _read_back(cfg: RunConfig, d: Path) -> dict[str, Any]:

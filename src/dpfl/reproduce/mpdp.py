@@ -62,7 +62,7 @@ from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
 from dpfl.experiment.mpdp_directory import write_run_files
 from dpfl.experiment.mpdp_inversion import inversion_report
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
-from dpfl.experiment.run_lock import RunDirectoryBusy, hold_run_directory, lock_holder
+from dpfl.experiment.run_lock import RunDirectoryBusy, lock_holder, run_held
 from dpfl.reproduce.jobs import GridError, check_planned, config_dir, select_names
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
@@ -207,15 +207,13 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS,
     `inversion_steps`: per attack and probe batch; 0 skips the inversion (recorded as skipped). `extractors`: the
     study's cache of public feature extractors (`shared_extractor`), shared by its jobs."""
     d = job.directory(out)
-    summary_path = d / "summary.json"
-    state = check_directories([job], out, inversion_steps)[0]
-    if state == FINISHED:
-        return json.loads(summary_path.read_text())
-    d.mkdir(parents=True, exist_ok=True)
-    with hold_run_directory(d):  # another worker on this --out running the job: RunDirectoryBusy, nothing written
-        if job_state(job, out, inversion_steps)[0] == FINISHED:  # ... or it finished the job meanwhile
-            return json.loads(summary_path.read_text())
-        return _run_job_held(job, out, inversion_steps, extractors)
+
+    def finished() -> dict[str, Any] | None:
+        done = check_directories([job], out, inversion_steps)[0] == FINISHED
+        return json.loads((d / "summary.json").read_text()) if done else None
+
+    # another worker on this --out running the job: RunDirectoryBusy, nothing written
+    return run_held(d, finished, lambda: _run_job_held(job, out, inversion_steps, extractors))
 
 
 def _run_job_held(job: MPDPJob, out: Path, inversion_steps: int, extractors: dict[Any, Any] | None) -> dict[str, Any]:
