@@ -32,7 +32,7 @@ def _metrics(d: Path) -> list[dict]:
     return untimed([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()])
 
 
-def test_two_workers_run_every_job_once_with_the_results_of_one(tmp_path, fmnist):
+def test_two_workers_run_every_job_once_with_the_results_of_one(tmp_path, fmnist, capsys):
     grid = _grid()
     assert len(grid.jobs) == 6
     out = tmp_path / "out"
@@ -56,8 +56,10 @@ def test_two_workers_run_every_job_once_with_the_results_of_one(tmp_path, fmnist
             assert all(torch.equal(got[k], want[k]) for k in want), job.key
     finally:
         torch.set_num_threads(threads)
+    capsys.readouterr()
     again = run_jobs_in_workers(grid.jobs, out, 2, threads=1)  # a second invocation finds the grid done
     assert [o.action for o in again] == ["finished before"] * 6
+    assert capsys.readouterr().err.splitlines() == ["6 of 6 jobs finished before; 2 workers run the others"]
 
 
 def test_the_cli_runs_a_grid_in_workers_as_a_user_does(tmp_path, fmnist):
@@ -125,5 +127,6 @@ def test_a_worker_says_what_it_runs_not_what_another_holds(capsys):
     lines.round(job, {"round": 1})
     lines.round(job, {"round": 2})
     lines.end(Outcome(job, Path("d"), OK, "ran", seconds=412.3), 2, 6)
+    lines.end(_outcome(OK, "finished before"), 3, 6)  # counted once by the parent, not by every worker
     assert capsys.readouterr().err.splitlines() == ["worker 2: [2/6] s m seed0: running (round 1 of 100 done)",
                                                     "worker 2: [2/6] s m seed0: ok (ran, 412 s)"]

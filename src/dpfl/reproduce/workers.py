@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from dpfl.experiment.run_lock import LOCKS_AVAILABLE, RunDirectoryBusy
 from dpfl.reproduce.jobs import Job
-from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome, Progress, check_existing, run_jobs
+from dpfl.reproduce.runner import FAILED, FINISHED, OK, SKIPPED, Outcome, Progress, check_existing, run_jobs
 
 __all__ = ["WorkerDied", "default_threads", "in_workers", "merge_outcomes", "rows_in_workers",
            "run_jobs_in_workers"]
@@ -50,7 +50,10 @@ def run_jobs_in_workers(jobs: Sequence[Job], out: Path, workers: int, *, threads
 
     Raises ConfigMismatchError before any process starts if a directory holds another config, and ValueError where
     run directories cannot be locked (no `fcntl`: the workers would train into one directory together)."""
-    check_existing(jobs, out)  # a user error, said once, before any process starts
+    states = check_existing(jobs, out)  # a user error, said once, before any process starts
+    done = sum(state == FINISHED for state in states.values())
+    if done:  # said once here: the workers do not list them (each would, one line per job)
+        _say(f"{done} of {len(jobs)} jobs finished before; {workers} workers run the others")
     return merge_outcomes(in_workers(partial(_run_jobs, list(jobs), Path(out)), workers, threads))
 
 
@@ -127,8 +130,8 @@ def merge_outcomes(per_worker: Sequence[Sequence[Outcome]]) -> list[Outcome]:
 
 
 class _Lines(Progress):
-    """One line when a worker's run has trained its first round and one when a job ends, prefixed with the worker's
-    number (a bar per worker would fight over the terminal). Not at `start`: two workers may both prepare a job
+    """One line when a worker's run has trained its first round and one when a job it acted on ends, prefixed with
+    the worker's number (a bar per worker would fight over the terminal). Not at `start`: two workers may both prepare a job
     (data, calibration) before one of them takes its directory; the other then skips it."""
 
     def __init__(self, worker: int) -> None:
@@ -149,6 +152,8 @@ class _Lines(Progress):
         job, self.started = outcome.job, None
         if outcome.status == SKIPPED and "another process" in outcome.message:
             return  # another worker's job: that worker reports it
+        if outcome.status == OK and outcome.action == "finished before":
+            return  # finished before the grid (counted once at its start) or by another worker, which said so
         detail = outcome.action
         if outcome.status == OK and outcome.action in ("ran", "resumed"):
             detail = f"{outcome.action}, {outcome.seconds:.0f} s"
