@@ -5,7 +5,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+from dpfl.experiment.run_lock import hold_run_directory
 
 _CODE = ("import sys, time; from pathlib import Path; from dpfl.experiment.run_lock import hold_run_directory\n"
          "with hold_run_directory(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)\n")
@@ -24,3 +27,11 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def hold_until_interrupted(root: Path, worker: int) -> None:
+    """A worker's work in `in_workers` tests: hold root/<worker>'s lock for up to 600 s."""
+    d = root / str(worker)
+    d.mkdir(parents=True, exist_ok=True)
+    with hold_run_directory(d):
+        time.sleep(600)

@@ -130,3 +130,34 @@ def test_a_worker_says_what_it_runs_not_what_another_holds(capsys):
     lines.end(_outcome(OK, "finished before"), 3, 6)  # counted once by the parent, not by every worker
     assert capsys.readouterr().err.splitlines() == ["worker 2: [2/6] s m seed0: running (round 1 of 100 done)",
                                                     "worker 2: [2/6] s m seed0: ok (ran, 412 s)"]
+
+
+def test_workers_stop_when_their_parent_is_killed(tmp_path):
+    """A parent killed by SIGKILL (or SIGTERM) takes no worker with it: the workers notice within seconds, stop and
+    let their run directories go, instead of running the rest of the grid as orphans."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dpfl.experiment.run_lock import lock_holder
+
+    code = ("import sys; from functools import partial; from pathlib import Path; from lock_holder import "
+            "hold_until_interrupted; from dpfl.reproduce.workers import in_workers\n"
+            "in_workers(partial(hold_until_interrupted, Path(sys.argv[1])), 2, threads=1)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=Path(__file__).parents[1])
+    dirs = [tmp_path / "1", tmp_path / "2"]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(d.is_dir() and lock_holder(d) for d in dirs):
+            assert time.monotonic() < deadline and parent.poll() is None, "the workers never took their directories"
+            time.sleep(0.2)
+        holders = [lock_holder(d) for d in dirs]
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+    assert all(h and f"pid {parent.pid} " not in h for h in holders)  # held by the workers, not the parent
+    deadline = time.monotonic() + 30
+    while any(lock_holder(d) for d in dirs):
+        assert time.monotonic() < deadline, f"orphaned workers still hold {[lock_holder(d) for d in dirs]}"
+        time.sleep(0.2)

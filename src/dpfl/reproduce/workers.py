@@ -15,7 +15,11 @@ its thread count, so a grid run with workers is as reproducible as one run witho
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -82,7 +86,26 @@ def _in_worker(work: Callable[[int], T], worker: int, threads: int) -> T:
     import torch
 
     torch.set_num_threads(threads)
-    return work(worker)
+    parent = os.getppid()
+    _interrupt_when_orphaned(parent)
+    try:
+        return work(worker)
+    except KeyboardInterrupt:
+        if os.getppid() != parent:  # nobody to report to: the job keeps its last checkpoint, the command resumes it
+            os._exit(1)
+        raise
+
+
+def _interrupt_when_orphaned(parent: int, every: float = 1.0) -> None:
+    """Interrupt this worker (SIGINT, as Ctrl-C would) once its parent is gone. Why: a parent killed by SIGTERM or
+    SIGKILL takes no worker with it, and a worker walks the whole job list, so an orphan would train the rest of the
+    grid on its own (the locks kept that safe, not expected)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="dpfl-orphan-watch", daemon=True).start()
 
 
 def rows_in_workers(run_row: Callable[[Any, dict], dict[str, Any]], items: Sequence[Any], names: Sequence[str],
