@@ -59,7 +59,7 @@ def test_two_workers_run_every_job_once_with_the_results_of_one(tmp_path, fmnist
     capsys.readouterr()
     again = run_jobs_in_workers(grid.jobs, out, 2, threads=1)  # a second invocation finds the grid done
     assert [o.action for o in again] == ["finished before"] * 6
-    assert capsys.readouterr().err.splitlines() == ["6 of 6 jobs finished before; 2 workers run the others"]
+    assert capsys.readouterr().err.splitlines() == ["all 6 jobs finished before"]
 
 
 def test_the_cli_runs_a_grid_in_workers_as_a_user_does(tmp_path, fmnist):

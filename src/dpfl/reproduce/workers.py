@@ -57,7 +57,8 @@ def run_jobs_in_workers(jobs: Sequence[Job], out: Path, workers: int, *, threads
     states = check_existing(jobs, out)  # a user error, said once, before any process starts
     done = sum(state == FINISHED for state in states.values())
     if done:  # said once here: the workers do not list them (each would, one line per job)
-        _say(f"{done} of {len(jobs)} jobs finished before; {workers} workers run the others")
+        _say(f"all {done} jobs finished before" if done == len(jobs)
+             else f"{done} of {len(jobs)} jobs finished before; {workers} workers run the others")
     return merge_outcomes(in_workers(partial(_run_jobs, list(jobs), Path(out)), workers, threads))
 
 
