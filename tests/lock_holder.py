@@ -29,8 +29,8 @@ def kill(proc: subprocess.Popen) -> None:
         proc.stdout.close()
 
 
-def hold_until_interrupted(root: Path, worker: int) -> None:
-    """A worker's work in `in_workers` tests: hold root/<worker>'s lock for up to 600 s."""
+def hold_until_killed(root: Path, worker: int) -> None:
+    """A worker's work in `in_workers` tests: hold root/<worker>'s lock for up to 600 s (or until killed)."""
     d = root / str(worker)
     d.mkdir(parents=True, exist_ok=True)
     with hold_run_directory(d):

@@ -16,7 +16,6 @@ its thread count, so a grid run with workers is as reproducible as one run witho
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
@@ -87,24 +86,20 @@ def _in_worker(work: Callable[[int], T], worker: int, threads: int) -> T:
     import torch
 
     torch.set_num_threads(threads)
-    parent = os.getppid()
-    _interrupt_when_orphaned(parent)
-    try:
-        return work(worker)
-    except KeyboardInterrupt:
-        if os.getppid() != parent:  # nobody to report to: the job keeps its last checkpoint, the command resumes it
-            os._exit(1)
-        raise
+    _exit_when_orphaned(os.getppid())
+    return work(worker)
 
 
-def _interrupt_when_orphaned(parent: int, every: float = 1.0) -> None:
-    """Interrupt this worker (SIGINT, as Ctrl-C would) once its parent is gone. Why: a parent killed by SIGTERM or
-    SIGKILL takes no worker with it, and a worker walks the whole job list, so an orphan would train the rest of the
-    grid on its own (the locks kept that safe, not expected)."""
+def _exit_when_orphaned(parent: int, every: float = 1.0) -> None:
+    """End this worker at once when its parent is gone. Why: a parent killed by SIGTERM or SIGKILL takes no worker
+    with it, and a worker walks the whole job list, so an orphan would train the rest of the grid on its own. The exit
+    is what SIGKILL would do (no signal: a worker started in the background ignores SIGINT), and a killed run is safe:
+    its files are written atomically, the kernel frees its lock, and the next invocation resumes it from its last
+    checkpoint."""
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(every)
-        os.kill(os.getpid(), signal.SIGINT)
+        os._exit(1)
 
     threading.Thread(target=watch, name="dpfl-orphan-watch", daemon=True).start()
 
