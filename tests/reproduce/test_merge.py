@@ -56,7 +56,7 @@ def test_published_csvs_merged_with_themselves_come_back_byte_for_byte(name, key
 def test_two_different_rows_for_one_run_are_refused():
     other = HEADER + "weiavg,Dist5,0,0.99\n"
     with pytest.raises(MergeError, match=r"in1.csv: the row .*'seed': '0'.* differs from the one in in0.csv "
-                                         r"\(columns final_accuracy\)"):
+                                         r"\(columns final_accuracy\).* \(then add the column that does with --key\)"):
         _merge(PIECE_A, other)
 
 

@@ -100,7 +100,9 @@ def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] =
                 seen_in, seen = by_key[k]
                 diff = [c for c in header if seen[c] != row[c]]
                 raise MergeError(f"{name}: the row {dict(zip(key, k))} differs from the one in {seen_in} "
-                                 f"(columns {', '.join(diff)}): two different results for one run")
+                                 f"(columns {', '.join(diff)}): two different results for one run, or two runs "
+                                 f"the key ({', '.join(key)}) does not tell apart (then add the column that does "
+                                 "with --key)")
             by_key.setdefault(k, (name, row))
     assert header is not None
     rows = [row for _, row in by_key.values()]
