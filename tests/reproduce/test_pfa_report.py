@@ -30,6 +30,9 @@ def test_accuracy_against_m_is_one_table_and_plot_per_model_budgets_and_calibrat
     assert "| weiavg | 0.4050 ± 0.0071 | 0.5050 ± 0.0071 |" in text
     assert (tmp_path / "plots" / "accuracy_vs_M-logr-MixGauss1-accountant.png").stat().st_size > 1000
     assert accuracy_vs_m(grid, rows[:4], tmp_path) == []  # one M: nothing to plot against
+    uneven = "\n".join(accuracy_vs_m(grid, rows[:-1], tmp_path))  # M = 40's weiavg without its seed 1
+    assert "| pfa | 0.5050 ± 0.0071 (n = 2) | 0.6050 ± 0.0071 (n = 2) |" in uneven
+    assert "| weiavg | 0.4050 ± 0.0071 (n = 2) | 0.5000 ± n/a (n = 1) |" in uneven
 
 
 def test_every_client_the_heuristic_overspent_is_listed(tmp_path, fmnist):

@@ -23,7 +23,8 @@ __all__ = ["accuracy_vs_m", "overspent_clients"]
 
 def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
     """results.md lines: per (model, budgets, calibration) with two or more M run, a plot of the final accuracy
-    (mean ± sample std over seeds, ddof = 1) against M, one line per method, and its table."""
+    (mean ± sample std over seeds, ddof = 1) against M, one line per method, and its table; where the cells of a
+    table average different numbers of seeds, each says its n."""
     from dpfl.results.plots import plot_errorbars
 
     groups: dict[tuple[str, str, str], dict[int, str]] = {}
@@ -37,17 +38,21 @@ def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> l
         if len(ms) < 2:
             continue
         methods = list(dict.fromkeys(r["method"] for r in rows if r["setting"] in by_m.values()))
+        accs = {(method, m): [r["final_accuracy"] for r in rows if r["setting"] == by_m[m] and r["method"] == method
+                              and r["status"] == OK and r["final_accuracy"] is not None]
+                for method in methods for m in ms}
+        mixed = len({len(a) for a in accs.values() if a}) > 1  # a grid's seeds run over sessions: say n per cell
         table, series = [], {}
         for method in methods:
-            means, stds = [], []
+            means, stds, cells = [], [], []
             for m in ms:
-                acc = [r["final_accuracy"] for r in rows if r["setting"] == by_m[m] and r["method"] == method
-                       and r["status"] == OK and r["final_accuracy"] is not None]
+                acc = accs[(method, m)]
                 means.append(float(np.mean(acc)) if acc else math.nan)
                 stds.append(float(np.std(acc, ddof=1)) if len(acc) > 1 else math.nan)  # as results.md's other cells
+                cells.append("—" if not acc else f"{means[-1]:.4f} ± " + ("n/a" if len(acc) < 2 else f"{stds[-1]:.4f}")
+                             + (f" (n = {len(acc)})" if mixed else ""))
             series[method] = (ms, means, stds)
-            table.append([method, *("—" if math.isnan(a) else f"{a:.4f} ± " + ("n/a" if math.isnan(s) else f"{s:.4f}")
-                                    for a, s in zip(means, stds))])
+            table.append([method, *cells])
         path = plot_errorbars(series, out / "plots" / f"accuracy_vs_M-{model}-{dist}-{cal}.png",
                               xlabel="clients M (K = 0.8 M per round)", ylabel="final test accuracy",
                               title=f"{model}, {dist}, calibration {cal}")
