@@ -158,5 +158,10 @@ def test_workers_share_the_jobs_and_each_runs_once(tmp_path):
     for row in rows:  # one execution per directory: environment.jsonl has one line
         d = out / row["run_dir"]
         assert len((d / "environment.jsonl").read_text().splitlines()) == 1, d
+    code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--seeds", 1, "--rounds", 2,
+                       "--methods", "mpdp,fedavg", "--settings", "ci_digits_k100,ci_digits_mlp",
+                       "--inversion-steps", 0, "--workers", 2)  # again: every job read back, said in one line
+    assert code == 0 and "all 3 jobs finished before" in err, err
+    assert list(csv.DictReader((out / "results.csv").open())) == rows
     code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--workers", 2, "--dry-run")
     assert code == 2 and "--dry-run runs none" in err

@@ -17,6 +17,7 @@ from cli_runner import cli
 from untimed import untimed
 
 from dpfl.experiment.run_directory import execute, load_checkpoint
+from dpfl.experiment.run_lock import RunDirectoryBusy
 from dpfl.reproduce import pfa
 from dpfl.reproduce.jobs import Job
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
@@ -164,3 +165,16 @@ def test_workers_stop_when_their_parent_is_killed(tmp_path):
     while any(lock_holder(d) for d in dirs):
         assert time.monotonic() < deadline, f"orphaned workers still hold {[lock_holder(d) for d in dirs]}"
         time.sleep(0.2)
+
+
+def test_a_worker_lists_the_rows_it_ran_not_those_finished_before(capsys):
+    from dpfl.reproduce.workers import _rows
+
+    def run_row(item: str, cache: dict) -> dict:
+        if item == "held":
+            raise RunDirectoryBusy("in use by another process")
+        return {"status": "ok", "item": item}
+
+    rows = _rows(run_row, ["old", "new", "held"], ["a", "b", "c"], [True, False, False], 1)
+    assert rows == [{"status": "ok", "item": "old"}, {"status": "ok", "item": "new"}, None]
+    assert capsys.readouterr().err.splitlines() == ["worker 1: [2/3] b: ok"]

@@ -186,7 +186,8 @@ def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_patt
     states = [setting_state(cfg, out) for _, _, cfg in todo]  # every directory checked before anything runs
     rows: list[dict[str, Any]] = []
     if compute and workers > 1:
-        shared = rows_in_workers(partial(_setting_row, out, scale), todo, [cfg.name for _, _, cfg in todo], workers)
+        shared = rows_in_workers(partial(_setting_row, out, scale), todo, [cfg.name for _, _, cfg in todo], workers,
+                                 finished=[state == "finished" for state in states])
         rows = [r for r in shared if r is not None]
     cache: dict[Any, Any] = {}  # shared_extractor's: one feature extractor per public records
     for i, ((method, eps, cfg), state) in enumerate(zip(todo, states), 1):

@@ -282,7 +282,8 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
     runs = [compute and (chosen is None or j.seed in chosen) for j in todo]
     rows, done = [], 0
     extractors: dict[Any, Any] = {}  # trained once per dataset and seed for all the study's jobs
-    shared = _in_workers([j for j, run in zip(todo, runs) if run], out, inversion_steps, workers)
+    shared = _in_workers([(j, state == FINISHED) for j, state, run in zip(todo, states, runs) if run], out,
+                         inversion_steps, workers)
     for job, state, run in zip(todo, states, runs):
         if run and shared is not None:
             row = shared.pop(0)
@@ -310,13 +311,15 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
     return csv_path, md_path, rows
 
 
-def _in_workers(todo: list[MPDPJob], out: Path, inversion_steps: int, workers: int) -> list[dict | None] | None:
-    """The rows of `todo` run by `workers` processes (`rows_in_workers`); None with one worker (the caller runs
-    them itself)."""
+def _in_workers(todo: list[tuple[MPDPJob, bool]], out: Path, inversion_steps: int,
+                workers: int) -> list[dict | None] | None:
+    """The rows of the jobs of `todo` (job, finished before) run by `workers` processes (`rows_in_workers`); None
+    with one worker (the caller runs them itself)."""
     if workers <= 1 or not todo:
         return None
-    names = [f"{j.setting} {j.method} seed {j.seed}" for j in todo]
-    return rows_in_workers(partial(_job_row, out, inversion_steps), todo, names, workers)
+    names = [f"{j.setting} {j.method} seed {j.seed}" for j, _ in todo]
+    return rows_in_workers(partial(_job_row, out, inversion_steps), [j for j, _ in todo], names, workers,
+                           finished=[done for _, done in todo])
 
 
 def _job_row(out: Path, inversion_steps: int, job: MPDPJob, extractors: dict[Any, Any]) -> dict[str, Any]:

@@ -56,8 +56,7 @@ def run_jobs_in_workers(jobs: Sequence[Job], out: Path, workers: int, *, threads
     states = check_existing(jobs, out)  # a user error, said once, before any process starts
     done = sum(state == FINISHED for state in states.values())
     if done:  # said once here: the workers do not list them (each would, one line per job)
-        _say(f"all {done} jobs finished before" if done == len(jobs)
-             else f"{done} of {len(jobs)} jobs finished before; {workers} workers run the others")
+        _say(_finished_line(done, len(jobs), workers))
     return merge_outcomes(in_workers(partial(_run_jobs, list(jobs), Path(out)), workers, threads))
 
 
@@ -105,12 +104,16 @@ def _exit_when_orphaned(parent: int, every: float = 1.0) -> None:
 
 
 def rows_in_workers(run_row: Callable[[Any, dict], dict[str, Any]], items: Sequence[Any], names: Sequence[str],
-                    workers: int) -> list[dict[str, Any] | None]:
+                    workers: int, finished: Sequence[bool] | None = None) -> list[dict[str, Any] | None]:
     """For the studies whose jobs each give a results row (mpdp, attacks): `run_row(item, cache)` for every item,
     shared by `workers` processes (`cache`: one dict per process, for what its jobs share). `run_row` raises
     RunDirectoryBusy for a job another process holds. A job's row is the one of the worker that ran it (an ok row
-    over a failed one), None if none did; `names` label the progress lines."""
-    per_worker = in_workers(partial(_rows, run_row, list(items), list(names)), workers)
+    over a failed one), None if none did; `names` label the progress lines, `finished` marks the items finished
+    before (counted in one line, their rows read back without a line per worker)."""
+    finished = list(finished) if finished is not None else [False] * len(items)
+    if any(finished):
+        _say(_finished_line(sum(finished), len(items), workers))
+    per_worker = in_workers(partial(_rows, run_row, list(items), list(names), finished), workers)
     merged = []
     for same_job in zip(*per_worker, strict=True):
         found = [r for r in same_job if r is not None]
@@ -118,18 +121,24 @@ def rows_in_workers(run_row: Callable[[Any, dict], dict[str, Any]], items: Seque
     return merged
 
 
-def _rows(run_row: Callable[[Any, dict], dict[str, Any]], items: list[Any], names: list[str],
+def _rows(run_row: Callable[[Any, dict], dict[str, Any]], items: list[Any], names: list[str], finished: list[bool],
           worker: int) -> list[dict[str, Any] | None]:
     cache: dict[Any, Any] = {}
     rows: list[dict[str, Any] | None] = []
-    for n, (item, name) in enumerate(zip(items, names), 1):
+    for n, (item, name, done) in enumerate(zip(items, names, finished), 1):
         try:
             rows.append(run_row(item, cache))
         except RunDirectoryBusy:  # another worker's job: that worker reports it
             rows.append(None)
             continue
-        _say(f"worker {worker}: [{n}/{len(items)}] {name}: {rows[-1].get('status')}")
+        if not done:
+            _say(f"worker {worker}: [{n}/{len(items)}] {name}: {rows[-1].get('status')}")
     return rows
+
+
+def _finished_line(done: int, total: int, workers: int) -> str:
+    return (f"all {done} jobs finished before" if done == total
+            else f"{done} of {total} jobs finished before; {workers} workers run the others")
 
 
 def merge_outcomes(per_worker: Sequence[Sequence[Outcome]]) -> list[Outcome]:
