@@ -159,8 +159,8 @@ def merge_outcomes(per_worker: Sequence[Sequence[Outcome]]) -> list[Outcome]:
 
 class _Lines(Progress):
     """One line when a worker's run has trained its first round and one when a job it acted on ends, prefixed with
-    the worker's number (a bar per worker would fight over the terminal). Not at `start`: two workers may both prepare a job
-    (data, calibration) before one of them takes its directory; the other then skips it."""
+    the worker's number (a bar per worker would fight over the terminal). Not at `start`: two workers may both
+    prepare a job (data, calibration) before one of them takes its directory; the other then skips it."""
 
     def __init__(self, worker: int) -> None:
         self.prefix = f"worker {worker}:"
