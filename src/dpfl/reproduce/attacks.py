@@ -184,22 +184,12 @@ def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_patt
     is skipped (its row is that process's)."""
     todo = settings(scale, rounds, settings_pattern, seeds)
     states = [setting_state(cfg, out) for _, _, cfg in todo]  # every directory checked before anything runs
-    rows: list[dict[str, Any]] = []
     if compute and workers > 1:
         shared = rows_in_workers(partial(_setting_row, out, scale), todo, [cfg.name for _, _, cfg in todo], workers,
                                  finished=[state == "finished" for state in states])
         rows = [r for r in shared if r is not None]
-    cache: dict[Any, Any] = {}  # shared_extractor's: one feature extractor per public records
-    for i, ((method, eps, cfg), state) in enumerate(zip(todo, states), 1):
-        if (not compute and state != "finished") or (compute and workers > 1):
-            continue
-        if compute and progress is not None:
-            progress(f"[{i}/{len(todo)}] {cfg.name}")
-        try:
-            rows.append(run_setting(method, eps, cfg, out, scale, cache))  # a finished setting is read back
-        except RunDirectoryBusy as err:  # another process runs it: its row is that process's
-            if progress is not None:
-                progress(f"  skipped: {err}")
+    else:
+        rows = _rows_here(todo, states, out, scale, compute, progress)
     if not rows and not compute:
         raise GridError(f"--tables-only: no finished setting of this selection under {out / 'runs'}")
     if not rows:
@@ -209,6 +199,25 @@ def run_study(scale: str, out: Path, *, rounds: int | None = None, settings_patt
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows, COLUMNS))
     md_path = write_text_atomic(out / "results.md", markdown(scale, rows, command, planned=len(todo)))
     return csv_path, md_path, rows
+
+
+def _rows_here(todo: Sequence[tuple[str, float | None, RunConfig]], states: Sequence[str], out: Path, scale: str,
+               compute: bool, progress: Callable[[str], None] | None) -> list[dict[str, Any]]:
+    """The rows of `todo` in this process: every setting run (or read back if finished), or with compute=False only
+    the finished ones read back; a setting another process holds is skipped."""
+    rows: list[dict[str, Any]] = []
+    cache: dict[Any, Any] = {}  # shared_extractor's: one feature extractor per public records
+    for i, ((method, eps, cfg), state) in enumerate(zip(todo, states), 1):
+        if not compute and state != "finished":
+            continue
+        if compute and progress is not None:
+            progress(f"[{i}/{len(todo)}] {cfg.name}")
+        try:
+            rows.append(run_setting(method, eps, cfg, out, scale, cache))  # a finished setting is read back
+        except RunDirectoryBusy as err:  # another process runs it: its row is that process's
+            if progress is not None:
+                progress(f"  skipped: {err}")
+    return rows
 
 
 def _setting_row(out: Path, scale: str, setting: tuple[str, float | None, RunConfig],
