@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import platform
 import statistics

@@ -34,7 +34,7 @@ import numpy as np
 
 from dpfl.reproduce import fedceo
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid
-from dpfl.reproduce.runner import OK, Outcome, Progress, collect_finished, run_jobs
+from dpfl.reproduce.runner import OK, Progress, collect_finished, run_jobs
 from dpfl.reproduce.tables import columns, csv_text, job_row
 from dpfl.results.run_files import write_text_atomic
 

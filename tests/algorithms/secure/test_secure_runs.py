@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent

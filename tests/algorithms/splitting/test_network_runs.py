@@ -4,7 +4,7 @@ import dp_accounting as dpa
 import pytest
 import torch
 
-from dpfl.algorithms.server.splitting import AndersonII, presets
+from dpfl.algorithms.server.splitting import presets
 from dpfl.algorithms.server.splitting.aggregator import EngineOperator, SplittingAggregator
 from dpfl.algorithms.server.view import ServerView
 from dpfl.experiment.build import build_algorithm, build_run

@@ -73,7 +73,7 @@ def test_secrets_are_fresh_each_round_and_absent_from_the_payload():  # T8
     plan = FactorPlan((6, 5, 4, 3))
     W = _model(plan.sizes)
     gen = np.random.default_rng(2)
-    (p1, s1), (p2, s2) = mp_server(W, plan, gen, 0), mp_server(W, plan, gen, 1)
+    (p1, s1), (_, s2) = mp_server(W, plan, gen, 0), mp_server(W, plan, gen, 1)
     assert not torch.equal(s1.r[0], s2.r[0]) and not torch.equal(s1.gamma, s2.gamma)
     blob = pickle.dumps(p1)
     for secret in s1.r + s1.s + (s1.gamma, s1.r_a, s1.mask):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dpfl.algorithms.client.local_operators import GradientSteps, InexactProx, LocalOperator, OperatorCall
+from dpfl.algorithms.client.local_operators import GradientSteps, InexactProx, LocalOperator
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.splitting.anderson import weighted_norm
 from dpfl.algorithms.server.splitting.scheme import RoundResult, SplittingServer, UnifiedSplitting
