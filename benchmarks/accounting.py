@@ -50,7 +50,8 @@ SETTING = (  # dpfl reproduce pfa, setting fmnist-logr-iid-MixGauss1-M30-heurist
     "training.selection={kind: fixed, k: 24}", "privacy.budgets={distribution: MixGauss1}",
     "privacy.calibration=pfa-heuristic", "privacy.sampling=fixed",
 )
-LEDGER_METHODS = ("would_exceed", "epsilon_if", "record", "record_many", "close_round", "spent", "spent_all", "guarantee")
+LEDGER_METHODS = ("would_exceed", "epsilon_if", "record", "record_many", "close_round", "spent", "spent_all",
+                  "guarantee")
 
 
 
@@ -96,7 +97,8 @@ def bench_curves(repeats: int) -> dict:
     from dpfl.privacy.events import REPLACE_ONE, neighboring_relation
 
     orders = list(DEFAULT_RDP_ORDERS)
-    relations = {"add_remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, REPLACE_ONE: dpa.NeighboringRelation.REPLACE_ONE}
+    relations = {"add_remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                 REPLACE_ONE: dpa.NeighboringRelation.REPLACE_ONE}
 
     def old(event) -> None:
         acc = rdp_lib.RdpAccountant(orders, relations[neighboring_relation(event)])
@@ -146,7 +148,8 @@ def bench_ledger(rounds: int, sampling: str) -> dict:
     budgets = {c: float(rng.uniform(0.5, 10.0)) for c in range(n_clients)}
     noise = {c: float(rng.uniform(0.8, 3.0)) for c in range(n_clients)}
     if sampling == "fixed":
-        events = {c: dpsgd_event(noise[c], steps, sampling="fixed", population=n, sample_size=b) for c in range(n_clients)}
+        events = {c: dpsgd_event(noise[c], steps, sampling="fixed", population=n, sample_size=b)
+                  for c in range(n_clients)}
     else:
         events = {c: dpsgd_event(noise[c], steps, sampling="poisson", sample_rate=b / n) for c in range(n_clients)}
     ledger = PrivacyLedger(range(n_clients), 1e-5, budgets)
@@ -155,7 +158,8 @@ def bench_ledger(rounds: int, sampling: str) -> dict:
     for r in range(rounds):
         t = time.perf_counter()
         active = [c for c in active if not ledger.would_exceed(c, events[c])]
-        selected = sorted(rng.choice(active, size=min(per_round, len(active)), replace=False).tolist()) if active else []
+        selected = (sorted(rng.choice(active, size=min(per_round, len(active)), replace=False).tolist())
+                    if active else [])
         for c in selected:
             ledger.record(c, r, events[c])
         ledger.close_round(r)
@@ -250,8 +254,10 @@ def bench_runs(rounds: int, repeats: int) -> dict:
         out[method] = {
             "round_seconds_median": round(statistics.median(r["seconds"] for r in later), 4) if later else None,
             "round_wall_median": round(statistics.median(r["wall"] for r in later), 4) if later else None,
-            "accounting_seconds_per_round_median": round(statistics.median(r["accounting"] for r in later), 5) if later else None,
-            "accounting_fraction_median": round(statistics.median(r["accounting"] / r["wall"] for r in later), 5) if later else None,
+            "accounting_seconds_per_round_median": (round(statistics.median(r["accounting"] for r in later), 5)
+                                                    if later else None),
+            "accounting_fraction_median": (round(statistics.median(r["accounting"] / r["wall"] for r in later), 5)
+                                           if later else None),
             "first_round_seconds_median": round(statistics.median(r["seconds"] for r in first), 4),
             "first_round_accounting_median": round(statistics.median(r["accounting"] for r in first), 4),
             "raw": results,
@@ -263,7 +269,8 @@ def bench_runs(rounds: int, repeats: int) -> dict:
 
 # ----------------------------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress goes to stderr)")
     p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions of each curve (default 7)")
     p.add_argument("--ledger-rounds", type=int, default=20, help="rounds of the simulated ledger (default 20)")
@@ -315,14 +322,18 @@ def print_summary(result: dict) -> None:
             print(f"  {kind:8s} {row['case']:58s} {row['old_ms']:10.3f} {row['new_ms']:8.3f}  x{row['speedup']}")
     print("\nLedger accounting of one round (30 clients, 24 per round)")
     for s, data in result["ledger"].items():
-        print(f"  {s:8s} first round {data['first_round_ms']:.2f} ms, later rounds (median) {data['later_rounds_ms_median']:.3f} ms")
+        print(f"  {s:8s} first round {data['first_round_ms']:.2f} ms, "
+              f"later rounds (median) {data['later_rounds_ms_median']:.3f} ms")
     runs = result["runs"]
     if runs:
-        print(f"\nPFA setting (pfa-heuristic, fixed-size batches), {runs['rounds_per_run']} rounds x {runs['repeats']} runs each")
+        print(f"\nPFA setting (pfa-heuristic, fixed-size batches), "
+              f"{runs['rounds_per_run']} rounds x {runs['repeats']} runs each")
         for m in METHODS:
             d = runs[m]
-            print(f"  {m:7s} round {d['round_seconds_median']} s (median of rounds 2..), first round {d['first_round_seconds_median']} s, "
-                  f"accounting {d['accounting_seconds_per_round_median']} s/round ({100 * d['accounting_fraction_median']:.2f}%)")
+            print(f"  {m:7s} round {d['round_seconds_median']} s (median of rounds 2..), "
+                  f"first round {d['first_round_seconds_median']} s, "
+                  f"accounting {d['accounting_seconds_per_round_median']} s/round "
+                  f"({100 * d['accounting_fraction_median']:.2f}%)")
         print(f"  PFA / WeiAvg per-round seconds: {runs.get('pfa_over_weiavg')}")
 
 

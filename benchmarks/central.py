@@ -79,7 +79,8 @@ PFL_VENV_HELP = (
 # ----------------------------------------------------------------------------------------------- data
 
 
-def load_client_data(n_clients: int, samples: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor], str, str]:
+def load_client_data(n_clients: int, samples: int,
+                     seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor], str, str]:
     """Per-user (x, y): a seeded random subset of Fashion-MNIST's training images, else seeded synthetic images.
 
     The rows are drawn by a random permutation, so each user's records are already in random order (pfl,
@@ -92,7 +93,8 @@ def load_client_data(n_clients: int, samples: int, seed: int) -> tuple[list[torc
 
         ds = load_dataset("fashion_mnist")
         if tuple(ds.x_train.shape[1:]) != INPUT_SHAPE or ds.n_train < need:
-            raise ValueError(f"fashion_mnist has {ds.n_train} x {tuple(ds.x_train.shape[1:])}, need {need} x {INPUT_SHAPE}")
+            raise ValueError(f"fashion_mnist has {ds.n_train} x {tuple(ds.x_train.shape[1:])}, "
+                             f"need {need} x {INPUT_SHAPE}")
         g = torch.Generator().manual_seed(seed)
         rows = torch.randperm(ds.n_train, generator=g)[:need]
         x, y = ds.x_train[rows].float().contiguous(), ds.y_train[rows].long().contiguous()
@@ -280,7 +282,8 @@ def sanity(model, data, xs, ys, n_records, steps, batch, dpfl_out, loop_out, pfl
         "mean_update_cosine_dpfl_loop": float(F.cosine_similarity(dpfl_updates.mean(0), loop_updates.mean(0), dim=0)),
         # the server noise actually added, against z S
         "expected_noise_std": NOISE * CLIP,
-        "dpfl_noise_std": _noise_std(start, P.flatten({n: t.unsqueeze(0) for n, t in dpfl_new.items()})[0], dpfl_updates, k),
+        "dpfl_noise_std": _noise_std(start, P.flatten({n: t.unsqueeze(0) for n, t in dpfl_new.items()})[0],
+                                     dpfl_updates, k),
         "loop_noise_std": _noise_std(start, _flat(loop_new.values()), loop_updates, k),
     }
     out["update_norm_ratio_dpfl_loop"] = out["dpfl_update_norm_mean"] / out["loop_update_norm_mean"]
@@ -334,7 +337,8 @@ def profile_dpfl(model, data, n_records, steps, batch) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress goes to stderr)")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions per method, interleaved (default 3)")
     p.add_argument("--clients", type=int, default=24, help="users per round (all take part)")
@@ -404,7 +408,8 @@ def _run(args) -> tuple[dict | None, int]:
                 f"       make the environment with: {PFL_VENV_HELP}")
             return None, 1
         if pfl_torch != torch.__version__:
-            log(f"warning: pfl's venv has torch {pfl_torch}, this process {torch.__version__}: the comparison is skewed")
+            log(f"warning: pfl's venv has torch {pfl_torch}, this process {torch.__version__}: "
+                "the comparison is skewed")
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -70,7 +70,8 @@ def load_client_data(n_clients: int, samples: int, seed: int, shape: tuple[int, 
 
         ds = load_dataset("fashion_mnist")
         if tuple(ds.x_train.shape[1:]) != tuple(shape) or ds.n_train < need:
-            raise ValueError(f"fashion_mnist has {ds.n_train} x {tuple(ds.x_train.shape[1:])}, need {need} x {tuple(shape)}")
+            raise ValueError(f"fashion_mnist has {ds.n_train} x {tuple(ds.x_train.shape[1:])}, "
+                             f"need {need} x {tuple(shape)}")
         g = torch.Generator().manual_seed(seed)
         rows = torch.randperm(ds.n_train, generator=g)[:need]
         x, y = ds.x_train[rows].contiguous(), ds.y_train[rows].contiguous()
@@ -267,7 +268,8 @@ def _profile_dpfl(model, data, n_clients, steps, batch) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress goes to stderr)")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions per method, interleaved (default 3)")
     p.add_argument("--clients", type=int, default=24)
@@ -368,7 +370,8 @@ def _run(args) -> tuple[dict | None, int]:
     def methods(steps_now: int) -> dict:
         return {
             "dpfl": lambda: run_dpfl(model, data, n, steps_now, batch),
-            "dpfl_vmap": (lambda: run_dpfl(model, data, n, steps_now, batch, engine="vmap")) if args.with_vmap else None,
+            "dpfl_vmap": ((lambda: run_dpfl(model, data, n, steps_now, batch, engine="vmap"))
+                          if args.with_vmap else None),
             "opacus": (lambda: run_opacus(model, xs, ys, steps_now, batch)) if run_opacus_loop else None,
             "nonprivate_loop": lambda: run_plain(model, xs, ys, steps_now, batch),
         }
@@ -499,7 +502,8 @@ def print_table(r: dict) -> None:
     rows = [
         ("dpfl (vectorised DP-SGD)", "dpfl", "dpfl_client_steps_per_second", None),
         ("Opacus per-client loop", "opacus", "opacus_client_steps_per_second", "speedup_vs_opacus"),
-        ("non-private PyTorch loop", "nonprivate_loop", "nonprivate_loop_client_steps_per_second", "speedup_vs_nonprivate_loop"),
+        ("non-private PyTorch loop", "nonprivate_loop", "nonprivate_loop_client_steps_per_second",
+         "speedup_vs_nonprivate_loop"),
     ]
     if r["raw_seconds"].get("dpfl_vmap") is not None:
         rows.append(("dpfl generic (vmap) path", "dpfl_vmap", None, "speedup_vs_dpfl_vmap"))
@@ -507,11 +511,13 @@ def print_table(r: dict) -> None:
         raw = r["raw_seconds"][key]
         raw_s = "skipped" if raw is None else " ".join(f"{t:.2f}" for t in raw)
         speed = "" if sp is None else fmt(r[sp], ".2f", "x")
-        steps_s = fmt(r[rate], ".0f") if rate else fmt(ratio_or_none(r["clients"] * r["steps"], r[key + "_seconds"]), ".0f")
+        steps_s = (fmt(r[rate], ".0f") if rate
+                   else fmt(ratio_or_none(r["clients"] * r["steps"], r[key + "_seconds"]), ".0f"))
         gflops = fmt(r[key + "_gflop_per_second"], ".1f")
         print(f"{label:<26}{fmt(r[key + '_seconds']):>10}{steps_s:>16}{gflops:>9}{speed:>15}   {raw_s}")
     if r.get("dpfl_fraction_of_peak") is not None:
-        print(f"dpfl runs at {100 * r['dpfl_fraction_of_peak']:.0f}% of the given {r['peak_gflop_per_second']:.0f} GFLOP/s peak")
+        print(f"dpfl runs at {100 * r['dpfl_fraction_of_peak']:.0f}% of the given "
+              f"{r['peak_gflop_per_second']:.0f} GFLOP/s peak")
     print()
     print("speed-up = method's median time / dpfl's median time (>1: dpfl is faster)")
     s = r["sanity"]

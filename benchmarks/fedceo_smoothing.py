@@ -70,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     stacked = {n: t.unsqueeze(0) + 0.05 * torch.randn(args.clients, *t.shape, generator=g) for n, t in w.items()}
     print(f"LeNet-5: {P.num_parameters(w):,} parameters, K = {args.clients}", file=sys.stderr)
     smooth = {
-        "float64_fft": smoothing_seconds(stacked, args.threshold, rfft=False, dtype=torch.float64, repeats=args.repeats),
-        "float64_rfft": smoothing_seconds(stacked, args.threshold, rfft=True, dtype=torch.float64, repeats=args.repeats),
-        "float32_rfft": smoothing_seconds(stacked, args.threshold, rfft=True, dtype=torch.float32, repeats=args.repeats),
+        "float64_fft": smoothing_seconds(stacked, args.threshold, rfft=False, dtype=torch.float64,
+                                         repeats=args.repeats),
+        "float64_rfft": smoothing_seconds(stacked, args.threshold, rfft=True, dtype=torch.float64,
+                                          repeats=args.repeats),
+        "float32_rfft": smoothing_seconds(stacked, args.threshold, rfft=True, dtype=torch.float32,
+                                          repeats=args.repeats),
     }
     print(f"smoothing: {smooth}", file=sys.stderr)
     local = local_round_seconds(model, w, args.clients, args.samples, args.epochs, args.batch, args.repeats)
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"local round ({args.epochs} epoch(s), measured): {local:.1f} s; 30 epochs (extrapolated): {30 * per_epoch:.1f} s")
+        print(f"local round ({args.epochs} epoch(s), measured): {local:.1f} s; "
+              f"30 epochs (extrapolated): {30 * per_epoch:.1f} s")
         for name, s in smooth.items():
             share = out["smoothing_share"][name]
             print(f"{name:13s} smoothing {s:6.2f} s: {100 * share[f'{args.epochs}_epochs']:.1f}% of a round at "

@@ -18,8 +18,8 @@ What one round is, in pfl's own simulation (the pieces a pfl user would put toge
 - `FederatedAveraging` with `NNTrainHyperParams(local_num_epochs=None, local_num_steps=STEPS,
   local_batch_size=BATCH, local_learning_rate=LR)`: pfl iterates a user's records in order (no shuffle) in
   batches of BATCH and stops after STEPS batches, within one pass (so STEPS * BATCH must not exceed a
-  user's records by more than a batch; the script refuses otherwise rather than time fewer steps) (central.py shuffles each user's records once when it writes
-  the file, so the batches are a random draw);
+  user's records by more than a batch; the script refuses otherwise rather than time fewer steps) (central.py
+  shuffles each user's records once when it writes the file, so the batches are a random draw);
 - `SimulatedBackend(postprocessors=[CentrallyAppliedPrivacyMechanism(GaussianMechanism(S, z))])`: each user's
   model difference clipped to L2 norm S, the clipped differences summed, N(0, (zS)^2) added to the sum, then
   FederatedAveraging divides by the total weight (one per user: the number of users) and applies it.

@@ -168,7 +168,8 @@ def one(params: int, clients: int, args) -> dict:
     row["pfa"] = time_pfa(updates, old=False)
     if not args.skip_old:
         row["t_tsvd_old"] = time_t_tsvd(updates, old=True)
-        row["pcp_iter_old"] = time_pcp_iteration(updates, args.pcp_iters, old=True) if n_params * clients <= 3e7 else None
+        row["pcp_iter_old"] = (time_pcp_iteration(updates, args.pcp_iters, old=True)
+                               if n_params * clients <= 3e7 else None)
         row["pfa_old"] = time_pfa(updates, old=True)
     for step in ("t_tsvd", "pcp_iter", "pfa"):
         row[f"{step}_share"] = row[step] / row["round"]
@@ -206,8 +207,10 @@ def main(argv=None) -> int:
     print(f"{'P':>10} {'K':>4} {'round s':>8} | {'T-tSVD s':>9} {'old':>7} {'share':>6} | {'PCP s/it':>9} {'old':>7} "
           f"{'share':>6} | {'PFA s':>7} {'old':>7} {'share':>6}")
     for r in rows:
-        print(f"{r['params']:>10,} {r['clients']:>4} {r['round']:>8.3f} | {r['t_tsvd']:>9.3f} {fmt(r.get('t_tsvd_old')):>7} "
-              f"{r['t_tsvd_share']:>6.1%} | {r['pcp_iter']:>9.4f} {fmt(r.get('pcp_iter_old')):>7} {r['pcp_iter_share']:>6.1%} | "
+        print(f"{r['params']:>10,} {r['clients']:>4} {r['round']:>8.3f} | "
+              f"{r['t_tsvd']:>9.3f} {fmt(r.get('t_tsvd_old')):>7} "
+              f"{r['t_tsvd_share']:>6.1%} | {r['pcp_iter']:>9.4f} {fmt(r.get('pcp_iter_old')):>7} "
+              f"{r['pcp_iter_share']:>6.1%} | "
               f"{r['pfa']:>7.3f} {fmt(r.get('pfa_old')):>7} {r['pfa_share']:>6.1%}")
     print(f"(threads {out['threads']}; load average {load_before[0]:.2f} -> {out['loadavg_after'][0]:.2f}; "
           "shares: step time / round time; PCP per iteration)")

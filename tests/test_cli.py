@@ -71,7 +71,8 @@ def test_privacy_noise_json_meets_the_target():
     ["privacy", "epsilon", "--noise-multiplier", "abc", "--sample-rate", "0.1", "--steps", "1", "--delta", "1e-5"],
     ["privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "2", "--steps", "1", "--delta", "1e-5"],
     ["privacy", "noise", "--epsilon", "-1", "--sample-rate", "0.1", "--steps", "1", "--delta", "1e-5"],
-    ["privacy", "noise", "--epsilon", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5", "--accountant", "moments"],
+    ["privacy", "noise", "--epsilon", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5",
+     "--accountant", "moments"],
     ["no-such-command"],
     ["run", "does/not/exist.yaml"],
     ["report", "not-a-run-dir"],
@@ -160,7 +161,8 @@ def test_a_killed_run_resumes_to_identical_metrics(tmp_path):
     assert rows(victim) == rows(reference)
     assert json.loads((victim / "privacy.json").read_text())["clients"] == \
         json.loads((reference / "privacy.json").read_text())["clients"]
-    again = subprocess.run(dpfl + ["run", str(config), "--out", str(victim), "--resume"], capture_output=True, text=True)
+    again = subprocess.run(dpfl + ["run", str(config), "--out", str(victim), "--resume"],
+                           capture_output=True, text=True)
     assert again.returncode == 0 and rows(victim) == rows(reference)  # a finished run stays finished
 
 
@@ -169,7 +171,8 @@ _scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats
                      st.text(max_size=12), st.lists(st.integers(-3, 3), max_size=3))
 _FIELDS = ["name", "seed", "data.dataset", "data.clients", "data.partition", "model.name", "training.rounds",
            "training.batch_size", "training.selection.kind", "training.selection.k", "privacy.delta",
-           "privacy.budgets", "privacy.clip", "privacy.mechanism", "algorithm.name", "evaluation.every", "nonsense.field"]
+           "privacy.budgets", "privacy.clip", "privacy.mechanism", "algorithm.name", "evaluation.every",
+           "nonsense.field"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -114,7 +114,8 @@ def _config(config: Any, overrides: Sequence[str], data: FederatedDataset | None
     raw = apply_overrides(raw, overrides)
     if data is not None:
         if not isinstance(data, FederatedDataset):
-            raise ValueError(f"data must be a dpfl FederatedDataset (see dpfl.federated_data), got {type(data).__name__}")
+            raise ValueError("data must be a dpfl FederatedDataset (see dpfl.federated_data), got "
+                             f"{type(data).__name__}")
         section = raw.get("data")
         if section is None or (isinstance(section, Mapping) and section.get("dataset") == PROVIDED):
             raw["data"] = {"dataset": PROVIDED, "clients": data.n_clients,

@@ -27,7 +27,8 @@ from dpfl.results.json_output import emit_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Differentially private federated learning with per-client privacy ledgers.")
-privacy_app = typer.Typer(no_args_is_help=True, help="Privacy accounting: epsilon of a mechanism, or noise for a target.")
+privacy_app = typer.Typer(no_args_is_help=True,
+                          help="Privacy accounting: epsilon of a mechanism, or noise for a target.")
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: what is available locally, and fetching.")
 reproduce_app = typer.Typer(no_args_is_help=True, help="Reproduce a paper's comparison: every method on the same "
                             "data, budgets and seeds; results.csv, results.md and plots.")
@@ -101,7 +102,8 @@ def _import_plugins(modules: list[str]) -> None:
 @app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set training.rounds=5 (repeatable).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set training.rounds=5 "
+                                                                    "(repeatable).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<name>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a killed run from its last checkpoint.")] = False,
     import_: Annotated[Optional[list[str]], typer.Option(
@@ -205,7 +207,8 @@ def privacy_epsilon(
         _check_mechanism_args(accountant, sample_rate, delta, steps)
         if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
             raise UserError(f"--noise-multiplier must be a finite number >= 0, got {noise_multiplier}")
-        eps = epsilon(dpsgd_event(noise_multiplier, steps, sampling="poisson", sample_rate=sample_rate), delta, accountant)
+        eps = epsilon(dpsgd_event(noise_multiplier, steps, sampling="poisson", sample_rate=sample_rate), delta,
+                      accountant)
     except _user_errors() as e:
         _fail(str(e))
     out = {"epsilon": eps, "delta": delta, "noise_multiplier": noise_multiplier, "sample_rate": sample_rate,
@@ -213,8 +216,9 @@ def privacy_epsilon(
     if as_json:
         emit_json(out)
     else:
-        console.print(f"epsilon = {eps:.6g} at delta = {delta:g} ({accountant.upper()}, Poisson sampling q = {sample_rate:g}, "
-                      f"noise multiplier {noise_multiplier:g}, {steps} steps, add/remove neighbours)", highlight=False)
+        console.print(f"epsilon = {eps:.6g} at delta = {delta:g} ({accountant.upper()}, Poisson sampling "
+                      f"q = {sample_rate:g}, noise multiplier {noise_multiplier:g}, {steps} steps, add/remove "
+                      "neighbours)", highlight=False)
 
 
 @privacy_app.command("noise")
@@ -244,8 +248,8 @@ def privacy_noise(
     if as_json:
         emit_json(out)
     else:
-        console.print(f"noise multiplier = {z:.6g} (gives epsilon = {achieved:.6g} <= {epsilon_:g} at delta = {delta:g}, "
-                      f"{accountant.upper()}, q = {sample_rate:g}, {steps} steps)", highlight=False)
+        console.print(f"noise multiplier = {z:.6g} (gives epsilon = {achieved:.6g} <= {epsilon_:g} at "
+                      f"delta = {delta:g}, {accountant.upper()}, q = {sample_rate:g}, {steps} steps)", highlight=False)
 
 
 # ---- privacy fdp ------------------------------------------------------------------------------------
@@ -260,7 +264,8 @@ def privacy_fdp(
     eta: Annotated[Optional[float], typer.Option("--eta", help="Base learning rate η.")] = None,
     K: Annotated[Optional[int], typer.Option("--K", help="Local steps per round.")] = None,
     V: Annotated[Optional[float], typer.Option("--V", help="Gradient clipping norm.")] = None,
-    sigma: Annotated[Optional[float], typer.Option("--sigma", help="Per-client noise std added to each upload.")] = None,
+    sigma: Annotated[Optional[float], typer.Option("--sigma", help="Per-client noise std added to "
+                                                                   "each upload.")] = None,
     m: Annotated[Optional[int], typer.Option("--m", help="Clients per round.")] = None,
     from_run: Annotated[Optional[Path], typer.Option("--from-run", help="A noisy_fedavg/noisy_fedprox run directory: "
                                                      "its config gives every setting (the grid runs to its T).")
@@ -393,7 +398,8 @@ def data_fetch(name: Annotated[str, typer.Argument(help="Dataset name, e.g. fash
 @data_app.command("convex")
 def data_convex(
     kind: Annotated[str, typer.Option("--kind", help="least_squares or logistic.")] = "least_squares",
-    shift_scale: Annotated[float, typer.Option("--shift-scale", help="Client truths x0 + s xi_i (0: homogeneous).")] = 0.0,
+    shift_scale: Annotated[float, typer.Option("--shift-scale", help="Client truths x0 + s xi_i "
+                                                                     "(0: homogeneous).")] = 0.0,
     preset: Annotated[Optional[str], typer.Option("--preset", help="small: 5 clients, d = 20, N_i = 200.")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -409,10 +415,12 @@ def data_convex(
         _fail(str(e).splitlines()[0])
     import numpy as np
 
-    out = {"kind": kind, "clients": problem.n_clients, "dim": problem.dim, "samples_per_client": problem.n_samples.tolist(),
+    out = {"kind": kind, "clients": problem.n_clients, "dim": problem.dim,
+           "samples_per_client": problem.n_samples.tolist(),
            "shift_scale": shift_scale, "seed": seed, "theta_star_norm": float(np.linalg.norm(problem.theta_star)),
            "objective_at_theta_star": problem.objective(problem.theta_star),
-           "heterogeneity_H": heterogeneity(problem), "heterogeneity_H_per_sample": heterogeneity(problem, per_sample=True)}
+           "heterogeneity_H": heterogeneity(problem),
+           "heterogeneity_H_per_sample": heterogeneity(problem, per_sample=True)}
     if as_json:
         emit_json(out)
         return
@@ -751,7 +759,8 @@ def reproduce_rdpcfl(
     methods: _Methods = None,
     dataset: _Datasets = None, dry_run: _DryRun = False,
     epsilons: Annotated[Optional[str], typer.Option(
-        "--epsilons", help="Comma-separated eps_total values replacing the scale's (ci: 5; full: 3,4,5,10,15).")] = None,
+        "--epsilons", help="Comma-separated eps_total values replacing the scale's (ci: 5; full: "
+                           "3,4,5,10,15).")] = None,
     round1_analysis: Annotated[bool, typer.Option(
         "--round1-analysis", help="Instead of the comparison: the spec's b^1 analysis. Each point trains round 1 "
                                   "of an R-DPCFL run (noise calibrated for its planned length) and clusters it; "
@@ -1030,8 +1039,9 @@ def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optio
     if any(d != "fashion_mnist" for d in _dataset_names(datasets)):
         _fail("--dataset: the FedCEO search runs on fashion_mnist only (the paper's datasets have its Table 2 values)")
     command = " ".join(["dpfl reproduce fedceo --search --scale", scale, "--out", str(out)]
-                       + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings), ("partition", partition),
-                                                   ("mechanism", mechanism)) if v is not None]
+                       + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings),
+                                                   ("partition", partition), ("mechanism", mechanism))
+                          if v is not None]
                        + (["--tune-ablation"] if tune_ablation else []))
     try:
         variant = Variant.of(partition, mechanism)
@@ -1102,7 +1112,8 @@ def reproduce_merge(
 @app.command()
 def audit(
     config: Annotated[Path, typer.Argument(help="YAML config of the run to audit.")],
-    canaries: Annotated[int, typer.Option(help="Canaries (clients or records), each included with probability 1/2.")] = 200,
+    canaries: Annotated[int, typer.Option(help="Canaries (clients or records), each included with "
+                                               "probability 1/2.")] = 200,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field (repeatable).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write OUT/audit.json too.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -1160,7 +1171,8 @@ def _fresh_out(out: Path, names: tuple[str, ...]) -> None:
 def attack_invert(
     run_or_config: Annotated[Path, typer.Argument(help="A config, or a run directory (its config.yaml).")],
     out: Annotated[Path, typer.Option(help="Writes OUT/inversion.json and OUT/inversion.png.")],
-    batch: Annotated[int, typer.Option(help="Records in the probed client's one-step upload (1 or 8 in the spec).")] = 1,
+    batch: Annotated[int, typer.Option(help="Records in the probed client's one-step upload (1 or 8 in "
+                                            "the spec).")] = 1,
     steps: Annotated[int, typer.Option(help="Optimiser steps of each attack.")] = 200,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field (repeatable).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the attacks' dummies and the feature extractor.")] = 0,
@@ -1278,9 +1290,11 @@ app.add_typer(flower_app, name="flower")
 
 @flower_app.command("guide")
 def flower_guide(
-    nodes: Annotated[int, typer.Option(help="SuperNodes to start: one per dpfl client (the config's data.clients).")] = 3,
+    nodes: Annotated[int, typer.Option(help="SuperNodes to start: one per dpfl client (the config's "
+                                            "data.clients).")] = 3,
     port: Annotated[int, typer.Option(help="The SuperLink's port (Fleet, Control and Runtime APIs).")] = 9092,
-    project: Annotated[str, typer.Option(help="The Flower project directory (pyproject.toml, dpfl config).")] = "examples/flower",
+    project: Annotated[str, typer.Option(help="The Flower project directory (pyproject.toml, dpfl "
+                                              "config).")] = "examples/flower",
 ) -> None:
     """Print the commands that start a local federation: SuperLink, SuperNodes, `flwr run`."""
     from dpfl.flower import FlowerMissing, require_flwr

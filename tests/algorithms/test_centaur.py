@@ -80,7 +80,8 @@ def test_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
     only_head = Algorithm("h", PhasedProgram((sgd(0.1, epochs=1, trainable=HEAD),)), Selection(), FullUpdate(),
                           FedAvg("uniform"))
     out = FederatedRun(toy(), model(), only_head, rounds=1, batch_sizes=10).run()
-    assert torch.equal(out.params["0.weight"], w0["0.weight"]) and not torch.equal(out.params["2.weight"], w0["2.weight"])
+    assert (torch.equal(out.params["0.weight"], w0["0.weight"])
+            and not torch.equal(out.params["2.weight"], w0["2.weight"]))
 
 
 def test_dpsgd_mode_charges_both_phases():
@@ -115,7 +116,9 @@ def test_invalid_phased_programs_and_models_are_refused():
     base = ["algorithm.name=centaur", "privacy.budgets=.inf", "privacy.noise_multiplier=1.0"]
     with pytest.raises(ConfigError, match="only a head"):
         build_algorithm(load_config("configs/demo.yaml", base))  # logr is all head
-    alg = build_algorithm(load_config("configs/demo.yaml", [*base, "model.name=mlp2", "algorithm.params={head_epochs: 2}"]))
+    alg = build_algorithm(load_config("configs/demo.yaml",
+                                      [*base, "model.name=mlp2", "algorithm.params={head_epochs: 2}"]))
     assert alg.personal.head == ("fc2.weight",)
-    assert alg.local.phases[0].spec.trainable == ("fc2.weight",) and alg.local.phases[1].spec.trainable == ("fc1.weight",)
+    assert (alg.local.phases[0].spec.trainable == ("fc2.weight",)
+            and alg.local.phases[1].spec.trainable == ("fc1.weight",))
     assert alg.local.phases[0].epochs == 2

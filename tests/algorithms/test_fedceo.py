@@ -53,7 +53,8 @@ def stacked(k=4, seed=0):
 def view(clients):
     k = len(clients)
     return ServerView(torch.as_tensor(clients), torch.full((k,), 10), torch.ones(k, dtype=torch.int64),
-                      torch.full((k,), float("inf"), dtype=torch.float64), torch.zeros(k, dtype=torch.float64), float(k))
+                      torch.full((k,), float("inf"), dtype=torch.float64), torch.zeros(k, dtype=torch.float64),
+                      float(k))
 
 
 def test_r1_fedceo_without_a_smoothing_round_is_exactly_udp_fedavg():
@@ -277,7 +278,8 @@ def test_the_aggregate_view_after_retirements_is_charged_at_the_smaller_populati
 
 def test_r6_poisson_rounds_of_zero_or_one_client_are_handled():
     sizes = set()
-    result = FederatedRun(toy(), model(), algorithm(FedCEO(lam=0.5, interval=1), selection=Selection("poisson", rate=0.2)),
+    result = FederatedRun(toy(), model(),
+                          algorithm(FedCEO(lam=0.5, interval=1), selection=Selection("poisson", rate=0.2)),
                           rounds=12, batch_sizes=8, budgets=ClientBudget(float("inf"), 1e-5), seed=4).run()
     for row in result.history:
         sizes.add(len(row["selected"]))
@@ -296,7 +298,8 @@ def test_p4_dpsgd_mode_reports_per_participation_and_composed_epsilons_and_no_us
                            noise_multipliers=1.2, seed=4).run().privacy
     spent = [c["epsilon_spent"] for c in privacy["clients"]]
     assert privacy["user_level"] is None and "sample-level" in privacy["user_level_note"]
-    assert privacy["eps_total_max"] == max(spent) and privacy["eps_total_mean"] == pytest.approx(sum(spent) / len(spent))
+    assert (privacy["eps_total_max"] == max(spent)
+            and privacy["eps_total_mean"] == pytest.approx(sum(spent) / len(spent)))
     assert 0 < privacy["eps_per_participation"] < privacy["eps_total_max"]  # composition over participations
     assert "aggregate_view" not in privacy  # no client-level view for a sample-level mechanism
 

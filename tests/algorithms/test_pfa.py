@@ -21,7 +21,8 @@ def _gen(seed: int) -> torch.Generator:
 
 def _uploads(K: int, seed: int = 0) -> dict[str, torch.Tensor]:
     g = _gen(seed)
-    return {"w": torch.randn(K, 4, 5, generator=g), "b": torch.randn(K, 5, generator=g), "c": torch.randn(K, 3, generator=g)}
+    return {"w": torch.randn(K, 4, 5, generator=g), "b": torch.randn(K, 5, generator=g),
+            "c": torch.randn(K, 3, generator=g)}
 
 
 def _zeros(uploads):
@@ -123,7 +124,8 @@ def test_lanczos_aggregate_matches_exact():
     view = ServerView.simple([50] * K, eps_reported=eps)
     ups = _uploads(K, seed=4)
     a = PFA(split="explicit", public_clients=(0, 1, 2, 3), k=2).aggregate(_zeros(ups), ups, view, 0, 1)
-    b = PFA(split="explicit", public_clients=(0, 1, 2, 3), k=2, svd_solver="lanczos").aggregate(_zeros(ups), ups, view, 0, 1)
+    b = PFA(split="explicit", public_clients=(0, 1, 2, 3), k=2,
+            svd_solver="lanczos").aggregate(_zeros(ups), ups, view, 0, 1)
     assert _rel(a, b) < 1e-6
 
 

@@ -113,7 +113,8 @@ def test_udp_clips_the_whole_update_and_adds_noise_of_the_configured_std():
 def test_algorithm_declares_its_privacy_semantics():
     local = fedavg(dpsgd(0.1, 1.0, steps=5), Selection("fixed", k=3))
     assert local.unit == "sample" and "server" in local.observer and local.accounted
-    central = central_dp_fedavg(sgd(0.1, steps=5), clip=1.0, noise_multiplier=1.0, selection=Selection("poisson", rate=0.1))
+    central = central_dp_fedavg(sgd(0.1, steps=5), clip=1.0, noise_multiplier=1.0,
+                                selection=Selection("poisson", rate=0.1))
     assert central.unit == "client" and "trusted" in central.observer
     plain = fedavg(sgd(0.1, steps=5))
     assert plain.unit is None and plain.mechanism.startswith("none")

@@ -85,7 +85,8 @@ def test_the_audit_catches_udp_uploads_without_noise(monkeypatch):
 def test_a_non_private_run_audits_to_a_large_bound():
     cfg = validate_config({
         "name": "audit_fedavg", "seed": 0, "data": {"dataset": "digits", "clients": 20}, "model": MODEL,
-        "algorithm": {"name": "fedavg"}, "training": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.5}},
+        "algorithm": {"name": "fedavg"},
+        "training": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.5}},
         "evaluation": {"every": 3}})
     out = audit_client_level(cfg, canaries=200)
     assert out["epsilon_reported"] is None and out["epsilon_lower_bound"] > 3 and not out["refuted"]
@@ -96,7 +97,8 @@ def test_sample_level_runs_and_per_client_budget_lists_are_refused():
         audit_client_level(validate_config({
             "name": "s", "data": {"dataset": "digits", "clients": 4}, "model": {"name": "logr"},
             "algorithm": {"name": "dp_fedavg_local"},
-            "training": {"rounds": 1, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.1}}, "privacy": {"unit": "sample", "clip": 1.0, "budgets": 1.0, "delta": 1e-5}}), canaries=10)
+            "training": {"rounds": 1, "local_epochs": 1, "batch_size": 16, "optimizer": {"lr": 0.1}},
+            "privacy": {"unit": "sample", "clip": 1.0, "budgets": 1.0, "delta": 1e-5}}), canaries=10)
     with pytest.raises(ValueError, match="not a list per client"):
         audit_client_level(_central(budgets=[1.0] * 20), canaries=10)
 

@@ -194,7 +194,8 @@ def test_more_clients_than_records_counts_the_subsample():
 
 
 def test_a_million_clients_on_digits_fails_at_once():
-    with pytest.raises(ValueError, match=r"^n_clients=1000000 exceeds the \d+ training records of dataset 'digits'") as err:
+    with pytest.raises(ValueError,
+                       match=r"^n_clients=1000000 exceeds the \d+ training records of dataset 'digits'") as err:
         federated_dataset("digits", 10**6)
     assert len(str(err.value)) < 200 and "\n" not in str(err.value)
 

@@ -19,7 +19,8 @@ from dpfl.seeding import Purpose, torch_generator
 def small_cnn() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 16), nn.ReLU(), nn.Linear(16, 10)
+        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 16), nn.ReLU(),
+        nn.Linear(16, 10)
     )
 
 
@@ -34,8 +35,8 @@ def plain_sgd_run(model, spec, plan, data, seed, round_):
     """Reference: one client, nn.Module + autograd, the same batches (same generator stream)."""
     model = _copy(model)
     x, y = data.client(plan.client)
-    stream = BatchStream(spec.sampling, len(x), plan.batch_size, torch_generator(seed, Purpose.BATCH, round_, plan.client),
-                         plan.steps)
+    stream = BatchStream(spec.sampling, len(x), plan.batch_size,
+                         torch_generator(seed, Purpose.BATCH, round_, plan.client), plan.steps)
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr)
     for _ in range(plan.steps):
         idx = stream.next()
@@ -175,7 +176,8 @@ def test_empty_poisson_batch_takes_a_noise_only_step():
     spec = LocalSpec(lr=0.1, sampling="poisson", clip=0.8)
     plan = ClientPlan(0, 1, 1, 1.5)  # q = 1/500: the single batch is empty with probability ~ 1/e
     w = P.model_params(model)
-    round_ = next(r for r in range(50) if run_local(model, spec, [plan], data, w, seed=0, round_=r).records_used[0] == 0)
+    round_ = next(r for r in range(50)
+                  if run_local(model, spec, [plan], data, w, seed=0, round_=r).records_used[0] == 0)
     res = run_local(model, spec, [plan], data, w, seed=0, round_=round_)
     assert res.empty_batches[0] == 1
     xi = NoiseStream(P.num_parameters(w), 1, torch_generator(0, Purpose.NOISE, round_, 0)).next()
@@ -397,7 +399,8 @@ def test_noise_is_drawn_on_trainable_coordinates_only():
         xi = NoiseStream(dim_t, 1, torch_generator(11, Purpose.NOISE, 0, p.client)).next()
         scale = lr * p.noise_multiplier * clip / p.batch_size
         torch.testing.assert_close(diff[i], -scale * xi, atol=1e-6, rtol=1e-4)
-        assert noisy.noise_sq_norm[i] == pytest.approx(float(xi.pow(2).sum()) * (p.noise_multiplier * clip) ** 2, rel=1e-5)
+        assert noisy.noise_sq_norm[i] == pytest.approx(float(xi.pow(2).sum()) * (p.noise_multiplier * clip) ** 2,
+                                                       rel=1e-5)
         normalised.append(diff[i] / scale)
     pooled = torch.cat(normalised)
     assert abs(float(pooled.std()) - 1) < 0.07
@@ -429,8 +432,8 @@ def test_bad_trainable_fails_clearly():
     model, data = small_cnn(), make_data()
     w = P.model_params(model)
     with pytest.raises(ValueError, match="fc9.weight") as err:
-        run_local(model, LocalSpec(lr=0.1, trainable=("6.weight", "fc9.weight", "head.bias")), [ClientPlan(0, 4, 1)], data,
-                  w, seed=0, round_=0)
+        run_local(model, LocalSpec(lr=0.1, trainable=("6.weight", "fc9.weight", "head.bias")), [ClientPlan(0, 4, 1)],
+                  data, w, seed=0, round_=0)
     assert "head.bias" in str(err.value) and "'6.weight'" not in str(err.value).split("known")[0]
     with pytest.raises(ValueError, match="empty"):
         LocalSpec(lr=0.1, trainable=())

@@ -183,7 +183,8 @@ def test_clip_binds_for_most_samples_and_each_contribution_is_at_most_C():
     clip = 1e-2
     assert (norms > 10 * clip).float().mean() >= 0.8
     out = fast.clipped_sum(w, {}, x, y, owner, clip, loss)
-    torch.testing.assert_close(P.global_norms(out), torch.minimum(norms, torch.full_like(norms, clip)), rtol=RTOL, atol=0)
+    torch.testing.assert_close(P.global_norms(out), torch.minimum(norms, torch.full_like(norms, clip)),
+                               rtol=RTOL, atol=0)
     for n in raw:
         torch.testing.assert_close(out[n], raw[n] * (clip / norms).clamp(max=1).view(-1, *[1] * (raw[n].dim() - 1)),
                                    rtol=1e-4, atol=1e-9)
@@ -275,7 +276,8 @@ def _assert_rounds_equal(a, b):
 
 
 ROUNDS = {
-    "dpsgd poisson, noise, momentum, prox": dict(spec=dict(sampling="poisson", clip=0.5, momentum=0.5, prox_mu=0.1), z=1.0),
+    "dpsgd poisson, noise, momentum, prox": dict(spec=dict(sampling="poisson", clip=0.5, momentum=0.5, prox_mu=0.1),
+                                                 z=1.0),
     "dpsgd fixed, step rates": dict(spec=dict(sampling="fixed", clip=0.3), z=0.7, rates=True),
     "dpsgd shuffle, trainable head": dict(spec=dict(sampling="shuffle", clip=0.5), z=1.2, trainable="head"),
     "dpsgd poisson, trainable body, momentum": dict(spec=dict(sampling="poisson", clip=0.5, momentum=0.9), z=0.5,

@@ -125,7 +125,8 @@ def test_a_failed_round_leaves_a_run_that_resumes_to_the_same_result(ray_session
     def fail_in_round_two(self, *args, **kw):
         calls["n"] += 1
         if kw["round_"] == 1:
-            raise BackendError("round 2: shard 0 failed twice (its actor died: ActorDiedError); the round was not applied")
+            raise BackendError("round 2: shard 0 failed twice (its actor died: ActorDiedError); "
+                               "the round was not applied")
         return train(self, *args, **kw)
 
     monkeypatch.setattr(ray_backend.RayBackend, "train", fail_in_round_two)

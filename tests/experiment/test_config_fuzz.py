@@ -55,7 +55,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CONVEX_STUDIES = CONFIGS / "splitting" / "convex"  # settings of `dpfl reproduce splitting`, not run configs (their own
 # schema, checked in tests/reproduce/test_splitting_study.py)
 MPDP_STUDIES = CONFIGS / "mpdp"  # MP-DP comparison configs (their own schema, experiment/mpdp_config.py)
-EXAMPLES = sorted(p for p in CONFIGS.rglob("*.yaml") if CONVEX_STUDIES not in p.parents and MPDP_STUDIES not in p.parents)
+EXAMPLES = sorted(p for p in CONFIGS.rglob("*.yaml")
+                  if CONVEX_STUDIES not in p.parents and MPDP_STUDIES not in p.parents)
 # Every example, resolved (every field written out, defaults included), so that mutations reach every field.
 BASES: list[dict[str, Any]] = [parse_yaml(config_to_yaml(load_config(p))) for p in EXAMPLES]
 NAMES = [p.relative_to(CONFIGS).as_posix() for p in EXAMPLES]

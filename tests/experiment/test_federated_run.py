@@ -168,11 +168,13 @@ def _without_time(history):
 def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(kind):
     def make():
         if kind == "central":
-            alg = central_dp_fedavg(sgd(0.1, steps=3), clip=0.5, noise_multiplier=1.0, selection=Selection("poisson", rate=0.5))
+            alg = central_dp_fedavg(sgd(0.1, steps=3), clip=0.5, noise_multiplier=1.0,
+                                    selection=Selection("poisson", rate=0.5))
         elif kind == "pfa_plus":  # stateful: the previous round's subspace is in the checkpoint
             alg = Algorithm("pfa_plus", dpsgd(0.1, 1.0, steps=3), Selection("fixed", k=3), FullUpdate(), PFAPlus())
         elif kind == "robust_hdp_once":  # stateful: the round-1 weights are in the checkpoint
-            alg = Algorithm("robust_hdp", dpsgd(0.1, 1.0, steps=3), Selection(), FullUpdate(), RobustHDP(schedule="once"))
+            alg = Algorithm("robust_hdp", dpsgd(0.1, 1.0, steps=3), Selection(), FullUpdate(),
+                            RobustHDP(schedule="once"))
         else:
             alg = fedavg(dpsgd(0.1, 1.0, steps=3), Selection("fixed", k=2))
         return FederatedRun(toy_federation(), linear_model(), alg, rounds=6, batch_sizes=8,
@@ -283,7 +285,8 @@ def test_pfa_heuristic_calibration_is_labelled_and_reports_the_real_epsilon():
         expected = epsilon(SelfComposedDpEvent(dpsgd_event(c["noise_multiplier"], 3, sampling="poisson",
                                                            sample_rate=8 / 60), 2), 1e-5)
         assert c["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
-    assert result.privacy["meets_budgets"] == all(c["epsilon_spent"] <= c["epsilon_budget"] for c in result.privacy["clients"])
+    assert result.privacy["meets_budgets"] == all(c["epsilon_spent"] <= c["epsilon_budget"]
+                                                  for c in result.privacy["clients"])
 
 
 def test_remote_clients_may_not_take_more_local_steps_than_the_ledger_charged():

@@ -157,7 +157,8 @@ def test_the_fallback_network_has_the_clients_lmt_gradient(digits):
     for a, b in zip(got, terms.grads, strict=True):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
     # and the W2 probe's network has Φ (label 0 turns the MSE on [α + 1, 0] into ½α²)
-    phi = observed_gradient(AlphaNetwork(payload, flatten=True), x.reshape(4, 1, 8, 8), torch.zeros(4, dtype=torch.long), "mse_onehot")
+    phi = observed_gradient(AlphaNetwork(payload, flatten=True), x.reshape(4, 1, 8, 8),
+                            torch.zeros(4, dtype=torch.long), "mse_onehot")
     for a, b in zip(phi, terms.phi, strict=True):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
 

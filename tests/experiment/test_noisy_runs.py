@@ -58,7 +58,8 @@ def test_privacy_json_composition_equals_the_accountant_on_the_realised_schedule
     exact = fdp["epsilon_max"]["1e-05"]
     guarantee = result.privacy["guarantee"]
     assert guarantee["epsilon_max"] == exact and "composition" in guarantee["source"]
-    assert [c["epsilon_guarantee"] for c in result.privacy["clients"]] == [c["epsilon"]["1e-05"] for c in fdp["clients"]]
+    assert ([c["epsilon_guarantee"] for c in result.privacy["clients"]]
+            == [c["epsilon"]["1e-05"] for c in fdp["clients"]])
     if accountant == "gdp":
         assert ledger == pytest.approx(exact, rel=1e-9) and guarantee["other_epsilons"] == []
     else:
@@ -125,7 +126,8 @@ def test_aggregate_view_retirement_rechecks_the_smaller_cohort():
     events get stronger; every recorded event must still fit its budget."""
     mu_at = lambda m: 2 * 1.0 * 0.1 * 2 / (0.5 * math.sqrt(m))  # noqa: E731 - aggregate view, constant steps
     two = epsilon(ComposedDpEvent([GaussianDpEvent(1 / mu_at(4))] * 2), 1e-5, "gdp") * 1.001  # 2 rounds of 4 fit
-    three = epsilon(ComposedDpEvent([GaussianDpEvent(1 / mu_at(4))] * 3), 1e-5, "gdp") * 1.001  # 3 of 4, not 2 of 4 + 1 of 3
+    # 3 of 4, not 2 of 4 + 1 of 3
+    three = epsilon(ComposedDpEvent([GaussianDpEvent(1 / mu_at(4))] * 3), 1e-5, "gdp") * 1.001
     budgets = [two, three, 50.0, 50.0]
     cfg = config(algorithm__params={"std": 0.5}, training__rounds=4,
                  privacy={"clip": 1.0, "secure_aggregation": True, "budgets": budgets})

@@ -44,8 +44,8 @@ def test_client_upload_is_the_simulations_row(config: Path, overrides: list[str]
     for r in (0, 1):
         local = run.local_round(r, w, np.arange(3), 3.0)
         for cid in range(3):
-            upload, steps, noise_sq = client_upload(client_side(yaml_text, cid), _plan(run, cid, r, yaml_text, run.seed),
-                                                    w, run.seed)
+            upload, steps, noise_sq = client_upload(client_side(yaml_text, cid),
+                                                    _plan(run, cid, r, yaml_text, run.seed), w, run.seed)
             for name in w:
                 torch.testing.assert_close(upload[name][0], local.uploads[name][cid], atol=1e-6, rtol=1e-5,
                                            msg=f"round {r}, client {cid}, {name}")

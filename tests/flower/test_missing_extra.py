@@ -32,4 +32,5 @@ def test_importing_the_apps_names_the_extra(no_flwr):
 def test_cli_one_line(no_flwr):
     code, out, err = cli("flower", "guide")
     assert code == 2 and out == ""
-    assert err.strip().splitlines() == ["error: the Flower federation needs the flower extra: pip install 'dpfl[flower]'"]
+    assert err.strip().splitlines() == [
+        "error: the Flower federation needs the flower extra: pip install 'dpfl[flower]'"]

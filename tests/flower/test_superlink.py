@@ -81,7 +81,8 @@ def test_superlink_and_three_supernodes_match_in_process(tmp_path: Path):
     home.mkdir()
     (home / "config.toml").write_text(f'[superlink]\ndefault = "dpfl-test"\n\n[superlink.dpfl-test]\n'
                                       f'address = "127.0.0.1:{link}"\ninsecure = true\n')
-    env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1",
+           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     out = tmp_path / "run"
     procs: list[subprocess.Popen] = []
 

@@ -106,7 +106,8 @@ def _log_forward_differences(sigma: float, k_max: int) -> np.ndarray:
         log_integrand[0] = -x * x / 2.0 - sx / 2.0  # k = 0 (0 * log 0)
     log_c = -math.log(2.0) + 2.0 * log_s
     out = np.full(k_max + 1, -np.inf)
-    out[::2] = special.logsumexp(log_integrand, axis=1) + math.log(_DX / math.sqrt(2.0 * math.pi)) - math.exp(log_c) / 4.0
+    out[::2] = (special.logsumexp(log_integrand, axis=1) + math.log(_DX / math.sqrt(2.0 * math.pi))
+                - math.exp(log_c) / 4.0)
     out[0] = 0.0
     return out
 

@@ -69,7 +69,8 @@ def test_registry_accepts_new_distributions():
         return start * 2.0 ** np.arange(n_clients)
 
     try:
-        np.testing.assert_array_equal(draw_budgets("test-doubling", 3, np.random.default_rng(0), start=0.5), [0.5, 1, 2])
+        np.testing.assert_array_equal(draw_budgets("test-doubling", 3, np.random.default_rng(0), start=0.5),
+                                      [0.5, 1, 2])
         with pytest.raises(ValueError, match="already registered"):
             register_budget_distribution("test-doubling")(_doubling)
     finally:

@@ -13,7 +13,8 @@ SPEC_SETTINGS = [(16 / 2400, 150 * 200), (128 / 2400, 19 * 200), (8 / 1200, 8000
 SPEC_EPS = (0.2, 1.0, 5.0)
 SPEC_DELTAS = (1e-4, 1e-5)
 # 16/2400 == 8/1200, so the full product has 2 x 3 settings, 3 of which are the paired ones above.
-OTHER_SETTINGS = sorted(set(itertools.product({q for q, _ in SPEC_SETTINGS}, {t for _, t in SPEC_SETTINGS})) - set(SPEC_SETTINGS))
+OTHER_SETTINGS = sorted(set(itertools.product({q for q, _ in SPEC_SETTINGS}, {t for _, t in SPEC_SETTINGS}))
+                        - set(SPEC_SETTINGS))
 
 
 def _opacus_epsilon(z, q, steps, delta):

@@ -91,7 +91,8 @@ def test_mixed_relations_in_one_event_raise():
 
 def test_relation_of_neutral_event_defaults_to_add_remove():
     assert neighboring_relation(dpa.NoOpDpEvent()) == ADD_REMOVE
-    nested = dpa.SelfComposedDpEvent(dpa.ComposedDpEvent([dpsgd_event(1.0, 2, sampling="fixed", population=5, sample_size=5)]), 3)
+    nested = dpa.SelfComposedDpEvent(
+        dpa.ComposedDpEvent([dpsgd_event(1.0, 2, sampling="fixed", population=5, sample_size=5)]), 3)
     assert neighboring_relation(nested) == REPLACE_ONE
 
 

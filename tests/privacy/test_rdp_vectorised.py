@@ -35,7 +35,8 @@ POISSON_ZS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.5, 4.0, 8.0, 20.0, 50.0)
 FIXED_SIZES = ((10, 1), (10, 10), (60, 8), (200, 64), (1200, 8), (1200, 600), (60_000, 64), (1_000_000, 100))
 FIXED_ZS = (0.3, 0.6, 1.0, 2.0, 4.0, 7.9, 12.0, 20.0, 35.0, 50.0)  # nominal z: the event carries z / 2
 GAUSSIAN_ZS = tuple(float(z) for z in np.geomspace(0.3, 50.0, 20))
-RELATIONS = {"poisson": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, "gaussian": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+RELATIONS = {"poisson": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+             "gaussian": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
              "fixed": dpa.NeighboringRelation.REPLACE_ONE}
 DP_ACCOUNTING_ROUNDING = 4e-15  # x z^2 / q: dp_accounting's own relative error in its Poisson series
 
@@ -122,7 +123,8 @@ def test_curves_agree_with_dp_accounting_on_the_grid(kind):
             for order in (2, 16, 45, 256):
                 j = ORDERS.index(float(order))
                 assert ours[j] == pytest.approx(_exact_poisson(q, z, order), rel=1e-11), (q, z, order)
-    print(f"{kind}: max relative difference {worst:.2e} ({worst_plain:.2e} where dp_accounting's rounding is negligible)")
+    print(f"{kind}: max relative difference {worst:.2e} "
+          f"({worst_plain:.2e} where dp_accounting's rounding is negligible)")
 
 
 def test_non_converging_fractional_orders_are_unused_as_in_dp_accounting():
@@ -137,7 +139,8 @@ def test_non_converging_fractional_orders_are_unused_as_in_dp_accounting():
 def _exact_log_difference(sigma, k):
     """log Delta^k f(-1), f(x) = exp(x (x + 1) / (2 sigma^2)), by the alternating sum at enough digits."""
     c = 1 / (2 * sigma**2)
-    log_terms = [math.lgamma(k + 1) - math.lgamma(j + 1) - math.lgamma(k - j + 1) + c * (j - 1) * j for j in range(k + 1)]
+    log_terms = [math.lgamma(k + 1) - math.lgamma(j + 1) - math.lgamma(k - j + 1) + c * (j - 1) * j
+                 for j in range(k + 1)]
     top = max(log_terms)
     estimate = float(_log_forward_differences(sigma, k)[k])  # only sets the working precision
     dps = int((top + math.log(k + 1) - estimate) / math.log(10)) + 40
@@ -197,7 +200,8 @@ def test_ledger_checks_the_budget_with_the_value_it_then_reports():
             assert checked == pytest.approx(direct, rel=1e-12)
         ledger.close_round(r)
     ev = dpsgd_event(1.0, 10, sampling="poisson", sample_rate=0.01)  # an event the ledger has never seen
-    assert ledger.epsilon_if(0, events[0]) == pytest.approx(epsilon(dpa.SelfComposedDpEvent(events[0], 5), 1e-5), rel=1e-12)
+    assert ledger.epsilon_if(0, events[0]) == pytest.approx(epsilon(dpa.SelfComposedDpEvent(events[0], 5), 1e-5),
+                                                            rel=1e-12)
     fresh = PrivacyLedger(range(1), 1e-5, 5.0)
     assert fresh.epsilon_if(0, ev) == epsilon(ev, 1e-5)
 

@@ -13,7 +13,8 @@ EVENTS = [
     dpsgd_event(0.1 + 0.2, 7, sampling="poisson", sample_rate=1 / 3),
     dpsgd_event(1.7, 3, sampling="fixed", population=2400, sample_size=16),
     dpsgd_event(2.0, 1, sampling="full"),
-    dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0), dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(0.5), 4), dpa.NoOpDpEvent()]),
+    dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0), dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(0.5), 4),
+                         dpa.NoOpDpEvent()]),
     dpa.NonPrivateDpEvent(),
 ]
 

@@ -227,7 +227,8 @@ def test_ci_settings_and_bad_arguments(tmp_path):
     assert [s.name for s in sensitivity_settings("ci")] == ["fedavg", "fedprox-a0.01", "fedprox-a0.1", "fedprox-a1"]
     cfg = setting_config("ci", sensitivity_settings("ci")[0])
     assert (cfg.data.dataset, cfg.model.name, cfg.data.clients, cfg.training.local_steps) == ("digits", "logr", 5, 5)
-    assert (cfg.training.rounds, cfg.privacy.clip, cfg.algorithm.params["std"], cfg.training.batch_size) == (30, 1.0, 0.01, 16)
+    assert (cfg.training.rounds, cfg.privacy.clip, cfg.algorithm.params["std"],
+            cfg.training.batch_size) == (30, 1.0, 0.01, 16)
     assert fs.choose_dataset("ci").dataset == "digits"
     with pytest.raises(ValueError, match="--scale"):
         run_sensitivity("huge", tmp_path)

@@ -109,7 +109,8 @@ def test_reduced_scale_is_full_but_for_rounds_and_epochs_and_uses_the_searched_v
         if c.algorithm.name == "fedceo":
             lam, theta, interval = fedceo.SEARCHED["reduced"][job.setting.removeprefix("fmnist-mlp-sg")]
             p = c.algorithm.params
-            assert (p["lam"], p["interval"], p["theta"]) == (lam, interval, 1.0 if job.method == "fedceo_theta1" else theta)
+            assert (p["lam"], p["interval"], p["theta"]) == (lam, interval,
+                                                             1.0 if job.method == "fedceo_theta1" else theta)
             assert 50 % interval == 0 and interval % c.evaluation.every == 0
     assert any("chosen on the validation splits" in n for n in grid.selection)
 
@@ -121,7 +122,8 @@ def test_the_papers_own_datasets_at_full_scale_use_their_table_2_rows():
     lenet = {"1.0": (85.0, 1.03, 15), "1.5": (10.0, 1.07, 10), "2.0": (0.6, 1.04, 10)}  # spec §4 Table 2
     for job in grid.jobs:
         c = job.config
-        assert (c.data.clients, c.training.rounds, c.training.local_epochs, c.training.selection.k) == (100, 300, 30, 10)
+        assert (c.data.clients, c.training.rounds, c.training.local_epochs,
+                c.training.selection.k) == (100, 300, 30, 10)
         sigma = job.setting.rsplit("-sg", 1)[1]
         if job.setting.startswith("cifar10"):
             assert (c.data.dataset, c.model.name) == ("cifar10", "lenet5")
@@ -325,7 +327,8 @@ def test_variant_values_are_checked_and_the_default_is_unchanged():
     with pytest.raises(GridError, match="--mechanism must be one of dpsgd, udp"):
         fedceo.grid("ci", mechanism="central")
     explicit = fedceo.grid("full", partition="iid", mechanism="dpsgd")
-    assert ([config_to_yaml(j.config) for j in explicit.jobs] == [config_to_yaml(j.config) for j in fedceo.grid("full").jobs])
+    assert ([config_to_yaml(j.config) for j in explicit.jobs]
+            == [config_to_yaml(j.config) for j in fedceo.grid("full").jobs])
 
 
 def test_udp_variant_runs_every_method_with_client_level_accounting():

@@ -40,7 +40,8 @@ def test_stage_one_sweeps_lambda_with_the_paper_theta_and_a_udp_fedavg_reference
         assert jobs[0].method == "udp_fedavg" and jobs[0].config.algorithm.name == "dp_fedavg_local"
         params = [j.config.algorithm.params for j in jobs[1:]]
         assert [p["lam"] for p in params] == LAMBDA_GRIDS[sigma]
-        assert {(p["theta"], p["interval"]) for p in params} == {(fedceo.FEDCEO_PARAMS[sigma][1], STAGE1_INTERVAL[scale])}
+        assert ({(p["theta"], p["interval"]) for p in params}
+                == {(fedceo.FEDCEO_PARAMS[sigma][1], STAGE1_INTERVAL[scale])})
         assert {j.config.privacy.noise_multiplier for j in jobs} == {float(sigma)}
         assert {j.config.data.client_val_fraction for j in jobs} == {0.1}  # the 80/10/10 split of spec §5
         # every run of a setting shares everything but the server
@@ -208,7 +209,8 @@ def test_udp_search_sweeps_its_own_wider_lambda_grid_against_the_papers_udp_feda
         assert [j.config.algorithm.params["lam"] for j in jobs[1:]] == UDP_LAMBDA_GRID
         assert {(j.config.privacy.mechanism, j.config.data.partition) for j in jobs} == {("udp", "shards")}
     shards = search_grid("ci", 1, variant=fedceo.Variant("shards"))  # dpsgd on shards keeps the spec's grids
-    lams = [j.config.algorithm.params["lam"] for j in shards.jobs if j.setting.endswith("sg1.5") and j.method != "udp_fedavg"]
+    lams = [j.config.algorithm.params["lam"] for j in shards.jobs
+            if j.setting.endswith("sg1.5") and j.method != "udp_fedavg"]
     assert lams == LAMBDA_GRIDS["1.5"]
 
 
@@ -291,7 +293,8 @@ def test_tune_ablation_searches_the_theta1_lambda_at_the_chosen_interval_and_fee
     assert params.ablation_lam == 3.16
     jobs = {j.method: j.config.algorithm.params for j in fedceo.grid(
         "reduced", search_result=tmp_path / "search.json", settings_pattern="*sg1.5").jobs if j.seed == 0}
-    assert (jobs["fedceo_theta1"]["lam"], jobs["fedceo_theta1"]["theta"], jobs["fedceo_theta1"]["interval"]) == (3.16, 1.0, 25)
+    assert (jobs["fedceo_theta1"]["lam"], jobs["fedceo_theta1"]["theta"],
+            jobs["fedceo_theta1"]["interval"]) == (3.16, 1.0, 25)
     assert (jobs["fedceo"]["lam"], jobs["fedceo"]["theta"]) == (0.316, 1.06)
     # without the option the ablation keeps FedCEO's lambda (the spec's default) and nothing new runs
     again, calls = _fake_execute(score)

@@ -27,7 +27,8 @@ def test_reproduce_attacks_ci_smoke(tmp_path, small):
     assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
     assert all(r["accuracy"] is not None for r in rows)  # every released model was trained
     table = list(csv.DictReader(csv_path.open()))
-    assert {"method", "epsilon", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower", "eps_reported"} <= set(table[0])
+    assert {"method", "epsilon", "psnr", "mia_asr", "mia_auc", "tpr_at_1fpr", "eps_lower",
+            "eps_reported"} <= set(table[0])
     assert [(r["method"], r["epsilon"]) for r in table] == [("fedavg", "")] + [
         (m, e) for m in ("dpsgd", "client") for e in ("1.0", "3.0", "8.0")]
     assert {r["audit_unit"] for r in table} == {"client", "sample"}
@@ -126,7 +127,8 @@ def test_settings_dry_run_and_tables_only_without_computing(tmp_path, monkeypatc
         "fedavg", "dpsgd-eps1", "dpsgd-eps3", "dpsgd-eps8", "client-eps1", "client-eps3", "client-eps8"]
     method, eps, cfg = everything[4]
     _finished(out, method, eps, cfg, 7.5)
-    code, text, _ = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--dry-run", "--settings", "fedavg,client-*")
+    code, text, _ = cli("reproduce", "attacks", "--scale", "ci", "--out", out, "--dry-run",
+                        "--settings", "fedavg,client-*")
     assert code == 0
     assert [line.split(" (")[0] + ": " + line.rsplit(": ", 1)[1] for line in text.strip().splitlines()] == [
         "fedavg seed 0: new", "client-eps1 seed 0: finished", "client-eps3 seed 0: new", "client-eps8 seed 0: new"]

@@ -109,7 +109,8 @@ def test_the_dry_run_says_which_job_would_be_a_copy(twins, tmp_path):
     shutil.copytree(first.run_dir(out), first.run_dir(partial))
     lines = describe_jobs(grid, partial)
     assert any(first.setting in line and " finished " in line for line in lines)
-    assert any(line.startswith(second.setting) and f"new: copies {first.setting}'s (same run)" in line for line in lines)
+    assert any(line.startswith(second.setting) and f"new: copies {first.setting}'s (same run)" in line
+               for line in lines)
 
 
 def test_copy_finished_run_refuses_what_is_not_the_same_finished_run(twins, tmp_path):

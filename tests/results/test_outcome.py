@@ -111,7 +111,8 @@ def test_an_early_stop_on_budgets_names_the_setting_that_avoids_it():
     from dpfl.results.outcome import early_stop_hint
 
     assert early_stop_hint("rounds", {}) is None
-    assert "participation: worst_case" in early_stop_hint("budget", {"noise_calibration": {"participation": "expected"}})
+    assert "participation: worst_case" in early_stop_hint("budget",
+                                                          {"noise_calibration": {"participation": "expected"}})
     assert "worst_case" not in early_stop_hint("budget", {"noise_calibration": {"participation": "worst_case"}})
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import matplotlib.image as mpimg
 import pytest
 
-from dpfl.results import plot_accuracy, plot_budget_vs_spent, plot_compare, plot_epsilon, plot_errorbars, read_metrics, read_privacy
+from dpfl.results import (plot_accuracy, plot_budget_vs_spent, plot_compare, plot_epsilon, plot_errorbars,
+                          read_metrics, read_privacy)
 
 from .fakes import make_accounted_run, make_unaccounted_run
 

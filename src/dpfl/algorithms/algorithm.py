@@ -49,7 +49,8 @@ class Algorithm:
 
     def __post_init__(self) -> None:
         if len(self.units) > 1:
-            raise ValueError(f"algorithm {self.name!r} mixes privacy units {sorted(self.units)}; a run protects one unit")
+            raise ValueError(f"algorithm {self.name!r} mixes privacy units {sorted(self.units)}; "
+                             "a run protects one unit")
 
     @property
     def central(self) -> bool:
@@ -129,4 +130,5 @@ def central_dp_fedavg(local: LocalProgram, clip: float, noise_multiplier: float,
     """McMahan et al. 2018: client-level DP by server-side clipping and noise."""
     if local.private:
         raise ValueError("central DP-FedAvg protects clients; use a non-private local program")
-    return Algorithm("dp_fedavg_central", local, selection, FullUpdate(), CentralDPFedAvg(clip, noise_multiplier, server_lr))
+    return Algorithm("dp_fedavg_central", local, selection, FullUpdate(),
+                     CentralDPFedAvg(clip, noise_multiplier, server_lr))

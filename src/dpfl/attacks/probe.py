@@ -218,6 +218,6 @@ def invert_probe(probe: Probe, steps: int = 200, seed: int = 0, extractor: nn.Mo
     out: dict[str, Any] = {}
     for name, attack in methods.items():
         rec = matched(attack().reconstruction.detach().clamp(0.0, 1.0), x)
-        out[name] = {"psnr": psnr(rec, x), "image_mse": image_mse(rec, x), "feature_mse": feature_mse(extractor, rec, x),
-                     "reconstruction": rec}
+        out[name] = {"psnr": psnr(rec, x), "image_mse": image_mse(rec, x),
+                     "feature_mse": feature_mse(extractor, rec, x), "reconstruction": rec}
     return out

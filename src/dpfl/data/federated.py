@@ -28,7 +28,8 @@ def _empty_like_rows(x: torch.Tensor) -> torch.Tensor:
     return x[:0].clone()
 
 
-def _rows_per_client(x: torch.Tensor, y: torch.Tensor, indices: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _rows_per_client(x: torch.Tensor, y: torch.Tensor,
+                     indices: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(x[idx], y[idx]) for each client's row indices, gathered in one operation and split into views."""
     sizes = [len(idx) for idx in indices]
     flat = torch.from_numpy(np.concatenate(indices) if indices else np.empty(0, dtype=np.int64))
@@ -119,14 +120,15 @@ class FederatedDataset:
         client_val_fraction: float = 0.0,
         samples_per_client: int | None = None,
     ) -> FederatedDataset:
-        """Partition ``ds``'s train split among ``n_clients`` (``partition`` = iid | shards | dirichlet | dirichlet_quota).
+        """Partition ``ds``'s train split among ``n_clients`` (``partition`` = iid | shards | dirichlet |
+        dirichlet_quota).
 
         ``max_train_samples`` first keeps a seeded random subset of the train split;
         ``client_test_fraction`` then holds out a stratified share of each client's data as its
         local test set, and ``client_val_fraction`` (of the client's whole share, e.g. 0.1 and 0.1 for the
-        80/10/10 split) a stratified validation set from what remains. ``sizes`` applies to iid only, ``alpha`` to dirichlet and dirichlet_quota, ``shards_per_client``
-        to shards; ``samples_per_client`` (dirichlet_quota only) is each client's quota, default
-        floor(train samples / clients).
+        80/10/10 split) a stratified validation set from what remains. ``sizes`` applies to iid only, ``alpha`` to
+        dirichlet and dirichlet_quota, ``shards_per_client`` to shards; ``samples_per_client`` (dirichlet_quota only)
+        is each client's quota, default floor(train samples / clients).
         """
         if partition not in PARTITIONS:
             raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
@@ -182,7 +184,8 @@ class FederatedDataset:
             val_pos = np.empty(0, dtype=np.int64)
             if client_val_fraction > 0 and len(train_pos):
                 # a fraction of the rest that makes the validation split client_val_fraction of the whole share
-                keep, held = stratified_split(labels[part[train_pos]], client_val_fraction / (1.0 - client_test_fraction),
+                keep, held = stratified_split(labels[part[train_pos]],
+                                              client_val_fraction / (1.0 - client_test_fraction),
                                               numpy_generator(seed, Purpose.PARTITION, 2, i))
                 train_pos, val_pos = train_pos[keep], train_pos[held]
             for name, pos in (("train", train_pos), ("test", test_pos), ("val", val_pos)):

@@ -85,7 +85,8 @@ def load_dataset(name: str, root: str | Path | None = None, **options) -> ArrayD
         raise ValueError(f"dataset {name!r} reads no files, so root must be None, got {root!r}")
     ds = loader(root=root, **options) if takes_root else loader(**options)
     if not isinstance(ds, ArrayDataset):
-        raise ValueError(f"the loader of dataset {name!r} must return a dpfl.data.ArrayDataset, got {type(ds).__name__}")
+        raise ValueError(f"the loader of dataset {name!r} must return a dpfl.data.ArrayDataset, "
+                         f"got {type(ds).__name__}")
     return ds
 
 

@@ -41,6 +41,7 @@ def _apply() -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(libc.mallopt(M_TOP_PAD, TOP_PAD_BYTES))
+        return (bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+                and bool(libc.mallopt(M_TOP_PAD, TOP_PAD_BYTES)))
     except (OSError, AttributeError):
         return False

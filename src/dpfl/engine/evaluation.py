@@ -12,7 +12,8 @@ from dpfl.engine.losses import per_sample_loss
 
 
 @torch.no_grad()
-def outputs(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
+def outputs(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
+            batch_size: int = 2048) -> torch.Tensor:
     """`model`'s outputs with `params` on `x`, in batches, in eval mode (restored after): what anyone holding the
     released model can compute (the attacks' view of it)."""
     was_training = model.training

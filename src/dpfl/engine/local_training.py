@@ -349,8 +349,8 @@ def _run_chunk(
     buf = torch.zeros_like(flat) if spec.momentum else None
     clients = torch.tensor([p.client for p in plans])
     batches = [
-        BatchStream(spec.sampling, data.size(p.client), p.batch_size, torch_generator(seed, Purpose.BATCH, round_, p.stream),
-                    p.steps)
+        BatchStream(spec.sampling, data.size(p.client), p.batch_size,
+                    torch_generator(seed, Purpose.BATCH, round_, p.stream), p.steps)
         for p in plans
     ]
     dim = sum(w[n][0].numel() for n in names)  # noise lives on trainable coordinates only

@@ -115,7 +115,8 @@ class Packing:
         return t.reshape(self.k * self.bmax, *t.shape[2:]).index_select(0, self.pos)
 
     def loop_is_cheaper(self, rows: int, d: int, e: int) -> bool:
-        """Cost model: per-client GEMMs vs one batched GEMM over the padded layout, for [rows x d] @ [d x e] a sample."""
+        """Cost model: per-client GEMMs vs one batched GEMM over the padded layout, for [rows x d] @ [d x e] a
+        sample."""
         if FORCE_SEGMENTED is not None:
             return FORCE_SEGMENTED == "loop"
         flops = 2.0 * self.s * rows * d * e
@@ -216,7 +217,8 @@ class _Linear:
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(shape) != 1 or shape[0] != self.in_features:
-            raise Unsupported(f"Linear {self.w} gets per-sample shape {shape}; the fast path needs ({self.in_features},)")
+            raise Unsupported(f"Linear {self.w} gets per-sample shape {shape}; "
+                              f"the fast path needs ({self.in_features},)")
         return (self.out_features,)
 
     def elements(self, shape: tuple[int, ...]) -> int:
@@ -554,7 +556,8 @@ class FastModel:
 
     def stochastic(self) -> bool:
         """True when a dropout layer is active (training mode, p > 0): it draws from torch's global RNG."""
-        return any(isinstance(layer, _Dropout) and layer.module.training and layer.module.p > 0 for layer in self.layers)
+        return any(isinstance(layer, _Dropout) and layer.module.training and layer.module.p > 0
+                   for layer in self.layers)
 
     def check(self, sample_shape: tuple[int, ...], names: Sequence[str]) -> int:
         """Validate the per-sample input shape and the parameter names; return floats held per sample."""

@@ -46,7 +46,8 @@ class PooledData:
         lo, n = int(self.offsets[client]), int(self.sizes[client])
         return self.x[lo : lo + n], self.y[lo : lo + n]
 
-    def gather(self, clients: torch.Tensor, local_idx: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def gather(self, clients: torch.Tensor,
+               local_idx: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Padded batches `[K, B, ...]` for per-client local indices, with a validity mask `[K, B]`.
 
         Padding rows repeat a valid record of the same client and are masked out, so they never
@@ -63,7 +64,8 @@ class PooledData:
         rows = rows + self.offsets[clients].unsqueeze(1)
         return self.x[rows], self.y[rows], mask
 
-    def gather_packed(self, clients: torch.Tensor, local_idx: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def gather_packed(self, clients: torch.Tensor,
+                      local_idx: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """All clients' batches back to back `[S, ...]`, with `owner[s]` = position of the sample's client.
 
         No padding: per-sample work is proportional to the records actually drawn.

@@ -34,7 +34,8 @@ class BatchStream:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         if kind == "fixed" and batch_size > n:
             raise ValueError(f"fixed-size sampling needs batch size <= records ({batch_size} > {n})")
-        self.kind, self.n, self.batch_size, self.g = kind, n, min(batch_size, n) if kind == "shuffle" else batch_size, generator
+        self.kind, self.n, self.batch_size, self.g = (kind, n, min(batch_size, n) if kind == "shuffle" else batch_size,
+                                                      generator)
         self.rate = min(1.0, batch_size / n)
         self.remaining = steps
         self._block: torch.Tensor | None = None

@@ -359,7 +359,8 @@ def refuse_unaccounted_buffers(cfg: RunConfig, model: Any) -> None:
 
 
 def noisy_accounting(cfg: RunConfig) -> NoisyRunAccounting:
-    """The f-DP accounting of a noisy_fedavg / noisy_fedprox config: its realised step sizes η[T, K] and threat model."""
+    """The f-DP accounting of a noisy_fedavg / noisy_fedprox config: its realised step sizes η[T, K] and threat
+    model."""
     p, t, params = cfg.privacy, cfg.training, cfg.algorithm.params
     assert t.local_steps is not None  # the schema requires it for these algorithms
     schedule = params["schedule"]
@@ -509,7 +510,8 @@ def _secure_protocol(cfg: RunConfig) -> SecureAggregation:
     s = cfg.secure_aggregation
     assert s is not None
     planned = cfg.planned_cohort
-    threshold = s.threshold if s.threshold is not None else (default_threshold(planned) if planned is not None else None)
+    threshold = s.threshold if s.threshold is not None else (default_threshold(planned) if planned is not None
+                                                             else None)
     return SecureAggregation(threshold, s.ring_bits, s.frac_bits, s.dropout, s.workers,
                              run_id=f"dpfl/{cfg.name}/{cfg.seed}".encode())
 

@@ -413,7 +413,8 @@ class FederatedRun:
                 on_checkpoint(self._state(r, w, retired, history, None))
         return w, r, history, stop_reason
 
-    def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]], stop: str | None) -> RunState:
+    def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]],
+               stop: str | None) -> RunState:
         ledger = self.ledger.to_dict() if self.ledger is not None else None
         agg = self.algorithm.aggregator
         agg_state = copy.deepcopy(agg.state_dict()) if hasattr(agg, "state_dict") else None
@@ -612,9 +613,11 @@ class FederatedRun:
             return {}
         w, view, lr = weights.to(torch.float64), local.view, spec.lr
         scale = local.dim * lr * lr  # not lr**2: a float power overflows with an exception, a product to inf
-        out = {"noise_stat_analytic": float((w.pow(2) * local.channel.update_noise_variance(view, local.dim)).sum() / scale)}
+        out = {"noise_stat_analytic": float((w.pow(2) * local.channel.update_noise_variance(view, local.dim)).sum()
+                                            / scale)}
         if local.noise_sq_norm is not None:  # unknown when remote clients keep their noise secret
-            n_sq = torch.tensor(local.noise_sq_norm, dtype=torch.float64) * (lr / view.batch_sizes.to(torch.float64)) ** 2
+            n_sq = (torch.tensor(local.noise_sq_norm, dtype=torch.float64)
+                    * (lr / view.batch_sizes.to(torch.float64)) ** 2)
             out["noise_stat_empirical"] = float((w.pow(2) * n_sq).sum() / scale)
         return out
 
@@ -685,7 +688,8 @@ class FederatedRun:
         return row
 
     def _validation_accuracy(self, w: P.Params) -> dict[str, Any]:
-        """The global model on the union of the clients' validation splits: what tuning selects on, never the test set."""
+        """The global model on the union of the clients' validation splits: what tuning selects on, never the test
+        set."""
         if self.val_data is None:
             return {}
         acc, loss = evaluate(self.model, w, *self.val_data, self.algorithm.local.spec.loss)
@@ -769,9 +773,9 @@ class FederatedRun:
             out["calibrated_to"] = self.calibrate_to if alg.local.private else None
             out["calibration"] = self.calibration if alg.local.private else None
             if self.heuristic_steps is not None:
-                out["heuristic"] = ("noise from PFA's heuristic formula sigma = 10 q sqrt(T* log10(1/delta)) / epsilon, "
-                                    "which is NOT a DP guarantee; epsilon_spent is the accountant's epsilon of that noise, "
-                                    "epsilon_heuristic what the formula claims")
+                out["heuristic"] = ("noise from PFA's heuristic formula sigma = 10 q sqrt(T* log10(1/delta)) / "
+                                    "epsilon, which is NOT a DP guarantee; epsilon_spent is the accountant's epsilon "
+                                    "of that noise, epsilon_heuristic what the formula claims")
                 for c in out["clients"]:
                     i = c["client"]
                     c["epsilon_heuristic"] = float(self.calibrated.targets[i]) * float(

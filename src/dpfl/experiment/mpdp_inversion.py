@@ -40,8 +40,8 @@ BATCHES = (1, 8)  # the spec's probe batch sizes
 PROBE_ROUND = 10**6  # the probe round's index in the seeds: never one of the run's rounds
 TARGETS = {"clear": "client 0's gradient at the true model as the server receives it (fedavg: the true gradient; "
                     "mp_cdp: clipped, the trusted server sees it before the noise)",
-           "recovered": "client 0's Eq. (18) recovered noisy gradient, the true gradient plus R∘(its noise), matched at "
-                        "the true model W",
+           "recovered": "client 0's Eq. (18) recovered noisy gradient, the true gradient plus R∘(its noise), matched "
+                        "at the true model W",
            "upload_at_w_hat": "client 0's upload as received, the perturbed gradient at Ŵ plus its noise, matched at Ŵ "
                               "(the spec's fallback for mask_corrections; open to the server in every MP-DP run)",
            "phi": "client 0's correction term Φ = ∂ mean ½α² at Ŵ, uploaded WITHOUT noise (W2: correction-term "

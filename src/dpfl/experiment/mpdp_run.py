@@ -2,8 +2,9 @@
 
 Every method runs on the same IID shards, the same initial model, the same per-round batches and the same number
 of FedSGD rounds. The model (an MLP, a CNN or a norm-free tied-residual ResNet) is trained with MSE on one-hot
-targets (the loss MP-DP's recovery is exact for). Privacy: MP-DP and MP-DP-Naive report NOMINAL per-round guarantees and their per-client composition
-(never entered in dpfl's accountant: spec §8.6); MP-CDP's Gaussian rounds go through dpfl's RDP accountant.
+targets (the loss MP-DP's recovery is exact for). Privacy: MP-DP and MP-DP-Naive report NOMINAL per-round
+guarantees and their per-client composition (never entered in dpfl's accountant: spec §8.6); MP-CDP's Gaussian
+rounds go through dpfl's RDP accountant.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def federated_arrays(cfg: MPDPConfig) -> FederatedArrays:
     """IID equal shards of the training set (seeded; flattened for the MLP); `train_per_client` caps each shard.
     File-backed datasets are read from local files only (spec §11: loaders never download)."""
     data = load_dataset(cfg.dataset, **({"download": False} if cfg.dataset in FILE_BACKED else {}))
-    keep = (lambda t: t.reshape(t.shape[0], -1).to(torch.float64)) if cfg.model == "mlp" else (lambda t: t.to(torch.float64))  # noqa: E731
+    keep = ((lambda t: t.reshape(t.shape[0], -1).to(torch.float64)) if cfg.model == "mlp"  # noqa: E731
+            else (lambda t: t.to(torch.float64)))
     x = keep(data.x_train)
     y = torch.nn.functional.one_hot(data.y_train.long(), data.n_classes).to(torch.float64)
     order = numpy_generator(cfg.seed, Purpose.PARTITION).permutation(len(x))
@@ -191,7 +193,8 @@ def noise_settings(cfg: MPDPConfig, method: str) -> tuple[RoundSettings, dict[st
     return RoundSettings(**common), {"guarantee": "none (non-private reference)", "in_ledger": False}
 
 
-def evaluate(weights: list[torch.Tensor], arrays: FederatedArrays, plan: FactorPlan | None = None) -> tuple[float, float]:
+def evaluate(weights: list[torch.Tensor], arrays: FederatedArrays,
+             plan: FactorPlan | None = None) -> tuple[float, float]:
     out, _ = forward(weights, None, arrays.x_test, plan)
     target = torch.nn.functional.one_hot(arrays.y_test, arrays.n_classes).to(torch.float64)
     return float((out.argmax(1) == arrays.y_test).double().mean()), float(0.5 * ((out - target) ** 2).sum(1).mean())
@@ -255,7 +258,8 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
             participations[k] += 1
         violations += out.violations
         uploads += out.uploads
-        row: dict[str, Any] = {"round": r + 1, "seconds": seconds, **{f"{k}_seconds": v for k, v in out.seconds.items()},
+        row: dict[str, Any] = {"round": r + 1, "seconds": seconds,
+                               **{f"{k}_seconds": v for k, v in out.seconds.items()},
                                "upload_bytes": out.upload_bytes, "violations": out.violations}
         if out.recovery_ratio is not None:
             row["recovery_ratio"] = out.recovery_ratio

@@ -88,7 +88,8 @@ def client_upload(side: ClientSide, plan: TrainPlan, w: P.Params, seed: int) -> 
     own = PooledData.from_clients([side.x], [side.y])
     trained = train_phases(
         alg, side.model, LocalBackend(), own,
-        lambda phase: [replace(phase.plan(cid, plan.records, plan.batch_size, plan.noise_multiplier, r), client=0, key=cid)],
+        lambda phase: [replace(phase.plan(cid, plan.records, plan.batch_size, plan.noise_multiplier, r),
+                               client=0, key=cid)],
         w, stacked=False, seed=seed, round_=r, max_elements=plan.max_elements, global_model=w)
     deltas = P.sub(trained.params, P.broadcast(w, 1))
     upload = upload_stage.apply(deltas, [cid], seed, r)

@@ -54,7 +54,8 @@ def discover(grid: Grid, n_clients: int, timeout: float, reply_timeout: float) -
         found[pid] = node
     missing = [i for i in range(n_clients) if i not in found]
     if missing:
-        raise FederationError(f"no SuperNode holds partition-id {missing[:10]} (the run has clients 0..{n_clients - 1})")
+        raise FederationError(f"no SuperNode holds partition-id {missing[:10]} "
+                              f"(the run has clients 0..{n_clients - 1})")
     return {i: found[i] for i in range(n_clients)}
 
 

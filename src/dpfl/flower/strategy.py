@@ -96,7 +96,8 @@ class DpflStrategy(Strategy):
         result = Result()
 
         def on_round(row: dict[str, Any]) -> None:
-            metrics = {k: float(row[k]) for k in ("test_accuracy", "test_loss", "epsilon_max") if row.get(k) is not None}
+            metrics = {k: float(row[k]) for k in ("test_accuracy", "test_loss", "epsilon_max")
+                       if row.get(k) is not None}
             if metrics:
                 result.evaluate_metrics_serverapp[row["round"]] = MetricRecord(metrics)
 

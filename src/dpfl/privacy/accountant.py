@@ -6,8 +6,9 @@ dp_accounting's arithmetic fails).
 
 * ``"rdp"`` (default): per-order RDP of dp_accounting's bounds (via the curve cache of ``rdp_curves``, which
   equals ``RdpAccountant`` on the same orders), converted with dp_accounting's ``compute_epsilon``
-  (vectorised over the orders by ``rdp_to_epsilon``, same bounds) / ``compute_delta``: the tight conversion of Balle et al. 2020 / Canonne-Kamath-Steinke (Prop. 12 of
-  arXiv 2004.00010), plus its KL-based bound for tiny RDP. Orders: ``orders.DEFAULT_RDP_ORDERS``.
+  (vectorised over the orders by ``rdp_to_epsilon``, same bounds) / ``compute_delta``: the tight conversion of
+  Balle et al. 2020 / Canonne-Kamath-Steinke (Prop. 12 of arXiv 2004.00010), plus its KL-based bound for tiny RDP.
+  Orders: ``orders.DEFAULT_RDP_ORDERS``.
   For a huge noise multiplier the RDP of an order can be below ~1e-16, where dp_accounting's
   ``compute_delta`` takes ``log(0)``; those orders are converted here with the same bounds written stably.
   How the curves stay valid over the whole float range of z is described in ``rdp_curves``.
@@ -27,7 +28,8 @@ dp_accounting's arithmetic fails).
   loss is still rounded *up* onto the coarser grid (pessimistic), so epsilon stays a valid upper bound,
   just resolved more coarsely (it is within roughly ``steps x discretisation`` of the fine one;
   ``pld_discretization(event)`` returns the one used). DP-SGD settings with z >= 0.5 and up to 10^4
-  steps fit at 1e-4; z = 0.001, 100 steps at q = 0.1 uses a grid of ~3 (in ~6 s instead of 38 GiB). Beyond ``PLD_MAX_DISCRETIZATION`` (multipliers below ~2e-5) and for
+  steps fit at 1e-4; z = 0.001, 100 steps at q = 0.1 uses a grid of ~3 (in ~6 s instead of 38 GiB). Beyond
+  ``PLD_MAX_DISCRETIZATION`` (multipliers below ~2e-5) and for
   z < ``rdp_curves.Z_NO_PRIVACY`` the epsilon is +inf (delta 1); multipliers above ``PLD_MAX_NOISE`` = 1e100
   are accounted at 1e100 (valid: adding noise is post-processing; dp_accounting overflows near 1e200).
   PLD's own tail truncation (mass ~1e-15 moved to infinite loss) means delta below ~1e-15 gives inf.

@@ -136,7 +136,8 @@ class NoisyRunAccounting:
             clients.append({
                 "client": i, "rounds_participated": int(part[i].sum()), "headline": head, "mu": mus[head],
                 "epsilon": {str(d): gdp_eps(mus[head], d) for d in ds},
-                "bounds": {name: {"mu": mu, "epsilon": {str(d): gdp_eps(mu, d) for d in ds}} for name, mu in mus.items()},
+                "bounds": {name: {"mu": mu, "epsilon": {str(d): gdp_eps(mu, d) for d in ds}}
+                           for name, mu in mus.items()},
                 "rdp": {str(z): gdp_to_rdp(mus[head], z) for z in RDP_ORDERS},
             })
         worst = max(clients, key=lambda c: c["mu"]) if clients else None

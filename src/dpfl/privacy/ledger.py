@@ -411,7 +411,8 @@ class PrivacyLedger:
             "events": [event_to_dict(e) for e in self._events],
             "log": [[r, eid, list(clients)] for r, eid, clients in self._log],
             "relations": [[c, self._relation[c]] for c in self._clients if c in self._relation],
-            "history": [[c, [[r, encode_float(e)] for r, e in self._history[c]]] for c in self._clients if c in self._history],
+            "history": [[c, [[r, encode_float(e)] for r, e in self._history[c]]]
+                        for c in self._clients if c in self._history],
             "open_clients": sorted(self._dirty),
             "open_round": self._open_round,
             "closed_round": self._closed_round,

@@ -262,7 +262,8 @@ def _with_noise(event: dpa.DpEvent, z: float) -> dpa.DpEvent:
     if isinstance(event, dpa.PoissonSampledDpEvent):
         return dpa.PoissonSampledDpEvent(event.sampling_probability, dpa.GaussianDpEvent(z))
     if isinstance(event, dpa.SampledWithoutReplacementDpEvent):
-        return dpa.SampledWithoutReplacementDpEvent(event.source_dataset_size, event.sample_size, dpa.GaussianDpEvent(z))
+        return dpa.SampledWithoutReplacementDpEvent(event.source_dataset_size, event.sample_size,
+                                                    dpa.GaussianDpEvent(z))
     return dpa.GaussianDpEvent(z)
 
 

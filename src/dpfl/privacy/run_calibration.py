@@ -226,7 +226,8 @@ def calibration_targets(budgets: Sequence[ClientBudget], reported: Sequence[floa
     over = [i for i in range(len(own)) if common > own[i] * (1 + 1e-9)]
     if over and enforce_budgets:
         raise ValueError(f"calibrating everyone to epsilon {common:g} exceeds the budgets of clients {over[:10]}"
-                         f"{'...' if len(over) > 10 else ''}; this is a non-private reference: set allow_budget_violation")
+                         f"{'...' if len(over) > 10 else ''}; this is a non-private reference: "
+                         "set allow_budget_violation")
     return np.full(len(own), common)
 
 

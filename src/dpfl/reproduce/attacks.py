@@ -235,11 +235,11 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], command: str, planned: 
                       "finished here)."
     lines = [f"# What the mechanisms stop ({scale} scale)", "", f"Command: `{command}`" if command else "", "",
              provenance, "",
-             "psnr: the better of DLG and Inverting Gradients on one client's upload of 4 records in a probe round (higher "
-             "= more leakage). mia: the strongest of the loss, confidence and shadow attacks on the released model "
-             "(ASR 0.5 = guessing). eps_lower: a 95%-confidence empirical lower bound on epsilon from canaries "
-             "(one run; Steinke et al. 2023), next to the epsilon the audited run (the setting plus its canaries, calibrated to "
-             "the same budget) reports; it can refute a reported epsilon, never confirm it.", ""]
+             "psnr: the better of DLG and Inverting Gradients on one client's upload of 4 records in a probe round "
+             "(higher = more leakage). mia: the strongest of the loss, confidence and shadow attacks on the released "
+             "model (ASR 0.5 = guessing). eps_lower: a 95%-confidence empirical lower bound on epsilon from canaries "
+             "(one run; Steinke et al. 2023), next to the epsilon the audited run (the setting plus its canaries, "
+             "calibrated to the same budget) reports; it can refute a reported epsilon, never confirm it.", ""]
     body = [[r["method"], or_na(r.get("epsilon"), "g"), str(r.get("seed", 0)), or_na(r.get("accuracy"), ".3f"),
              or_na(r.get("psnr"), ".1f"), or_na(r.get("mia_asr"), ".3f"), or_na(r.get("mia_auc"), ".3f"),
              or_na(r.get("tpr_at_1fpr"), ".3f"), or_na(r.get("eps_lower"), ".3f"), or_na(r.get("eps_reported"), ".3f"),

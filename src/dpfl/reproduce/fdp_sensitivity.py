@@ -476,8 +476,8 @@ def measure_pair(cfg: RunConfig, *, data: FederatedDataset | None = None, smooth
     def on_round(t: int, params: dict[str, Mapping[str, torch.Tensor]]) -> None:
         ctrl[t - 1] = _distance(params["base"], params["control"])
         if ctrl[t - 1] != 0.0:
-            raise ControlPairError(f"{label}the control pair (no record changed) is {ctrl[t - 1]:.3g} apart after round "
-                                   f"{t}: the runs are not deterministic, so the distances measure nothing")
+            raise ControlPairError(f"{label}the control pair (no record changed) is {ctrl[t - 1]:.3g} apart after "
+                                   f"round {t}: the runs are not deterministic, so the distances measure nothing")
         for c in couplings:
             dist[c][t - 1] = _distance(params["base"], params[c])
         if progress is not None and (t % report_every == 0 or t == T):
@@ -563,7 +563,8 @@ def run_sensitivity(scale: str, out: Path, *, seeds: int | None = None, rounds: 
                 say(f"{label}{setting.describe}")
                 pair = measure_pair(configs[(setting.name, seed)], smoothness=spec["smoothness"], progress=say,
                                     label=label, couplings=couplings, **neighbours)
-                done = {**keys[(setting.name, seed)], "rows": pair.rows(setting.name, setting.algo, setting.alpha, seed),
+                done = {**keys[(setting.name, seed)],
+                        "rows": pair.rows(setting.name, setting.algo, setting.alpha, seed),
                         "summary": {**_pair_summary(setting, seed, pair), "environment": describe_job()}}
                 write_json_atomic(_pair_path(out, setting.name, seed), done)
             else:
@@ -649,7 +650,8 @@ def _markdown(scale: str, rounds: int, n_seeds: int, choice: DatasetChoice, neig
              "draws (common random numbers); `independent`: the neighbour's upload noise from other streams. The "
              "control pair (no record changed) was at distance exactly 0 in every round of every run shown.",
              "",
-             f"- Dataset: {choice.dataset} with {choice.model} ({choice.reason}); T = {rounds} rounds; {n_seeds} seed(s)"
+             f"- Dataset: {choice.dataset} with {choice.model} ({choice.reason}); T = {rounds} rounds; "
+             f"{n_seeds} seed(s)"
              + ("" if complete else "; INCOMPLETE (the experiment is still running or was stopped)"),
              f"- {computed_and_written([job_executions(p) for p in pairs], 'pair')}",
              ]

@@ -63,8 +63,8 @@ from dpfl.reproduce.jobs import (Grid, GridError, Method, Setting, build_grid, c
                                  select_settings)
 
 __all__ = ["FEDCEO_PARAMS", "LENET_PARAMS", "PAPER_DATASETS", "METHOD_NAMES", "SIGMAS", "SCALES", "SEARCHED", "SPEC",
-           "DEFAULT", "Variant", "base_config", "fedceo_override", "searched_params", "fedceo_params", "grid", "methods",
-           "settings", "udp_fedavg"]
+           "DEFAULT", "Variant", "base_config", "fedceo_override", "searched_params", "fedceo_params", "grid",
+           "methods", "settings", "udp_fedavg"]
 
 PAPER = "fedceo"
 SCALES = ("ci", "reduced", "full")
@@ -97,7 +97,8 @@ PRIMARY = {"udp_fedavg": "acc_global", "fedceo_theta1": "acc_global", "fedceo": 
            "ppsgd": "acc_personal", "centaur": "acc_personal"}  # spec §10.9
 
 UDP_FEDAVG = "DP-SGD clients + FedAvg (the paper's UDP-FedAvg in its dpsgd mode)"
-UDP_FEDAVG_UDP = "clipped client updates + Gaussian noise per upload, FedAvg (the paper's Algorithm 1 without smoothing)"
+UDP_FEDAVG_UDP = ("clipped client updates + Gaussian noise per upload, FedAvg (the paper's Algorithm 1 without "
+                  "smoothing)")
 ABLATION = "ablation: constant threshold"
 PARTITIONS = ("iid", "shards")
 MECHANISMS = ("dpsgd", "udp")
@@ -236,7 +237,8 @@ def fedceo_params(scale: str, sigma: str, searched: dict[str, Params] | None = N
         lam, theta, interval = SEARCHED[scale][sigma]
         return Params(lam, theta, interval, f"chosen on the validation splits by `--scale {scale} --search`")
     lam, theta, interval = FEDCEO_PARAMS[sigma]
-    untuned = "NOT tuned for Fashion-MNIST" + ("" if variant.is_default else f" nor for {variant.split} {variant.mechanism}")
+    untuned = "NOT tuned for Fashion-MNIST" + ("" if variant.is_default
+                                               else f" nor for {variant.split} {variant.mechanism}")
     if scale == "ci":
         return Params(lam, theta, CI_INTERVAL, f"the paper's EMNIST/MLP row, I reduced for ci; {untuned}")
     return Params(lam, theta, interval, f"the paper's EMNIST/MLP row; {untuned}")
@@ -362,7 +364,8 @@ def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int
     sigmas: dict[tuple[str, str], list[str]] = {}  # (dataset, source) -> the σ_g it applies to
     for s in chosen:
         sigmas.setdefault((s.dataset, s.meta["source"]), []).append(s.meta["sigma"])
-    sources = [f"FedCEO λ/ϑ/I on {dataset}, σ_g {', '.join(sig)}: {source}" for (dataset, source), sig in sigmas.items()]
+    sources = [f"FedCEO λ/ϑ/I on {dataset}, σ_g {', '.join(sig)}: {source}"
+               for (dataset, source), sig in sigmas.items()]
     return build_grid(PAPER, scale, chosen, spec_rounds=SPEC[scale]["rounds"], spec_seeds=SPEC[scale]["seeds"],
                       seeds=seeds, rounds=rounds, settings_pattern=settings_pattern, methods=methods, extra=extra,
                       selection=sources)

@@ -226,13 +226,15 @@ def _markdown(rows: Sequence[dict[str, Any]], chosen: dict[str, dict[str, Any]],
              f"Scale: **{label}**. Command: `{command}`." if command else f"Scale: **{label}**.", "",
              f"Variant: {variant.split}, client mechanism `{variant.mechanism}`.", "",
              f"Coordinate search, a REDUCTION of the spec's full λ × ϑ × I grid: (1) λ over {grid} "
-             "with the paper's ϑ for σ_g and I = " f"{STAGE1_INTERVAL[scale]}; (2) ϑ ∈ {{{', '.join(map(str, THETAS))}}}"
+             "with the paper's ϑ for σ_g and I = " f"{STAGE1_INTERVAL[scale]}; (2) ϑ ∈ "
+             f"{{{', '.join(map(str, THETAS))}}}"
              f" × I ∈ {{{', '.join(map(str, INTERVALS[scale]))}}} at the best λ. Selection: the highest final "
              "val_accuracy (the global model after the last round on the union of the clients' validation splits; "
              "the test split is never used). One seed."
              + (" (3) `--tune-ablation`: the ϑ = 1 ablation's own λ, over the same λ grid at the chosen I "
                 "(spec §4 Option `tune_ablation`)." if any("ablation_lam" in c for c in chosen.values()) else ""), "",
-             "## Chosen", "", "| σ_g | λ | ϑ | I | val acc | udp_fedavg val acc | runs |", "|---|---|---|---|---|---|---|"]
+             "## Chosen", "", "| σ_g | λ | ϑ | I | val acc | udp_fedavg val acc | runs |",
+             "|---|---|---|---|---|---|---|"]
     for sigma, c in chosen.items():
         runs = f"{c['runs']} of {c['planned']}" + ("" if c["complete"] else " (**incomplete**: not final)")
         lines.append(f"| {sigma} | {c['lam']:g} | {c['theta']:g} | {c['interval']} | {_fmt(c['val_accuracy'])} | "

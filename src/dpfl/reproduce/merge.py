@@ -92,7 +92,8 @@ def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] =
             only_here = [c for c in cols if c not in header]
             only_first = [c for c in header if c not in cols]
             what = (f"columns only here: {', '.join(only_here) or '-'}; only in {first_name}: "
-                    f"{', '.join(only_first) or '-'}" if only_here or only_first else "the same columns in another order")
+                    f"{', '.join(only_first) or '-'}" if only_here or only_first
+                    else "the same columns in another order")
             raise MergeError(f"{name}: not the columns of {first_name} ({what})")
         for row in rows:
             k = tuple(row[c] for c in key)

@@ -5,11 +5,15 @@ Methods on the same shards, initial model, batches and FedSGD rounds (the config
 | method | what runs |
 |---|---|
 | mpdp | MP-DP: perturbed model to clients, LMT at Ŵ, joint clipping of (g, Ψ, Φ) at Ŵ (the spec's default), DDP noise |
-| mpdp_oracle_clip | MP-DP with the simulation-only clip of the TRUE gradient (`clip_mode: oracle_true`): the idealised sensitivity |
+| mpdp_oracle_clip | MP-DP with the simulation-only clip of the TRUE gradient (`clip_mode: oracle_true`): the
+  idealised sensitivity |
 | mpdp_naive | MP-DP-Naive: a Gaussian LDP upload on the perturbed gradient, no pairwise noise |
 | mp_cdp | MP-CDP: a trusted server, clipped true gradients, Gaussian on the mean (accounted by dpfl's RDP accountant) |
 | fedavg | FedSGD in the clear, no privacy |
-| tp_smc | only on request (`--methods ...,tp_smc`): TP-SMC, clipped true gradients with client Gaussian noise summed under threshold Paillier (spec §9's optional baseline; about 50 s per round at the configs' 1024-bit keys on the ci MLP); accounted like mp_cdp under its honest-client assumption; no inversion view (the server sees only the decrypted sum) |
+| tp_smc | only on request (`--methods ...,tp_smc`): TP-SMC, clipped true gradients with client Gaussian noise
+  summed under threshold Paillier (spec §9's optional baseline; about 50 s per round at the configs' 1024-bit keys
+  on the ci MLP); accounted like mp_cdp under its honest-client assumption; no inversion view (the server sees only
+  the decrypted sum) |
 
 `ci`: configs/mpdp/ci_digits_mlp.yaml at nominal per-round epsilon 3 (the spec's), 30 and 300, ci_digits_cnn.yaml
 at 3 and 300, ci_digits_k100.yaml (K = 100, n-out graph, Theorem 11) at its epsilon 3, and ci_digits_mlp_hardened.yaml
@@ -75,8 +79,8 @@ METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 OPTIONAL_METHODS = ("tp_smc",)  # run only when --methods names them (slow: homomorphic encryption every round)
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
            "upload_bytes", "violation_rate", "epsilon_composed", "epsilon_label", "perturbed_accuracy",
-           "demasked_accuracy", "mia_asr", "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered", "psnr_b8_recovered",
-           "psnr_b1_upload", "psnr_b8_upload", "psnr_b1_phi", "psnr_b8_phi", "status", "run_dir"]
+           "demasked_accuracy", "mia_asr", "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered",
+           "psnr_b8_recovered", "psnr_b1_upload", "psnr_b8_upload", "psnr_b1_phi", "psnr_b8_phi", "status", "run_dir"]
 INVERSION_STEPS = 200  # per attack and probe batch, as in `dpfl reproduce attacks`
 SCALES = {
     "ci": {"seeds": 2, "configs": (("ci_digits_mlp.yaml", (3.0, 30.0, 300.0)), ("ci_digits_cnn.yaml", (3.0, 300.0)),
@@ -348,9 +352,9 @@ def markdown(scale: str, rows: Sequence[dict[str, Any]], skipped: dict[str, str]
              provenance_line, "",
              "Accuracy: the TRUE model on the test set after the last round, mean ± sample std over seeds. Epsilons "
              "of mpdp* are NOMINAL per-round guarantees (Theorems 10/11, assuming the idealised Gaussian model; see "
-             "docs/secure.md W1/W2); mpdp_oracle_clip's do NOT hold towards the server, whose view, the upload, its clip "
-             "does not bound (see the inversion column); mp_cdp's are dpfl's accountant's, and so are tp_smc's, which "
-             "assume its honest clients. Times are per round on "
+             "docs/secure.md W1/W2); mpdp_oracle_clip's do NOT hold towards the server, whose view, the upload, its "
+             "clip does not bound (see the inversion column); mp_cdp's are dpfl's accountant's, and so are tp_smc's, "
+             "which assume its honest clients. Times are per round on "
              "this machine. MIA ASR: "
              "membership inference by a client (strongest of loss, confidence and shadow attacks; 0.5 = guessing) on "
              "the model it received: perturbed for mpdp* (in parentheses: after client 0 demasked it), the plaintext "

@@ -166,7 +166,8 @@ def _markdown(rows: Sequence[Mapping[str, Any]], label: str, provenance_line: st
     methods = [m for m in TABLE_METHODS if any(r["method"] == m for r in rows)]
     value = {(r["setting"], r["conversion"], r["method"]): r for r in rows}
     lines = ["# Round-1 noise statistic (Robust-HDP thesis Table 3.4)", "",
-             (f"Scale: {label}. " if label else "") + "Σ_i w_i² σ_i² / (p η²): the per-parameter noise variance of the round-1 aggregate, normalised by η² "
+             (f"Scale: {label}. " if label else "") + "Σ_i w_i² σ_i² / (p η²): the per-parameter noise variance of the "
+             "round-1 aggregate, normalised by η² "
              "(spec heterogeneous_dp §5). Every run is calibrated for its full planned length "
              f"({', '.join(sorted({str(r['rounds_planned']) for r in rows}))} rounds) and only round 1 is trained; "
              "WeiAvg, DPFedAvg (uniform), Robust-HDP and the oracle aggregate the same uploads, Minimum-ε trains its "
@@ -182,7 +183,8 @@ def _markdown(rows: Sequence[Mapping[str, Any]], label: str, provenance_line: st
             cells = []
             for m in methods:
                 r = value.get((s, c, m))
-                cells.append("n/a" if r is None else f"{r['noise_stat_analytic']:.4g} / {r['noise_stat_empirical']:.4g}")
+                cells.append("n/a" if r is None
+                             else f"{r['noise_stat_analytic']:.4g} / {r['noise_stat_empirical']:.4g}")
             shared = value.get((s, c, "weiavg")) or value.get((s, c, methods[0]))
             z = f"{shared['z_mean']:.3f}" if shared is not None and "z_mean" in shared else "n/a"
             lines.append(f"| {s} | {c} | {z} | " + " | ".join(cells) + " |")

@@ -13,10 +13,10 @@ Methods (spec §7.2 "Seeds and methods"), by the paper's names:
 | min_eps | min_eps, observed: everyone at the smallest reported ε | the paper's constants would overspend |
 
 Settings: `full` is the main grid restricted to what ships by default, {logr, cnn_pfa} x iid x
-{MixGauss1, MixGauss3} x M in {20, 30, 40, 50} (K = 0.8 M per round) on the selected datasets (Fashion-MNIST by default; MNIST when its files
-are present); `ci` is spec §7.4 (M = 10, tau = 10, R = 5, MixGauss1, both calibrations). The corrected
-calibration (RDP accountant + Poisson sampling) is the default; `pfa-heuristic` is the paper's formula with
-fixed-size batches. CIFAR-10 is not shipped (spec §7.2.5: the paper's model is ambiguous).
+{MixGauss1, MixGauss3} x M in {20, 30, 40, 50} (K = 0.8 M per round) on the selected datasets (Fashion-MNIST by
+default; MNIST when its files are present); `ci` is spec §7.4 (M = 10, tau = 10, R = 5, MixGauss1, both
+calibrations). The corrected calibration (RDP accountant + Poisson sampling) is the default; `pfa-heuristic` is
+the paper's formula with fixed-size batches. CIFAR-10 is not shipped (spec §7.2.5: the paper's model is ambiguous).
 
 min_eps calibrates everyone to the smallest reported budget (`epsilon: observed`). The paper's constants
 (0.1 for MixGauss1, 1.0 for MixGauss3) are the centres of the small components, not the smallest drawn

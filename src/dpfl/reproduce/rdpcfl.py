@@ -14,10 +14,10 @@ Methods, on the same data, seeds, clip, batch, rounds, delta and eps_total (§6)
 
 Settings: `<dataset>-<shift>-eps<e>`. `ci` is Fashion-MNIST rotation (configs/rdpcfl/ci_fmnist_rotation.yaml: 21
 clients, 1,000 records each, 20 rounds; about 10 minutes per run on one core) at eps 5, 2 seeds. (500 records per
-client was tried: the round-1 GMM then split the minority cluster, MSS 1.47 at seed 0.) `full` is the thesis grid: Fashion-MNIST rotation, label
-flip and label shift (configs/rdpcfl/fmnist_*.yaml: N_i = 8000, E = 200) and MNIST rotation where its files exist,
-at eps in {3, 4, 5, 10, 15}, 4 seeds: weeks on a CPU. Learning rates are the configs' (one per setting, not tuned
-per method: the paper's per-method rates are not available).
+client was tried: the round-1 GMM then split the minority cluster, MSS 1.47 at seed 0.) `full` is the thesis grid:
+Fashion-MNIST rotation, label flip and label shift (configs/rdpcfl/fmnist_*.yaml: N_i = 8000, E = 200) and MNIST
+rotation where its files exist, at eps in {3, 4, 5, 10, 15}, 4 seeds: weeks on a CPU. Learning rates are the
+configs' (one per setting, not tuned per method: the paper's per-method rates are not available).
 
 results.csv (one row per run): setting, method, seed, epsilon, mean_acc (mean over clients of the accuracy of the
 model the client uses on its own shifted test split), minority_acc (the same over the minority cluster's
@@ -57,8 +57,8 @@ BASES = {"ci": (("fmnist-rotation", "ci_fmnist_rotation.yaml", "fashion_mnist"),
                   ("fmnist-label_shift", "fmnist_label_shift.yaml", "fashion_mnist"),
                   ("mnist-rotation", "mnist_rotation.yaml", "mnist"))}
 COLUMNS = ["setting", "method", "seed", "epsilon", "mean_acc", "minority_acc", "ari", "clusters_found", "recovered",
-           "minority_recovered", "round1_recovered", "round1_minority_recovered", "mss", "e_c", "selections", "degraded_to_global", "meets_budgets",
-           "max_epsilon_spent", "status", "seconds", "run_dir"]
+           "minority_recovered", "round1_recovered", "round1_minority_recovered", "mss", "e_c", "selections",
+           "degraded_to_global", "meets_budgets", "max_epsilon_spent", "status", "seconds", "run_dir"]
 GLOBAL_MODEL = ("global", "fedavg")  # clients use the one global model
 
 
@@ -108,9 +108,9 @@ def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int
          extra: Sequence[str] = (), epsilons: str | Sequence[float] | None = None) -> Grid:
     """The jobs of `dpfl reproduce rdpcfl` (see the module docstring); `epsilons` ("3,5,10" or numbers) replaces
     the scale's eps_total values."""
-    return build_grid(PAPER, scale, settings(scale, datasets, parse_epsilons(epsilons)), spec_rounds=SPEC[scale]["rounds"],
-                      spec_seeds=SPEC[scale]["seeds"], seeds=seeds, rounds=rounds, settings_pattern=settings_pattern,
-                      methods=methods, extra=extra)
+    return build_grid(PAPER, scale, settings(scale, datasets, parse_epsilons(epsilons)),
+                      spec_rounds=SPEC[scale]["rounds"], spec_seeds=SPEC[scale]["seeds"], seeds=seeds, rounds=rounds,
+                      settings_pattern=settings_pattern, methods=methods, extra=extra)
 
 
 # ---- one row per run ------------------------------------------------------------------------------------
@@ -238,7 +238,8 @@ def _plots(rows: Sequence[Mapping[str, Any]], out: Path) -> dict[str, Path]:
         fig = Figure(figsize=(10, 4))
         axes = fig.subplots(1, 2)
         for m in dict.fromkeys(r["method"] for r in rows):
-            mine = [r for r in rows if r["status"] == OK and r["method"] == m and r["setting"].startswith(family + "-eps")]
+            mine = [r for r in rows
+                    if r["status"] == OK and r["method"] == m and r["setting"].startswith(family + "-eps")]
             eps = sorted({float(r["setting"].rsplit("-eps", 1)[1]) for r in mine})
             if not eps:
                 continue

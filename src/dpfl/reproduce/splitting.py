@@ -256,7 +256,8 @@ def _markdown(scale: str, todo: Sequence[SplittingJob], rows: Sequence[dict], pl
         return "\n".join(lines)
     done = [job_executions(r) for r in rows if r["status"] == "ok"]
     lines += [f"Convex jobs computed by: {computed_by(done, 'job')}.", ""]
-    lines += ["## Convex problems", "", "Float64; gap = f(xbar) - f(theta*) (least squares: the exact quadratic form); rel dist = "
+    lines += ["## Convex problems", "",
+              "Float64; gap = f(xbar) - f(theta*) (least squares: the exact quadratic form); rel dist = "
               "||xbar - theta*|| / ||theta*||; rounds to 1e-8 = rounds until the fixed-point residual ||u - T u|| is "
               "below 1e-8 of its round-0 value (empty: never). Values are the mean over seeds where several ran.", ""]
     for name in dict.fromkeys(j.setting.name for j in todo):

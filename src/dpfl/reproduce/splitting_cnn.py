@@ -82,7 +82,8 @@ def grid(scale: str, *, seeds: int | None = None, rounds: int | None = None, set
     spec = SCALES[scale]
     wanted = None if presets is None else [method_name(p, tau) for p in presets for tau in (0, TAU)]
     return build_grid(PAPER, scale, settings(), spec_rounds=spec["rounds"], spec_seeds=spec["seeds"], seeds=seeds,
-                      rounds=spec["rounds"] if rounds is None else rounds, settings_pattern=settings_pattern, methods=wanted, extra=spec["extra"])
+                      rounds=spec["rounds"] if rounds is None else rounds, settings_pattern=settings_pattern,
+                      methods=wanted, extra=spec["extra"])
 
 
 class _Lines(Progress):

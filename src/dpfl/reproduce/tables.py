@@ -345,7 +345,8 @@ def _fedceo_tables(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
     personal = [m for m in methods if any(r.get("acc_personal_final") is not None for r in rows if r["method"] == m)]
     params = "; ".join(f"{s.name}: λ = {s.meta['lam']}, ϑ = {s.meta['theta']}, I = {s.meta['interval']}"
-                       + (f", the ϑ = 1 ablation's own λ = {s.meta['ablation_lam']}" if "ablation_lam" in s.meta else "")
+                       + (f", the ϑ = 1 ablation's own λ = {s.meta['ablation_lam']}" if "ablation_lam" in s.meta
+                          else "")
                        + f" ({s.meta.get('source', '')})" for s in settings if "sigma" in s.meta)
     out = ["## Overview: final global accuracy acc_global (mean ± std over seeds)", "",
            "The global model on the official test split after the last round. This is the primary metric of "
@@ -387,7 +388,8 @@ def _fedceo_notes(grid: Grid, rates: Sequence[tuple[str, float]], labels: Sequen
 
 def _fedceo_privacy(mechanisms: set[str]) -> str:
     """The privacy bullet for the grid's client mechanism (spec §3.1: `dpsgd`, or `udp` under --mechanism udp)."""
-    unlimited = "Budgets are unlimited, so `meets_budgets` is vacuous; max ε spent is the largest client ε after the run"
+    unlimited = ("Budgets are unlimited, so `meets_budgets` is vacuous; max ε spent is the largest client ε after the "
+                 "run")
     if mechanisms == {"dpsgd"}:
         return ("- Privacy: every method runs the same DP-SGD clients at its setting's fixed noise multiplier σ_g "
                 f"(sample-level, Poisson batches, clip 1, RDP, δ = 1e-5). {unlimited} (CENTAUR's head epochs are "
@@ -484,7 +486,8 @@ def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dir
              f"- Paper: {PAPERS.get(grid.paper, grid.paper)}."]
     if command:
         lines.append(f"- Command: `{command}`")
-    lines.append(f"- Runs computed by: {computed_by(run_environments(run_dirs))} (each run's in its environment.jsonl).")
+    lines.append(f"- Runs computed by: {computed_by(run_environments(run_dirs))} (each run's in its "
+                 "environment.jsonl).")
     lines.append(f"- Written by: {provenance()}.")
     lines.append(
         f"- Runs: {len(rows)} (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + "); "

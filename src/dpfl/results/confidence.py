@@ -81,8 +81,8 @@ def format_confidence(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines += [f"{r['name']} ({r['run']}):",
                   f"  test accuracy {r['accuracy']:.4f}, loss {r['loss']:.4g} (median {r['median_loss']:.3g}; right "
-                  f"predictions {or_na(r['loss_right'], '.3g')}, wrong {or_na(r['loss_wrong'], '.4g')}; the worst tenth "
-                  f"{r['worst_tenth_share']:.0%} of it)",
+                  f"predictions {or_na(r['loss_right'], '.3g')}, wrong {or_na(r['loss_wrong'], '.4g')}; "
+                  f"the worst tenth {r['worst_tenth_share']:.0%} of it)",
                   f"  median top-2 margin {r['median_margin']:.4g}; parameter norm {r['param_norm']:.4g} "
                   f"(at initialisation {r['param_norm_at_init']:.4g})",
                   f"  temperature {r['temperature']:.4g} (fitted on half the test set): the other half's loss "

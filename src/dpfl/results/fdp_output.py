@@ -18,8 +18,8 @@ from rich.console import Console
 
 from dpfl.results.json_output import emit_json, strict_json
 
-__all__ = ["FDP_FILES", "FDP_FORMATS", "FROM_RUN_BASIS", "fdp_column", "fdp_csv", "fdp_json_text", "print_fdp", "print_fdp_table",
-           "write_fdp_files"]
+__all__ = ["FDP_FILES", "FDP_FORMATS", "FROM_RUN_BASIS", "fdp_column", "fdp_csv", "fdp_json_text", "print_fdp",
+           "print_fdp_table", "write_fdp_files"]
 
 FDP_FORMATS = ("table", "csv", "json")  # what --format accepts
 # what `--from-run` computes: the plan (for a run that stopped early, more rounds than ran)

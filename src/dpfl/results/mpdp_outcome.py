@@ -35,7 +35,8 @@ def print_mpdp_outcome(out: Path, console: Console, summary: dict[str, Any]) -> 
             say(f"composed over the run per client (nominal, {privacy['per_client'][0]['composed']['which']}): "
                 f"eps from {min(composed):.4g} to {max(composed):.4g}")
         say(f"model hiding, measured (W3): client 0's last received model scores "
-            f"{or_na(summary.get('perturbed_accuracy'), '.3f')} as received, {or_na(summary.get('demasked_accuracy'), '.3f')} after it "
+            f"{or_na(summary.get('perturbed_accuracy'), '.3f')} as received, "
+            f"{or_na(summary.get('demasked_accuracy'), '.3f')} after it "
             "demasked it with its own labels")
     elif method in ("mp_cdp", "tp_smc"):
         say(f"guarantee: per client, eps = {privacy['epsilon_total']:.4g} at delta = {privacy['delta']:g} over "

@@ -246,7 +246,8 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
         if as_number(privacy.get("eps_per_participation")) is not None:
             out.append(f"- **One participation costs at most:** ε = {_fmt_eps(privacy['eps_per_participation'])}; "
                        f"composed over the run: mean {_fmt_eps(privacy.get('eps_total_mean'))}, "
-                       f"max {_fmt_eps(privacy.get('eps_total_max'))}. **No user-level guarantee** (sample-level DP only).")
+                       f"max {_fmt_eps(privacy.get('eps_total_max'))}. "
+                       "**No user-level guarantee** (sample-level DP only).")
         view = privacy.get("aggregate_view")
         if isinstance(view, Mapping):
             out.append(f"- **Aggregate view (NOT the guarantee against this run's server):** client-level "
@@ -259,9 +260,9 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
         out.append("")
         out.append("Every spent epsilon and guarantee here is the one the accountant computed for the run as it ran "
                    "(privacy.json, metrics.jsonl); the values labelled as budgets, plans, heuristics or other "
-                   "observers' views are what their labels say. Whatever the server does with the noisy uploads (aggregation, "
-                   "projection, denoising) is post-processing and does not change the guarantee; it is not "
-                   "re-accounted.")
+                   "observers' views are what their labels say. Whatever the server does with the noisy uploads "
+                   "(aggregation, projection, denoising) is post-processing and does not change the guarantee; "
+                   "it is not re-accounted.")
     return out
 
 
@@ -326,7 +327,8 @@ def _calibration_lines(privacy: Mapping[str, Any]) -> list[str]:
     calibration, target = privacy.get("calibration"), privacy.get("calibrated_to")
     planned = privacy.get("noise_calibration")
     if calibration == "pfa-heuristic":
-        out.append(f"- **Noise calibration:** PFA's heuristic formula — **not a DP guarantee**. {privacy.get('heuristic', '')}")
+        out.append("- **Noise calibration:** PFA's heuristic formula — **not a DP guarantee**. "
+                   f"{privacy.get('heuristic', '')}")
     elif isinstance(planned, Mapping):
         out.append(f"- **Noise calibration:** {planned.get('what')}, by bisection against the "
                    f"{planned.get('accountant')} accountant (the target is never exceeded), planned for "
@@ -346,7 +348,8 @@ def _calibration_lines(privacy: Mapping[str, Any]) -> list[str]:
     liars = [c for c in privacy.get("clients") or []
              if c.get("epsilon_reported") is not None and c.get("epsilon_reported") != c.get("epsilon_budget")]
     if liars:
-        out.append("- **Misreported budgets** (the server saw the reported value; noise and accounting use the true one): "
+        out.append("- **Misreported budgets** (the server saw the reported value; "
+                   "noise and accounting use the true one): "
                    + ", ".join(f"client {c['client']} reported {_fmt_eps(c['epsilon_reported'])} "
                                f"(true {_fmt_eps(c['epsilon_budget'])})" for c in liars[:10]))
     return out

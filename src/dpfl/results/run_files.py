@@ -193,7 +193,8 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
             raise _damaged(d, METRICS_FILE,
                            f"corrupt: line {i} is not a metrics row (a JSON object with an integer 'round')")
         if rows and row["round"] <= rows[-1]["round"]:
-            raise _damaged(d, METRICS_FILE, f"corrupt: line {i}: round {row['round']} follows round {rows[-1]['round']}")
+            raise _damaged(d, METRICS_FILE,
+                           f"corrupt: line {i}: round {row['round']} follows round {rows[-1]['round']}")
         rows.append(row)
     return rows
 

@@ -73,7 +73,8 @@ def test_round_1_is_full_batch_dpsgd_and_the_ledger_is_the_two_stage_plan(blobs)
     first = [e.event for e in entries if e.round == 0]
     z = plan.noise_multiplier
     assert first[0] == dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(1.0, dpa.GaussianDpEvent(z)), 1)  # q = 1, K
-    assert run.algorithm.local.plan(0, N, B, z, 0).batch_size == N and run.algorithm.local.plan(0, N, B, z, 0).steps == 1
+    assert (run.algorithm.local.plan(0, N, B, z, 0).batch_size == N
+            and run.algorithm.local.plan(0, N, B, z, 0).steps == 1)
     assert run.algorithm.local.plan(0, N, B, z, 1).batch_size == B
     n_sel = sum(isinstance(e.event, dpa.ZCDpEvent) for e in entries)
     whole = dpa.ComposedDpEvent([ts.training_event(z, N, B, 1, 6), ts.selection_event(plan.eps_sel, n_sel)])
@@ -214,7 +215,8 @@ def test_one_cluster_found_degrades_to_global_and_says_so(blobs):
     agg = run.algorithm.aggregator
     assert agg.facts["degraded_to_global"] and agg.n_clusters == 1
     assert set(result.history[-1]["clusters"]) == {0} and agg.facts.get("selections_made", 0) == 0
-    assert not any(isinstance(e.event, dpa.ZCDpEvent) for e in result.ledger.entries(0))  # nothing chosen, nothing spent
+    assert not any(isinstance(e.event, dpa.ZCDpEvent)
+                   for e in result.ledger.entries(0))  # nothing chosen, nothing spent
     assert result.ledger.spent(0) < plan.planned_epsilon
     assert "degraded_to_global" in result.privacy["stage"]
 

@@ -25,7 +25,8 @@ N, D = 30, 400
 
 def _params(n=N, d=D, t=None, bits=64, frac=32, ids=None):
     ids = tuple(ids if ids is not None else range(n))
-    return SecAggParams(ids, t if t is not None else default_threshold(len(ids)), d, FixedPointRing(bits, frac, len(ids)))
+    return SecAggParams(ids, t if t is not None else default_threshold(len(ids)), d,
+                        FixedPointRing(bits, frac, len(ids)))
 
 
 def _shared_keys(params):

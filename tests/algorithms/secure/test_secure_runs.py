@@ -82,7 +82,8 @@ def test_distributed_run_with_everyone_spends_exactly_what_central_spends_and_sa
     data = toy_federation(n_clients=6)
     sel = Selection("all")
     results = []
-    for aggregator in (CentralDPFedAvg(0.5, 1.5), DistributedDPFedAvg(0.5, 1.5, protocol=SecureAggregation(dropout=0.25))):
+    for aggregator in (CentralDPFedAvg(0.5, 1.5),
+                       DistributedDPFedAvg(0.5, 1.5, protocol=SecureAggregation(dropout=0.25))):
         alg = Algorithm("dp_fedavg_central", sgd(0.1, steps=3), sel, FullUpdate(), aggregator)
         results.append(FederatedRun(data, linear_model(), alg, rounds=3, batch_sizes=10,
                                     budgets=ClientBudget(100.0, 1e-5)).run())

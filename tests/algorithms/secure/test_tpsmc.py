@@ -48,7 +48,8 @@ def test_with_noise_the_decrypted_sum_is_the_clients_noisy_sum(setup, packing):
     expected = torch.zeros(444, dtype=torch.float64)
     for k, (x, y) in batches.items():  # each client's own noise, 1/h of the CDP variance: std S σ / sqrt(h)
         g = torch.cat([t.reshape(-1) for t in clipped(true_gradient(weights, x, y, PLAN), 1.0)])
-        expected += g + torch.randn(444, generator=torch.Generator().manual_seed(10 + k), dtype=torch.float64) * 2.0 / 2**0.5
+        expected += g + torch.randn(444, generator=torch.Generator().manual_seed(10 + k),
+                                    dtype=torch.float64) * 2.0 / 2**0.5
     got = torch.cat([(w - n).reshape(-1) for w, n in zip(weights, out.weights, strict=True)]) * 3  # lr 1, K = 3
     assert torch.allclose(got, expected, rtol=0, atol=1e-10)
 

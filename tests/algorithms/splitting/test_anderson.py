@@ -99,4 +99,5 @@ def test_an_overflowed_iterate_falls_back_instead_of_failing_the_run(monkeypatch
     window = AndersonWindow(AndersonII(1))
     window.next(torch.zeros(3), torch.ones(3))
     out, status = window.next(torch.ones(3) * 2, torch.ones(3) * 3)
-    assert status == "fallback: degenerate Gram matrix" and window.fallbacks == 1 and torch.equal(out, torch.ones(3) * 3)
+    assert (status == "fallback: degenerate Gram matrix" and window.fallbacks == 1
+            and torch.equal(out, torch.ones(3) * 3))

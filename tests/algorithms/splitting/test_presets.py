@@ -44,8 +44,8 @@ def test_preset_equals_its_direct_implementation(ls, name):
 
 def test_fedpi_admm_has_the_same_iterates_as_fedpi(ls):
     eta = 1.0 / ls.mean_eig
-    unified = presets.fedpi(eta, local=ExactLeastSquaresProx(), report="shadow").server(torch.zeros(ls.fns.dim, dtype=torch.float64),
-                                                                      ls.fns.n_records)
+    unified = presets.fedpi(eta, local=ExactLeastSquaresProx(), report="shadow").server(
+        torch.zeros(ls.fns.dim, dtype=torch.float64), ls.fns.n_records)
     admm = presets.fedpi_admm(eta, local=ExactLeastSquaresProx()).server(torch.zeros(ls.fns.dim, dtype=torch.float64),
                                                                          ls.fns.n_records)
     everyone = torch.arange(ls.fns.n_clients)

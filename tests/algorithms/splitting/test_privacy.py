@@ -22,7 +22,8 @@ def test_update_gaussian_release_is_clip_plus_noise_of_the_stated_std():
     delta = out - U
     norms = torch.linalg.vector_norm(delta, dim=1)
     assert torch.allclose(noiseless[0], out[0])  # ||D|| < C: unchanged
-    assert torch.allclose(torch.linalg.vector_norm(noiseless[1:] - U[1:], dim=1), torch.full((2,), clip, dtype=torch.float64))
+    assert torch.allclose(torch.linalg.vector_norm(noiseless[1:] - U[1:], dim=1),
+                          torch.full((2,), clip, dtype=torch.float64))
     assert torch.allclose((noiseless[1:] - U[1:]) / clip, delta[1:] / norms[1:].unsqueeze(1))  # direction kept
     noise = dp.release(U, out, idx, seed=7, round_=2) - noiseless
     # 3 x 20,000 draws: the sample std is within 1.5% of z C with probability > 1 - 1e-6 (its relative
@@ -44,7 +45,8 @@ def test_ledger_has_one_gaussian_event_per_upload(ls):
         entries = run.ledger.entries(client)
         assert [e.round for e in entries] == took_part
         assert all(e.event == dpa.GaussianDpEvent(2.0) for e in entries)
-        expected = epsilon(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), len(took_part)), 1e-5) if took_part else 0.0
+        expected = (epsilon(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), len(took_part)), 1e-5)
+                    if took_part else 0.0)
         assert run.ledger.spent(client) == pytest.approx(expected, rel=1e-9)
     assert run.history[-1]["label"] == "no guarantee of convergence under noise"
 
@@ -67,7 +69,8 @@ def test_dpsgd_gradients_without_noise_and_clip_are_unbiased_minibatch_estimates
     idx, eta = torch.arange(ls.fns.n_clients), 1e-5
     u = torch.zeros(ls.fns.n_clients, ls.fns.dim, dtype=torch.float64)
     exact = GradientSteps(1).apply(ls.fns, idx, u, eta, OperatorCall())
-    draws = torch.stack([GradientSteps(1).apply(ls.fns, idx, u, eta, OperatorCall(seed=s, dpsgd=InnerDPSGD(1e9, 0.0, 50)))
+    draws = torch.stack([GradientSteps(1).apply(ls.fns, idx, u, eta,
+                                                OperatorCall(seed=s, dpsgd=InnerDPSGD(1e9, 0.0, 50)))
                          for s in range(400)])
     spread = draws.std(0) / 400 ** 0.5
     assert ((draws.mean(0) - exact).abs() <= 5 * spread + 1e-15).float().mean() > 0.99

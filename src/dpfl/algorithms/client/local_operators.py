@@ -56,7 +56,8 @@ class OperatorCall:
 class LocalOperator(Protocol):
     kind: str
 
-    def apply(self, fns: ConvexClients, idx: torch.Tensor, U: torch.Tensor, eta: float, call: OperatorCall) -> torch.Tensor: ...
+    def apply(self, fns: ConvexClients, idx: torch.Tensor, U: torch.Tensor, eta: float,
+              call: OperatorCall) -> torch.Tensor: ...
     def inner_steps(self, n_records: int) -> int: ...
 
 
@@ -162,7 +163,8 @@ class ExactLeastSquaresProx:
 
     def apply(self, fns, idx, U, eta, call):
         if call.dpsgd is not None:
-            raise ValueError("the exact least-squares prox has no inner steps to run DP-SGD in; use dp='update_gaussian'")
+            raise ValueError("the exact least-squares prox has no inner steps to run DP-SGD in; "
+                             "use dp='update_gaussian'")
         s, v, c = fns.least_squares_eigen
         s, v, c = s[idx], v[idx], c[idx]
         rhs = c if math.isinf(eta) else c + U / eta

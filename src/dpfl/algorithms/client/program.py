@@ -47,7 +47,8 @@ class LocalProgram:
         if self.private and self.spec.clip is None:
             raise ValueError("a private local program needs a clipping norm")
         if self.private and self.spec.sampling == "shuffle":
-            raise ValueError("DP-SGD needs 'poisson' or 'fixed' sampling: shuffled epochs have no sampled-Gaussian analysis")
+            raise ValueError("DP-SGD needs 'poisson' or 'fixed' sampling: "
+                             "shuffled epochs have no sampled-Gaussian analysis")
         if self.step_sizes is not None:
             rows = tuple(tuple(float(v) for v in row) for row in self.step_sizes)
             object.__setattr__(self, "step_sizes", rows)
@@ -90,7 +91,8 @@ class LocalProgram:
         lrs = None
         if self.step_sizes is not None:
             if not 0 <= round_ < len(self.step_sizes):
-                raise ValueError(f"round {round_} has no step sizes (the schedule covers {len(self.step_sizes)} rounds)")
+                raise ValueError(f"round {round_} has no step sizes "
+                                 f"(the schedule covers {len(self.step_sizes)} rounds)")
             lrs = self.step_sizes[round_]
         batch_size = self.batch_for(n_records, batch_size, round_)
         return ClientPlan(client, batch_size, self.steps_for(n_records, batch_size),
@@ -102,7 +104,8 @@ class LocalProgram:
             return None
         steps = self.steps_for(n_records, batch_size)
         if self.spec.sampling == "poisson":
-            return dpsgd_event(noise_multiplier, steps, sampling="poisson", sample_rate=min(1.0, batch_size / n_records))
+            return dpsgd_event(noise_multiplier, steps, sampling="poisson",
+                               sample_rate=min(1.0, batch_size / n_records))
         return dpsgd_event(noise_multiplier, steps, sampling="fixed", population=n_records, sample_size=batch_size)
 
     @property

@@ -5,9 +5,9 @@ coordinate (h: the number of honest clients the guarantee assumes, default K), e
 point and encrypts it under the threshold-Paillier public key (`threshold_paillier.py`), many coordinates per
 ciphertext by default (`paillier_packing.py`; `packing=False`: one per ciphertext, the same sums). The aggregator
 multiplies the ciphertexts position by position, `threshold` clients partially decrypt the sums, and the
-combination gives the exact sum of the encodings; its mean updates the model, which is broadcast in plaintext (the paper's
-"plaintext intermediate models", unlike MP-DP). The aggregator never sees one client's update, only the noisy
-sum, whose noise has variance (S σ_cdp)^2 K / h >= (S σ_cdp)^2 when every client is honest.
+combination gives the exact sum of the encodings; its mean updates the model, which is broadcast in plaintext
+(the paper's "plaintext intermediate models", unlike MP-DP). The aggregator never sees one client's update,
+only the noisy sum, whose noise has variance (S σ_cdp)^2 K / h >= (S σ_cdp)^2 when every client is honest.
 """
 
 from __future__ import annotations

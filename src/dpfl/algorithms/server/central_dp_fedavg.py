@@ -42,7 +42,8 @@ class CentralDPFedAvg:
     def with_noise(self, noise: float) -> CentralDPFedAvg:
         return replace(self, noise_multiplier=float(noise))
 
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
         expected_clients = view.expected_clients
         if self.noise_multiplier is None:
             raise ValueError("the server's noise multiplier is not calibrated yet (run it through FederatedRun)")

@@ -42,7 +42,8 @@ class FedAvg:
             raise ValueError("WeiAvg needs every client's reported epsilon; some clients declared no budget")
         return (raw / raw.sum()).to(torch.float32)
 
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
         w = self.weights(view)
         mean = {n: torch.einsum("k,k...->...", w, u) for n, u in uploads.items()}
         return P.axpy(self.server_lr, mean, global_params)

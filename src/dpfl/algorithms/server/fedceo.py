@@ -56,7 +56,8 @@ class FedCEO:
         threshold(1, self.lam, self.theta)  # validates λ and ϑ
         if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
             raise ValueError(f"FedCEO interval must be an integer >= 1, got {self.interval!r}")
-        if self.layers != "all" and (isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1):
+        if self.layers != "all" and (isinstance(self.layers, bool) or not isinstance(self.layers, int)
+                                     or self.layers < 1):
             raise ValueError(f"FedCEO layers must be 'all' or a number of last modules >= 1, got {self.layers!r}")
         if self.personal_staleness not in STALENESS:
             raise ValueError(f"personal_staleness must be one of {STALENESS}, got {self.personal_staleness!r}")

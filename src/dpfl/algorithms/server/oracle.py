@@ -44,7 +44,8 @@ class OracleAverage:
             raise ValueError("the oracle aggregator needs the engine's noise channel (it is privileged)")
         var = channel.update_noise_variance(view, dim)
         if (var <= 0).any():
-            raise ValueError("the oracle needs positive noise for every client (a noiseless client would take all weight)")
+            raise ValueError("the oracle needs positive noise for every client "
+                             "(a noiseless client would take all weight)")
         inv = 1.0 / var
         return (inv / inv.sum()).to(torch.float32)
 

@@ -207,7 +207,8 @@ class PFA:
         if isinstance(self.lanczos_iters, bool) or not isinstance(self.lanczos_iters, int) or self.lanczos_iters < 1:
             raise ValueError(f"PFA lanczos_iters must be an integer >= 1, got {self.lanczos_iters!r}")
         if self.svd_solver == "lanczos" and self.k > self.lanczos_iters:
-            raise ValueError(f"PFA k={self.k} exceeds lanczos_iters={self.lanczos_iters} (at most that many Ritz vectors)")
+            raise ValueError(f"PFA k={self.k} exceeds lanczos_iters={self.lanczos_iters} "
+                             "(at most that many Ritz vectors)")
         if not 0 < self.public_fraction <= 1:
             raise ValueError(f"PFA public_fraction must be in (0, 1], got {self.public_fraction}")
         if not self.server_lr > 0:
@@ -329,6 +330,7 @@ class PFA:
             out[name] = g.combine(d_pub, sub.project(means[1]))
         return self.unblock(out, uploads)
 
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
         return P.axpy(self.server_lr, self.update(uploads, view, seed, round_), global_params)
 

@@ -181,5 +181,6 @@ class PFAPlus:
         like = {n: u[:1] for n, u in payload.full.items()}
         return self.pfa.unblock(out, like)
 
-    def aggregate(self, global_params: P.Params, payload: Payload, view: ServerView, seed: int, round_: int) -> P.Params:
+    def aggregate(self, global_params: P.Params, payload: Payload, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
         return P.axpy(self.pfa.server_lr, self.update(payload, view, seed, round_), global_params)

@@ -32,4 +32,5 @@ class ServerView:
         eps = torch.full((len(n),), float("inf"), dtype=torch.float64) if eps_reported is None else \
             torch.as_tensor(eps_reported, dtype=torch.float64)
         return cls(torch.arange(len(n)), n, torch.ones(len(n), dtype=torch.int64), eps,
-                   torch.zeros(len(n), dtype=torch.float64), float(len(n) if expected_clients is None else expected_clients))
+                   torch.zeros(len(n), dtype=torch.float64),
+                   float(len(n) if expected_clients is None else expected_clients))

@@ -128,7 +128,8 @@ class RayBackend:
             ray.get([a.ready.remote() for a in self.actors], timeout=START_TIMEOUT_S)
         except Exception as err:  # noqa: BLE001 -- any start failure is the backend's, said in one line
             self.close()
-            raise BackendError(f"backend 'ray': the actors did not start within {START_TIMEOUT_S:g} s ({err})") from None
+            raise BackendError(f"backend 'ray': the actors did not start within {START_TIMEOUT_S:g} s "
+                               f"({err})") from None
         self._bound = (id(model), id(data))
 
     def _kill_actors(self) -> None:

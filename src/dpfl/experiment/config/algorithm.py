@@ -344,9 +344,9 @@ class AlgorithmConfig(_Section):
     the cohort).
     rdpcfl: clusters, m_candidates, selection_budget_ratio, clustering_rounds_ratio, selection_rounds, split,
     conversion, selection_score (accuracy | neg_clipped_loss with loss_cap), round1_batch, cluster_init, pca_project,
-    scaler; ifca_dp: clusters (required), ifca_round1 (uniform | reference) + the selection fields; clustered_oracle / clustered_local: conversion;
-    mr_mtl: lam (>= 0, default 1) + conversion. All five: data.partition clustered (oracle), dpsgd, every client
-    in every round.
+    scaler; ifca_dp: clusters (required), ifca_round1 (uniform | reference) + the selection fields;
+    clustered_oracle / clustered_local: conversion; mr_mtl: lam (>= 0, default 1) + conversion. All five:
+    data.partition clustered (oracle), dpsgd, every client in every round.
 
     aggregator / local: optional user-registered stages replacing the bundle's aggregator (any bundle whose
     guarantee holds against a server that sees each upload) or its local program (not for noisy_fedavg,

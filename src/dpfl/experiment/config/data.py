@@ -78,7 +78,8 @@ class DataConfig(_Section):
                   "those fields unset")
         if self.client_test_fraction + self.client_val_fraction >= 1:
             _fail("client_val_fraction", "the test and validation splits must leave training data",
-                  self.client_val_fraction, f"a fraction below 1 - client_test_fraction = {1 - self.client_test_fraction:g}")
+                  self.client_val_fraction,
+                  f"a fraction below 1 - client_test_fraction = {1 - self.client_test_fraction:g}")
         if self.dataset == PROVIDED:
             self._check_provided()
             return self

@@ -168,7 +168,8 @@ def _first(errors: list[Any]) -> Any:
     return next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
 
 
-def _describe(err: Mapping[str, Any], root: type[BaseModel] | None) -> tuple[list[str], str, str | None, str | None, int]:
+def _describe(err: Mapping[str, Any],
+              root: type[BaseModel] | None) -> tuple[list[str], str, str | None, str | None, int]:
     """(path, problem, got, allowed, more) for one pydantic error dict."""
     loc = [str(p) for p in err.get("loc", ())]
     typ = err.get("type", "")

@@ -49,9 +49,10 @@ class PrivacyConfig(_Section):
 
     Noisy-FedAvg/FedProx (mechanism param_noise; spec fdp_accounting.md §5) also take: secure_aggregation (the
     deployment hides individual uploads; on its own it only selects the default observer 'aggregate', and with a
-    top-level `secure_aggregation` section dpfl runs the protocol for real and sets it), release (transcript: every global model is seen, the default; final: only w_T, which admits the
-    shifted-interpolation bound), smoothness_L (an ASSUMED smoothness constant of every per-sample loss; needed by
-    the shifted-interpolation bound) and honest_clients (the adversary knows the noise of all other clients).
+    top-level `secure_aggregation` section dpfl runs the protocol for real and sets it), release (transcript:
+    every global model is seen, the default; final: only w_T, which admits the shifted-interpolation bound),
+    smoothness_L (an ASSUMED smoothness constant of every per-sample loss; needed by the shifted-interpolation
+    bound) and honest_clients (the adversary knows the noise of all other clients).
     observer 'server' is the upload view (each noisy upload seen), 'aggregate' the view of the averages only.
     """
 

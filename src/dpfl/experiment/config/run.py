@@ -149,8 +149,8 @@ class RunConfig(_Section):
         if mech == "none" and p.budgets is not None:
             _fail("privacy.budgets", f"{not_private} is not private, so budgets have no effect", p.budgets, "null")
         if p.calibration == "pfa-heuristic" and (mech != "dpsgd" or p.noise_multiplier is not None):
-            _fail("privacy.calibration", "the PFA heuristic calibrates DP-SGD noise from the budgets (mechanism 'dpsgd', "
-                  "no explicit noise_multiplier)", p.calibration, "accountant")
+            _fail("privacy.calibration", "the PFA heuristic calibrates DP-SGD noise from the budgets (mechanism "
+                  "'dpsgd', no explicit noise_multiplier)", p.calibration, "accountant")
         if alg == "max_eps" and not p.allow_budget_violation:
             _fail("privacy.allow_budget_violation", "max_eps calibrates everyone to the largest epsilon, violating the "
                   "smaller budgets: it is a non-private reference and must be allowed explicitly", False, "true")
@@ -160,7 +160,8 @@ class RunConfig(_Section):
             _fail("privacy.misreport.client", f"no such client (data.clients is {self.data.clients})",
                   p.misreport.client, f"an integer in [0, {self.data.clients - 1}]")
         sel = self.training.selection.kind
-        if p.accountant == "pld" and ((mech == "dpsgd" and p.sampling == "fixed") or (mech == "central" and sel == "fixed")):
+        if p.accountant == "pld" and ((mech == "dpsgd" and p.sampling == "fixed")
+                                      or (mech == "central" and sel == "fixed")):
             what = "privacy.sampling" if mech == "dpsgd" else "training.selection.kind"
             _fail("privacy.accountant", f"'pld' cannot account fixed-size sampling (replace-one; {what} is 'fixed')",
                   p.accountant, "rdp")
@@ -181,12 +182,13 @@ class RunConfig(_Section):
             unsampled = (mech == "param_noise" or (mech == "udp" and not p.per_upload_amplification)
                          or (mech == "central" and sel == "all"))
             if not unsampled:
-                _fail("privacy.accountant", "'gdp' is exact only for Gaussian mechanisms without sampling (Noisy-FedAvg/"
-                      "FedProx, udp without per_upload_amplification, central with selection 'all'); this run's "
-                      "events are sampled", p.accountant, "rdp or pld")
+                _fail("privacy.accountant", "'gdp' is exact only for Gaussian mechanisms without sampling "
+                      "(Noisy-FedAvg/FedProx, udp without per_upload_amplification, central with selection 'all'); "
+                      "this run's events are sampled", p.accountant, "rdp or pld")
         if mech not in _CALIBRATED or self._noise_given():
             if p.participation != "expected":
-                why = "the noise is given, not calibrated" if mech in _CALIBRATED else f"mechanism {mech!r} adds no noise"
+                why = ("the noise is given, not calibrated" if mech in _CALIBRATED
+                       else f"mechanism {mech!r} adds no noise")
                 _fail("privacy.participation", f"only used when the noise is calibrated from the budgets ({why})",
                       p.participation, "expected")
             if mech == "param_noise" and p.budgets is None:

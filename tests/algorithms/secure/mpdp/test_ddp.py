@@ -42,7 +42,8 @@ def test_known_answer_fixture():  # T18: fixed keys -> fixed seed -> fixed Δ (p
     seed = edge_seed(k1, k2.public_bytes, b"dpfl", 0, 1, 2)
     w = prg.expand(seed, 1, np.uint64, 1)[0]
     assert uniforms(seed, 1)[0] == ((int(w) >> 11) + 0.5) * 2.0**-53
-    assert edge_noise(seed, NoiseLayout.uniform(1), 2.0)[0] == pytest.approx(math.sqrt(2) * 2.0 * (2 * uniforms(seed, 1)[0] - 1))
+    assert edge_noise(seed, NoiseLayout.uniform(1), 2.0)[0] == pytest.approx(
+        math.sqrt(2) * 2.0 * (2 * uniforms(seed, 1)[0] - 1))
     assert seed.hex() == edge_seed(k2, k1.public_bytes, b"dpfl", 0, 2, 1).hex()
     # the layout of spec §5.3, rebuilt from the raw primitives
     shared = k1.private.exchange(k2.private.public_key())

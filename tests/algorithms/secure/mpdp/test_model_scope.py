@@ -93,7 +93,8 @@ def test_pairwise_noise_with_a_bias_layout_still_cancels():
 
 
 @pytest.mark.parametrize("module,match", [
-    (nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 2)), "'1' \\(BatchNorm1d\\).*normalisation"),
+    (nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 2)),
+     "'1' \\(BatchNorm1d\\).*normalisation"),
     (nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)), "'1' \\(Tanh\\).*positively homogeneous"),
     (nn.Sequential(nn.Linear(4, 3), nn.GELU(), nn.Linear(3, 2)), "'1' \\(GELU\\)"),
     (nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2), nn.ReLU()), "last module must be a linear"),

@@ -95,7 +95,8 @@ def test_variance_form_of_theta_is_pinned():
     c = 2 * math.log(2 / (1e-5 * math.sqrt(2 * math.pi)))
     assert eps == pytest.approx(theta / 2 + math.sqrt(c * theta), rel=1e-12)
     # collusion: fewer honest clients means more noise for the same epsilon
-    assert solve_sigma_eta(1, 1e-5, 100, math.inf, k_honest=50).sigma_eta > solve_sigma_eta(1, 1e-5, 100, math.inf).sigma_eta
+    assert (solve_sigma_eta(1, 1e-5, 100, math.inf, k_honest=50).sigma_eta
+            > solve_sigma_eta(1, 1e-5, 100, math.inf).sigma_eta)
 
 
 def test_composition_formulas_and_labels():

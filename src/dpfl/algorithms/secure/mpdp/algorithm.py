@@ -161,12 +161,13 @@ def _client_terms(payload: ClientPayload, weights: list[torch.Tensor], x: torch.
     return res
 
 
-def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan, batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
+def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan,
+                    batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
                     st: RoundSettings, round_: int, secret_gen: np.random.Generator,
                     private_seeds: Mapping[int, int | None], drop: set[int] | frozenset[int] = frozenset(),
                     on_broadcast: Callable[[ClientPayload, list[torch.Tensor]], Any] | None = None,
-                    on_upload: Callable[[int, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], ServerSecrets],
-                                        Any] | None = None) -> RoundOutcome:
+                    on_upload: Callable[[int, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor],
+                                         ServerSecrets], Any] | None = None) -> RoundOutcome:
     """One MP-DP (or MP-DP-Naive) round; raises MissingPeersError, with no update applied, if a client in
     `drop` agreed on edges and never uploaded. `on_upload(k, upload, Ψ, Φ, secrets)`: each client's upload as the
     server receives it, with the server's secrets (the server's view, for the inversion attack)."""

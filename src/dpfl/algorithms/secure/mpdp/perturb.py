@@ -7,8 +7,9 @@ identity shortcuts (§7.4, residual.py); anything else is refused by name (§7.5
 Trainable layer l = 1..L has output factor r^(l) (l < L) and input factor s^(l-1) (l > 1): a weight entry gets
 r_out s_in (a conv weight r_c s_c' over its kernel; a linear layer after flatten gives feature j the s of its
 channel), a hidden bias r^(l). After the ReLU of each hidden layer a transitional diagonal 1/(s^(l) r^(l)) per
-channel and another ReLU are inserted; a residual block's shortcut gets the diagonal r_out∘s_in. The last layer gets the additive mask r = γ∘r^(a): its output is
-y + α(x) r with α the sum of the perturbed penultimate features (+1 when the last layer has a bias).
+channel and another ReLU are inserted; a residual block's shortcut gets the diagonal r_out∘s_in. The last layer
+gets the additive mask r = γ∘r^(a): its output is y + α(x) r with α the sum of the perturbed penultimate features
+(+1 when the last layer has a bias).
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def recover_key(owner: int, owner_public: bytes, holders: Mapping[int, DDPClient
 
 
 def dropped_noise(owner: int, key: KeyPair, neighbour_publics: Mapping[int, bytes], count: int, scale: float,
-                  family: str, stream: int, run_id: bytes, round_: int, layout: NoiseLayout | None = None) -> np.ndarray:
+                  family: str, stream: int, run_id: bytes, round_: int,
+                  layout: NoiseLayout | None = None) -> np.ndarray:
     """Σ over the owner's surviving neighbours v of what v added for the edge (v, owner): +Δ if v < owner, else -Δ,
     i.e. minus the owner's own pairwise sum with them."""
     return -pairwise_sum(key, owner, neighbour_publics, count, scale, run_id, round_, family, stream, layout)

@@ -11,10 +11,11 @@ The round loop stays generic; this stage uses its hooks:
 Strategies:
 - `rdpcfl`: round 1's updates (full-batch DP-SGD, the local program's `round1_batch`) are clustered by the PCA + GMM
   of `gmm.py` (M given or chosen by MSS; a fit whose posterior argmax puts every client in one cluster degrades the
-  run to Global: one model, no selections, `degraded_to_global` in the metrics and the report); the cluster models start at the initial model (or client 0's round-1
-  model, `cluster_init="trained_client0"`, the reference code); rounds 2..E_c draw each client's cluster from its
-  posterior pi_i afresh; private selections end the rounds of the window {E_c, ..., E_c + floor(0.1 E)} (or every
-  round from E_c, `selection_rounds="every_round"`); assignments are frozen after the last one.
+  run to Global: one model, no selections, `degraded_to_global` in the metrics and the report); the cluster models
+  start at the initial model (or client 0's round-1 model, `cluster_init="trained_client0"`, the reference code);
+  rounds 2..E_c draw each client's cluster from its posterior pi_i afresh; private selections end the rounds of the
+  window {E_c, ..., E_c + floor(0.1 E)} (or every round from E_c, `selection_rounds="every_round"`); assignments
+  are frozen after the last one.
 - `ifca`: round 1 assigns clients uniformly at random; private selections end rounds 1..floor(0.1 E) + 1.
   `ifca_round1="reference"` (the reference code): round 1 is plain local DP training whose updates the server
   discards (the cluster models stay at the initial model), round 2 assigns uniformly at random, and the selections

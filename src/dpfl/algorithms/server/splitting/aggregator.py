@@ -5,7 +5,8 @@ its own start u_i (the local program's proximal term mu = 1/eta, relative to the
 start u), a gradient preset's client runs its local SGD steps from u_i. The server stage keeps the population's
 u and z (float64, [n, p]: the per-client state this algorithm needs), sends each participant its u_i
 (`start_points`), receives L_i(u_i) - u_i (the upload stage may clip and noise it: that is the DP release) and runs
-`SplittingServer.step` with the schedule's eta_t (the local program follows the same schedule: its `round_specs`). Its new global model is xbar (or the ergodic average / shadow, as configured).
+`SplittingServer.step` with the schedule's eta_t (the local program follows the same schedule: its `round_specs`).
+Its new global model is xbar (or the ergodic average / shadow, as configured).
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class SplittingDP:
         assert self.batch is not None
         return InnerDPSGD(self.clip, self.z, self.batch)
 
-    def release(self, U: torch.Tensor, outputs: torch.Tensor, idx: torch.Tensor, seed: int, round_: int) -> torch.Tensor:
+    def release(self, U: torch.Tensor, outputs: torch.Tensor, idx: torch.Tensor, seed: int,
+                round_: int) -> torch.Tensor:
         """What clients `idx` send: their outputs as they are (dpsgd), or u + clip(L(u) - u) + noise."""
         if self.mode == "dpsgd":
             return outputs

@@ -87,7 +87,8 @@ class UnifiedSplitting:
 
     @property
     def reflects(self) -> bool:
-        """A reflection preset (alpha or beta != 1: fedsplit, fedpi, fedrp, ...), whose noisy runs carry the §9 label."""
+        """A reflection preset (alpha or beta != 1: fedsplit, fedpi, fedrp, ...), whose noisy runs carry the §9
+        label."""
         return self.alpha != 1 or self.beta != 1
 
     @property
