@@ -533,7 +533,7 @@ class FederatedRun:
                                  "global model only (no personal starts, client state or audit hook)")
             remote = self.remote_clients.round(self, r, w, ids)
             planned = [self._steps(i, r) for i in ids]
-            over = [(i, int(s), p) for i, s, p in zip(ids, remote.steps, planned) if int(s) > p]
+            over = [(i, int(s), p) for i, s, p in zip(ids, remote.steps, planned, strict=True) if int(s) > p]
             if over:  # the ledger charged the planned steps: more would spend more than it recorded
                 raise ValueError(f"round {r + 1}: clients took more local steps than the ledger charged "
                                  f"((client, reported, planned): {over[:5]}); the accounting would not cover the run")
@@ -804,7 +804,7 @@ class FederatedRun:
             out["stage"] = notes()
         if "clients" in out:
             out["guarantee"] = self._guarantee(out)
-            for c, eps in zip(out["clients"], out["guarantee"].pop("per_client")):
+            for c, eps in zip(out["clients"], out["guarantee"].pop("per_client"), strict=True):
                 c["epsilon_guarantee"] = eps
         return out
 
