@@ -107,3 +107,18 @@ def test_an_unverified_epsilon_keeps_its_stamp_in_the_tables():
     paper, verified = md.split("## paper")[1].split("## verified")
     assert paper.startswith(" (epsilons UNVERIFIED)") and f"**{stamp}**" in paper
     assert "UNVERIFIED" not in verified
+
+
+def test_workers_on_one_seed_keep_the_other_seeds_finished_rows_in_grid_order(tmp_path):
+    """--only-seeds 1 --workers 2 after seed 0 ran alone: seed 1 runs in the workers, seed 0 (not selected) is read
+    back, and the tables list both in the grid's order, seed 0 first."""
+    out = tmp_path / "mpdp"
+    code, _, err = cli("reproduce", "mpdp", *TINY, "--rounds", 1, "--out", out, "--only-seeds", 0)
+    assert code == 0, err
+    summary = out / "runs" / "ci_digits_mlp" / "fedavg-seed0" / "summary.json"
+    mtime = summary.stat().st_mtime
+    code, _, err = cli("reproduce", "mpdp", *TINY, "--rounds", 1, "--out", out, "--only-seeds", 1, "--workers", 2)
+    assert code == 0, err
+    assert [(r["seed"], r["status"]) for r in _rows(out)] == [("0", "ok"), ("1", "ok")]
+    assert summary.stat().st_mtime == mtime  # seed 0 read back, not run again
+    assert "of the grid's" not in (out / "results.md").read_text()

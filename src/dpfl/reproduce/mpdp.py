@@ -284,25 +284,16 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
     chosen = _checked_seeds(only_seeds, todo)
     states = check_directories(todo, out, inversion_steps)
     runs = [compute and (chosen is None or j.seed in chosen) for j in todo]
-    rows, done = [], 0
-    extractors: dict[Any, Any] = {}  # trained once per dataset and seed for all the study's jobs
-    shared = _in_workers([(j, state == FINISHED) for j, state, run in zip(todo, states, runs) if run], out,
-                         inversion_steps, workers)
-    for job, state, run in zip(todo, states, runs):
-        if run and shared is not None:
-            row = shared.pop(0)
-            if row is not None:  # None: every worker found it held by another process (not one of them)
-                rows.append(row)
-        elif run:
-            done += 1
-            if progress is not None:
-                progress(f"[{done}/{sum(runs)}] {job.setting} {job.method} seed {job.seed}")
-            try:
-                rows.append(run_job(job, out, inversion_steps, extractors))
-            except RunDirectoryBusy as err:  # another process sharing --out runs it: its row is that process's
-                if progress is not None:
-                    progress(f"  skipped: {err}")
-        elif state == FINISHED:
+    picked = [i for i, run in enumerate(runs) if run]
+    ran = (_rows_in_workers([(todo[i], states[i] == FINISHED) for i in picked], out, inversion_steps, workers)
+           if workers > 1 and picked else _rows_here([todo[i] for i in picked], out, inversion_steps, progress))
+    ran_at = dict(zip(picked, ran, strict=True))
+    rows = []
+    for i, (job, state) in enumerate(zip(todo, states, strict=True)):
+        if i in ran_at:
+            if ran_at[i] is not None:  # None: another process held it (its row is that process's)
+                rows.append(ran_at[i])
+        elif state == FINISHED:  # a seed not selected this time: its finished row is read back for the tables
             rows.append(json.loads((job.directory(out) / "summary.json").read_text()))
     if not rows and not compute:
         raise GridError(f"--tables-only: no finished run of this selection under {out / 'runs'}")
@@ -315,12 +306,28 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
     return csv_path, md_path, rows
 
 
-def _in_workers(todo: list[tuple[MPDPJob, bool]], out: Path, inversion_steps: int,
-                workers: int) -> list[dict | None] | None:
-    """The rows of the jobs of `todo` (job, finished before) run by `workers` processes (`rows_in_workers`); None
-    with one worker (the caller runs them itself)."""
-    if workers <= 1 or not todo:
-        return None
+def _rows_here(todo: Sequence[MPDPJob], out: Path, inversion_steps: int,
+               progress: Callable[[str], None] | None) -> list[dict[str, Any] | None]:
+    """The rows of `todo` run (or read back if finished) in this process, in order; None for a job another process
+    holds."""
+    rows: list[dict[str, Any] | None] = []
+    extractors: dict[Any, Any] = {}  # trained once per dataset and seed for all the study's jobs
+    for done, job in enumerate(todo, 1):
+        if progress is not None:
+            progress(f"[{done}/{len(todo)}] {job.setting} {job.method} seed {job.seed}")
+        try:
+            rows.append(run_job(job, out, inversion_steps, extractors))
+        except RunDirectoryBusy as err:  # another process sharing --out runs it: its row is that process's
+            rows.append(None)
+            if progress is not None:
+                progress(f"  skipped: {err}")
+    return rows
+
+
+def _rows_in_workers(todo: list[tuple[MPDPJob, bool]], out: Path, inversion_steps: int,
+                     workers: int) -> list[dict | None]:
+    """The rows of the jobs of `todo` (job, finished before) run by `workers` processes (`rows_in_workers`), in
+    order; None for a job every worker found held by another process."""
     names = [f"{j.setting} {j.method} seed {j.seed}" for j, _ in todo]
     return rows_in_workers(partial(_job_row, out, inversion_steps), [j for j, _ in todo], names, workers,
                            finished=[done for _, done in todo])
