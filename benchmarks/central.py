@@ -177,7 +177,7 @@ def run_loop(model: nn.Module, xs, ys, steps: int, batch: int, noise: float = NO
     start = _flat(model.parameters())
     total = torch.zeros_like(start)
     updates = []
-    for i, (x, y) in enumerate(zip(xs, ys)):
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         local = copy.deepcopy(model)
         local.train()
         opt = torch.optim.SGD(local.parameters(), lr=LR)
@@ -199,7 +199,7 @@ def run_loop(model: nn.Module, xs, ys, steps: int, batch: int, noise: float = NO
     total += noise * CLIP * torch.randn(total.shape[0], generator=g)
     new = start + SERVER_LR * total / len(xs)
     out, offset = {}, 0
-    for n, p in zip(names, model.parameters()):
+    for n, p in zip(names, model.parameters(), strict=True):
         out[n] = new[offset : offset + p.numel()].reshape(p.shape)
         offset += p.numel()
     return time.perf_counter() - t0, (out, torch.stack(updates))

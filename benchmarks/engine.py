@@ -142,7 +142,7 @@ def run_opacus(model: nn.Module, xs, ys, steps: int, batch: int):
 
     finals = []
     t0 = time.perf_counter()
-    for i, (x, y) in enumerate(zip(xs, ys)):
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         local = copy.deepcopy(model)
         local.train()
         opt = torch.optim.SGD(local.parameters(), lr=LR)
@@ -168,7 +168,7 @@ def run_plain(model: nn.Module, xs, ys, steps: int, batch: int):
     """Per-client non-private SGD loop; returns (seconds, list of per-client state dicts)."""
     finals = []
     t0 = time.perf_counter()
-    for i, (x, y) in enumerate(zip(xs, ys)):
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         local = copy.deepcopy(model)
         local.train()
         opt = torch.optim.SGD(local.parameters(), lr=LR)

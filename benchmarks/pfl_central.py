@@ -48,6 +48,7 @@ import platform
 import statistics
 import sys
 import time
+from itertools import pairwise
 
 
 def log(msg: str) -> None:
@@ -207,7 +208,7 @@ def run(args) -> dict:
     final = FederatedAveraging().run(algorithm_params=algorithm_params, backend=backend, model=model,
                                      model_train_params=train_params, callbacks=[stamps],
                                      send_metrics_to_platform=False)
-    gaps = [b - a for a, b in zip(stamps.t, stamps.t[1:])]
+    gaps = [b - a for a, b in pairwise(stamps.t)]
     warm, timed = gaps[0], gaps[1:]
     params = final.get_parameters()
     finite = all(bool(torch.isfinite(params[n]).all()) for n in params)

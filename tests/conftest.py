@@ -34,6 +34,6 @@ def clean_registries():
               stages.LOCAL_PROGRAMS]
     saved = [dict(t) for t in tables]
     yield
-    for table, before in zip(tables, saved):
+    for table, before in zip(tables, saved, strict=True):
         table.clear()
         table.update(before)

@@ -50,7 +50,7 @@ def reference_two_part_sgd(w, u, x, y, alpha, lr=0.2, steps=4, momentum=0.5):
         theta = {n: (v[n] + u[n]).requires_grad_(True) for n in v}
         loss = nn.functional.cross_entropy(functional_call(net, theta, (x,)), y)
         grads = torch.autograd.grad(loss, list(theta.values()))
-        for (n, _), g in zip(theta.items(), grads):
+        for (n, _), g in zip(theta.items(), grads, strict=True):
             bv[n] = momentum * bv[n] + g
             bu[n] = momentum * bu[n] + g
             v[n] = v[n] - lr * bv[n]
@@ -65,13 +65,14 @@ def test_engine_split_equals_the_two_part_update_and_u_never_leaves_the_client()
     result = run.run(on_checkpoint=states.append)
     w0 = P.model_params(model())
     vs, us = zip(*[reference_two_part_sgd(w0, {n: torch.zeros_like(t) for n, t in w0.items()},
-                                          c.x_train, c.y_train, 0.5) for c in data.clients])
+                                          c.x_train, c.y_train, 0.5) for c in data.clients], strict=True)
     w1 = {n: torch.stack([v[n] for v in vs]).mean(0) for n in w0}  # the server averages v only
     round1 = next(s for s in states if s.round == 1)
     for n in w0:
         torch.testing.assert_close(round1.params[n], w1[n], rtol=1e-5, atol=1e-6)
     # round 2 starts from w1 + u_k (the local parts were never averaged)
-    vs2, us2 = zip(*[reference_two_part_sgd(w1, u, c.x_train, c.y_train, 0.5) for u, c in zip(us, data.clients)])
+    parts = [reference_two_part_sgd(w1, u, c.x_train, c.y_train, 0.5) for u, c in zip(us, data.clients, strict=True)]
+    vs2, us2 = zip(*parts, strict=True)
     w2 = {n: torch.stack([v[n] for v in vs2]).mean(0) for n in w0}
     for n in w0:
         torch.testing.assert_close(result.params[n], w2[n], rtol=1e-4, atol=1e-5)

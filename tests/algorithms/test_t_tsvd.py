@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -470,7 +471,7 @@ def test_t11_schedule_matches_table(lam, theta, interval, thr_first, thr_last):
     assert threshold(js[0], lam, theta) == pytest.approx(thr_first, rel=1e-4)
     assert threshold(js[-1], lam, theta) == pytest.approx(thr_last, rel=1e-4)
     thrs = [threshold(j, lam, theta) for j in js]
-    assert all(b > a for a, b in zip(thrs, thrs[1:]))  # ϑ > 1: strictly increasing
+    assert all(b > a for a, b in pairwise(thrs))  # ϑ > 1: strictly increasing
 
 
 def test_t11_theta_one_is_constant_and_smoothing_rounds():
@@ -497,7 +498,7 @@ def test_t11_threshold_is_unchanged_below_the_float_range_and_monotone():
     assert threshold(30, 1.0, 1e10) == 1e300 / 2.0
     assert threshold(10**400, 0.5, 1.0) == 1.0  # ϑ = 1 stays constant for any j
     thrs = [threshold(j, 0.03, 2.0) for j in range(1, 1100)]
-    assert all(b >= a for a, b in zip(thrs, thrs[1:]))
+    assert all(b >= a for a, b in pairwise(thrs))
     assert math.isfinite(thrs[1010]) and thrs[-1] == math.inf
 
 

@@ -53,7 +53,7 @@ def _fedavg_upload(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[t
     opt.zero_grad()
     nn.functional.cross_entropy(local(x), y).backward()
     opt.step()
-    return [(new - old).detach() for new, old in zip(local.parameters(), model.parameters())]
+    return [(new - old).detach() for new, old in zip(local.parameters(), model.parameters(), strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def single(digits):
     x, y = digits.x_train[:1].double(), digits.y_train[:1]
     grads = gradient_from_update(_fedavg_upload(model, x, y), ETA)
     # the recovered gradient is the client's batch gradient (up to the rounding of w - eta g - w)
-    for g, ref in zip(grads, observed_gradient(model, x, y)):
+    for g, ref in zip(grads, observed_gradient(model, x, y), strict=True):
         torch.testing.assert_close(g, ref, rtol=1e-9, atol=1e-12)
     mean_image = digits.x_train.double().mean(0, keepdim=True)
     return model, x, y, grads, psnr(mean_image, x)  # the trivial guess: 12.2 dB

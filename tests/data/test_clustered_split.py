@@ -42,7 +42,7 @@ def test_rotation_is_rot90_per_cluster(digits):
     fed = clustered_split(digits, 21, 4, shift="rotation", n_train_per_client=60, seed=1)
     for i, m in enumerate(fed.info["true_cluster"]):
         c = fed.clients[i]
-        for x, y in zip(c.x_train[:5], c.y_train[:5]):
+        for x, y in zip(c.x_train[:5], c.y_train[:5], strict=True):
             j = base_index(digits, torch.rot90(x.unsqueeze(0), k=-m, dims=(2, 3))[0])
             assert torch.equal(torch.rot90(digits.x_train[j:j + 1], k=m, dims=(2, 3))[0], x)
             assert int(digits.y_train[j]) == int(y)
@@ -55,7 +55,7 @@ def test_label_flip_maps_y_to_y_plus_m(digits):
     fed = clustered_split(digits, 11, 4, shift="label_flip", minority_ratio=0.2, n_train_per_client=50, seed=2)
     for i, m in enumerate(fed.info["true_cluster"]):
         c = fed.clients[i]
-        for x, y in zip(c.x_train[:10], c.y_train[:10]):
+        for x, y in zip(c.x_train[:10], c.y_train[:10], strict=True):
             assert int(y) == (int(digits.y_train[base_index(digits, x)]) + m) % 10
 
 
@@ -80,7 +80,7 @@ def test_label_shift_purity_is_within_three_standard_errors(digits):
 def test_seeded_reproducible_and_disjoint_option(digits):
     a = clustered_split(digits, 11, 4, minority_ratio=0.2, n_train_per_client=40, seed=5)
     b = clustered_split(digits, 11, 4, minority_ratio=0.2, n_train_per_client=40, seed=5)
-    assert all(torch.equal(p.x_train, q.x_train) for p, q in zip(a.clients, b.clients))
+    assert all(torch.equal(p.x_train, q.x_train) for p, q in zip(a.clients, b.clients, strict=True))
     d = clustered_split(digits, 11, 4, minority_ratio=0.2, n_train_per_client=40, seed=5, disjoint=True,
                         shift="label_flip")
     seen = [base_index(digits, x) for c in d.clients for x in torch.cat([c.x_train, c.x_val])]

@@ -40,7 +40,7 @@ def test_iid_partition_of_the_train_split():
 def test_client_test_fraction_splits_each_share():
     fd = FederatedDataset.from_arrays(_indexed(), 5, client_test_fraction=0.25, seed=3)
     seen = []
-    for c, (tr, te) in zip(fd.clients, _owned(fd)):
+    for c, (tr, te) in zip(fd.clients, _owned(fd), strict=True):
         assert len(te) == round(0.25 * (len(tr) + len(te)))
         assert not set(tr) & set(te)
         seen.extend(tr)
@@ -58,7 +58,7 @@ def test_max_train_samples_subsamples_first_and_is_seeded():
     owned_a = np.sort(np.concatenate([tr for tr, _ in _owned(a)]))
     owned_c = np.sort(np.concatenate([tr for tr, _ in _owned(c)]))
     assert len(np.unique(owned_a)) == 100 and owned_a.max() > 100  # a random subset, not the first 100
-    assert all(torch.equal(x.x_train, y.x_train) for x, y in zip(a.clients, b.clients))
+    assert all(torch.equal(x.x_train, y.x_train) for x, y in zip(a.clients, b.clients, strict=True))
     assert not np.array_equal(owned_a, owned_c)
 
 
@@ -120,7 +120,7 @@ def test_from_convex(maker, n_classes):
     fd = FederatedDataset.from_convex(p)
     assert fd.n_clients == 5 and fd.input_shape == (20,) and fd.n_classes == n_classes
     assert fd.train_sizes.tolist() == [200] * 5
-    for c, a, b in zip(fd.clients, p.A, p.b):
+    for c, a, b in zip(fd.clients, p.A, p.b, strict=True):
         assert c.x_train.dtype == torch.float32 and c.y_train.dtype == torch.float32
         torch.testing.assert_close(c.x_train, torch.from_numpy(a).float())
         torch.testing.assert_close(c.y_train, torch.from_numpy(b).float())
@@ -149,7 +149,7 @@ def test_client_val_fraction_gives_80_10_10_and_leaves_the_test_split_alone():
     fd = FederatedDataset.from_arrays(ds, 5, client_test_fraction=0.1, client_val_fraction=0.1, seed=3)
     assert fd.train_sizes.tolist() == [96] * 5 and fd.test_sizes.tolist() == [12] * 5
     assert [c.n_val for c in fd.clients] == [12] * 5
-    for c, p in zip(fd.clients, plain.clients):
+    for c, p in zip(fd.clients, plain.clients, strict=True):
         tr, te, va = (t[:, 0].long().numpy() for t in (c.x_train, c.x_test, c.x_val))
         assert torch.equal(c.x_test, p.x_test)  # adding a validation split does not move the test split
         assert not (set(tr) & set(va)) and not (set(te) & set(va))
@@ -160,7 +160,7 @@ def test_client_val_fraction_gives_80_10_10_and_leaves_the_test_split_alone():
     assert fd.info["client_val_fraction"] == 0.1 and "client_val_fraction" not in plain.info
     assert all(c.n_val == 0 and c.x_val.shape == (0, 1) for c in plain.clients)
     again = FederatedDataset.from_arrays(ds, 5, client_test_fraction=0.1, client_val_fraction=0.1, seed=3)
-    assert all(torch.equal(a.x_val, b.x_val) for a, b in zip(fd.clients, again.clients))
+    assert all(torch.equal(a.x_val, b.x_val) for a, b in zip(fd.clients, again.clients, strict=True))
 
 
 @pytest.mark.parametrize("test, val", [(0.5, 0.5), (0.0, 1.0), (0.2, -0.1), (0.9, 0.2)])

@@ -28,11 +28,11 @@ def test_iid_equal_sizes_with_remainder_spread():
 
 
 def test_iid_is_seeded_and_random():
-    assert all(np.array_equal(a, b) for a, b in zip(iid(100, 4, 7), iid(100, 4, 7)))
+    assert all(np.array_equal(a, b) for a, b in zip(iid(100, 4, 7), iid(100, 4, 7), strict=True))
     assert not np.array_equal(iid(100, 4, 7)[0], iid(100, 4, 8)[0])
     assert not np.array_equal(iid(100, 4, 7)[0], np.arange(25))  # not contiguous blocks
     gen = np.random.default_rng(3)
-    assert all(np.array_equal(a, b) for a, b in zip(iid(50, 2, gen), iid(50, 2, np.random.default_rng(3))))
+    assert all(np.array_equal(a, b) for a, b in zip(iid(50, 2, gen), iid(50, 2, np.random.default_rng(3)), strict=True))
 
 
 def test_iid_explicit_sizes():
@@ -108,7 +108,7 @@ def test_rng_and_count_validation():
         iid(10, 2, "seed")
     with pytest.raises(ValueError, match="n_clients must be an int >= 1, got 0"):
         iid(10, 0, 0)
-    assert all(np.array_equal(a, b) for a, b in zip(iid(10, 2), iid(10, 2, None)))
+    assert all(np.array_equal(a, b) for a, b in zip(iid(10, 2), iid(10, 2, None), strict=True))
 
 
 @settings(max_examples=40, deadline=None)
@@ -151,7 +151,7 @@ def test_dirichlet_quota_gives_equal_disjoint_skewed_shares():
     iid_like = dirichlet_quota(labels, 8, 1000.0, 60, rng=3)
     assert np.mean([np.bincount(labels[p], minlength=10).max() / 60 for p in iid_like]) < 0.3
     again = dirichlet_quota(labels, 8, 0.1, 60, rng=3)
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
 
 
 def test_dirichlet_quota_renormalises_when_a_class_runs_out_and_checks_sizes():

@@ -55,7 +55,7 @@ def test_logistic_labels_follow_the_spec_recipe():
 @pytest.mark.parametrize("kind", MAKERS)
 def test_seed_reproducibility(kind):
     a, b, c = (MAKERS[kind](preset="small", seed=s) for s in (3, 3, 4))
-    for x, y in zip(a.A + a.b, b.A + b.b):
+    for x, y in zip(a.A + a.b, b.A + b.b, strict=True):
         np.testing.assert_array_equal(x, y)
     np.testing.assert_array_equal(a.theta_star, b.theta_star)
     assert not np.array_equal(a.A[0], c.A[0])
@@ -111,7 +111,7 @@ def test_gradient_is_the_true_gradient(kind):
     np.testing.assert_allclose(p.gradient(x), numeric, rtol=1e-6, atol=1e-6)
     # f = sum lambda_i f_i with f_i = 0.5 ||A x - b||^2 (least squares): no factor 2, no mean
     if kind == "least_squares":
-        expected = 0.5 * sum(0.5 * np.sum((a @ x - b) ** 2) for a, b in zip(p.A, p.b))
+        expected = 0.5 * sum(0.5 * np.sum((a @ x - b) ** 2) for a, b in zip(p.A, p.b, strict=True))
         assert p.objective(x) == pytest.approx(expected)
 
 
@@ -125,7 +125,7 @@ def test_shift_increases_heterogeneity(kind):
 
 def test_heterogeneity_definition():
     p = make_least_squares(preset="small", shift_scale=0.5, seed=3)
-    grads = [a.T @ (a @ p.theta_star - b) for a, b in zip(p.A, p.b)]
+    grads = [a.T @ (a @ p.theta_star - b) for a, b in zip(p.A, p.b, strict=True)]
     assert heterogeneity(p) == pytest.approx(np.mean([g @ g for g in grads]))
     assert heterogeneity(p, per_sample=True) == pytest.approx(np.mean([g @ g / 200**2 for g in grads]))
     assert heterogeneity(p, x=np.zeros(p.dim)) > heterogeneity(p)
@@ -139,8 +139,8 @@ def test_weights_change_the_minimiser():
     skewed = make_least_squares(preset="small", shift_scale=1.0, weights=w)
     assert np.linalg.norm(skewed.gradient(skewed.theta_star)) < 1e-8
     assert np.linalg.norm(skewed.theta_star - uniform.theta_star) > 1e-3
-    q = sum(wi * ai.T @ ai for wi, ai in zip(w, skewed.A))
-    c = sum(wi * ai.T @ bi for wi, ai, bi in zip(w, skewed.A, skewed.b))
+    q = sum(wi * ai.T @ ai for wi, ai in zip(w, skewed.A, strict=True))
+    c = sum(wi * ai.T @ bi for wi, ai, bi in zip(w, skewed.A, skewed.b, strict=True))
     np.testing.assert_allclose(skewed.theta_star, np.linalg.solve(q, c), rtol=1e-12)
 
 

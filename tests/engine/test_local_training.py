@@ -226,7 +226,7 @@ def test_momentum_and_proximal_term_equal_plain_pytorch():
     for _ in range(8):
         idx = stream.next()
         opt.zero_grad()
-        prox = sum((p - s).pow(2).sum() for p, s in zip(ref.parameters(), start))
+        prox = sum((p - s).pow(2).sum() for p, s in zip(ref.parameters(), start, strict=True))
         (nn.functional.cross_entropy(ref(x[idx]), y[idx]) + 0.3 / 2 * prox).backward()
         opt.step()
     for n, t in P.model_params(ref).items():
@@ -317,7 +317,7 @@ def test_sgd_on_a_subset_equals_pytorch_with_frozen_parameters():
     for _ in range(8):
         idx = stream.next()
         opt.zero_grad()
-        prox = sum((p - s).pow(2).sum() for p, s in zip(params, start))
+        prox = sum((p - s).pow(2).sum() for p, s in zip(params, start, strict=True))
         (nn.functional.cross_entropy(ref(x[idx]), y[idx]) + 0.3 / 2 * prox).backward()
         opt.step()
     for n, t in ref.named_parameters():

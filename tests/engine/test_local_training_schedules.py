@@ -42,7 +42,7 @@ def grad_mean(model: nn.Module, w: dict, x: torch.Tensor, y: torch.Tensor, names
     names = list(w) if names is None else list(names)
     leaves = {n: t.detach().clone().requires_grad_(n in names) for n, t in w.items()}
     loss = nn.functional.cross_entropy(functional_call(model, leaves, (x,)), y)
-    return dict(zip(names, torch.autograd.grad(loss, [leaves[n] for n in names])))
+    return dict(zip(names, torch.autograd.grad(loss, [leaves[n] for n in names]), strict=True))
 
 
 def norm(g: dict) -> torch.Tensor:

@@ -61,9 +61,9 @@ def test_demo_builds_the_readme_run(demo_run):
     assert set(eps) <= {1.0, 2.0, 4.0, 8.0} and len(set(eps)) > 1
     assert all(b.delta == 1e-5 for b in run.budgets)
     # calibrated per client: a smaller budget buys more noise (up to the clients' slightly different sizes)
-    by_budget = {e: [z for z, f in zip(run.noise, eps) if f == e] for e in sorted(set(eps))}
+    by_budget = {e: [z for z, f in zip(run.noise, eps, strict=True) if f == e] for e in sorted(set(eps))}
     lows, highs = [min(v) for v in by_budget.values()], [max(v) for v in by_budget.values()]
-    assert all(lo > hi for lo, hi in zip(lows, highs[1:])) and run.noise.min() > 0
+    assert all(lo > hi for lo, hi in zip(lows[:-1], highs[1:], strict=True)) and run.noise.min() > 0
 
 
 def test_digits_udp_builds_and_runs_two_rounds():

@@ -280,7 +280,7 @@ def test_pfa_heuristic_calibration_is_labelled_and_reports_the_real_epsilon():
     result = run.run()
     assert len(result.history) == 2 and result.stop_reason == "rounds"
     assert "NOT a DP guarantee" in result.privacy["heuristic"]
-    for c, b in zip(result.privacy["clients"], (1.0, 2.0, 4.0, 8.0)):
+    for c, b in zip(result.privacy["clients"], (1.0, 2.0, 4.0, 8.0), strict=True):
         assert c["epsilon_heuristic"] == pytest.approx(b)
         expected = epsilon(SelfComposedDpEvent(dpsgd_event(c["noise_multiplier"], 3, sampling="poisson",
                                                            sample_rate=8 / 60), 2), 1e-5)
@@ -305,7 +305,8 @@ def test_remote_clients_may_not_take_more_local_steps_than_the_ledger_charged():
         def round(self, run, r, w, ids):
             planned = [run.algorithm.local.steps_for(int(run.n_records[i]), int(run.batch_sizes[i])) for i in ids]
             uploads = {n: torch.zeros((len(ids), *t.shape), dtype=t.dtype) for n, t in w.items()}
-            return RemoteRound(uploads, [p + self.extra * (i == ids[-1]) for i, p in zip(ids, planned)], None)
+            steps = [p + self.extra * (i == ids[-1]) for i, p in zip(ids, planned, strict=True)]
+            return RemoteRound(uploads, steps, None)
 
     def run(extra: int):
         fed = build_run(load_config("configs/demo.yaml", ["training.rounds=2", "data.clients=4"]))

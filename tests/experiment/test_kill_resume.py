@@ -143,7 +143,7 @@ def _same(a: Any, b: Any, where: str = "") -> None:
             _same(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _same(x, y, f"{where}[{i}]")
     elif isinstance(a, float) and math.isnan(a):
         assert isinstance(b, float) and math.isnan(b), where

@@ -31,7 +31,7 @@ def assert_same_run(out: Path, ref: dict[str, Any], *, shared_seed: bool = True)
     assert summary["final_accuracy"] == pytest.approx(ref["accuracy"], abs=TOL)
     clients, expected = privacy["clients"], ref["privacy"]["clients"]
     assert [c["client"] for c in clients] == [c["client"] for c in expected] == [0, 1, 2]
-    for got, want in zip(clients, expected):
+    for got, want in zip(clients, expected, strict=True):
         assert set(got) == set(want)
         for key, value in want.items():
             assert got[key] == pytest.approx(value, abs=TOL), key

@@ -11,6 +11,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from itertools import pairwise
 
 import dp_accounting as dpa
 import mpmath as mp
@@ -65,7 +66,7 @@ PLD_SWEEP = [0.0, 1e-300, 1e-101, 1e-20, 1e-6, 3e-5, 1e-3, 0.3, 1.0, 3.0, 10.0, 
 
 def _check_sweep(values, zs, what):
     assert values[0] == math.inf, f"{what}: z = 0 must mean no privacy"
-    for z, v in zip(zs, values):
+    for z, v in zip(zs, values, strict=True):
         assert not math.isnan(v) and v >= 0.0, f"{what}: epsilon {v} at z={z:g}"
     for i in range(len(zs) - 1):
         assert values[i + 1] <= values[i], f"{what}: epsilon rises from {values[i]} (z={zs[i]:g}) to {values[i + 1]}"
@@ -106,7 +107,7 @@ def test_rdp_epsilon_is_monotone_over_the_float_range(name):
         _check_sweep([epsilon(e, delta, "rdp", orders) for e in events], SWEEP, f"rdp {name} delta={delta}")
     deltas = [delta_for(e, 1.0, "rdp", orders) for e in events]
     assert all(0.0 <= d <= 1.0 for d in deltas) and deltas[0] == 1.0
-    assert all(b <= a for a, b in zip(deltas, deltas[1:])), name
+    assert all(b <= a for a, b in pairwise(deltas)), name
 
 
 def test_every_order_is_monotone_across_the_switches():
@@ -139,7 +140,7 @@ def test_poisson_curve_is_an_upper_bound_where_dp_accounting_cancels(q):
     for z in (10.0, 1e3, 1e6, 1e12, 1e100, 1e160):
         ours = rdp_curve(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), orders)
         dp_accounting_region = z <= switch_noise("poisson", q)  # its relative error there is below ~1e-9
-        for order, value in zip(orders, ours):
+        for order, value in zip(orders, ours, strict=True):
             exact = _exact_poisson_rdp(q, z, int(order))
             assert value >= exact * (1 - 1e-9 if dp_accounting_region else 1), (q, z, order)
             if exact > 1e-300 and not dp_accounting_region:
@@ -185,7 +186,7 @@ def test_fixed_size_epsilon_keeps_falling_where_dp_accounting_rose():
     epsilon went *up* with z (e.g. 0.0300 at z=6000, 0.0344 at z=5000, 0.0344 at z=1e4, delta 1e-5)."""
     zs = [5000.0, 5100.0, 6000.0, 1e4, 1e5]
     eps = [epsilon(dpsgd_event(z, 100, sampling="fixed", population=1000, sample_size=100), 1e-5) for z in zs]
-    assert all(b <= a for a, b in zip(eps, eps[1:]))
+    assert all(b <= a for a, b in pairwise(eps))
     assert eps[-2] < 0.005  # the conversion floor ~0.0035 at order 1024, not dp_accounting's garbage 0.034
 
 

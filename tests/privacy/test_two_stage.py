@@ -1,6 +1,7 @@
 """R-DPCFL's two-stage accounting (clustered_dpfl.md §4, required test 2)."""
 
 import math
+from itertools import pairwise
 
 import dp_accounting as dpa
 import numpy as np
@@ -43,7 +44,7 @@ def test_the_ledger_of_a_run_is_the_analytic_sum_of_its_parts():
 
 def test_epsilon_falls_as_the_noise_grows():
     eps = [ts.epsilon(ts.training_event(z, N, B, K, E), DELTA) for z in (0.6, 0.8, 1.0, 1.5, 2.0, 4.0)]
-    assert all(a > b for a, b in zip(eps, eps[1:]))
+    assert all(a > b for a, b in pairwise(eps))
     classic = [ts.epsilon(ts.training_event(z, N, B, K, E), DELTA, "classic") for z in (0.8, 1.5)]
     assert classic[0] > eps[1] and classic[1] > eps[3]  # the reference code's conversion is looser
 

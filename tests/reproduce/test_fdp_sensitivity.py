@@ -156,7 +156,7 @@ def test_neighbour_differs_in_exactly_one_training_record():
         nb, change = make_neighbour(data, client=1, record=3, replacement=replacement, seed=0)
         assert change["client"] == 1 and change["record"] == 3 and change["replacement"] == replacement
         differing = []
-        for i, (c, c2) in enumerate(zip(data.clients, nb.clients)):
+        for i, (c, c2) in enumerate(zip(data.clients, nb.clients, strict=True)):
             assert c2.x_train.shape == c.x_train.shape and c2.y_train.shape == c.y_train.shape
             rows = (c.x_train != c2.x_train).flatten(1).any(1) | (c.y_train != c2.y_train)
             differing += [(i, int(j)) for j in torch.nonzero(rows).flatten()]
@@ -171,7 +171,7 @@ def test_neighbour_differs_in_exactly_one_training_record():
             assert new_y != old_y and torch.equal(new_x, old_x)
         else:
             assert new_y == old_y and not torch.equal(new_x, old_x)
-    for (x, y), c in zip(before, data.clients):  # the base dataset is untouched
+    for (x, y), c in zip(before, data.clients, strict=True):  # the base dataset is untouched
         assert torch.equal(x, c.x_train) and torch.equal(y, c.y_train)
     with pytest.raises(ValueError, match="replacement"):
         make_neighbour(data, replacement="swap")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from itertools import pairwise
 
 import pytest
 
@@ -26,7 +27,7 @@ def test_lambda_grids_are_the_spec_grids_plus_the_paper_value():
         grid = LAMBDA_GRIDS[sigma]
         assert len(grid) == 10 and grid == sorted(grid) and (grid[0], grid[-1]) == (lo, hi) and paper in grid
         logs = [math.log10(v) for v in grid if v != paper]
-        steps = [b - a for a, b in zip(logs, logs[1:])]
+        steps = [b - a for a, b in pairwise(logs)]
         assert max(steps) - min(steps) < 0.01  # 9 log-spaced points (3 significant digits)
 
 

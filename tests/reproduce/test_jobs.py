@@ -17,7 +17,7 @@ from dpfl.reproduce.jobs import GridError, Method, Setting, build_grid, config_d
 
 PFA_METHODS = ["np_fedavg", "max_eps", "pfa", "pfa_plus", "weiavg", "fedavg", "min_eps"]
 PFA_AVAILABLE = [m for m, alg in zip(PFA_METHODS, ["fedavg", "max_eps", "pfa", "pfa_plus", "weiavg",
-                                                  "dp_fedavg_local", "min_eps"]) if alg in ALGORITHMS]
+                                                  "dp_fedavg_local", "min_eps"], strict=True) if alg in ALGORITHMS]
 RHDP_METHODS = ["robust_hdp", "weiavg", "pfa", "fedavg", "min_eps", "oracle", "np_fedavg"]
 
 

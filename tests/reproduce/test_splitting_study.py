@@ -61,7 +61,7 @@ def test_the_cnn_grid_is_the_spec_comparison():
     everyone = splitting.plan("reduced-all-clients").cnn  # reduced, but the whole population in every round
     key = lambda j: (j.setting, j.method, j.seed)  # noqa: E731
     assert [key(j) for j in everyone.jobs] == [key(j) for j in reduced.jobs]
-    for j, r in zip(everyone.jobs, reduced.jobs):
+    for j, r in zip(everyone.jobs, reduced.jobs, strict=True):
         assert (j.config.training.selection.kind, r.config.training.selection.kind) == ("all", "fixed")
         assert j.config.training.model_copy(update={"selection": r.config.training.selection}) == r.config.training
         assert j.config.algorithm == r.config.algorithm and j.config.data == r.config.data

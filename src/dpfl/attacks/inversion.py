@@ -105,13 +105,13 @@ def _check_targets(params: list[torch.Tensor], target_grads: Sequence[torch.Tens
     if len(targets) != len(params):
         raise ValueError(f"target_grads has {len(targets)} tensors but the model has {len(params)} trainable "
                          f"parameters")
-    for i, (p, t) in enumerate(zip(params, targets)):
+    for i, (p, t) in enumerate(zip(params, targets, strict=True)):
         if t.shape != p.shape:
             raise ValueError(f"target gradient {i} has shape {tuple(t.shape)}, the model parameter has "
                              f"{tuple(p.shape)}")
         if not torch.isfinite(t).all():
             raise ValueError(f"target gradient {i} has non-finite entries")
-    return [t.to(p.dtype) for p, t in zip(params, targets)]
+    return [t.to(p.dtype) for p, t in zip(params, targets, strict=True)]
 
 
 def _setup(
@@ -167,7 +167,7 @@ def dlg(
 
     def closure() -> torch.Tensor:
         grads = _dummy_grads(model, params, x, labels, loss)
-        value = sum(((g - t) ** 2).sum() for g, t in zip(grads, targets))
+        value = sum(((g - t) ** 2).sum() for g, t in zip(grads, targets, strict=True))
         (x.grad,) = torch.autograd.grad(value, x)
         v = float(value.detach())
         if v < best["loss"]:  # L-BFGS may end on a worse line-search trial point; keep the best evaluated one
@@ -185,7 +185,7 @@ def total_variation(x: torch.Tensor) -> torch.Tensor:
 
 
 def _cosine_distance(grads: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> torch.Tensor:
-    dot = sum((g * t).sum() for g, t in zip(grads, targets))
+    dot = sum((g * t).sum() for g, t in zip(grads, targets, strict=True))
     gn = torch.sqrt(sum(g.pow(2).sum() for g in grads))
     tn = torch.sqrt(sum(t.pow(2).sum() for t in targets))
     return 1.0 - dot / (gn * tn).clamp_min(torch.finfo(gn.dtype).tiny)

@@ -34,7 +34,7 @@ def _rows_per_client(x: torch.Tensor, y: torch.Tensor,
     sizes = [len(idx) for idx in indices]
     flat = torch.from_numpy(np.concatenate(indices) if indices else np.empty(0, dtype=np.int64))
     xs, ys = torch.split(x[flat], sizes), torch.split(y[flat], sizes)
-    return list(zip(xs, ys))
+    return list(zip(xs, ys, strict=True))
 
 
 @dataclass
@@ -225,7 +225,7 @@ class FederatedDataset:
                 empty_x.clone(),
                 empty_y.clone(),
             )
-            for a, b in zip(problem.A, problem.b)
+            for a, b in zip(problem.A, problem.b, strict=True)
         ]
         n_classes = 2 if problem.kind == "logistic" else 0
         info = dict(dataset=problem.kind, **problem.params)

@@ -66,7 +66,7 @@ class ConvexProblem:
     @cached_property
     def c(self) -> list[np.ndarray]:
         """``A_i^T b_i`` per client."""
-        return [a.T @ y for a, y in zip(self.A, self.b)]
+        return [a.T @ y for a, y in zip(self.A, self.b, strict=True)]
 
     def client_objective(self, i: int, x: np.ndarray) -> float:
         a, y = self.A[i], self.b[i]
@@ -101,8 +101,8 @@ class ConvexProblem:
 
     def _solve(self) -> np.ndarray:
         if self.kind == "least_squares":
-            q = sum(w * qi for w, qi in zip(self.weights, self.Q))
-            c = sum(w * ci for w, ci in zip(self.weights, self.c))
+            q = sum(w * qi for w, qi in zip(self.weights, self.Q, strict=True))
+            c = sum(w * ci for w, ci in zip(self.weights, self.c, strict=True))
             return np.linalg.solve(q, c)
         return _newton(self, tol=1e-10)
 

@@ -249,7 +249,7 @@ def merge_groups(k: int, groups: Sequence[Sequence[int]], results: Iterable[Loca
     LocalResult in plan order (the engine's thread groups, a Ray backend's shards)."""
     out: P.Params = {}
     steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
-    for rows, res in zip(groups, results):
+    for rows, res in zip(groups, results, strict=True):
         index = torch.tensor(list(rows), dtype=torch.int64)
         for n, t in res.params.items():
             if n not in out:

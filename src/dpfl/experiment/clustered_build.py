@@ -57,7 +57,7 @@ def build_clustered(cfg: RunConfig, params: Any, local: Any, data: FederatedData
                           f"with E = {t.rounds} and clustering_rounds_ratio = {params.clustering_rounds_ratio}",
                           "algorithm.params.ifca_round1")
     plans = []
-    for i, (budget, batch) in enumerate(zip(budgets, batch_sizes)):
+    for i, (budget, batch) in enumerate(zip(budgets, batch_sizes, strict=True)):
         n_i = data.clients[i].n_train
         try:
             options: dict[str, Any] = {"conversion": params.conversion, "selections": selecting,

@@ -251,8 +251,8 @@ class FederatedRun:
         kw: dict[str, Any] = {}
         if mechanism == "dpsgd":
             local = alg.local
-            kw = dict(records=self.n_records.tolist(), batch_sizes=self.batch_sizes.tolist(),
-                      local_steps=[local.steps_for(int(m), int(b)) for m, b in zip(self.n_records, self.batch_sizes)],
+            steps = [local.steps_for(int(m), int(b)) for m, b in zip(self.n_records, self.batch_sizes, strict=True)]
+            kw = dict(records=self.n_records.tolist(), batch_sizes=self.batch_sizes.tolist(), local_steps=steps,
                       local_sampling=local.sampling, participation_rates=self._participation_rates(),
                       targets=calibration_targets(list(self.budgets), self.eps_reported, self.calibrate_to,
                                                   self.enforce_budgets),
@@ -458,7 +458,7 @@ class FederatedRun:
             if encode is not None:  # clients send what the broadcast asks for (PFA+: k-dim codes)
                 uploads = encode(uploads, view, self.seed)
                 bytes_up = list(uploads.bytes_up)
-                bytes_down = [d + extra for d, extra in zip(bytes_down, uploads.bytes_down_subspace)]
+                bytes_down = [d + extra for d, extra in zip(bytes_down, uploads.bytes_down_subspace, strict=True)]
                 traffic = uploads.traffic(FLOAT_BYTES * dim)
             if getattr(alg.aggregator, "privileged", False):  # only oracles may read the engine's channel
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, channel=channel)
@@ -733,7 +733,7 @@ class FederatedRun:
         info = getattr(self.data, "info", None) or {}
         truth, minority = info.get("true_cluster"), info.get("minority_cluster")
         if truth is not None and minority is not None:  # planted clusters (clustered_split): the parity metric
-            mine = [a for c, a in zip(sorted(personal), accs) if truth[c] == minority]
+            mine = [a for c, a in zip(sorted(personal), accs, strict=True) if truth[c] == minority]
             if mine:
                 out["acc_personal_minority"] = float(np.mean(mine))
         return out

@@ -309,7 +309,7 @@ def _check_metrics(out: Path, state: RunState | None) -> None:
         raise RunDirectoryError(f"{' '.join(str(e).split())}; nothing was changed; delete {METRICS} and resume to "
                                 f"rebuild it from {CHECKPOINT}") from None
     history = state.history if state is not None else []
-    for i, (row, kept) in enumerate(zip(rows, history), start=1):
+    for i, (row, kept) in enumerate(zip(rows, history, strict=False), start=1):
         if canonical_json(_untimed(row)) != canonical_json(_untimed(kept)):
             raise RunDirectoryError(
                 f"{out / METRICS}: line {i} differs from the round-{i} row recorded in {CHECKPOINT}: the two files are "

@@ -335,7 +335,7 @@ def _rdp_delta(orders: Sequence[float], curve: np.ndarray, eps: float) -> float:
     if not tiny.any():
         return float(rdp_lib.compute_delta(orders, curve, eps)[0])
     log_deltas = []
-    for a, r in zip(np.asarray(orders)[tiny], curve[tiny]):
+    for a, r in zip(np.asarray(orders)[tiny], curve[tiny], strict=True):
         log_delta = 0.5 * math.log(-math.expm1(-r))
         if a > 1.01:  # dp_accounting's condition for its Proposition-12 bound
             log_delta = min(log_delta, (a - 1) * (r - eps + math.log1p(-1 / a)) - math.log(a))

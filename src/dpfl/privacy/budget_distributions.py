@@ -86,7 +86,7 @@ class GaussianMixture:
 
     @property
     def mean(self) -> float:
-        return math.fsum(w * m for w, m in zip(self.weights, self.means))
+        return math.fsum(w * m for w, m in zip(self.weights, self.means, strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +133,7 @@ class NamedDistribution:
 
 def _mix(*components: tuple[float, float, float]) -> GaussianMixture:
     """Components as (weight, mean, std)."""
-    w, m, s = zip(*components)
+    w, m, s = zip(*components, strict=True)
     return GaussianMixture(tuple(w), tuple(m), tuple(s))
 
 

@@ -429,8 +429,8 @@ class PrivacyLedger:
         budgets = data["budgets"]
         ledger = cls(
             clients,
-            dict(zip(clients, data["deltas"])),
-            None if budgets is None else {c: decode_float(b) for c, b in zip(clients, budgets)},
+            dict(zip(clients, data["deltas"], strict=True)),
+            None if budgets is None else {c: decode_float(b) for c, b in zip(clients, budgets, strict=True)},
             data["accountant"],
             data["unit"],
             orders=data["orders"],

@@ -207,7 +207,7 @@ def _rows_here(todo: Sequence[tuple[str, float | None, RunConfig]], states: Sequ
     the finished ones read back; a setting another process holds is skipped."""
     rows: list[dict[str, Any]] = []
     cache: dict[Any, Any] = {}  # shared_extractor's: one feature extractor per public records
-    for i, ((method, eps, cfg), state) in enumerate(zip(todo, states), 1):
+    for i, ((method, eps, cfg), state) in enumerate(zip(todo, states, strict=True), 1):
         if not compute and state != "finished":
             continue
         if compute and progress is not None:

@@ -298,7 +298,7 @@ def recursion_bound(gamma: np.ndarray, rho: np.ndarray) -> np.ndarray:
     """d[t] for t = 1..T of d_{t+1} = ρ_t d_t + γ_t, d_0 = 0 (float64; grows geometrically when ρ > 1)."""
     d, out = 0.0, np.empty(len(gamma))
     with np.errstate(over="ignore"):
-        for t, (g, r) in enumerate(zip(np.asarray(gamma, np.float64), np.asarray(rho, np.float64))):
+        for t, (g, r) in enumerate(zip(np.asarray(gamma, np.float64), np.asarray(rho, np.float64), strict=True)):
             d = r * d + g
             out[t] = d
     return out

@@ -100,7 +100,7 @@ def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] =
             if k in by_key and by_key[k][1] != row:
                 seen_in, seen = by_key[k]
                 diff = [c for c in header if seen[c] != row[c]]
-                raise MergeError(f"{name}: the row {dict(zip(key, k))} differs from the one in {seen_in} "
+                raise MergeError(f"{name}: the row {dict(zip(key, k, strict=True))} differs from the one in {seen_in} "
                                  f"(columns {', '.join(diff)}): two different results for one run, or two runs "
                                  f"the key ({', '.join(key)}) does not tell apart (then add the column that does "
                                  "with --key)")

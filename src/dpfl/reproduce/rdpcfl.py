@@ -155,7 +155,7 @@ def row(outcome: Outcome, out: Path) -> dict[str, Any]:
     if job.method in GLOBAL_MODEL:
         accs = last.get("test_acc_clients") or []
         r["mean_acc"] = last.get("test_acc_clients_mean")
-        minority = [a for a, t in zip(accs, truth) if t == 0]
+        minority = [a for a, t in zip(accs, truth, strict=True) if t == 0] if accs else []
         r["minority_acc"] = statistics.fmean(minority) if minority else None
         final = [0] * len(truth)
     else:
@@ -243,14 +243,14 @@ def _plots(rows: Sequence[Mapping[str, Any]], out: Path) -> dict[str, Path]:
             eps = sorted({float(r["setting"].rsplit("-eps", 1)[1]) for r in mine})
             if not eps:
                 continue
-            for ax, key in zip(axes, ("mean_acc", "minority_acc")):
+            for ax, key in zip(axes, ("mean_acc", "minority_acc"), strict=True):
                 ys = [np.mean([r[key] for r in mine if float(r["setting"].rsplit("-eps", 1)[1]) == e
                                and r[key] is not None] or [np.nan]) for e in eps]
                 if m == "fedavg":  # not private: no epsilon; a level to compare with, not a point on the axis
                     ax.axhline(float(np.nanmean(ys)), color="grey", ls=":", label="fedavg (not private)")
                 else:
                     ax.plot(eps, ys, marker="o", label=m, ls="--" if m == "oracle" else "-")
-        for ax, title in zip(axes, ("mean client accuracy", "minority-cluster accuracy")):
+        for ax, title in zip(axes, ("mean client accuracy", "minority-cluster accuracy"), strict=True):
             ax.set_xlabel("ε budget per client (eps_total)")
             ax.set_title(f"{family}: {title}")
             ax.set_ylim(0, 1)

@@ -207,10 +207,10 @@ def _plot(rows: Sequence[dict[str, Any]], out: Path) -> Path | None:
     for n, setting in enumerate(settings):
         mine = [r for r in rows if r["setting"] == setting]
         xs = [i for i, b in enumerate(batches) if any(r["round1_batch"] == b for r in mine)]
-        for ax, key in zip(axes, ("mss", "recovered")):
+        for ax, key in zip(axes, ("mss", "recovered"), strict=True):
             ys = [statistics.fmean(float(r[key]) for r in mine if r["round1_batch"] == batches[i]) for i in xs]
             ax.plot(xs, ys, marker="o", label=setting, color=colours(n % colours.N))
-    for ax, title in zip(axes, ("MSS of the round-1 GMM", "share of seeds recovering the partition")):
+    for ax, title in zip(axes, ("MSS of the round-1 GMM", "share of seeds recovering the partition"), strict=True):
         ax.set_xticks(range(len(batches)), batches)
         ax.set_xlabel("round-1 batch b^1")
         ax.set_title(title)

@@ -75,7 +75,7 @@ def job_state(job: Job, out: Path) -> tuple[str, str]:
 
 def first_difference(saved: str, wanted: str) -> str:
     """The first line where two configs' YAML texts differ, for an error message."""
-    for a, b in zip(saved.splitlines(), wanted.splitlines()):
+    for a, b in zip(saved.splitlines(), wanted.splitlines(), strict=False):
         if a != b:
             return f"saved '{a.strip()}', this job '{b.strip()}'"
     return "the configs differ"
@@ -248,7 +248,7 @@ def describe_jobs(grid: Grid, out: Path) -> list[str]:
             state = f"dataset {job.config.data.dataset} not found locally: would be skipped"
         rows.append((job.setting, job.method, str(job.seed), f"{state}: {why}" if why else state, job.label))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return lines + ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[4]]).rstrip() for r in rows]
+    return lines + ["  ".join([*(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)), r[4]]).rstrip() for r in rows]
 
 
 def _one_line(err: BaseException) -> str:

@@ -448,7 +448,7 @@ def write_results(grid: Grid, outcomes: Sequence[Outcome], out: Path, *, command
     cols = columns(grid.paper)
     rows = [job_row(o, grid.label, out, columns=cols) for o in ordered]
     metrics: dict[tuple, list] = {}
-    for o, r in zip(ordered, rows):
+    for o, r in zip(ordered, rows, strict=True):
         if r["status"] == OK:
             try:
                 metrics[o.job.key] = read_metrics(o.run_dir)

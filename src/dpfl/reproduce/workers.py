@@ -125,7 +125,7 @@ def _rows(run_row: Callable[[Any, dict], dict[str, Any]], items: list[Any], name
           worker: int) -> list[dict[str, Any] | None]:
     cache: dict[Any, Any] = {}
     rows: list[dict[str, Any] | None] = []
-    for n, (item, name, done) in enumerate(zip(items, names, finished), 1):
+    for n, (item, name, done) in enumerate(zip(items, names, finished, strict=True), 1):
         try:
             rows.append(run_row(item, cache))
         except RunDirectoryBusy:  # another worker's job: that worker reports it

@@ -128,7 +128,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = COL
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
 
     def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(w) if c in _NUMERIC else v.ljust(w) for v, w, c in zip(values, widths, columns)]
+        parts = [v.rjust(w) if c in _NUMERIC else v.ljust(w) for v, w, c in zip(values, widths, columns, strict=True)]
         return "  ".join(parts).rstrip()
 
     out = [line(list(columns)), "  ".join("-" * w for w in widths)]

@@ -224,7 +224,7 @@ def plot_budget_vs_spent(privacy: Mapping[str, Any], path: str | os.PathLike[str
     ax.scatter(x, y, s=28, color="tab:blue", alpha=0.8 if len(pts) <= 200 else 0.4, zorder=3,
                label=f"client ({len(pts)})")
     if len(pts) <= _ANNOTATE_MAX:
-        for cid, xi, yi in zip(ids, x, y):
+        for cid, xi, yi in zip(ids, x, y, strict=True):
             ax.annotate(str(cid), (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize="x-small")
     ax.set_xlim(0.0, top)
     ax.set_ylim(0.0, top)
@@ -247,7 +247,7 @@ def plot_compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os
     fig, ax = _new_figure()
     colours = _colours(len(series))
     longest = max(len(s[0]) for s in series.values())
-    for (name, (rounds, acc)), colour in zip(series.items(), colours):
+    for (name, (rounds, acc)), colour in zip(series.items(), colours, strict=True):
         label = name if len(name) <= _LABEL_MAX else name[: _LABEL_MAX // 2 - 1] + "…" + name[-(_LABEL_MAX // 2):]
         ax.plot(rounds, acc, color=colour, marker="o" if longest <= 30 else None, markersize=3, label=label)
     if all(0.0 <= a <= 1.0 for _, acc in series.values() for a in acc):

@@ -44,7 +44,7 @@ def test_weights_sum_to_one_minimise_the_residual_and_may_be_negative():
     assert status == "accelerated"
     pi = window.last_pi
     assert float(pi.sum()) == pytest.approx(1.0, abs=1e-12)
-    assert torch.allclose(out, sum(p * tu for p, (_, tu) in zip(pi, pairs)), atol=1e-12)
+    assert torch.allclose(out, sum(p * tu for p, (_, tu) in zip(pi, pairs, strict=True)), atol=1e-12)
     # pi minimises the lambda-weighted norm of sum pi_s r_s over the affine set 1^T pi = 1
     r = torch.stack([((u - tu) * lam.sqrt().view(-1, 1)).flatten() for u, tu in pairs]).T
     best = float(torch.linalg.vector_norm(r @ pi))

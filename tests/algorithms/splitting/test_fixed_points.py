@@ -48,7 +48,7 @@ def test_fedprox_is_fedavg_on_the_moreau_envelopes(ls):
     prox_run = run_splitting(ls.fns, presets.fedprox(eta, local=ExactLeastSquaresProx()), 50)
     envelope = MoreauEnvelope(ls.fns, ExactLeastSquaresProx(), eta)
     avg_run = run_splitting(envelope, presets.fedavg(eta, k=1, local=GradientSteps(1)), 50)
-    for a, b in zip(prox_run.history, avg_run.history):
+    for a, b in zip(prox_run.history, avg_run.history, strict=True):
         assert a["dist"] == pytest.approx(b["dist"], rel=1e-12, abs=1e-12)
     assert torch.allclose(prox_run.final, avg_run.final, rtol=1e-12, atol=1e-12)
 

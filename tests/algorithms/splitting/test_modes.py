@@ -18,7 +18,7 @@ def test_centralized_and_decentralized_give_identical_iterates(ls, name):
     eta = 0.5 / ls.max_eig
     runs = [run_splitting(ls.fns, presets.make(name, eta, local_for(name), mode=mode), 30)
             for mode in ("centralized", "decentralized")]
-    for a, b in zip(*(r.history for r in runs)):
+    for a, b in zip(*(r.history for r in runs), strict=True):
         assert a["dist"] == pytest.approx(b["dist"], rel=1e-12, abs=1e-12)
         assert a["bytes_up"] == b["bytes_up"]
 
@@ -28,7 +28,7 @@ def test_decentralized_partial_participation_for_beta_gamma_one(ls):
     runs = [run_splitting(ls.fns, presets.fedrp(eta, local=ExactLeastSquaresProx(), mode=mode, participation=sel), 30,
                           seed=4) for mode in ("centralized", "decentralized")]
     assert any(row["participants"] < ls.fns.n_clients for row in runs[0].history)
-    for a, b in zip(*(r.history for r in runs)):
+    for a, b in zip(*(r.history for r in runs), strict=True):
         assert a["dist"] == pytest.approx(b["dist"], rel=1e-12, abs=1e-12)
 
 

@@ -37,9 +37,9 @@ def test_ergodic_incremental_equals_the_batch_formula():
     points = [torch.randn(7, generator=g, dtype=torch.float64) for _ in range(40)]
     etas = [StepSchedule(0.5, "inv_sqrt")(t) for t in range(40)]
     avg = ErgodicAverage()
-    for t, (x, eta) in enumerate(zip(points, etas)):
+    for t, (x, eta) in enumerate(zip(points, etas, strict=True)):
         running = avg.add(x, eta)
-        batch = sum(e * p for e, p in zip(etas[: t + 1], points[: t + 1])) / sum(etas[: t + 1])
+        batch = sum(e * p for e, p in zip(etas[: t + 1], points[: t + 1], strict=True)) / sum(etas[: t + 1])
         assert torch.allclose(running, batch, rtol=1e-13, atol=1e-14)
 
 

@@ -62,7 +62,7 @@ class ConvexClients:
         self.A = torch.zeros((n, width, d), dtype=torch.float64)
         self.b = torch.zeros((n, width), dtype=torch.float64)
         self.valid = torch.zeros((n, width), dtype=torch.bool)
-        for i, (a, y) in enumerate(zip(problem.A, problem.b)):
+        for i, (a, y) in enumerate(zip(problem.A, problem.b, strict=True)):
             self.A[i, : len(y)] = torch.as_tensor(a)
             self.b[i, : len(y)] = torch.as_tensor(y)
             self.valid[i, : len(y)] = True

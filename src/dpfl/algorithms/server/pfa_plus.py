@@ -58,8 +58,8 @@ class Payload:
         """The round's traffic by kind (metrics row `traffic`; `dpfl.results.traffic` sums it)."""
         full = self.full_mask.tolist()
         return {"warmup": self.warmup, "model_bytes": model_bytes, "code_uploads": full.count(False),
-                "uplink_bytes_full": sum(b for b, f in zip(self.bytes_up, full) if f),
-                "uplink_bytes_codes": sum(b for b, f in zip(self.bytes_up, full) if not f),
+                "uplink_bytes_full": sum(b for b, f in zip(self.bytes_up, full, strict=True) if f),
+                "uplink_bytes_codes": sum(b for b, f in zip(self.bytes_up, full, strict=True) if not f),
                 "downlink_bytes_subspace": sum(self.bytes_down_subspace)}
 
 

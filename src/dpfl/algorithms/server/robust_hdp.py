@@ -208,7 +208,7 @@ class RobustHDP:
             w, diag = self._compute_weights(uploads)
             diag["reused"] = False
             if self.schedule == "once":
-                self._once = {int(c): float(wi) for c, wi in zip(clients, w)}
+                self._once = {int(c): float(wi) for c, wi in zip(clients, w, strict=True)}
         self._last_clients, self._last_weights = clients, w
         self.last_diagnostics = {"round": round_, **diag}
         mean = {n: torch.einsum("k,k...->...", w.to(u.dtype), u) for n, u in uploads.items()}

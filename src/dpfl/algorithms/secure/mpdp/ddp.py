@@ -43,7 +43,7 @@ class NoiseLayout:
     def from_plan(cls, plan) -> NoiseLayout:
         kinds, sizes = plan.noise_kinds(), [int(np.prod(s)) for s in plan.shapes()]
         starts = np.cumsum([0] + sizes[:-1])
-        pick = lambda k: np.concatenate([np.arange(a, a + n) for a, n, kind in zip(starts, sizes, kinds)  # noqa: E731
+        pick = lambda k: np.concatenate([np.arange(a, a + n) for a, n, kind in zip(starts, sizes, kinds, strict=True)  # noqa: E731
                                          if kind == k] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
         return cls(int(sum(sizes)), pick("dn_x2"), pick("gaussian"))
 

@@ -173,8 +173,8 @@ def conditional_audit(secrets, sigma_eta: float, sigma_delta: float, delta: floa
     q = torch.quantile(values[: 2**24], torch.tensor([0.0, 0.01, 0.5, 0.99, 1.0], dtype=values.dtype)).tolist()
     min_r = q[0]
     scale = min_r  # σ' = σ min R in units of the effective sensitivity
-    out = {"R_quantiles": dict(zip(("min", "q01", "median", "q99", "max"), q)), "effective_sensitivity_factor":
-           1.0 / min_r, "epsilon_conditional": math.inf,
+    out = {"R_quantiles": dict(zip(("min", "q01", "median", "q99", "max"), q, strict=True)),
+           "effective_sensitivity_factor": 1.0 / min_r, "epsilon_conditional": math.inf,
            "label": "conditional on R (gaussian_conditional): the §8 bound at sensitivity S / min R; " + NOMINAL_LABEL}
     if sigma_eta > 0:
         eff = epsilon_of(sigma_eta * scale, sigma_delta * scale if not math.isinf(sigma_delta) else math.inf, delta,

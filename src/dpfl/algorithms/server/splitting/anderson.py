@@ -99,7 +99,7 @@ class AndersonWindow:
             pi[-1] += cfg.blend
         if cfg.safeguard and float(pi.abs().sum()) > cfg.pi_max:
             return self._fallback(tu, f"||pi||_1 > {cfg.pi_max:g}")
-        out = sum(p * b for p, (_, b) in zip(pi.tolist(), self.pairs))
+        out = sum(p * b for p, (_, b) in zip(pi.tolist(), self.pairs, strict=True))
         if cfg.safeguard:
             step = weighted_norm(out - tu, weights)
             if step > cfg.distance * weighted_norm(u - tu, weights):
