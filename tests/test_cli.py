@@ -81,6 +81,27 @@ def test_bad_arguments_give_one_line_and_exit_2(args):
     _assert_one_line_error(*cli(*args)[::2])
 
 
+@pytest.mark.parametrize("abort", ["typer", "click"])
+def test_an_abort_says_aborted_and_exits_130(monkeypatch, abort):
+    """Ctrl-C at a prompt raises click's Abort (typer's is the same class or a subclass): one word, exit 130."""
+    import typer
+
+    import dpfl.cli
+
+    try:
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+    error = typer.Abort if abort == "typer" else click_errors.Abort
+
+    def aborting(**_):
+        raise error()
+
+    monkeypatch.setattr(dpfl.cli, "app", aborting)
+    code, out, err = cli("data", "list")
+    assert (code, out, err.strip()) == (130, "", "aborted")
+
+
 # ---- data -----------------------------------------------------------------------------------------
 def test_data_list_json_shows_the_embedded_dataset():
     code, out, _ = cli("data", "list", "--json")

@@ -1315,6 +1315,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         from typer._click import exceptions as click_errors
     except ImportError:  # pragma: no cover
         from click import exceptions as click_errors
+    aborts = (getattr(click_errors, "Abort", typer.Abort), typer.Abort)  # Ctrl-C at a prompt, from either click
 
     try:
         code = app(args=argv, prog_name="dpfl", standalone_mode=False)
@@ -1325,7 +1326,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         hint = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
         errors.print(f"error: {e.format_message()}{hint}", markup=False, highlight=False)
         sys.exit(USAGE_ERROR)
-    except (click_errors.Abort if hasattr(click_errors, "Abort") else typer.Abort, typer.Abort):
+    except aborts:
         errors.print("aborted", markup=False)
         sys.exit(130)
     except click_errors.ClickException as e:
