@@ -143,6 +143,17 @@ def test_round_trip_rejects_foreign_payload():
         PrivacyLedger.from_dict({"format": "something", "version": 1})
 
 
+@pytest.mark.parametrize("field", ["deltas", "budgets"])
+def test_a_payload_with_a_client_missing_from_deltas_or_budgets_is_refused(field):
+    """A truncated deltas or budgets list leaves the last client without its delta or budget: refused (by the
+    strict zip that pairs clients with them, or else by the constructor's own check)."""
+    led = PrivacyLedger([5, 7, 9], {5: 1e-5, 7: 1e-4, 9: 1e-5}, {5: 4.0, 7: 1.0, 9: 2.5})
+    data = led.to_dict()
+    data[field] = data[field][:-1]
+    with pytest.raises(ValueError, match="shorter|no value"):
+        PrivacyLedger.from_dict(data)
+
+
 def test_fixed_size_ledger_is_labelled_replace_one_and_refuses_mixing():
     led = PrivacyLedger([0, 1], 1e-5, orders=FIXED_ORDERS)
     led.record(0, 0, FIXED)
