@@ -63,7 +63,8 @@ def run_jobs_in_workers(jobs: Sequence[Job], out: Path, workers: int, *, threads
 def in_workers(work: Callable[[int], T], workers: int, threads: int | None = None) -> list[T]:
     """`work(k)` in worker processes k = 1..workers at once, each with `threads` torch threads (default
     `default_threads`); their results in order. `work` must pickle (a module-level function or a partial of one).
-    Raises WorkerDied if a worker is killed."""
+    Raises WorkerDied if a worker is killed. workers = 1 still spawns one process (the studies run a single worker
+    in their own process instead, without calling this)."""
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
     if threads is not None and threads < 1:
