@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 from pathlib import Path
@@ -89,3 +90,31 @@ def test_the_script_draws_accuracy_against_m_from_published_csvs_split_by_m(tmp_
     assert (tmp_path / "split" / "plots" / "accuracy_vs_M-logr-MixGauss3-pfa-heuristic.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="two or more M"):
         _script().main([str(pieces[0]), "--out", str(tmp_path / "one")])
+
+
+def test_the_docs_cnn_tables_are_the_scripts_output_of_the_published_csv(tmp_path):
+    """heterogeneous.md's mean ± sd tables for the PFA CNN are what the script computes from
+    docs/results/pfa_cnn_full.csv: a row added to the CSV (a new seed) without the docs following fails here."""
+    published = ROOT / "docs" / "results" / "pfa_cnn_full.csv"
+    _script().main([str(published), "--out", str(tmp_path)])
+    rows = [line for line in (tmp_path / "accuracy_vs_M.md").read_text().splitlines() if line.startswith("| ")
+            and not line.startswith("| method")]
+    docs = (ROOT / "docs" / "heterogeneous.md").read_text()
+    assert len(rows) == 4 * 7  # 2 distributions x 2 calibrations, 7 methods each
+    missing = [row for row in rows if row not in docs]
+    assert not missing, f"heterogeneous.md lacks these rows of the script's tables: {missing}"
+
+
+@pytest.mark.parametrize("name", ["pfa_full.csv", "pfa_cnn_full.csv"])
+def test_the_published_pfa_rows_bear_out_the_docs_budget_claims(name):
+    """The docs say: every accountant-calibrated private run met every budget, and the heuristic overspent in every
+    private run but Minimum-ε's (max_eps is not private, np_fedavg not accounted). The published rows say so too."""
+    rows = list(csv.DictReader((ROOT / "docs" / "results" / name).open()))
+    assert rows and all(r["status"] == OK for r in rows)
+    private = {"pfa", "pfa_plus", "weiavg", "fedavg", "min_eps"}
+    for r in rows:
+        calibration = r["setting"].rsplit("-", 1)[1]
+        if r["method"] not in private:
+            continue
+        expected = calibration == "rdp" or r["method"] == "min_eps"
+        assert r["meets_budgets"] == str(expected), (r["setting"], r["method"], r["seed"])
