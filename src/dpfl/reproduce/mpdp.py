@@ -284,15 +284,15 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
     chosen = _checked_seeds(only_seeds, todo)
     states = check_directories(todo, out, inversion_steps)
     runs = [compute and (chosen is None or j.seed in chosen) for j in todo]
-    picked = [i for i, run in enumerate(runs) if run]
-    ran = (_rows_in_workers([(todo[i], states[i] == FINISHED) for i in picked], out, inversion_steps, workers)
-           if workers > 1 and picked else _rows_here([todo[i] for i in picked], out, inversion_steps, progress))
-    ran_at = dict(zip(picked, ran, strict=True))
+    picked = [(job, state == FINISHED) for job, state, run in zip(todo, states, runs, strict=True) if run]
+    ran = iter(_rows_in_workers(picked, out, inversion_steps, workers) if workers > 1 and picked
+               else _rows_here([job for job, _ in picked], out, inversion_steps, progress))  # in grid order
     rows = []
-    for i, (job, state) in enumerate(zip(todo, states, strict=True)):
-        if i in ran_at:
-            if ran_at[i] is not None:  # None: another process held it (its row is that process's)
-                rows.append(ran_at[i])
+    for job, state, run in zip(todo, states, runs, strict=True):
+        if run:
+            row = next(ran)
+            if row is not None:  # None: another process held it (its row is that process's)
+                rows.append(row)
         elif state == FINISHED:  # a seed not selected this time: its finished row is read back for the tables
             rows.append(json.loads((job.directory(out) / "summary.json").read_text()))
     if not rows and not compute:
