@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dpfl.reproduce import pfa
-from dpfl.reproduce.pfa_report import accuracy_vs_m, overspent_clients
+from dpfl.reproduce.pfa_report import accuracy_by_seed, accuracy_vs_m, overspent_clients
 from dpfl.reproduce.runner import OK, run_jobs
 
 
@@ -34,6 +34,22 @@ def test_accuracy_against_m_is_one_table_and_plot_per_model_budgets_and_calibrat
     uneven = "\n".join(accuracy_vs_m(grid, rows[:-1], tmp_path))  # M = 40's weiavg without its seed 1
     assert "| pfa | 0.5050 ± 0.0071 (n = 2) | 0.6050 ± 0.0071 (n = 2) |" in uneven
     assert "| weiavg | 0.4050 ± 0.0071 (n = 2) | 0.5000 ± n/a (n = 1) |" in uneven
+
+
+def test_accuracy_by_seed_is_one_table_per_model_and_m_accountant_columns_first():
+    grid = pfa.grid("full", settings_pattern="fmnist-logr-iid-*-M20-*", calibration="both", seeds=3)
+    settings = ["fmnist-logr-iid-MixGauss3-M20-heuristic", "fmnist-logr-iid-MixGauss1-M20-rdp"]
+    rows = [_row(setting, "pfa", seed, 0.5 + i / 10 + seed / 100) for i, setting in enumerate(settings)
+            for seed in (0, 2)]
+    rows.append({**_row(settings[1], "weiavg", 0, 0.4), "status": "failed"})  # a failed run is not a number
+    rows.append(_row(settings[1], "weiavg", 2, 0.45))
+    text = "\n".join(accuracy_by_seed(grid, rows))
+    assert "## Final test accuracy by seed: logr, M = 20 (seed 0 / 2)" in text  # the seeds that ran
+    assert ("| method | MixGauss1, accountant | MixGauss3, accountant | MixGauss1, heuristic | MixGauss3, heuristic |"
+            in text)
+    assert "| pfa | 0.6000 / 0.6200 | — / — | — / — | 0.5000 / 0.5200 |" in text
+    assert "| weiavg | — / 0.4500 | — / — | — / — | — / — |" in text
+    assert accuracy_by_seed(grid, rows[-2:-1]) == []  # nothing finished: no table
 
 
 def test_every_client_the_heuristic_overspent_is_listed(tmp_path, fmnist):
@@ -103,6 +119,20 @@ def test_the_docs_cnn_tables_are_the_scripts_output_of_the_published_csv(tmp_pat
     assert len(rows) == 4 * 7  # 2 distributions x 2 calibrations, 7 methods each
     missing = [row for row in rows if row not in docs]
     assert not missing, f"heterogeneous.md lacks these rows of the script's tables: {missing}"
+
+
+def test_the_docs_cnn_seed_tables_are_the_published_csv(tmp_path):
+    """heterogeneous.md's seed-by-seed tables of the PFA CNN ("seed 0 / seed 1 / ...") hold, for every M, every
+    private method's row as the script writes it from docs/results/pfa_cnn_full.csv: a seed landed in the CSV without
+    its table, or a number typed wrong, fails here."""
+    _script().main([str(ROOT / "docs" / "results" / "pfa_cnn_full.csv"), "--out", str(tmp_path)])
+    private = ("pfa", "pfa_plus", "weiavg", "fedavg", "min_eps")
+    rows = [line for line in (tmp_path / "accuracy_by_seed.md").read_text().splitlines()
+            if line.startswith(tuple(f"| {m} |" for m in private))]
+    assert len(rows) == 4 * len(private)  # M = 20, 30, 40, 50
+    docs = (ROOT / "docs" / "heterogeneous.md").read_text()
+    missing = [row for row in rows if row not in docs]
+    assert not missing, f"heterogeneous.md lacks these seed-by-seed rows: {missing}"
 
 
 @pytest.mark.parametrize("name", ["pfa_full.csv", "pfa_cnn_full.csv"])

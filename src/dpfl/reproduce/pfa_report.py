@@ -18,7 +18,7 @@ from dpfl.reproduce.jobs import Grid
 from dpfl.reproduce.runner import OK, Outcome
 from dpfl.results.run_files import as_number, read_privacy
 
-__all__ = ["accuracy_vs_m", "overspent_clients"]
+__all__ = ["accuracy_by_seed", "accuracy_vs_m", "overspent_clients"]
 
 
 def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
@@ -60,6 +60,39 @@ def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> l
                   "| method | " + " | ".join(f"M = {m}" for m in ms) + " |", "|---" * (len(ms) + 1) + "|",
                   *("| " + " | ".join(row) + " |" for row in table), "",
                   f"![accuracy vs M]({path.relative_to(out).as_posix()})", ""]
+    return lines
+
+
+def accuracy_by_seed(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Per (model, M): one table of the final test accuracy of every seed, "seed 0 / seed 1 / ...", one column per
+    (budgets, calibration), accountant first. The mean ± sd of `accuracy_vs_m` hides which seed did what; a seed
+    that swings (PFA at M = 20 stops wherever its accuracy happens to be) is read here. "—" marks a missing run."""
+    groups: dict[tuple[str, int], list[tuple[tuple[int, str], str, str]]] = {}
+    for s in grid.settings:
+        meta = s.meta
+        if "clients" in meta:
+            cal = "heuristic" if meta["calibration"] == "pfa-heuristic" else meta["calibration"]
+            order = (meta["calibration"] != "accountant", meta["dist"])
+            label = f"{meta['dist']}, {cal}"
+            groups.setdefault((meta["model"], int(meta["clients"])), []).append((order, label, s.name))
+    done = [r for r in rows if r["status"] == OK and r["final_accuracy"] is not None]
+    lines: list[str] = []
+    for (model, m), columns in groups.items():
+        columns.sort()
+        names = {name for _, _, name in columns}
+        here = [r for r in done if r["setting"] in names]
+        if not here:
+            continue
+        seeds = sorted({int(r["seed"]) for r in here})
+        acc = {(r["setting"], r["method"], int(r["seed"])): float(r["final_accuracy"]) for r in here}
+        header = "| method | " + " | ".join(label for _, label, _ in columns) + " |"
+        lines += [f"## Final test accuracy by seed: {model}, M = {m} (seed {' / '.join(map(str, seeds))})", "",
+                  header, "|---" * (len(columns) + 1) + "|"]
+        for method in dict.fromkeys(r["method"] for r in here):
+            cells = [" / ".join(f"{acc[(name, method, seed)]:.4f}" if (name, method, seed) in acc else "—"
+                                for seed in seeds) for _, _, name in columns]
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
     return lines
 
 
