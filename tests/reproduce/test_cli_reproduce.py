@@ -81,12 +81,14 @@ def test_only_seeds_runs_those_seeds_and_the_tables_collect_every_finished_one(t
     assert not (tmp_path / "runs" / SETTING / "max_eps" / "seed0").exists()
     md = (tmp_path / "results.md").read_text()
     assert "| 1/2 |" in md and "seeds selected with --only-seeds 1" in md and "--only-seeds 1" in md
+    assert "- Runs: 1 (1 ok); seed 1 of the planned 0..1;" in md
     code, out, err = cli(*args, "--only-seeds", "0")
     assert code == 0, err
     assert f"{SETTING} max_eps seed0: ok (ran" in err and "seed1: ok (ran" not in err
     with open(tmp_path / "results.csv", newline="") as f:
         assert sorted(r["seed"] for r in csv.DictReader(f)) == ["0", "1"]
     assert "| 2/2 |" in (tmp_path / "results.md").read_text()
+    assert "- Runs: 2 (2 ok); seeds 0..1;" in (tmp_path / "results.md").read_text()
     # the first piece's CSV merged with the whole grid's is the whole grid's, byte for byte (dpfl's order kept)
     merged = tmp_path.parent / f"{tmp_path.name}-merged.csv"
     code, out, err = cli("reproduce", "merge", first_piece, tmp_path / "results.csv", "--out", merged)

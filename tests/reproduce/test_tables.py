@@ -8,7 +8,7 @@ import pytest
 
 from dpfl.reproduce import robust_hdp
 from dpfl.reproduce.runner import FAILED, OK, Outcome
-from dpfl.reproduce.tables import COLUMNS, job_row, mean_std
+from dpfl.reproduce.tables import COLUMNS, job_row, mean_std, seeds_phrase
 
 
 @pytest.mark.parametrize("values, fmt, text", [
@@ -22,6 +22,17 @@ from dpfl.reproduce.tables import COLUMNS, job_row, mean_std
 ])
 def test_mean_std(values, fmt, text):
     assert mean_std(values, fmt) == text
+
+
+@pytest.mark.parametrize(("planned", "present", "text"), [
+    ([0, 1, 2], [0, 1, 2], "seeds 0..2"),
+    ([0, 1, 2], [], "seeds 0..2"),  # nothing finished: the plan
+    ([0, 1, 2], [2], "seed 2 of the planned 0..2"),  # --only-seeds 2
+    ([0, 1, 2], [0, 2], "seeds 0, 2 of the planned 0..2"),
+    ([0], [0], "seed 0"),
+])
+def test_the_runs_line_names_the_seeds_the_rows_hold(planned, present, text):
+    assert seeds_phrase(planned, present) == text
 
 
 def test_rows_of_jobs_without_a_run_directory(tmp_path):

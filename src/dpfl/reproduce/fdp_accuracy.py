@@ -51,7 +51,7 @@ from typing import Any
 
 from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, config_dir
 from dpfl.reproduce.runner import FAILED, FINISHED, INCOMPLETE, LOGS_DIR, OK, PARTIAL, SKIPPED, Outcome, job_state
-from dpfl.reproduce.tables import csv_text, md_table, seeds_ok
+from dpfl.reproduce.tables import csv_text, md_table, seeds_ok, seeds_phrase
 from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.run_files import as_float, as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
@@ -441,7 +441,7 @@ def _defaults(grid: Grid) -> str:
 
 def _markdown(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dirs: Sequence[Path]) -> list[str]:
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
-    seeds = f"seed {grid.seeds[0]}" if len(grid.seeds) == 1 else f"seeds {grid.seeds[0]}..{grid.seeds[-1]}"
+    seeds = seeds_phrase(grid.seeds, sorted({int(r["seed"]) for r in rows}))
     lines = [f"# Reproduction: {PAPER}", "",
              f"- **Scale: {grid.label}** — {SCALE_TEXT.get(grid.scale, grid.scale)}.",
              f"- Paper: {PAPER_REF}. No result values of the paper are used or shown."]

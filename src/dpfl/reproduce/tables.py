@@ -23,7 +23,7 @@ from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
 from dpfl.results.environment import computed_by, provenance, run_environments
 from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
 
-__all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "seeds_ok", "write_results"]
+__all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "seeds_ok", "seeds_phrase", "write_results"]
 
 COLUMNS = [
     "method", "setting", "seed", "scale", "status", "label", "algorithm",
@@ -475,6 +475,21 @@ def _curves_by_key(metrics: Mapping[tuple, list]) -> dict[tuple, list]:
             for k, v in metrics.items()}
 
 
+def _seed_range(seeds: Sequence[int]) -> str:
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    contiguous = list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+    return f"seeds {seeds[0]}..{seeds[-1]}" if contiguous else "seeds " + ", ".join(map(str, seeds))
+
+
+def seeds_phrase(planned: Sequence[int], present: Sequence[int]) -> str:
+    """The seeds the rows hold, and the planned ones when they differ (--only-seeds, or seeds not run yet): a
+    results.md of seed 2 alone must not read as if its runs spanned seeds 0..2."""
+    if not present or list(present) == list(planned):
+        return _seed_range(planned)
+    return f"{_seed_range(present)} of the planned {_seed_range(planned).removeprefix('seeds ').removeprefix('seed ')}"
+
+
 def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dirs: Sequence[Path]) -> list[str]:
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     rates = sorted({(j.config.model.name, j.config.training.optimizer.lr) for j in grid.all_jobs})
@@ -491,7 +506,7 @@ def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dir
     lines.append(f"- Written by: {provenance()}.")
     lines.append(
         f"- Runs: {len(rows)} (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + "); "
-        + (f"seed {grid.seeds[0]}" if len(grid.seeds) == 1 else f"seeds {grid.seeds[0]}..{grid.seeds[-1]}")
+        + seeds_phrase(grid.seeds, sorted({int(r["seed"]) for r in rows}))
         + f"; {grid.rounds} round{'s' * (grid.rounds != 1)} planned per run.")
     lines += _fedceo_notes(grid, rates, labels) if grid.paper == "fedceo" else [
         "- Learning rates were **fixed, not tuned**: one rate per model for every method ("
