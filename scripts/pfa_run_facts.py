@@ -17,6 +17,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpfl.reproduce.pfa_report import clients_over_budget
 from dpfl.results.run_files import RunDirError, as_number, read_metrics, read_privacy, read_summary
 
 
@@ -41,22 +42,21 @@ class RunFacts:
 def run_facts(run_dir: Path, setting: str, method: str, seed: int, large_eps: float) -> RunFacts:
     summary = read_summary(run_dir) or {}
     try:
-        clients = read_privacy(run_dir).get("clients") or []
+        privacy = read_privacy(run_dir)
     except RunDirError:  # a run that did not get as far as its privacy report
-        clients = []
+        privacy = {}
+    clients = privacy.get("clients") or []
     metrics = read_metrics(run_dir)
     budgets = {c["client"]: as_number(c.get("epsilon_budget")) for c in clients}
-    spent = {c["client"]: as_number(c.get("epsilon_spent")) for c in clients}
     large = sorted(k for k, b in budgets.items() if b is not None and b >= large_eps)
     without = [r["round"] for r in metrics if "selected" in r and large and not set(large) & set(r["selected"])]
-    over = [(k, spent[k], budgets[k]) for k in sorted(budgets)
-            if spent[k] is not None and budgets[k] is not None and spent[k] > budgets[k] * (1 + 1e-9)]
-    known = [s for s in spent.values() if s is not None]
+    known = [s for s in (as_number(c.get("epsilon_spent")) for c in clients) if s is not None]
+    accuracy = {r["round"]: r["test_accuracy"] for r in metrics if as_number(r.get("test_accuracy")) is not None}
     return RunFacts(
         setting, method, seed, as_number(summary.get("final_accuracy")), as_number(summary.get("best_accuracy")),
         summary.get("best_round"), summary.get("rounds_done"), summary.get("stop_reason"),
         as_number((summary.get("traffic") or {}).get("uplink_mib")), max(known) if known else None, large, without,
-        over, {r["round"]: r["test_accuracy"] for r in metrics if as_number(r.get("test_accuracy")) is not None})
+        clients_over_budget(privacy), accuracy)
 
 
 def accuracy_gap(a: RunFacts, b: RunFacts, from_round: int) -> tuple[float, float, float, int] | None:

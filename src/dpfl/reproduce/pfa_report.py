@@ -18,7 +18,7 @@ from dpfl.reproduce.jobs import Grid
 from dpfl.reproduce.runner import OK, Outcome
 from dpfl.results.run_files import as_number, read_privacy
 
-__all__ = ["accuracy_by_seed", "accuracy_vs_m", "overspent_clients"]
+__all__ = ["accuracy_by_seed", "accuracy_vs_m", "clients_over_budget", "overspent_clients"]
 
 
 def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
@@ -96,6 +96,17 @@ def accuracy_by_seed(grid: Grid, rows: Sequence[Mapping[str, Any]]) -> list[str]
     return lines
 
 
+def clients_over_budget(privacy: Mapping[str, Any]) -> list[tuple[Any, float, float]]:
+    """(client, spent, budget) of every client of a privacy.json whose accountant epsilon exceeds its budget (beyond
+    float rounding: 1e-9 relative)."""
+    over = []
+    for c in privacy.get("clients") or []:
+        spent, budget = as_number(c.get("epsilon_spent")), as_number(c.get("epsilon_budget"))
+        if spent is not None and budget is not None and spent > budget * (1 + 1e-9):
+            over.append((c["client"], spent, budget))
+    return over
+
+
 def overspent_clients(grid: Grid, outcomes: Sequence[Outcome]) -> list[str]:
     """results.md lines: every client of a heuristic-calibrated run (status ok) whose epsilon under the run's
     accountant exceeds its budget (the heuristic is not a guarantee), or the statement that none did."""
@@ -110,11 +121,9 @@ def overspent_clients(grid: Grid, outcomes: Sequence[Outcome]) -> list[str]:
             privacy = read_privacy(o.run_dir)
         except ValueError:
             continue
-        for c in privacy.get("clients") or []:
-            spent, budget = as_number(c.get("epsilon_spent")), as_number(c.get("epsilon_budget"))
-            if spent is not None and budget is not None and spent > budget * (1 + 1e-9):
-                found.append([o.job.setting, o.job.method, str(o.job.seed), str(c["client"]), f"{budget:.4g}",
-                              f"{spent:.4g}", f"{spent / budget:.2f}"])
+        for client, spent, budget in clients_over_budget(privacy):
+            found.append([o.job.setting, o.job.method, str(o.job.seed), str(client), f"{budget:.4g}", f"{spent:.4g}",
+                          f"{spent / budget:.2f}"])
     lines = ["## Heuristic calibration: clients over budget under the real accountant", "",
              f"{len(done)} heuristic-calibrated runs read (PFA's formula is not a DP guarantee; dpfl reports the "
              f"accountant's ε of the noise it gave). "]
