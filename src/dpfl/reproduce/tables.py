@@ -475,19 +475,19 @@ def _curves_by_key(metrics: Mapping[tuple, list]) -> dict[tuple, list]:
             for k, v in metrics.items()}
 
 
-def _seed_range(seeds: Sequence[int]) -> str:
-    if len(seeds) == 1:
-        return f"seed {seeds[0]}"
-    contiguous = list(seeds) == list(range(seeds[0], seeds[-1] + 1))
-    return f"seeds {seeds[0]}..{seeds[-1]}" if contiguous else "seeds " + ", ".join(map(str, seeds))
+def _seed_numbers(seeds: Sequence[int]) -> str:
+    """"2", "0..2" (contiguous) or "0, 2"."""
+    if len(seeds) > 1 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}..{seeds[-1]}"
+    return ", ".join(map(str, seeds))
 
 
 def seeds_phrase(planned: Sequence[int], present: Sequence[int]) -> str:
     """The seeds the rows hold, and the planned ones when they differ (--only-seeds, or seeds not run yet): a
     results.md of seed 2 alone must not read as if its runs spanned seeds 0..2."""
-    if not present or list(present) == list(planned):
-        return _seed_range(planned)
-    return f"{_seed_range(present)} of the planned {_seed_range(planned).removeprefix('seeds ').removeprefix('seed ')}"
+    shown = present if present else planned
+    text = f"seed{'s' * (len(shown) > 1)} {_seed_numbers(shown)}"
+    return text if list(shown) == list(planned) else f"{text} of the planned {_seed_numbers(planned)}"
 
 
 def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dirs: Sequence[Path]) -> list[str]:
