@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 from dpfl.reproduce import pfa
 from dpfl.reproduce.pfa_report import accuracy_by_seed, accuracy_vs_m, overspent_clients
@@ -78,11 +78,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    path = ROOT / "scripts" / "pfa_accuracy_vs_m.py"
-    spec = importlib.util.spec_from_file_location("pfa_accuracy_vs_m", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("pfa_accuracy_vs_m")
 
 
 def test_the_script_draws_accuracy_against_m_from_published_csvs_split_by_m(tmp_path):
@@ -108,26 +104,31 @@ def test_the_script_draws_accuracy_against_m_from_published_csvs_split_by_m(tmp_
         _script().main([str(pieces[0]), "--out", str(tmp_path / "one")])
 
 
-def test_the_docs_cnn_tables_are_the_scripts_output_of_the_published_csv(tmp_path):
+@pytest.fixture(scope="module")
+def published_cnn_tables(tmp_path_factory) -> Path:
+    """The script's output (tables and plots) from docs/results/pfa_cnn_full.csv, made once for the docs tests."""
+    out = tmp_path_factory.mktemp("pfa_cnn_tables")
+    _script().main([str(ROOT / "docs" / "results" / "pfa_cnn_full.csv"), "--out", str(out)])
+    return out
+
+
+def test_the_docs_cnn_tables_are_the_scripts_output_of_the_published_csv(published_cnn_tables):
     """heterogeneous.md's mean ± sd tables for the PFA CNN are what the script computes from
     docs/results/pfa_cnn_full.csv: a row added to the CSV (a new seed) without the docs following fails here."""
-    published = ROOT / "docs" / "results" / "pfa_cnn_full.csv"
-    _script().main([str(published), "--out", str(tmp_path)])
-    rows = [line for line in (tmp_path / "accuracy_vs_M.md").read_text().splitlines() if line.startswith("| ")
-            and not line.startswith("| method")]
+    rows = [line for line in (published_cnn_tables / "accuracy_vs_M.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| method")]
     docs = (ROOT / "docs" / "heterogeneous.md").read_text()
     assert len(rows) == 4 * 7  # 2 distributions x 2 calibrations, 7 methods each
     missing = [row for row in rows if row not in docs]
     assert not missing, f"heterogeneous.md lacks these rows of the script's tables: {missing}"
 
 
-def test_the_docs_cnn_seed_tables_are_the_published_csv(tmp_path):
+def test_the_docs_cnn_seed_tables_are_the_published_csv(published_cnn_tables):
     """heterogeneous.md's seed-by-seed tables of the PFA CNN ("seed 0 / seed 1 / ...") hold, for every M, every
     private method's row as the script writes it from docs/results/pfa_cnn_full.csv: a seed landed in the CSV without
     its table, or a number typed wrong, fails here."""
-    _script().main([str(ROOT / "docs" / "results" / "pfa_cnn_full.csv"), "--out", str(tmp_path)])
     private = ("pfa", "pfa_plus", "weiavg", "fedavg", "min_eps")
-    rows = [line for line in (tmp_path / "accuracy_by_seed.md").read_text().splitlines()
+    rows = [line for line in (published_cnn_tables / "accuracy_by_seed.md").read_text().splitlines()
             if line.startswith(tuple(f"| {m} |" for m in private))]
     assert len(rows) == 4 * len(private)  # M = 20, 30, 40, 50
     docs = (ROOT / "docs" / "heterogeneous.md").read_text()

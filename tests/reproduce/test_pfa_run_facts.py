@@ -3,23 +3,17 @@ budget, one method's accuracy minus another's), read from run directories."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 SETTING = "fmnist-cnn_pfa-iid-MixGauss1-M4-rdp"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("pfa_run_facts", ROOT / "scripts" / "pfa_run_facts.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("pfa_run_facts")
 
 
 def _run(out: Path, method: str, selected: list[list[int]], acc: dict[int, float], spent: list[float]) -> None:
