@@ -37,6 +37,7 @@ class RunFacts:
     rounds_without_large: list[int] = field(default_factory=list)  # training rounds that selected none of them
     over: list[tuple[int, float, float]] = field(default_factory=list)  # (client, spent, budget) with spent > budget
     accuracy: dict[int, float] = field(default_factory=dict)  # evaluated round -> test accuracy
+    rounds_logged: int = 0  # training rounds in metrics.jsonl: how far an unfinished run got
 
 
 def run_facts(run_dir: Path, setting: str, method: str, seed: int, large_eps: float) -> RunFacts:
@@ -56,7 +57,7 @@ def run_facts(run_dir: Path, setting: str, method: str, seed: int, large_eps: fl
         setting, method, seed, as_number(summary.get("final_accuracy")), as_number(summary.get("best_accuracy")),
         summary.get("best_round"), summary.get("rounds_done"), summary.get("stop_reason"),
         as_number((summary.get("traffic") or {}).get("uplink_mib")), max(known) if known else None, large, without,
-        clients_over_budget(privacy), accuracy)
+        clients_over_budget(privacy), accuracy, sum("selected" in r for r in metrics))
 
 
 def accuracy_gap(a: RunFacts, b: RunFacts, from_round: int) -> tuple[float, float, float, int] | None:
@@ -81,6 +82,8 @@ def _num(x: float | None, fmt: str = ".4f") -> str:
 
 
 def describe(f: RunFacts, large_eps: float) -> str:
+    if f.rounds is None:  # no summary.json yet: its facts would read as "none", which would be wrong
+        return f"{f.setting} {f.method} seed{f.seed}: not finished ({f.rounds_logged} rounds logged so far)"
     large = (f"clients with ε budget ≥ {large_eps:g}: {f.large or 'none'}, rounds without one: "
              f"{f.rounds_without_large or 'none'}")
     over = ", ".join(f"{k} ({s:.2f} of {b:.2f}, {s / b:.2f}×)" for k, s, b in f.over) or "none"
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> list[str]:
     by_key = {(f.setting, f.seed, f.method): f for f in facts}
     for setting, seed in dict.fromkeys((f.setting, f.seed) for f in facts):
         a, b = by_key.get((setting, seed, first)), by_key.get((setting, seed, second))
-        gap = accuracy_gap(a, b, args.from_round) if a and b else None
+        finished = a and b and a.rounds is not None and b.rounds is not None  # no gap over part of a run
+        gap = accuracy_gap(a, b, args.from_round) if finished else None
         if gap:
             mean, low, high, n = gap
             lines.append(f"{setting} seed{seed}: {first} − {second} from round {args.from_round} on: mean "

@@ -45,6 +45,11 @@ def test_rounds_without_a_large_budget_client_overspending_and_the_gap(tmp_path,
     assert gap_line == (f"{SETTING} seed1: pfa − weiavg from round 2 on: mean +0.1875, min +0.1250, max +0.2500 "
                         "over 2 evaluations")
     assert "over 1 evaluation" in _script().main([str(tmp_path), "--from-round", "3"])[-1]
+    (tmp_path / "runs" / SETTING / "pfa" / "seed1" / "summary.json").unlink()  # as a run still going has it
+    (tmp_path / "runs" / SETTING / "pfa" / "seed1" / "privacy.json").unlink()
+    lines = _script().main([str(tmp_path), "--seed", "1", "--from-round", "2"])
+    assert lines[0] == f"{SETTING} pfa seed1: not finished (3 rounds logged so far)"
+    assert lines[1].startswith(f"{SETTING} weiavg seed1: final 0.2500") and len(lines) == 2  # no gap without pfa
     capsys.readouterr()
 
 
