@@ -840,8 +840,8 @@ def reproduce_splitting(
         "(convex: adds the heterogeneity, noise, partial-participation, diminishing-step and DP settings, 3 seeds, "
         "about 1.5 hours per seed at one thread (measured: least squares 11 min, logistic 75 min, two runs side by "
         "side on 2 cores); CNN: 100 rounds of 10 local epochs, 4 seeds, about 10 s per round: days)."))],
-    seeds: _Seeds = None, rounds: _Rounds = None, settings: _Settings = None, methods: _Methods = None,
-    dry_run: _DryRun = False, tables_only: _TablesOnly = False,
+    seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None, settings: _Settings = None,
+    methods: _Methods = None, dry_run: _DryRun = False, tables_only: _TablesOnly = False,
     workers: Annotated[int, typer.Option(
         "--workers", help="Worker processes sharing the CNN runs (each runs once, in one of them; the convex runs "
                           "stay in this process), each with this process's torch threads divided among them.")] = 1,
@@ -855,13 +855,15 @@ def reproduce_splitting(
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce splitting --scale", scale, "--out", str(out)]
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
-                                                   ("methods", methods)) if v is not None])
+                                                   ("methods", methods), ("only-seeds", only_seeds)) if v is not None])
 
     _one_of_dry_run_and_tables_only(dry_run, tables_only)
+    only = _seed_list(only_seeds, tables_only)
     _check_workers(workers, dry_run, tables_only)
     if dry_run:
         with _study_errors(out):
-            todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings, methods=wanted)
+            todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings, methods=wanted,
+                        only_seeds=only)
             for job in todo.convex:
                 done = job.paths(out)[1].is_file()
                 console.print(f"{job.setting.name} {job.key} ({job.setting.rounds} rounds): "
@@ -871,8 +873,8 @@ def reproduce_splitting(
         return
     _run_study("splitting", scale, out, f"in {out / 'logs'}",
                lambda say: run_study(scale, out, seeds=seeds, rounds=rounds, settings_pattern=settings,
-                                     methods=wanted, progress=say, command=command, compute=not tables_only,
-                                     workers=workers))
+                                     methods=wanted, only_seeds=only, progress=say, command=command,
+                                     compute=not tables_only, workers=workers))
 
 
 def _study_outcome(name: str, scale: str, rows: list[dict[str, Any]], md_path: Path, csv_path: Path,

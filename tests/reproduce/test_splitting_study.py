@@ -281,3 +281,53 @@ def test_tables_only_collects_finished_jobs_and_runs_none(tiny_scale, tmp_path, 
     assert len(fedpi) == 2 and all(line.endswith("| 1/2 |") for line in fedpi), fedpi
     code, _, err = cli("reproduce", "splitting", "--scale", "ci", "--out", out, "--dry-run", "--tables-only")
     assert code == 2 and "--dry-run and --tables-only: choose one" in err
+
+
+def test_only_seeds_runs_those_seeds_and_the_tables_keep_the_others(tiny_scale, tmp_path, monkeypatch):
+    """--only-seeds spreads a grid's seeds over sessions: each invocation runs its seeds; the other seeds' finished
+    runs under the same --out are read back (not rerun) into the tables, convex and CNN alike."""
+    (tmp_path / "cnn-side").mkdir()  # tiny_scale has tmp_path/configs
+    _tiny_cnn_grid(tmp_path / "cnn-side", monkeypatch)
+    cnn = splitting.plan("reduced", seeds=2, methods=["fedavg"], only_seeds=[1])
+    assert {j.seed for j in cnn.cnn.jobs} == {1} and {j.seed for j in cnn.cnn_other_seeds} == {0}
+    convex = splitting.plan("ci", seeds=2, only_seeds=[1])
+    assert {j.seed for j in convex.convex} == {1} and {j.seed for j in convex.convex_other_seeds} == {0}
+    with pytest.raises(ValueError, match="seed 2 is not among the planned seeds 0..1"):
+        splitting.plan("reduced", seeds=2, only_seeds=[2])
+    with pytest.raises(ValueError, match="seed 1 is not among the planned seeds 0..0"):
+        splitting.plan("ci", only_seeds=[1])
+
+    out = tmp_path / "out"
+    first = splitting.run_study("ci", out, seeds=2, only_seeds=[1])[2]
+    assert {r["seed"] for r in first} == {1} and len(first) == 4
+    summary = out / "runs" / "tiny-ls" / "fedpi-aa0-seed1.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "seconds": -1.0}))  # marks the finished run
+    both = splitting.run_study("ci", out, seeds=2, only_seeds=[0])[2]
+    assert sorted((r["seed"], r["method"], r["anderson"]) for r in both) == sorted(
+        (s, m, t) for s in (0, 1) for m in ("fedavg_k5", "fedpi") for t in (0, 2))
+    assert next(r for r in both if r["seed"] == 1 and r["method"] == "fedpi" and r["anderson"] == 0)["seconds"] == -1
+    fedpi = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| fedpi |")]
+    assert len(fedpi) == 2 and all(line.endswith("| 2/2 |") for line in fedpi), fedpi
+
+    cnn_out = tmp_path / "cnn"
+    rows = splitting.run_study("reduced", cnn_out, seeds=2, rounds=3, methods=["fedavg"], only_seeds=[1])[2]
+    assert [(r["seed"], r["anderson"]) for r in rows] == [(1, 0), (1, 2)]
+    assert not (cnn_out / "runs" / "cnn-tiny" / "fedavg-aa0" / "seed0").exists()  # seed 0 was not run
+    rows = splitting.run_study("reduced", cnn_out, seeds=2, rounds=3, methods=["fedavg"], only_seeds=[0])[2]
+    assert sorted((r["seed"], r["anderson"]) for r in rows) == [(0, 0), (0, 2), (1, 0), (1, 2)]
+    assert all(r["status"] == "ok" for r in rows)
+    for d in (cnn_out / "runs" / "cnn-tiny").glob("*/seed1"):
+        assert len((d / "environment.jsonl").read_text().splitlines()) == 1, d  # seed 1 ran once, read back after
+
+
+def test_cli_only_seeds(tmp_path):
+    code, out, _ = cli("reproduce", "splitting", "--scale", "reduced", "--out", tmp_path / "o", "--dry-run",
+                       "--settings", "cnn-iid", "--seeds", "2", "--only-seeds", "1")
+    assert code == 0 and "10 jobs" in out
+    jobs = [line for line in out.splitlines() if line.startswith("cnn-iid ")]
+    assert len(jobs) == 10 and all(line.split()[2] == "1" for line in jobs), jobs
+    for args, match in ((["--only-seeds", "4"], "seed 4 is not among the planned seeds 0..1"),
+                        (["--only-seeds", "1", "--tables-only"], "--only-seeds chooses the seeds to train")):
+        code, _, err = cli("reproduce", "splitting", "--scale", "reduced", "--out", tmp_path / "o", "--seeds", "2",
+                           *args)
+        assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err

@@ -32,13 +32,14 @@ import json
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.reproduce import splitting_cnn
-from dpfl.reproduce.jobs import Grid, GridError, config_dir, select_names
+from dpfl.reproduce.jobs import Grid, GridError, Job, check_planned, config_dir, select_names, select_seeds
+from dpfl.reproduce.runner import collect_finished
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
@@ -88,16 +89,20 @@ def settings(scale: str) -> list[SettingConfig]:
 
 @dataclass
 class Plan:
-    """The runs of one invocation: convex jobs and the CNN grid (None when the scale or selection has none)."""
+    """The runs of one invocation: convex jobs and the CNN grid (None when the scale or selection has none). With
+    --only-seeds, the selection's jobs of the other seeds are kept apart: not run, but read back for the tables if they
+    finished under the same --out."""
 
     convex: list[SplittingJob]
     cnn: Grid | None
+    convex_other_seeds: list[SplittingJob] = field(default_factory=list)
+    cnn_other_seeds: list[Job] = field(default_factory=list)
 
 
 def plan(scale: str, *, seeds: int | None = None, rounds: int | None = None, settings_pattern: str | None = None,
-         methods: Sequence[str] | None = None) -> Plan:
-    """Every (setting, method, Anderson memory, seed) of a scale, after the selections; a bad selection is a
-    ValueError naming the option."""
+         methods: Sequence[str] | None = None, only_seeds: Sequence[int] | None = None) -> Plan:
+    """Every (setting, method, Anderson memory, seed) of a scale, after the selections (`only_seeds`: run only these
+    of the planned seeds); a bad selection is a ValueError naming the option."""
     if seeds is not None and seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if rounds is not None and rounds < 1:
@@ -126,9 +131,18 @@ def plan(scale: str, *, seeds: int | None = None, rounds: int | None = None, set
     if cnn_names and presets != []:
         cnn = splitting_cnn.grid(scale, seeds=seeds, rounds=rounds, presets=presets,
                                  settings_pattern=",".join(cnn_names))
+    convex_others, cnn_others = [], []
+    if only_seeds:
+        if cnn is not None:  # its seeds are the study's (the convex settings plan no more at any scale)
+            cnn_others = [j for j in cnn.jobs if j.seed not in only_seeds]
+            cnn = select_seeds(cnn, only_seeds)
+        else:
+            check_planned(only_seeds, sorted({j.seed for j in out}))
+        convex_others = [j for j in out if j.seed not in only_seeds]
+        out = [j for j in out if j.seed in only_seeds]
     if not out and (cnn is None or not cnn.jobs):
         raise ValueError("no job to run: the selection leaves nothing")
-    return Plan(out, cnn)
+    return Plan(out, cnn, convex_others, cnn_others)
 
 
 def jobs(scale: str, **selection: Any) -> list[SplittingJob]:
@@ -179,12 +193,14 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
 
 def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | None = None,
               settings_pattern: str | None = None, methods: Sequence[str] | None = None,
-              progress: Callable[[str], None] | None = None, command: str = "",
-              compute: bool = True, workers: int = 1) -> tuple[Path, Path, list[dict]]:
+              only_seeds: Sequence[int] | None = None, progress: Callable[[str], None] | None = None,
+              command: str = "", compute: bool = True, workers: int = 1) -> tuple[Path, Path, list[dict]]:
     """Run (or continue) the study; write results.csv, results.md, one gap plot per convex setting and one accuracy
     plot per CNN setting. compute=False (--tables-only): only the jobs that finished before, nothing run. `workers`:
-    processes sharing the CNN runs (the convex runs stay in this process, before them)."""
-    todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings_pattern, methods=methods)
+    processes sharing the CNN runs (the convex runs stay in this process, before them). `only_seeds`: run only these
+    seeds; the tables also hold the other seeds' runs that finished under `out`."""
+    todo = plan(scale, seeds=seeds, rounds=rounds, settings_pattern=settings_pattern, methods=methods,
+                only_seeds=only_seeds)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for n, job in enumerate(todo.convex, 1):
@@ -196,14 +212,17 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | 
             progress(f"[{n}/{len(todo.convex)}] {job.setting.name} {job.key}: {row['status']}"
                      + (f", rel dist {row['final_rel_dist']:.2e}, rounds to 1e-8 {row['rounds_to_1e-8']}"
                         if row["status"] == "ok" and row["rounds"] else ""))
+    rows += [run_job(job, out) for job in todo.convex_other_seeds if job.paths(out)[1].is_file()]  # read back
     cnn_rows = [] if todo.cnn is None else splitting_cnn.run(todo.cnn, out, progress, compute=compute,
                                                               workers=workers)
+    cnn_rows += [splitting_cnn.row(o, todo.cnn.label, out) for o in collect_finished(todo.cnn_other_seeds, out)]
     if not compute and not rows + cnn_rows:
         raise GridError(f"--tables-only: no finished job of this selection under {out}")
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows + cnn_rows, COLUMNS))
-    plots = {s.name: _plot(s.name, [j for j in todo.convex if j.setting.name == s.name], out)
-             for s in dict((j.setting.name, j.setting) for j in todo.convex).values()}
-    md = _markdown(scale, todo.convex, rows, plots, command)
+    planned = todo.convex + todo.convex_other_seeds  # the tables and plots are the grid's, not this selection's
+    plots = {s.name: _plot(s.name, [j for j in planned if j.setting.name == s.name], out)
+             for s in dict((j.setting.name, j.setting) for j in planned).values()}
+    md = _markdown(scale, planned, rows, plots, command)
     if todo.cnn is not None:
         md += "\n" + splitting_cnn.markdown(todo.cnn, cnn_rows, out)
     md_path = write_text_atomic(out / "results.md", md)
