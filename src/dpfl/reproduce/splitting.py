@@ -213,9 +213,10 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, rounds: int | 
                      + (f", rel dist {row['final_rel_dist']:.2e}, rounds to 1e-8 {row['rounds_to_1e-8']}"
                         if row["status"] == "ok" and row["rounds"] else ""))
     rows += [run_job(job, out) for job in todo.convex_other_seeds if job.paths(out)[1].is_file()]  # read back
-    cnn_rows = [] if todo.cnn is None else splitting_cnn.run(todo.cnn, out, progress, compute=compute,
-                                                              workers=workers)
-    cnn_rows += [splitting_cnn.row(o, todo.cnn.label, out) for o in collect_finished(todo.cnn_other_seeds, out)]
+    cnn_rows = []
+    if todo.cnn is not None:
+        cnn_rows = splitting_cnn.run(todo.cnn, out, progress, compute=compute, workers=workers)
+        cnn_rows += [splitting_cnn.row(o, todo.cnn.label, out) for o in collect_finished(todo.cnn_other_seeds, out)]
     if not compute and not rows + cnn_rows:
         raise GridError(f"--tables-only: no finished job of this selection under {out}")
     csv_path = write_text_atomic(out / "results.csv", csv_text(rows + cnn_rows, COLUMNS))
