@@ -44,6 +44,8 @@ KILLED, FINISHED = -signal.SIGKILL, 0
 # Small digits runs (seconds each): a fixed noise multiplier (no calibration), per-client budgets.
 _BASE = ["training.rounds=6", "evaluation.every=1", "checkpoint.every=2", "privacy.noise_multiplier=1.5"]
 _EVEN = "privacy.budgets=[5,5,5,5,5,8,8,8,8,30]"
+_SPLIT = ["training.rounds=5", "evaluation.every=1", "checkpoint.every=1", "privacy={mechanism: none}",
+          "training.optimizer.momentum=0.5"]
 CONFIGS = {
     # sample-level DP-SGD, everyone every round; client 0 never fits its budget, client 1 retires after
     # round 1 and client 2 after round 3, the others run all 6 rounds; checkpoints every 2 rounds
@@ -60,6 +62,11 @@ CONFIGS = {
                  "data.client_test_fraction=0.2", _EVEN, "training.selection={kind: fixed, k: 6}",
                  "algorithm={name: pfa_plus, params: {warmup_rounds: 1}}"],
     # R-DPCFL (ci_digits_rotation's setting): round 1's GMM posteriors and cluster models must survive a resume
+    # the splitting server (operator_splitting.md) with Anderson memory 2: u, z, xbar and the Anderson window must
+    # survive a resume; non-private, with momentum, as the splitting CNN runs
+    "split_aa": ["name=kill_split_aa", *_SPLIT, "algorithm={name: fedavg, params: {anderson: {memory: 2}}}"],
+    "split_fedsplit": ["name=kill_split_fs", *_SPLIT,
+                       "algorithm={name: fedsplit, params: {eta: 1.0, anderson: {memory: 2}}}"],
     "rdpcfl": ["name=kill_rdpcfl", "training.rounds=4", "evaluation.every=1", "checkpoint.every=1",
                "data={dataset: digits, clients: 11, partition: clustered, clustered: {clusters: 4, shift: rotation, "
                "minority_ratio: 0.2, train_per_client: 300, val_fraction: 0.2}}", "model={name: cnn_digits}",
@@ -217,7 +224,7 @@ def test_killed_at_every_kind_of_point_in_turn_then_resumed_equals_the_uninterru
     assert_same_run(out, ref.out)
 
 
-@pytest.mark.parametrize("name", ["rhdp_once", "fedceo", "rdpcfl"])
+@pytest.mark.parametrize("name", ["rhdp_once", "fedceo", "rdpcfl", "split_aa", "split_fedsplit"])
 def test_stateful_aggregator_killed_in_training_resumes_exactly(tmp_path, reference, name):
     ref = reference(name)
     every = 1 if "checkpoint.every=1" in CONFIGS[name] else 2
