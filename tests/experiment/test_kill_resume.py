@@ -61,12 +61,12 @@ CONFIGS = {
     "pfa_plus": ["name=kill_pfa_plus", *_BASE, "training.rounds=4", "checkpoint.every=1",
                  "data.client_test_fraction=0.2", _EVEN, "training.selection={kind: fixed, k: 6}",
                  "algorithm={name: pfa_plus, params: {warmup_rounds: 1}}"],
-    # R-DPCFL (ci_digits_rotation's setting): round 1's GMM posteriors and cluster models must survive a resume
     # the splitting server (operator_splitting.md) with Anderson memory 2: u, z, xbar and the Anderson window must
     # survive a resume; non-private, with momentum, as the splitting CNN runs
     "split_aa": ["name=kill_split_aa", *_SPLIT, "algorithm={name: fedavg, params: {anderson: {memory: 2}}}"],
     "split_fedsplit": ["name=kill_split_fs", *_SPLIT,
                        "algorithm={name: fedsplit, params: {eta: 1.0, anderson: {memory: 2}}}"],
+    # R-DPCFL (ci_digits_rotation's setting): round 1's GMM posteriors and cluster models must survive a resume
     "rdpcfl": ["name=kill_rdpcfl", "training.rounds=4", "evaluation.every=1", "checkpoint.every=1",
                "data={dataset: digits, clients: 11, partition: clustered, clustered: {clusters: 4, shift: rotation, "
                "minority_ratio: 0.2, train_per_client: 300, val_fraction: 0.2}}", "model={name: cnn_digits}",

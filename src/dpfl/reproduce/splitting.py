@@ -133,7 +133,7 @@ def plan(scale: str, *, seeds: int | None = None, rounds: int | None = None, set
                                  settings_pattern=",".join(cnn_names))
     convex_others, cnn_others = [], []
     if only_seeds:
-        if cnn is not None:  # its seeds are the study's (the convex settings plan no more at any scale)
+        if cnn is not None:  # the CNN plans at least the convex seeds at every scale (full: 4 vs 3): one check
             cnn_others = [j for j in cnn.jobs if j.seed not in only_seeds]
             cnn = select_seeds(cnn, only_seeds)
         else:
