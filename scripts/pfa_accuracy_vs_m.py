@@ -11,12 +11,10 @@ and each M's accuracy seed by seed (`pfa_report.accuracy_by_seed`, OUT/accuracy_
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 from pathlib import Path
 
 from dpfl.reproduce import pfa
-from dpfl.reproduce.merge import DEFAULT_KEY as KEY, merge_csv_files
+from dpfl.reproduce.merge import DEFAULT_KEY as KEY, csv_rows, merge_csv_files
 from dpfl.reproduce.pfa_report import accuracy_by_seed, accuracy_vs_m
 
 
@@ -29,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     # merged: two different rows for one run are refused, not averaged
     text = merge_csv_files(args.csvs, KEY) if len(args.csvs) > 1 else args.csvs[0].read_text(encoding="utf-8")
     rows = [{**r, "final_accuracy": float(r["final_accuracy"]) if r["final_accuracy"] else None}
-            for r in csv.DictReader(line for line in io.StringIO(text) if not line.startswith("#"))]
+            for r in csv_rows(text)]
     grid = pfa.grid("full", calibration="both")
     lines = accuracy_vs_m(grid, rows, args.out)
     if not lines:

@@ -22,7 +22,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_KEY", "MergeError", "merge_csv_texts", "merge_csv_files", "row_count"]
+__all__ = ["DEFAULT_KEY", "MergeError", "csv_rows", "merge_csv_texts", "merge_csv_files", "row_count"]
 
 DEFAULT_KEY = ("setting", "seed", "method")  # one row per run in every `dpfl reproduce` results.csv
 
@@ -38,6 +38,11 @@ def _split_comments(text: str) -> tuple[list[str], str, int]:
     while n < len(lines) and lines[n].startswith("#"):
         n += 1
     return [line.rstrip("\r\n") for line in lines[:n]], "".join(lines[n:]), n
+
+
+def csv_rows(text: str) -> list[dict[str, str]]:
+    """The rows of a published results CSV (its leading `#` provenance lines skipped), values as text."""
+    return list(csv.DictReader(io.StringIO(_split_comments(text)[1])))
 
 
 def _read(name: str, text: str) -> tuple[list[str], list[str], list[dict[str, str]]]:

@@ -1,0 +1,84 @@
+"""Every client in every round against a 10% cohort on the reduced CNN: docs/splitting.md's tables, from the CSVs.
+
+The two are separate studies with separate published CSVs (`--scale reduced-all-clients`:
+docs/results/splitting_cnn_all_clients.csv; `--scale reduced`: splitting_cnn_reduced.csv). The docs set them side
+by side, seed by seed and as mean ± sd over the seeds whose all-clients grid is complete; generating the tables
+(scripts/splitting_participation_table.py) and testing that the docs hold them keeps hand-copied numbers out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from dpfl.reproduce.splitting_cnn import PRESETS, TAU
+from dpfl.reproduce.tables import md_table
+
+PARTITIONS = (("cnn-iid", "iid"), ("cnn-shards2", "≤ 2 classes"), ("cnn-shards6", "≤ 6 classes"))
+Row = Mapping[str, str]
+Index = dict[tuple[str, str, int, int], Row]  # (setting, preset, tau, seed) -> a finished run's CSV row
+
+
+def index(rows: Sequence[Row]) -> Index:
+    """The finished (status ok) runs of a splitting CNN results CSV by (setting, preset, tau, seed)."""
+    return {(r["setting"], r["method"], int(r["anderson"]), int(r["seed"])): r for r in rows if r["status"] == "ok"}
+
+
+def complete_seeds(everyone: Index) -> list[int]:
+    """Seeds with every (partition, method, tau) of the all-clients grid finished."""
+    cells = [(s, p, tau) for s, _ in PARTITIONS for p in PRESETS for tau in (0, TAU)]
+    seeds = sorted({k[3] for k in everyone})
+    return [seed for seed in seeds if all((*c, seed) in everyone for c in cells)]
+
+
+def seed_table(everyone: Index, cohort: Index, seed: int) -> list[str]:
+    """One seed: all 100 clients' final accuracy (best in brackets) beside the 10% cohort's final accuracy."""
+    body = []
+    for preset in PRESETS:
+        for tau in (0, TAU):
+            cells = [preset, str(tau)]
+            for setting, _ in PARTITIONS:
+                run = everyone.get((setting, preset, tau, seed))
+                cells.append(f"{_acc(run, 'final_accuracy')} ({_acc(run, 'best_accuracy')})" if run else "not run")
+                cells.append(_acc(cohort.get((setting, preset, tau, seed)), "final_accuracy"))
+            body.append(cells)
+    return md_table(_header(), body)
+
+
+def mean_table(everyone: Index, cohort: Index, seeds: Sequence[int]) -> list[str]:
+    """Final accuracy, mean ± sample sd over `seeds` (both studies over the same seeds, so the columns compare)."""
+    if len(seeds) < 2:
+        raise ValueError(f"a mean ± sd needs two or more seeds, not {list(seeds)}")
+    body = []
+    for preset in PRESETS:
+        for tau in (0, TAU):
+            cells = [preset, str(tau)]
+            for setting, _ in PARTITIONS:
+                for runs in (everyone, cohort):
+                    cells.append(_mean_sd([runs.get((setting, preset, tau, s)) for s in seeds]))
+            body.append(cells)
+    return md_table(_header(), body)
+
+
+def _header() -> list[str]:
+    header = ["method", "Anderson τ"]
+    for _, label in PARTITIONS:
+        header += [f"{label}, all 100", f"{label}, 10 per round"]
+    return header
+
+
+def _acc(run: Row | None, column: str) -> str:
+    return _three_places(run[column]) if run else "not run"
+
+
+def _three_places(value: str | float) -> str:
+    """As every generated table rounds (a float's format: 0.3565 reads 0.356; the CSV has the exact k / 10,000)."""
+    return f"{float(value):.3f}"
+
+
+def _mean_sd(runs: Sequence[Row | None]) -> str:
+    """Mean ± sd of the final accuracies; 'incomplete (k of n)' rather than a mean over fewer seeds than planned."""
+    done = [float(r["final_accuracy"]) for r in runs if r]
+    if len(done) < len(runs):
+        return f"incomplete ({len(done)} of {len(runs)})"
+    return f"{_three_places(statistics.fmean(done))} ± {_three_places(statistics.stdev(done))}"
