@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
+from dpfl.reproduce.runner import OK
 from dpfl.reproduce.splitting_cnn import PRESETS, TAU
 from dpfl.reproduce.tables import md_table
 
@@ -21,7 +22,7 @@ Index = dict[tuple[str, str, int, int], Row]  # (setting, preset, tau, seed) -> 
 
 def index(rows: Sequence[Row]) -> Index:
     """The finished (status ok) runs of a splitting CNN results CSV by (setting, preset, tau, seed)."""
-    return {(r["setting"], r["method"], int(r["anderson"]), int(r["seed"])): r for r in rows if r["status"] == "ok"}
+    return {(r["setting"], r["method"], int(r["anderson"]), int(r["seed"])): r for r in rows if r["status"] == OK}
 
 
 def complete_seeds(everyone: Index) -> list[int]:
