@@ -27,6 +27,7 @@ def test_accuracy_against_m_is_one_table_and_plot_per_model_budgets_and_calibrat
     text = "\n".join(lines)
     assert "## Accuracy against M: logr, MixGauss1, calibration accountant" in text
     assert "| method | M = 20 | M = 40 |" in text  # only the M that ran
+    assert "Final test accuracy, mean ± sd over seeds 0, 1.\n" in text  # the seeds, said once when every cell has all
     assert "| pfa | 0.5050 ± 0.0071 | 0.6050 ± 0.0071 |" in text  # sample std (ddof = 1) of {x, x + 0.01}
     assert "| weiavg | 0.4050 ± 0.0071 | 0.5050 ± 0.0071 |" in text
     assert (tmp_path / "plots" / "accuracy_vs_M-logr-MixGauss1-accountant.png").stat().st_size > 1000
@@ -34,6 +35,7 @@ def test_accuracy_against_m_is_one_table_and_plot_per_model_budgets_and_calibrat
     uneven = "\n".join(accuracy_vs_m(grid, rows[:-1], tmp_path))  # M = 40's weiavg without its seed 1
     assert "| pfa | 0.5050 ± 0.0071 (n = 2) | 0.6050 ± 0.0071 (n = 2) |" in uneven
     assert "| weiavg | 0.4050 ± 0.0071 (n = 2) | 0.5000 ± n/a (n = 1) |" in uneven
+    assert "mean ± sd over seeds 0, 1; a cell with fewer says its n." in uneven
 
 
 def test_accuracy_by_seed_is_one_table_per_model_and_m_accountant_columns_first():

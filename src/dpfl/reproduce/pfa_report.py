@@ -24,7 +24,7 @@ __all__ = ["accuracy_by_seed", "accuracy_vs_m", "clients_over_budget", "overspen
 def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
     """results.md lines: per (model, budgets, calibration) with two or more M run, a plot of the final accuracy
     (mean ± sample std over seeds, ddof = 1) against M, one line per method, and its table; where the cells of a
-    table average different numbers of seeds, each says its n."""
+    table average different numbers of seeds, each says its n (the line above the table names the seeds)."""
     from dpfl.results.plots import plot_errorbars
 
     groups: dict[tuple[str, str, str], dict[int, str]] = {}
@@ -56,7 +56,10 @@ def accuracy_vs_m(grid: Grid, rows: Sequence[Mapping[str, Any]], out: Path) -> l
         path = plot_errorbars(series, out / "plots" / f"accuracy_vs_M-{model}-{dist}-{cal}.png",
                               xlabel="clients M (K = 0.8 M per round)", ylabel="final test accuracy",
                               title=f"{model}, {dist}, calibration {cal}")
+        seeds = sorted({int(r["seed"]) for r in rows if r["setting"] in by_m.values() and r["status"] == OK})
         lines += [f"## Accuracy against M: {model}, {dist}, calibration {cal}", "",
+                  f"Final test accuracy, mean ± sd over seeds {', '.join(map(str, seeds))}"
+                  + ("; a cell with fewer says its n." if mixed else "."), "",
                   "| method | " + " | ".join(f"M = {m}" for m in ms) + " |", "|---" * (len(ms) + 1) + "|",
                   *("| " + " | ".join(row) + " |" for row in table), "",
                   f"![accuracy vs M]({path.relative_to(out).as_posix()})", ""]
