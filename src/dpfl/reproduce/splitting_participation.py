@@ -8,12 +8,11 @@ by side, seed by seed and as mean ± sd over the seeds whose all-clients grid is
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from dpfl.reproduce.runner import OK
 from dpfl.reproduce.splitting_cnn import PRESETS, TAU
-from dpfl.reproduce.tables import md_table
+from dpfl.reproduce.tables import md_table, mean_std
 
 PARTITIONS = (("cnn-iid", "iid"), ("cnn-shards2", "≤ 2 classes"), ("cnn-shards6", "≤ 6 classes"))
 Row = Mapping[str, str]
@@ -34,47 +33,33 @@ def complete_seeds(everyone: Index) -> list[int]:
 
 def seed_table(everyone: Index, cohort: Index, seed: int) -> list[str]:
     """One seed: all 100 clients' final accuracy (best in brackets) beside the 10% cohort's final accuracy."""
-    body = []
-    for preset in PRESETS:
-        for tau in (0, TAU):
-            cells = [preset, str(tau)]
-            for setting, _ in PARTITIONS:
-                run = everyone.get((setting, preset, tau, seed))
-                cells.append(f"{_acc(run, 'final_accuracy')} ({_acc(run, 'best_accuracy')})" if run else "not run")
-                cells.append(_acc(cohort.get((setting, preset, tau, seed)), "final_accuracy"))
-            body.append(cells)
-    return md_table(_header(), body)
+    def cells(key: tuple[str, str, int]) -> list[str]:
+        run = everyone.get((*key, seed))
+        return [f"{_acc(run, 'final_accuracy')} ({_acc(run, 'best_accuracy')})" if run else "not run",
+                _acc(cohort.get((*key, seed)), "final_accuracy")]
+    return _table(cells)
 
 
 def mean_table(everyone: Index, cohort: Index, seeds: Sequence[int]) -> list[str]:
     """Final accuracy, mean ± sample sd over `seeds` (both studies over the same seeds, so the columns compare)."""
     if len(seeds) < 2:
         raise ValueError(f"a mean ± sd needs two or more seeds, not {list(seeds)}")
-    body = []
-    for preset in PRESETS:
-        for tau in (0, TAU):
-            cells = [preset, str(tau)]
-            for setting, _ in PARTITIONS:
-                for runs in (everyone, cohort):
-                    cells.append(_mean_sd([runs.get((setting, preset, tau, s)) for s in seeds]))
-            body.append(cells)
-    return md_table(_header(), body)
+    return _table(lambda key: [_mean_sd([runs.get((*key, s)) for s in seeds]) for runs in (everyone, cohort)])
 
 
-def _header() -> list[str]:
+def _table(cells: Callable[[tuple[str, str, int]], list[str]]) -> list[str]:
+    """One row per (method, tau), two columns per partition: `cells((setting, preset, tau))`."""
     header = ["method", "Anderson τ"]
     for _, label in PARTITIONS:
         header += [f"{label}, all 100", f"{label}, 10 per round"]
-    return header
+    body = [[preset, str(tau), *(c for setting, _ in PARTITIONS for c in cells((setting, preset, tau)))]
+            for preset in PRESETS for tau in (0, TAU)]
+    return md_table(header, body)
 
 
 def _acc(run: Row | None, column: str) -> str:
-    return _three_places(run[column]) if run else "not run"
-
-
-def _three_places(value: str | float) -> str:
     """As every generated table rounds (a float's format: 0.3565 reads 0.356; the CSV has the exact k / 10,000)."""
-    return f"{float(value):.3f}"
+    return f"{float(run[column]):.3f}" if run else "not run"
 
 
 def _mean_sd(runs: Sequence[Row | None]) -> str:
@@ -82,4 +67,4 @@ def _mean_sd(runs: Sequence[Row | None]) -> str:
     done = [float(r["final_accuracy"]) for r in runs if r]
     if len(done) < len(runs):
         return f"incomplete ({len(done)} of {len(runs)})"
-    return f"{_three_places(statistics.fmean(done))} ± {_three_places(statistics.stdev(done))}"
+    return mean_std(done, ".3f")
