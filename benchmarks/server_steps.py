@@ -101,9 +101,10 @@ def time_pcp_iteration(updates, iters: int, old: bool) -> float:
         lam = 1.0 / math.sqrt(max(block.shape))
         mu = block.size / (4.0 * np.abs(block).sum())
         if old:
-            t = timed(lambda: rpca._pcp_dense(block, lam, mu, 0.0, iters, 1.0, math.inf))
+            t = timed(lambda block=block, lam=lam, mu=mu: rpca._pcp_dense(block, lam, mu, 0.0, iters, 1.0, math.inf))
         else:
-            t = timed(lambda: rpca.pcp(block, lam=lam, mu=mu, tol_abs=1e-300, max_iter=iters))
+            t = timed(lambda block=block, lam=lam, mu=mu: rpca.pcp(block, lam=lam, mu=mu, tol_abs=1e-300,
+                                                                   max_iter=iters))
         total += t
     return total / iters
 

@@ -1020,7 +1020,7 @@ def reproduce_fdp_sensitivity(
                                  compute=not tables_only)
     except ControlPairError as e:  # not a user error: the runs were not deterministic
         errors.print(f"error: {e}", markup=False, highlight=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from e
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except OSError as e:

@@ -66,8 +66,8 @@ def test_the_classic_conversion_buys_more_noise_each_the_smallest_that_meets_the
     plan = run.planned_run("dpsgd")
     assert list(plan.participations()) == [20] * 5  # everyone every round: 20 rounds of 4 steps
     for i, zi in enumerate(z):
-        event = lambda v: dpsgd_event(v, 20 * plan.local_steps[i], sampling="poisson",  # noqa: E731
-                                      sample_rate=plan.batch_sizes[i] / plan.records[i])
+        event = lambda v, i=i: dpsgd_event(v, 20 * plan.local_steps[i], sampling="poisson",  # noqa: E731
+                                           sample_rate=plan.batch_sizes[i] / plan.records[i])
         target, delta = plan.budgets[i].epsilon, plan.budgets[i].delta
         assert abs(zi * 100 - round(zi * 100)) < 1e-9
         assert epsilon(event(zi), delta, "classic") <= target < epsilon(event(zi - 0.01), delta, "classic")

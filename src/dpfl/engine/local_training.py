@@ -404,7 +404,8 @@ def _run_chunk(
         else:
             x, y, owner = data.gather_packed(clients[:active], idx)
 
-            def clipped(xs: torch.Tensor, ys: torch.Tensor, os: torch.Tensor) -> P.Params:
+            def clipped(xs: torch.Tensor, ys: torch.Tensor, os: torch.Tensor, wa: P.Params = wa,
+                        fa: P.Params = fa) -> P.Params:  # this step's weights, bound now
                 if fast is not None:
                     return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn)
                 return _clipped_sum(grads_of, wa, xs, ys, os, spec.clip, fa)

@@ -103,7 +103,7 @@ def _rdp_search(
     best = full(hi)[1]
     for _ in range(4):
         window = _window(orders, best)
-        hi = _bisect(lambda z: rdp_epsilon_and_order(make(z), delta, window)[0], target, lo, hi, rel_tol)
+        hi = _bisect(lambda z, window=window: rdp_epsilon_and_order(make(z), delta, window)[0], target, lo, hi, rel_tol)
         best = full(hi)[1]
         i = window.index(best) if best in window else -1
         at_global_edge = (i == 0 and best == orders[0]) or (i == len(window) - 1 and best == orders[-1])

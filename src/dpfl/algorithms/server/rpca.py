@@ -237,7 +237,7 @@ def _pcp_dense(M, lam, mu, thresh, max_iter, mu_growth, mu_cap):
     Y = np.zeros_like(M)
     L = np.zeros_like(M)
     mu_k, rank, residual, it, converged = mu, 0, float("inf"), 0, False
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 (the count is returned)
         inv = 1.0 / mu_k
         T = M + inv * Y
         L, rank = svt(T - S, inv)
@@ -286,7 +286,7 @@ def _pcp_tall(M, lam, mu, thresh, max_iter, mu_growth, mu_cap):
     for a, b in bounds:  # the first iteration's Gram matrix (S = Y = 0: A = M)
         A = chunk_a(a, b, inv, S, Y)[1]
         gram += A.T @ A
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 (the count is returned)
         inv = 1.0 / mu_k
         s, v = _gram_factors(gram)
         if not _gram_accurate(s, inv):
