@@ -727,8 +727,8 @@ def reproduce_fdp_accuracy(
     out: _Out,
     scale: Annotated[str, typer.Option("--scale", help=(
         "ci (seconds per run: digits + logistic regression, checks that it runs), reduced (Fashion-MNIST + LeNet-5 "
-        "as a STAND-IN for MNIST, m = 20, K = 10, T = 12, 4 sigmas x 2 seeds = 8 runs; measured 4.9 minutes per "
-        "run on one core of a shared 2-core machine, about 40 minutes in all) or full (the paper's grid: "
+        "as a STAND-IN for MNIST, m = 20, K = 10, T = 12, 4 sigmas x 2 seeds = 8 runs; measured 80 s per run on "
+        "one core of a shared 2-core machine, about 11 minutes in all) or full (the paper's grid: "
         "MNIST/LeNet-5 and CIFAR-10/ResNet-18, 3 (K, T) pairs x 3 m x 4 sigmas x 5 seeds = 360 runs; datasets "
         "not on this machine are skipped)."))],
     seeds: _Seeds = None, only_seeds: _OnlySeeds = None, rounds: _Rounds = None, settings: _Settings = None,

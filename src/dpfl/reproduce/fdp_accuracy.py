@@ -13,11 +13,12 @@ Scales (base configs in configs/fdp/):
   Neither dataset is on this machine: their jobs are "skipped" by the runner. `--dataset fashion_mnist` adds the
   same grid on Fashion-MNIST with LeNet-5 as a STAND-IN for MNIST.
 - `reduced`: Fashion-MNIST with LeNet-5, a STAND-IN for MNIST (labelled REDUCED/stand-in in every output); m = 20,
-  one scaled-down pair (K, T) = (10, 12) (TK = 120, not 30000), the four σ values, 2 seeds: 8 runs. Measured: 4.9
-  minutes wall per run (281 s of training; 1 thread, on a 2-core machine shared with other jobs), so about 40 minutes
-  in all. Per-example gradients of LeNet-5 for 20 clients x 32 samples cost ~2 s per local step then (0.4 s with
-  the 2026-11-26 engine: the full grid's TK = 30000 is still 3-17 hours per run), which is what bounds K and T;
-  expect accuracies far below the paper's (σ = 1e-3, seed 0 reached 0.26 after 120 steps).
+  one scaled-down pair (K, T) = (10, 12) (TK = 120, not 30000), the four σ values, 2 seeds: 8 runs. Measured: 80 s
+  wall per run with the 2026-11-30 engine (1 thread, on a 2-core machine shared with other jobs; 4.9 minutes when
+  first run), so about 11 minutes in all. Per-example gradients of LeNet-5 for 20 clients x 32 samples cost ~0.4 s
+  per local step (the full grid's TK = 30000 is 3-17 hours per run), which is what bounds K and T; expect
+  accuracies far below the paper's (σ = 1e-3, seed 0 reached 0.26 after 120 steps, as did the same run with
+  negligible noise: at this length the per-example clipping, not the noise, holds it back; docs/fdp.md).
 - `ci`: scikit-learn's digits with logistic regression, m = 10 clients of 100 samples, K = 5, T = 3, σ ∈ {1.0, 1e-3},
   1 seed: a smoke test of the pipeline (seconds per run), not the paper's setting.
 
@@ -68,7 +69,6 @@ CLIENTS = (20, 50, 100)
 SIGMAS = ("1.0", "0.1", "0.01", "0.001")  # σ ∈ {1.0, 1e-1, 1e-2, 1e-3}
 DEFAULT_LR = 0.1  # as the sensitivity study's dpfl default (spec §7)
 REDUCED_KT = (10, 12)
-REDUCED_MINUTES = 4.9  # measured wall minutes of one reduced run (1 thread, shared 2-core machine)
 
 
 @dataclass(frozen=True)
