@@ -19,4 +19,3 @@ def test_every_result_file_has_a_row_and_every_row_a_file():
     indexed = _indexed()
     assert files - indexed == set(), "result files without a row in docs/results/README.md"
     assert indexed - files == set(), "rows in docs/results/README.md naming no file"
-
