@@ -101,6 +101,10 @@ def test_filters_labels_and_errors():
     assert g.label == "full (reduced: 30 rounds instead of T = 600/300/150, 2 seeds instead of 5)"
     assert len(g.jobs) == 4 * 2 and {j.config.training.rounds for j in g.jobs} == {30}
     assert len(g.all_jobs) == 72 * 2
+    # --rounds renames the settings too: a run directory must not say T600 when it trained 30 rounds
+    assert {j.setting for j in g.jobs} == {f"mnist-lenet5-m20-K50-T30-sg{s}" for s in SIGMAS}
+    assert all("T = 30 (TK = 1500; --rounds replaced T = 600)" in s.describe
+               for s in g.settings if s.name.startswith("mnist-lenet5-m20-K50-"))
     stand_in = fa.grid("full", datasets=["fashion_mnist"], seeds=1)
     assert "STAND-IN" in stand_in.label and {j.config.data.dataset for j in stand_in.jobs} == {"fashion_mnist"}
     with pytest.raises(GridError, match="--scale must be one of ci, reduced, full"):

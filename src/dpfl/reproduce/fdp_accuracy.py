@@ -197,8 +197,11 @@ def _sigma_name(sigma: str) -> str:
     return f"sg{sigma}"
 
 
-def settings(scale: str, datasets: Sequence[str] | None = None) -> list[Setting]:
-    """One setting per (dataset, m, (K, T), σ), e.g. ``mnist-lenet5-m20-K50-T600-sg0.01``."""
+def settings(scale: str, datasets: Sequence[str] | None = None, rounds: int | None = None) -> list[Setting]:
+    """One setting per (dataset, m, (K, T), σ), e.g. ``mnist-lenet5-m20-K50-T600-sg0.01``.
+
+    `rounds` (``--rounds``) replaces every T, in the name too, so a run directory says how long it trained.
+    """
     _check_scale(scale)
     datasets = list(datasets) if datasets else list(DEFAULT_DATASETS[scale])
     shipped = DATASETS[scale]
@@ -215,7 +218,9 @@ def settings(scale: str, datasets: Sequence[str] | None = None) -> list[Setting]
         stand_in = f"; STAND-IN for {info.stand_in}" if info.stand_in else ""
         what = {"full": "spec §8 grid", "reduced": "REDUCED", "ci": "ci smoke test"}[scale]
         for m in spec["clients"]:
-            for k, t in spec["kt"]:
+            for k, spec_t in spec["kt"]:
+                t = rounds if rounds is not None else spec_t
+                replaced = f"; --rounds replaced T = {spec_t}" if t != spec_t else ""
                 for sigma in spec["sigmas"]:
                     overrides = [f"data.dataset={d}", f"model.name={info.model}", f"data.clients={m}",
                                  f"data.samples_per_client={info.quota}", f"training.local_steps={k}",
@@ -226,8 +231,8 @@ def settings(scale: str, datasets: Sequence[str] | None = None) -> list[Setting]
                         name=f"{info.short}-{model}-m{m}-K{k}-T{t}-{_sigma_name(sigma)}", base=base,
                         overrides=tuple(overrides), methods=(METHOD,), dataset=d,
                         describe=(f"{d} ({what}{stand_in}), {info.model}, Dirichlet(0.1) quota split of {info.quota} "
-                                  f"samples per client, m = {m} (full participation), K = {k}, T = {t} (TK = {k * t})"
-                                  f", σ = {sigma}"),
+                                  f"samples per client, m = {m} (full participation), K = {k}, "
+                                  f"T = {t} (TK = {k * t}{replaced}), σ = {sigma}"),
                         meta={"dataset": d, "model": info.model, "m": str(m), "K": str(k), "T": str(t),
                               "sigma": sigma, "quota": str(info.quota), "classes": str(info.classes),
                               "stand_in": info.stand_in}))
@@ -240,7 +245,7 @@ def grid(scale: str, *, datasets: Sequence[str] | None = None, seeds: int | None
 
     `rounds` replaces every setting's T (the TK budget then no longer holds; the label says so).
     """
-    chosen = settings(scale, datasets)
+    chosen = settings(scale, datasets, rounds)
     spec = SPEC[scale]
     spec_ts = sorted({t for _, t in spec["kt"]}, reverse=True)
     g = build_grid(PAPER, scale, chosen, spec_rounds=spec_ts[0], spec_seeds=spec["seeds"], seeds=seeds, rounds=rounds,
