@@ -26,6 +26,7 @@ from dpfl.models import build_model
 from dpfl.privacy.accountant import epsilon
 from dpfl.privacy.events import dpsgd_event
 from unaccounted_stage import UnaccountedNoise
+from untimed import untimed
 
 
 def toy_federation(n_clients=4, n=60, seed=0):
@@ -161,7 +162,7 @@ def test_model_and_program_losses_must_agree():
 
 
 def _without_time(history):
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+    return untimed(history)
 
 
 @pytest.mark.parametrize("kind", ["local", "central", "pfa_plus", "robust_hdp_once"])

@@ -426,7 +426,7 @@ class FederatedRun:
     def _one_round(self, r: int, w: P.Params, retired: set[int]) -> tuple[P.Params, dict[str, Any]] | None:
         """Round r (0-based): new global parameters and its metrics row, or None if budgets end the run."""
         alg = self.algorithm
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         dim = P.num_parameters(w)
         active = np.array([i for i in range(self.n_clients) if i not in retired], dtype=np.int64)
         server_event = self._server_event(len(active))
@@ -485,7 +485,8 @@ class FederatedRun:
                 diagnostics.update(alg.aggregator.diagnostics())
             if self.ledger is not None:
                 self.ledger.close_round(r)
-        row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0, diagnostics)
+        row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0,
+                        time.process_time() - cpu0, diagnostics)
         return new_w, {**row, **diagnostics}
 
     def _private_choices(self, choice: Any, r: int) -> dict[int, int]:
@@ -668,7 +669,7 @@ class FederatedRun:
             self.ledger.close_round(r)
 
     def _row(self, r: int, w: P.Params, selected: np.ndarray, up: int, down: int, seconds: float,
-             diagnostics: Mapping[str, Any]) -> dict[str, Any]:
+             cpu_seconds: float, diagnostics: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"round": r + 1, "selected": [int(i) for i in selected], "uplink_bytes": up,
                                "downlink_bytes": down}
         if (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
@@ -685,6 +686,10 @@ class FederatedRun:
             row["epsilon"] = [spent[i] for i in range(self.n_clients)]
             row["epsilon_max"] = max(row["epsilon"])
         row["seconds"] = seconds
+        if isinstance(self.backend, LocalBackend):
+            # This process's CPU time (all threads): unlike wall time, not inflated by other processes sharing the
+            # machine or by a pause. Absent with a remote backend, whose actors' CPU time is not in it.
+            row["cpu_seconds"] = cpu_seconds
         return row
 
     def _validation_accuracy(self, w: P.Params) -> dict[str, Any]:

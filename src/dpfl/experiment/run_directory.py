@@ -26,7 +26,7 @@ import io
 import os
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -399,6 +399,15 @@ def _copy_held(src: Path, summary: dict[str, Any], cfg: RunConfig, out: Path) ->
 
 
 # ---------------------------------------------------------------------------------------- the end
+def training_time(history: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The rounds' wall and CPU time summed over every round, whichever execution ran it (a resumed run's
+    `seconds` counts only its last execution). CPU time is None when a round lacks it (a remote backend, or rounds
+    recorded before dpfl measured it): a partial sum would understate it."""
+    cpu = [row.get("cpu_seconds") for row in history]
+    return {"train_seconds": float(sum(row.get("seconds", 0.0) for row in history)),
+            "train_cpu_seconds": float(sum(cpu)) if cpu and None not in cpu else None}
+
+
 def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, seconds: float) -> dict[str, Any]:
     privacy = dict(result.privacy)
     if result.ledger is not None:
@@ -419,6 +428,7 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
         "epsilon_max": _guarantee_max(result),
         "traffic": traffic_report(result.history),
         "seconds": seconds,
+        **training_time(result.history),
     }
     write_json_atomic(out / SUMMARY, summary)
     write_report(out)

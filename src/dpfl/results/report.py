@@ -177,7 +177,13 @@ def _status_lines(name: str, metrics: Sequence[Mapping[str, Any]], summary: Mapp
             out.append("- **Accuracy:** no round evaluated yet")
         seconds = sum(float(r.get("seconds") or 0.0) for r in metrics) if metrics else None
     if seconds is not None:
-        out.append(f"- **Wall time:** {float(seconds):.1f} s")
+        out.append(f"- **Wall time:** {float(seconds):.1f} s" + ("" if summary is None else
+                   " (this execution: a resumed run's earlier executions are not in it)"))
+    if summary is not None and summary.get("train_seconds") is not None:
+        cpu = summary.get("train_cpu_seconds")
+        out.append(f"- **Training time:** {float(summary['train_seconds']):.1f} s wall"
+                   + (f", {float(cpu):.1f} s CPU (this process, all threads)" if cpu is not None else "")
+                   + " over every round, evaluation excluded")
     if metrics:
         up = sum(int(r.get("uplink_bytes") or 0) for r in metrics)
         down = sum(int(r.get("downlink_bytes") or 0) for r in metrics)
