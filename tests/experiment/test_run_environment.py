@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,8 @@ def test_a_fresh_run_records_what_ran_it(stopped):
     assert line["started_round"] == 0
     assert line["dpfl"] == dpfl.__version__ and line["torch"] == torch.__version__
     assert line["torch_threads"] == torch.get_num_threads()
+    # the kernels torch dispatches (AVX2 and AVX-512 round differently), and the CPU that MKL and oneDNN dispatch on
+    assert line["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and "cpu_model" in line
     commit = line["source_commit"]  # the tests run from a git checkout (CI clones the repository)
     assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0 and isinstance(line["source_modified"], bool))
 
@@ -79,6 +84,7 @@ def test_each_resume_that_trains_adds_a_line_from_its_checkpoint_round_and_a_fin
     assert changed_keys(lines) == []  # same process, same environment
     report = (run / "report.md").read_text()
     assert "## Environment" in report and "Resumed under another" not in report
+    assert f"({torch.backends.cpu.get_cpu_capability()}) |" in report  # the CPU column: model (kernels)
     assert _resume(run)[0] == 0  # finished: only the report is rewritten
     assert len(_lines(run)) == 2
 
@@ -96,6 +102,17 @@ def test_changed_keys_names_only_what_changes_results():
     base = {k: "x" for k in REPRODUCIBILITY_KEYS} | {"when": "t0", "platform": "a", "started_round": 0}
     assert changed_keys([base, {**base, "when": "t1", "platform": "b", "started_round": 5}]) == []
     assert changed_keys([base, {**base, "torch": "y"}, {**base, "source_commit": "z"}]) == ["source_commit", "torch"]
+    assert changed_keys([base, {**base, "cpu_capability": "AVX2"}, {**base, "cpu_model": "another"}]) == [
+        "cpu_capability", "cpu_model"]
+
+
+def test_the_cpu_capability_is_the_one_torch_dispatches_and_lowering_it_is_recorded():
+    code = "from dpfl.results.environment import describe; print(describe(0)['cpu_capability'])"
+    lowered = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}).stdout.strip()
+    assert lowered == "DEFAULT"  # the generic kernels every x86-64 and ARM CPU has
+    line = environment.provenance()
+    assert line.endswith(f"{torch.backends.cpu.get_cpu_capability()} kernels")
 
 
 def test_a_killed_append_is_repaired_silently(stopped, tmp_path):

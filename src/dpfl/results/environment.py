@@ -1,10 +1,13 @@
-"""What produced a run: the code, libraries and torch threads of each execution of it (`environment.jsonl`).
+"""What produced a run: code, libraries, torch threads and CPU kernels of each execution of it (`environment.jsonl`).
 
-Why: a dpfl run is bit-identical when the config, the code and the torch thread count are the same, and
-only then (the thread count changes the order in which floats are summed, e.g. 0.7131 vs 0.7136 final
-accuracy for one reduced splitting CNN run on one and two threads). A resumed run may continue under
-other code or threads. One line per execution (the fresh start, then each resume that trains) records
-what ran from which round, so a number that does not reproduce says why, or at least what changed.
+Why: a dpfl run is bit-identical when the config, the code, the torch thread count and the kernels torch dispatches
+on the CPU are the same, and only then. The thread count changes the order in which floats are summed (e.g. 0.7131
+vs 0.7136 final accuracy for one reduced splitting CNN run on one and two threads); AVX2 and AVX-512 kernels round
+differently (the f-DP stand-in's test loss after 3 rounds: 2.5275017 vs 2.5275022). torch's own kernels follow
+`cpu_capability`; MKL and oneDNN pick theirs from the CPU (forcing any one of the three to AVX2 changed that loss),
+hence the CPU model too. A resumed run may continue under other code, threads or machines. One line per execution
+(the fresh start, then each resume that trains) records what ran from which round, so a number that does not
+reproduce says why, or at least what changed.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ __all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "describe_job
 
 ENVIRONMENT_FILE = "environment.jsonl"
 # What changes a run's numbers (everything else in a line only describes the machine or the time).
-REPRODUCIBILITY_KEYS = ("dpfl", "source_commit", "source_modified", "torch", "numpy", "torch_threads")
+REPRODUCIBILITY_KEYS = ("dpfl", "source_commit", "source_modified", "torch", "numpy", "torch_threads",
+                        "cpu_capability", "cpu_model")
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,7 +70,22 @@ def describe(started_round: int) -> dict[str, Any]:
             "dpfl": __version__, "source_commit": commit, "source_modified": modified,
             "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_model": _cpu_model(),
             "platform": platform.platform(), "processor": platform.machine()}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux: /proc/cpuinfo; may be generic on a virtual machine): MKL and oneDNN choose their
+    kernels from the CPU, torch's own kernels are `cpu_capability` (e.g. "AVX512"; ATEN_CPU_CAPABILITY lowers it)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def read_environment(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -113,8 +132,9 @@ def _summary(e: Mapping[str, Any]) -> str:
     source = ("" if e.get("source_commit") is None else
               f", source {e['source_commit'][:10]}" + (" with uncommitted changes" if e.get("source_modified") else ""))
     threads = e.get("torch_threads")
+    kernels = f", {e['cpu_capability']} kernels" if e.get("cpu_capability") else ""
     return (f"dpfl {e.get('dpfl')}{source}, torch {e.get('torch')}, numpy {e.get('numpy')}, {threads} torch "
-            f"thread{'s' * (threads != 1)}")
+            f"thread{'s' * (threads != 1)}{kernels}")
 
 
 def provenance() -> str:

@@ -470,6 +470,14 @@ def _config_lines(config_text: str | None) -> list[str]:
     return out
 
 
+def _cpu(e: Mapping[str, Any]) -> str:
+    """"model (AVX512)"; "n/a" for an execution recorded before dpfl noted the CPU."""
+    model, kernels = e.get("cpu_model"), e.get("cpu_capability")
+    if model is None and kernels is None:
+        return "n/a"
+    return f"{model or 'unknown model'}" + (f" ({kernels})" if kernels else "")
+
+
 def _environment_lines(executions: Sequence[Mapping[str, Any]]) -> list[str]:
     """One row per execution (fresh start, then each resume), and a warning when what changes results changed."""
     out = ["## Environment", ""]
@@ -478,9 +486,9 @@ def _environment_lines(executions: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = [[str(e.get("started_round")), str(e.get("when")), str(e.get("dpfl")),
              "n/a" if e.get("source_commit") is None else
              str(e["source_commit"])[:10] + (" (modified)" if e.get("source_modified") else ""),
-             str(e.get("torch")), str(e.get("numpy")), str(e.get("torch_threads"))] for e in executions]
-    out += ["| from round | started (UTC) | dpfl | source commit | torch | numpy | torch threads |",
-            "|---|---|---|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+             str(e.get("torch")), str(e.get("numpy")), str(e.get("torch_threads")), _cpu(e)] for e in executions]
+    out += ["| from round | started (UTC) | dpfl | source commit | torch | numpy | torch threads | CPU (kernels) |",
+            "|---|---|---|---|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
     first = executions[0].get("started_round")
     if isinstance(first, int) and first > 0:
         out += [f"Rounds 1-{first} were run by a dpfl version that did not record its environment.", ""]
