@@ -30,7 +30,7 @@ from dpfl.data.federated import FederatedDataset
 from dpfl.data.registry import PROVIDED
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import ConfigError, RunConfig, apply_overrides, load_config, validate_config
-from dpfl.experiment.run_directory import CHECKPOINT, execute
+from dpfl.experiment.run_directory import CHECKPOINT, execute, load_checkpoint
 from dpfl.models import build_model
 from dpfl.results.run_files import read_metrics, read_privacy, read_summary
 
@@ -140,7 +140,7 @@ def _outcome(cfg: RunConfig, out: Path, template: nn.Module | None) -> RunOutcom
     """The run directory's record of the finished run, and a copy of `template` holding its final parameters."""
     summary = read_summary(out)
     assert summary is not None  # execute returns only once summary.json is written
-    state = torch.load(out / CHECKPOINT, weights_only=True)
+    state = load_checkpoint(out / CHECKPOINT)
     params = {n: t.detach().clone() for n, t in state["params"].items()}
     if template is not None:
         trained = copy.deepcopy(template)

@@ -282,6 +282,14 @@ def test_gdp_accountant_is_the_exact_composition():
         assert delta_for(event, exact, "gdp") == pytest.approx(delta, rel=1e-6)
 
 
+def test_every_accountant_returns_a_python_float():
+    """A NumPy float in a run's metrics rows made its checkpoint unreadable by torch.load(weights_only=True): the
+    GDP conversion's correction step returned one for μ = 1 (and 2, 10, 40, ...; 2026-11-30)."""
+    for noise in (1.0, 0.5, 0.1, 0.025):  # μ = 1, 2, 10, 40
+        for accountant in ("rdp", "pld", "gdp"):
+            assert type(epsilon(gaussian_event(noise), 1e-5, accountant)) is float, (noise, accountant)
+
+
 def test_gdp_accountant_refuses_sampled_events_and_handles_no_noise():
     with pytest.raises(ValueError, match="exact only for compositions of Gaussian"):
         epsilon(sampled_gaussian_event(1.0, sampling="poisson", sample_rate=0.1), 1e-5, "gdp")

@@ -48,6 +48,20 @@ _MISSING = object()
 _EVENT_CACHE_MAX = 65_536  # distinct client events kept (records x batch size x noise x upload)
 
 
+def plain_row(value: Any) -> Any:
+    """A metrics row with its NumPy scalars made Python numbers, recursively: rows go into the
+    checkpoint, which `torch.load(weights_only=True)` refuses to read back if one NumPy scalar hides in it (an
+    accountant's epsilon was one), and into metrics.jsonl, where they print the same either way."""
+    if isinstance(value, dict):
+        return {k: plain_row(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_row(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain_row(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
 @dataclass
 class RunState:
     """Everything needed to continue a run after `round` finished rounds (checkpoint content)."""
@@ -376,7 +390,7 @@ class FederatedRun:
             self.algorithm.aggregator.load_state_dict(state.aggregator_state)
         if self.algorithm.personal is not None:
             self.algorithm.personal.load_state_dict(state.client_state)
-        w, retired, history = state.params, set(state.retired), list(state.history)
+        w, retired, history = state.params, set(state.retired), [plain_row(row) for row in state.history]
         self.steps_done = np.array(state.steps_done, dtype=np.int64)
         stop_reason = state.stop_reason
         r = state.round
@@ -405,6 +419,7 @@ class FederatedRun:
                 stop_reason = "budget"
                 break
             w, row = step
+            row = plain_row(row)
             history.append(row)
             r += 1
             if on_round is not None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpfl.experiment.build import build_run
@@ -187,13 +188,19 @@ def _inspect(cfg: RunConfig, out: Path) -> _Found:
     return _Found(_sha256(raw), None, checkpoint)
 
 
+# Checkpoints of f-DP runs written before 2026-11-30 hold NumPy floats in their metrics rows (the GDP accountant
+# returned some); rebuilding a NumPy scalar from its dtype and bytes runs no code, so the safe loader may accept it.
+_NUMPY_SCALAR_GLOBALS = [np._core.multiarray.scalar, np.dtype, *(type(np.dtype(t)) for t in "?bhilqBHILQefdg")]
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """A checkpoint's content, after checking it is a whole torch archive with every RunState key (else one line)."""
     problem = _archive_problem(path)
     data: Any = None
     if problem is None:
         try:
-            data = torch.load(path, weights_only=True)
+            with torch.serialization.safe_globals(_NUMPY_SCALAR_GLOBALS):
+                data = torch.load(path, weights_only=True)
         except Exception as e:  # noqa: BLE001 - a damaged payload raises many types (pickle, zip, EOF...)
             problem = f"cannot be loaded: {type(e).__name__}: {' '.join(str(e).split())[:100]}"
     if problem is not None:

@@ -307,7 +307,7 @@ def _gdp_epsilon(mu: float, delta: float) -> float:
     eps = gdp_eps(mu, delta)
     if eps > 0.0 and gdp_log_delta(eps, mu) > math.log(delta):
         eps += gdp_lib.XTOL + 4.0 * np.finfo(float).eps * eps
-    return eps
+    return float(eps)  # a Python float: a NumPy one in a run's rows made its checkpoint unloadable
 
 
 def _gdp_delta(eps: float, mu: float) -> float:
