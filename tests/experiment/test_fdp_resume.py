@@ -30,6 +30,16 @@ class _Stop(Exception):
     pass
 
 
+def _stopped_in_round_3(out: Path) -> None:
+    """A run whose process dies in round 3 (its checkpoint holds rounds 1-2)."""
+    def stop(row: dict[str, Any]) -> None:
+        if row["round"] == 3:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        execute(load_config(CONFIG, SETS), out, on_round=stop)
+
+
 def _rows(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -40,13 +50,7 @@ def test_a_stopped_noisy_fedavg_run_resumes_to_the_uninterrupted_result(tmp_path
         real = accountant._gdp_epsilon
         monkeypatch.setattr(accountant, "_gdp_epsilon", lambda mu, delta: np.float64(real(mu, delta)))
     execute(load_config(CONFIG, SETS), tmp_path / "whole")
-
-    def stop(row: dict[str, Any]) -> None:
-        if row["round"] == 3:
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        execute(load_config(CONFIG, SETS), tmp_path / "stopped", on_round=stop)
+    _stopped_in_round_3(tmp_path / "stopped")
     state = torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)  # what resume reads
     assert state["round"] == 2  # saved after round 2; round 3 stopped before its checkpoint
     execute(load_config(CONFIG, SETS), tmp_path / "stopped", resume=True)
@@ -67,13 +71,7 @@ def test_a_metrics_row_holds_only_plain_python_values():
 
 def test_a_checkpoint_written_with_numpy_floats_by_an_older_dpfl_still_resumes(tmp_path):
     execute(load_config(CONFIG, SETS), tmp_path / "whole")
-
-    def stop(row: dict[str, Any]) -> None:
-        if row["round"] == 3:
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        execute(load_config(CONFIG, SETS), tmp_path / "old", on_round=stop)
+    _stopped_in_round_3(tmp_path / "old")
     path = tmp_path / "old" / "checkpoint.pt"
     state = torch.load(path, weights_only=True)
     for row in state["history"]:  # as dpfl left it before 2026-11-30

@@ -49,9 +49,9 @@ _EVENT_CACHE_MAX = 65_536  # distinct client events kept (records x batch size x
 
 
 def plain_row(value: Any) -> Any:
-    """A metrics row with its NumPy scalars made Python numbers, recursively: rows go into the
-    checkpoint, which `torch.load(weights_only=True)` refuses to read back if one NumPy scalar hides in it (an
-    accountant's epsilon was one), and into metrics.jsonl, where they print the same either way."""
+    """A metrics row with its NumPy scalars made Python numbers, recursively: rows go into the checkpoint, which
+    `torch.load(weights_only=True)` refuses to read back if one NumPy scalar hides in it (an accountant's epsilon
+    was one), and into metrics.jsonl, where they print the same either way."""
     if isinstance(value, dict):
         return {k: plain_row(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -61,6 +61,7 @@ def plain_row(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
 
 @dataclass
 class RunState:

@@ -4,7 +4,7 @@ Why: a dpfl run is bit-identical when the config, the code, the torch thread cou
 on the CPU are the same, and only then. The thread count changes the order in which floats are summed (e.g. 0.7131
 vs 0.7136 final accuracy for one reduced splitting CNN run on one and two threads); AVX2 and AVX-512 kernels round
 differently (the f-DP stand-in's test loss after 3 rounds: 2.5275017 vs 2.5275022). torch's own kernels follow
-`cpu_capability`; MKL and oneDNN pick theirs from the CPU (forcing any one of the three to AVX2 changed that loss),
+`cpu_capability`; MKL and oneDNN pick theirs from the CPU (forcing any one of the three to AVX2 changed the losses),
 hence the CPU model too. A resumed run may continue under other code, threads or machines. One line per execution
 (the fresh start, then each resume that trains) records what ran from which round, so a number that does not
 reproduce says why, or at least what changed.
