@@ -24,7 +24,7 @@ from cli_runner import cli
 from dpfl.experiment.config import load_config
 from dpfl.experiment.run_directory import execute
 from dpfl.results import environment
-from dpfl.results.environment import ENVIRONMENT_FILE, REPRODUCIBILITY_KEYS, changed_keys
+from dpfl.results.environment import ENVIRONMENT_FILE, REPRODUCIBILITY_KEYS, changed_keys, unrecorded_keys
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 SETS = ["name=env", "training.rounds=4", "evaluation.every=2", "checkpoint.every=2", "privacy.noise_multiplier=1.5",
@@ -104,6 +104,19 @@ def test_changed_keys_names_only_what_changes_results():
     assert changed_keys([base, {**base, "torch": "y"}, {**base, "source_commit": "z"}]) == ["source_commit", "torch"]
     assert changed_keys([base, {**base, "cpu_capability": "AVX2"}, {**base, "cpu_model": "another"}]) == [
         "cpu_capability", "cpu_model"]
+    older = {k: v for k, v in base.items() if k not in ("cpu_capability", "cpu_model")}  # before 2026-11-30
+    assert changed_keys([older, base]) == [] and unrecorded_keys([older, base]) == ["cpu_capability", "cpu_model"]
+    assert unrecorded_keys([base, base]) == [] and unrecorded_keys([older, older]) == []
+
+
+def test_a_resume_of_a_run_begun_by_an_older_dpfl_says_what_it_did_not_record(stopped, tmp_path):
+    run = Path(shutil.copytree(stopped, tmp_path / "run"))
+    (line,) = _lines(run)
+    (run / ENVIRONMENT_FILE).write_text(json.dumps({k: v for k, v in line.items() if not k.startswith("cpu_")}) + "\n")
+    assert _resume(run)[0] == 0
+    report = (run / "report.md").read_text()
+    assert "Not recorded by every execution (an older dpfl): cpu_capability, cpu_model" in report
+    assert "Resumed under another" not in report
 
 
 def test_the_cpu_capability_is_the_one_torch_dispatches_and_lowering_it_is_recorded():

@@ -26,7 +26,7 @@ from dpfl.results.run_files import (RunDirError, append_jsonl, complete_jsonl_ro
 
 __all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "describe_job", "read_environment",
            "record_environment", "write_environment", "provenance", "computed_by", "computed_and_written",
-           "job_executions", "run_environments", "changed_keys"]
+           "job_executions", "run_environments", "changed_keys", "unrecorded_keys"]
 
 ENVIRONMENT_FILE = "environment.jsonl"
 # What changes a run's numbers (everything else in a line only describes the machine or the time).
@@ -196,5 +196,11 @@ def run_environments(run_dirs: Iterable[str | os.PathLike[str]]) -> list[list[di
 
 
 def changed_keys(executions: list[dict[str, Any]]) -> list[str]:
-    """The REPRODUCIBILITY_KEYS whose value differs between the executions (empty: one consistent environment)."""
-    return [k for k in REPRODUCIBILITY_KEYS if len({repr(e.get(k)) for e in executions}) > 1]
+    """The REPRODUCIBILITY_KEYS whose value differs between the executions that recorded it (empty: one consistent
+    environment). A key an older dpfl did not record is `unrecorded_keys`', not a change."""
+    return [k for k in REPRODUCIBILITY_KEYS if len({repr(e[k]) for e in executions if k in e}) > 1]
+
+
+def unrecorded_keys(executions: list[dict[str, Any]]) -> list[str]:
+    """The REPRODUCIBILITY_KEYS some executions recorded and others (an older dpfl's) did not: unknown, not equal."""
+    return [k for k in REPRODUCIBILITY_KEYS if 0 < sum(k in e for e in executions) < len(executions)]

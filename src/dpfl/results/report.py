@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.results import plots as _plots
-from dpfl.results.environment import ENVIRONMENT_FILE, changed_keys, read_environment
+from dpfl.results.environment import ENVIRONMENT_FILE, changed_keys, read_environment, unrecorded_keys
 from dpfl.results.outcome import early_stop_hint
 from dpfl.results.run_files import (
     CONFIG_FILE,
@@ -492,6 +492,10 @@ def _environment_lines(executions: Sequence[Mapping[str, Any]]) -> list[str]:
     first = executions[0].get("started_round")
     if isinstance(first, int) and first > 0:
         out += [f"Rounds 1-{first} were run by a dpfl version that did not record its environment.", ""]
+    unknown = unrecorded_keys(list(executions))
+    if unknown:
+        out += [f"Not recorded by every execution (an older dpfl): {', '.join(unknown)}; whether they changed on "
+                "resume is unknown.", ""]
     changed = changed_keys(list(executions))
     if changed:
         out += [f"**Resumed under another {', '.join(changed)}**: the rounds after the change may differ (at least in "
