@@ -27,8 +27,9 @@ import torch
 from cli_runner import cli
 from untimed import untimed
 from dpfl.experiment.config import load_config
-from dpfl.experiment.run_directory import FINGERPRINT, execute
+from dpfl.experiment.run_directory import FINGERPRINT
 from dpfl.results.run_files import truncate_jsonl
+from stopped_run import stop_in_round
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 SETS = ["name=damaged", "training.rounds=4", "evaluation.every=1", "checkpoint.every=2", "privacy.noise_multiplier=1.5",
@@ -40,10 +41,6 @@ def _run_args(out: Path, sets: list[str] = SETS, resume: bool = True) -> list[st
             *(["--resume"] if resume else [])]
 
 
-class _Killed(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """finished: a complete run; unfinished: the same run stopped after round 3 (checkpoint at round 2);
@@ -51,13 +48,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("runs")
     out = {name: base / name for name in ("finished", "unfinished", "other_seed", "other_shape")}
     assert cli(*_run_args(out["finished"], resume=False))[0] == 0
-
-    def stop_after_round_3(row: dict[str, Any]) -> None:
-        if row["round"] == 3:
-            raise _Killed
-
-    with pytest.raises(_Killed):
-        execute(load_config(DEMO, SETS), out["unfinished"], on_round=stop_after_round_3)
+    stop_in_round(load_config(DEMO, SETS), out["unfinished"], 3)
     assert cli(*_run_args(out["other_seed"], SETS + ["seed=1"], resume=False))[0] == 0
     assert cli(*_run_args(out["other_shape"], SETS + ["training.rounds=2", "data.clients=5",
                                                       "privacy.budgets=[2,3,4,6,8]"], resume=False))[0] == 0

@@ -19,25 +19,12 @@ from dpfl.experiment.config import load_config
 from dpfl.experiment.federated_run import plain_row
 from dpfl.experiment.run_directory import execute
 from dpfl.privacy import accountant
+from stopped_run import stop_in_round
 from untimed import untimed
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fdp" / "accuracy_ci_digits_logr.yaml"
 # σ = 1 puts each round's μ near 1-2, where the GDP conversion's correction step used to return a NumPy float
 SETS = ["training.rounds=4", "checkpoint.every=1", "algorithm.params.std=1.0"]
-
-
-class _Stop(Exception):
-    pass
-
-
-def _stopped_in_round_3(out: Path) -> None:
-    """A run whose process dies in round 3 (its checkpoint holds rounds 1-2)."""
-    def stop(row: dict[str, Any]) -> None:
-        if row["round"] == 3:
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        execute(load_config(CONFIG, SETS), out, on_round=stop)
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
@@ -50,7 +37,7 @@ def test_a_stopped_noisy_fedavg_run_resumes_to_the_uninterrupted_result(tmp_path
         real = accountant._gdp_epsilon
         monkeypatch.setattr(accountant, "_gdp_epsilon", lambda mu, delta: np.float64(real(mu, delta)))
     execute(load_config(CONFIG, SETS), tmp_path / "whole")
-    _stopped_in_round_3(tmp_path / "stopped")
+    stop_in_round(load_config(CONFIG, SETS), tmp_path / "stopped", 3)
     state = torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)  # what resume reads
     assert state["round"] == 2  # saved after round 2; round 3 stopped before its checkpoint
     execute(load_config(CONFIG, SETS), tmp_path / "stopped", resume=True)
@@ -71,7 +58,7 @@ def test_a_metrics_row_holds_only_plain_python_values():
 
 def test_a_checkpoint_written_with_numpy_floats_by_an_older_dpfl_still_resumes(tmp_path):
     execute(load_config(CONFIG, SETS), tmp_path / "whole")
-    _stopped_in_round_3(tmp_path / "old")
+    stop_in_round(load_config(CONFIG, SETS), tmp_path / "old", 3)
     path = tmp_path / "old" / "checkpoint.pt"
     state = torch.load(path, weights_only=True)
     for row in state["history"]:  # as dpfl left it before 2026-11-30

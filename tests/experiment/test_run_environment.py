@@ -22,27 +22,13 @@ import torch
 import dpfl
 from cli_runner import cli
 from dpfl.experiment.config import load_config
-from dpfl.experiment.run_directory import execute
 from dpfl.results import environment
 from dpfl.results.environment import ENVIRONMENT_FILE, REPRODUCIBILITY_KEYS, changed_keys, unrecorded_keys
+from stopped_run import stop_in_round
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 SETS = ["name=env", "training.rounds=4", "evaluation.every=2", "checkpoint.every=2", "privacy.noise_multiplier=1.5",
         "privacy.budgets=30"]
-
-
-class _Killed(Exception):
-    pass
-
-
-def _stopped_after_round_3(out: Path) -> Path:
-    def stop(row: dict[str, Any]) -> None:
-        if row["round"] == 3:
-            raise _Killed
-
-    with pytest.raises(_Killed):
-        execute(load_config(DEMO, SETS), out, on_round=stop)
-    return out
 
 
 def _resume(out: Path) -> tuple[int, str, str]:
@@ -61,7 +47,7 @@ def _hashes(d: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory) -> Path:
     """A run stopped in round 3 (its checkpoint holds round 2)."""
-    return _stopped_after_round_3(tmp_path_factory.mktemp("env") / "run")
+    return stop_in_round(load_config(DEMO, SETS), tmp_path_factory.mktemp("env") / "run", 3)
 
 
 def test_a_fresh_run_records_what_ran_it(stopped):

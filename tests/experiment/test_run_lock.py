@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,13 +18,10 @@ from lock_holder import hold_in_another_process, kill
 from dpfl.experiment.config import load_config
 from dpfl.experiment.run_directory import execute
 from dpfl.experiment.run_lock import LOCK_FILE, RunDirectoryBusy, hold_run_directory, lock_holder, run_held
+from stopped_run import stop_in_round
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 SETS = ["name=locked", "training.rounds=3", "evaluation.every=1", "checkpoint.every=1", "privacy.noise_multiplier=1.5"]
-
-
-class _Stop(Exception):
-    pass
 
 
 def _files(d: Path) -> dict[str, str]:
@@ -34,12 +30,7 @@ def _files(d: Path) -> dict[str, str]:
 
 def _unfinished(out: Path) -> None:
     """The run stopped after round 2 (checkpoint at round 2), as a kill leaves it."""
-    def stop(row: dict[str, Any]) -> None:
-        if row["round"] == 2:
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        execute(load_config(DEMO, SETS), out, on_round=stop)
+    stop_in_round(load_config(DEMO, SETS), out, 2)
 
 
 def test_the_lock_refuses_a_second_holder_in_this_process_and_is_free_after(tmp_path):

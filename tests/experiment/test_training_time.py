@@ -11,18 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from dpfl.experiment.config import load_config
 from dpfl.experiment.run_directory import execute, training_time
+from stopped_run import stop_in_round
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 SETS = ["name=timed", "training.rounds=4", "evaluation.every=2", "checkpoint.every=2", "privacy.noise_multiplier=1.5",
         "privacy.budgets=30"]
-
-
-class _Stop(Exception):
-    pass
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
@@ -40,14 +35,7 @@ def test_every_round_records_its_cpu_time_and_the_summary_sums_both(tmp_path):
 
 
 def test_a_resumed_run_sums_the_rounds_of_every_execution(tmp_path):
-    out = tmp_path / "run"
-
-    def stop(row: dict[str, Any]) -> None:
-        if row["round"] == 3:
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        execute(load_config(DEMO, SETS), out, on_round=stop)
+    out = stop_in_round(load_config(DEMO, SETS), tmp_path / "run", 3)
     first = _rows(out)[:2]  # the checkpoint holds rounds 1-2; round 3 is run again on resume
     summary = execute(load_config(DEMO, SETS), out, resume=True)
     rows = _rows(out)
