@@ -196,6 +196,16 @@ def test_write_results_from_synthetic_runs(tmp_path):
     assert "- Runs computed by: " in md and "Written by: dpfl " in md
     assert "| 10 | 5 | 3 | 1.0 | 1/1 | diverged | 1/1 | 40 | 400 (δ = 1e-05) | composition | upload/transcript |" in md
     assert "learning rate 0.1 (constant schedule), batch size 32" in md and "per_example clipping with V = 1.0" in md
+    assert "- **Scale: ci** — ci smoke test: digits" in md  # the spec's scale: its description as it is
+
+
+def test_a_changed_scale_says_its_description_is_the_scale_as_specified(tmp_path):
+    """--rounds 120 on the reduced scale: the description's '(K, T) = (10, 12)' must not read as what ran."""
+    grid = fa.grid("reduced", rounds=120)
+    fa.write_results(grid, [], tmp_path, command="dpfl reproduce fdp-accuracy --scale reduced --rounds 120")
+    scale_line = next(ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith("- **Scale"))
+    assert scale_line.startswith("- **Scale: reduced (changed: 120 rounds instead of T = 12)")
+    assert "— the reduced scale as specified, before the changes in parentheses: REDUCED stand-in" in scale_line
 
 
 # ---- running it ---------------------------------------------------------------------------------------------

@@ -444,11 +444,19 @@ def _defaults(grid: Grid) -> str:
             f"assumed), input normalisation {vals(lambda c: c.data.options.get('normalize'))}")
 
 
+def _scale_text(grid: Grid) -> str:
+    """The scale's description; when the run changed the scale (--rounds, --seeds) it is the scale as specified."""
+    text = SCALE_TEXT.get(grid.scale, grid.scale)
+    if grid.label.startswith(f"{grid.scale} ("):
+        return f"the {grid.scale} scale as specified, before the changes in parentheses: {text}"
+    return text
+
+
 def _markdown(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dirs: Sequence[Path]) -> list[str]:
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     seeds = seeds_phrase(grid.seeds, sorted({int(r["seed"]) for r in rows}))
     lines = [f"# Reproduction: {PAPER}", "",
-             f"- **Scale: {grid.label}** — {SCALE_TEXT.get(grid.scale, grid.scale)}.",
+             f"- **Scale: {grid.label}** — {_scale_text(grid)}.",
              f"- Paper: {PAPER_REF}. No result values of the paper are used or shown."]
     if command:
         lines.append(f"- Command: `{command}`")
