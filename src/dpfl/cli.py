@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dpfl.engine.backends.errors import BackendError
+from dpfl.results.formatting import format_epsilon
 from dpfl.results.json_output import emit_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -79,7 +80,7 @@ def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
             if row.get("test_accuracy") is not None:
                 accuracy[0] = row["test_accuracy"]
             acc = "-" if accuracy[0] is None else f"{accuracy[0]:.3f}"
-            eps = f"  eps max {row['epsilon_max']:.3f}" if "epsilon_max" in row else ""
+            eps = f"  eps max {format_epsilon(row['epsilon_max'])}" if "epsilon_max" in row else ""
             progress.update(task, completed=row["round"], status=f"acc {acc}{eps}")
 
         return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start)
@@ -1152,7 +1153,7 @@ def audit(
     else:
         verdict = ("REFUTED: the run leaks more than it reports" if result["refuted"] else
                    "consistent (the attack did not refute the claim; this does not show the reported epsilon is tight)")
-        say(f"reported eps = {reported:.3f}: {verdict}")
+        say(f"reported eps = {format_epsilon(reported)}: {verdict}")
 
 
 def _config_of(run_or_config: Path, sets: list[str]):

@@ -7,12 +7,12 @@ parent directory of the first run (runs of one study usually sit side by side, e
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dpfl.results.formatting import format_epsilon
 from dpfl.results.plots import plot_compare
 from dpfl.results.run_files import (CONFIG_FILE, PRIVACY_FILE, as_float, as_number, read_config_text, read_metrics,
                                     read_privacy, read_summary)
@@ -114,7 +114,7 @@ def _cell(key: str, value: Any) -> str:
             v = as_float(value)
         except ValueError:
             return str(value)
-        return "-" if v is None else (f"{v:.3f}" if math.isfinite(v) else repr(v))
+        return "-" if v is None else format_epsilon(v)
     return str(value)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.table import Table
 
+from dpfl.results.formatting import format_epsilon
 from dpfl.results.run_files import PRIVACY_FILE, REPORT_FILE, RunDirError, read_privacy, read_summary
 
 __all__ = ["MAX_CLIENT_ROWS", "early_stop_hint", "print_outcome"]
@@ -72,9 +73,9 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
         table = Table("client", "records", "budget ε", "δ", "noise z", "spent ε", *(["guarantee ε"] if both else []))
         for c in clients[:MAX_CLIENT_ROWS]:
             z = c.get("noise_multiplier")
-            table.add_row(str(c["client"]), str(c["records"]), f"{c['epsilon_budget']:.3f}", f"{c['delta']:.0e}",
-                          "-" if z is None else f"{z:.3f}", f"{c['epsilon_spent']:.3f}",
-                          *([f"{c['epsilon_guarantee']:.3f}"] if both else []))
+            table.add_row(str(c["client"]), str(c["records"]), format_epsilon(c["epsilon_budget"]), f"{c['delta']:.0e}",
+                          "-" if z is None else f"{z:.3f}", format_epsilon(c["epsilon_spent"]),
+                          *([format_epsilon(c["epsilon_guarantee"])] if both else []))
         console.print(table)
         guarantee = privacy.get("guarantee")
         if guarantee:

@@ -16,6 +16,7 @@ from typing import Any
 
 from dpfl.results import plots as _plots
 from dpfl.results.environment import ENVIRONMENT_FILE, changed_keys, read_environment, unrecorded_keys
+from dpfl.results.formatting import format_epsilon
 from dpfl.results.outcome import early_stop_hint
 from dpfl.results.run_files import (
     CONFIG_FILE,
@@ -69,11 +70,7 @@ def _fmt_eps(x: Any) -> str:
         return str(x)
     if v is None:
         return "—"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    if math.isnan(v):
-        return "nan"
-    return f"{v:.3f}"
+    return format_epsilon(v)
 
 
 def _fmt_g(x: Any, digits: int = 4) -> str:
