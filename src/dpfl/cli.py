@@ -1091,18 +1091,21 @@ def reproduce_merge(
     out: Annotated[Path, typer.Option(help="The merged CSV (may be one of the inputs; written once all are read).")],
     key: Annotated[str, typer.Option(help="Comma-separated columns that name one run (one row per key), in the "
                                           "order rows are sorted by.")] = "setting,seed,method",
+    new_columns: Annotated[bool, typer.Option(
+        "--new-columns", help="Keep a column only some inputs have (one a newer dpfl added, e.g. cpu_seconds): "
+                              "empty in the rows of inputs without it.")] = False,
 ) -> None:
     """Merge the results.csv files of one grid run in pieces (sessions, machines, --only-seeds) into one CSV.
 
-    Refuses different columns and two different rows for one key; identical rows are kept once; cells are copied
-    as text; rows are sorted by the key (numbers numerically, other values in the order they first appear); the
-    inputs' leading `#` lines (provenance) are kept once each, above the header."""
+    Refuses different columns (unless --new-columns) and two different rows for one key; identical rows are kept
+    once; cells are copied as text; rows are sorted by the key (numbers numerically, other values in the order they
+    first appear); the inputs' leading `#` lines (provenance) are kept once each, above the header."""
     from dpfl.reproduce.merge import MergeError, merge_csv_files, row_count
     from dpfl.results.run_files import write_text_atomic
 
     columns = tuple(c.strip() for c in key.split(","))
     try:
-        text = merge_csv_files(inputs, columns)
+        text = merge_csv_files(inputs, columns, new_columns=new_columns)
         write_text_atomic(out, text)
     except MergeError as e:
         _fail(str(e))

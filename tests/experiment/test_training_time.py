@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiment.config import load_config
-from dpfl.experiment.run_directory import execute, training_time
+from dpfl.experiment.run_directory import execute
+from dpfl.results.run_files import training_time
 from stopped_run import stop_in_round
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"

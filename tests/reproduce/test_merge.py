@@ -12,8 +12,8 @@ PIECE_A = HEADER + "robust_hdp,Dist5,0,0.71\nweiavg,Dist5,0,0.54\nweiavg,Dist5-m
 PIECE_B = HEADER + "weiavg,Dist5,10,0.52\nrobust_hdp,Dist5,2,0.70\nweiavg,Dist5,2,0.52\n"
 
 
-def _merge(*texts: str, key=("setting", "seed", "method")) -> str:
-    return merge_csv_texts([(f"in{i}.csv", t) for i, t in enumerate(texts)], key)
+def _merge(*texts: str, key=("setting", "seed", "method"), new_columns=False) -> str:
+    return merge_csv_texts([(f"in{i}.csv", t) for i, t in enumerate(texts)], key, new_columns=new_columns)
 
 
 def test_union_sorted_by_key_numbers_numerically_words_by_first_appearance():
@@ -61,8 +61,10 @@ def test_two_different_rows_for_one_run_are_refused():
 
 
 def test_different_columns_a_missing_key_and_ragged_rows_are_refused():
-    with pytest.raises(MergeError, match="columns only here: seconds; only in in0.csv: -"):
+    with pytest.raises(MergeError, match="columns only here: seconds; only in in0.csv: -; --new-columns keeps both"):
         _merge(PIECE_A, "method,setting,seed,final_accuracy,seconds\nweiavg,Dist5,3,0.5,10\n")
+    with pytest.raises(MergeError, match="in1.csv: no column seed \\(the key\\)"):
+        _merge(PIECE_A, "method,setting,final_accuracy\nweiavg,Dist5,0.5\n", new_columns=True)
     with pytest.raises(MergeError, match="the same columns in another order"):
         _merge(PIECE_A, "setting,method,seed,final_accuracy\nDist5,weiavg,3,0.5\n")
     with pytest.raises(MergeError, match="in0.csv: no column b1 \\(the key\\)"):
@@ -73,6 +75,26 @@ def test_different_columns_a_missing_key_and_ragged_rows_are_refused():
         _merge(PIECE_A)
     with pytest.raises(MergeError, match="distinct columns"):
         _merge(PIECE_A, PIECE_B, key=("seed", "seed"))
+
+
+OLD = "method,setting,seed,seconds,run_dir\nweiavg,Dist5,0,10.5,runs/a\nweiavg,Dist5,1,11.0,runs/b\n"
+NEW = ("method,setting,seed,seconds,cpu_seconds,run_dir\nweiavg,Dist5,1,11.0,9.5,runs/b\n"
+       "weiavg,Dist5,2,12.0,9.0,runs/c\n")
+
+
+def test_new_columns_are_kept_empty_where_an_input_lacks_them():
+    """A published CSV from before cpu_seconds merged with a newer piece: the newer header, old rows empty there."""
+    merged = _merge(OLD, NEW, new_columns=True)
+    assert merged == ("method,setting,seed,seconds,cpu_seconds,run_dir\nweiavg,Dist5,0,10.5,,runs/a\n"
+                      "weiavg,Dist5,1,11.0,9.5,runs/b\nweiavg,Dist5,2,12.0,9.0,runs/c\n")  # seed 1: the wider row
+    assert _merge(NEW, OLD, new_columns=True) == merged  # the widest header, whichever input comes first
+    assert _merge(merged, OLD, NEW, new_columns=True) == merged
+    other = "method,setting,seed,seconds,cpu_seconds,run_dir\nweiavg,Dist5,0,99.0,1.0,runs/a\n"
+    with pytest.raises(MergeError, match=r"differs from the one in in0.csv \(columns seconds\)"):
+        _merge(OLD, other, new_columns=True)  # the columns both have must agree
+    third = "method,setting,seed,seconds,message\nweiavg,Dist5,3,1.0,hi\n"  # neither header has every column
+    header = _merge(NEW, third, new_columns=True).splitlines()[0]
+    assert header == "method,setting,seed,seconds,cpu_seconds,run_dir,message"
 
 
 def test_cli_overwrites_an_input_only_after_reading_all_and_writes_nothing_on_refusal(tmp_path):
@@ -92,5 +114,11 @@ def test_cli_overwrites_an_input_only_after_reading_all_and_writes_nothing_on_re
     assert a.read_text() == before and not (tmp_path / "c.csv").exists()
     code, out, err = cli("reproduce", "merge", a, tmp_path / "missing.csv", "--out", tmp_path / "c.csv")
     assert code == 2 and "missing.csv: No such file or directory" in err and not (tmp_path / "c.csv").exists()
+    b.write_text(NEW)
+    a.write_text(OLD)
+    code, out, err = cli("reproduce", "merge", a, b, "--out", tmp_path / "c.csv")
+    assert code == 2 and "--new-columns keeps both" in err and not (tmp_path / "c.csv").exists()
+    code, out, err = cli("reproduce", "merge", a, b, "--out", tmp_path / "c.csv", "--new-columns")
+    assert code == 0 and (tmp_path / "c.csv").read_text() == _merge(OLD, NEW, new_columns=True), err
     code, out, err = cli("reproduce", "merge", a, a, "--out", tmp_path)  # a directory
     assert code == 2 and err.startswith("error: --out ") and "Traceback" not in err, err

@@ -26,7 +26,7 @@ import io
 import os
 import time
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,8 @@ from dpfl.results.environment import ENVIRONMENT_FILE, read_environment, record_
 from dpfl.results.report import write_report
 from dpfl.results.traffic import traffic_report
 from dpfl.results.run_files import (PLOTS_DIR, append_jsonl, canonical_json, complete_jsonl_rows, read_config_text,
-                                    read_metrics, read_privacy, read_summary, stale_temp_files, truncate_jsonl,
-                                    write_bytes_atomic, write_json_atomic, write_text_atomic)
+                                    read_metrics, read_privacy, read_summary, stale_temp_files, training_time,
+                                    truncate_jsonl, write_bytes_atomic, write_json_atomic, write_text_atomic)
 
 CONFIG, METRICS, PRIVACY, SUMMARY = "config.yaml", "metrics.jsonl", "privacy.json", "summary.json"
 CHECKPOINT = "checkpoint.pt"
@@ -406,15 +406,6 @@ def _copy_held(src: Path, summary: dict[str, Any], cfg: RunConfig, out: Path) ->
 
 
 # ---------------------------------------------------------------------------------------- the end
-def training_time(history: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-    """The rounds' wall and CPU time summed over every round, whichever execution ran it (a resumed run's
-    `seconds` counts only its last execution). CPU time is None when a round lacks it (a remote backend, or rounds
-    recorded before dpfl measured it): a partial sum would understate it."""
-    cpu = [row.get("cpu_seconds") for row in history]
-    return {"train_seconds": float(sum(row.get("seconds", 0.0) for row in history)),
-            "train_cpu_seconds": float(sum(cpu)) if cpu and None not in cpu else None}
-
-
 def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, seconds: float) -> dict[str, Any]:
     privacy = dict(result.privacy)
     if result.ledger is not None:

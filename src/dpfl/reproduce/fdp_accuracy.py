@@ -54,7 +54,8 @@ from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, co
 from dpfl.reproduce.runner import FAILED, FINISHED, INCOMPLETE, LOGS_DIR, OK, PARTIAL, SKIPPED, Outcome, job_state
 from dpfl.reproduce.tables import csv_text, md_table, seeds_ok, seeds_phrase
 from dpfl.results.environment import computed_and_written, run_environments
-from dpfl.results.run_files import as_float, as_number, read_metrics, read_privacy, read_summary, write_text_atomic
+from dpfl.results.run_files import (as_float, as_number, read_metrics, read_privacy, read_summary, training_time,
+                                    write_text_atomic)
 
 __all__ = ["CHANCE_MARGIN", "CLIENTS", "COLUMNS", "DATASETS", "DEFAULT_DATASETS", "KT_PAIRS", "LOSS_BLOWUP",
            "PAPER", "SCALES", "SIGMAS", "SPEC", "TK", "Divergence", "cell", "divergence", "grid", "outcomes_from_dirs",
@@ -324,7 +325,7 @@ COLUMNS = [
     "rounds", "sigma", "final_accuracy", "best_accuracy", "final_test_loss", "max_test_loss", "diverged",
     "diverged_reason", "view", "release", "headline_bound", "delta", "mu", "epsilon", "rounds_run", "stop_reason",
     "lr", "schedule", "batch_size", "clip_mode", "clip", "partition", "alpha", "samples_per_client", "seconds",
-    "run_dir", "message",
+    "cpu_seconds", "run_dir", "message",
 ]
 
 
@@ -360,7 +361,8 @@ def job_row(outcome: Outcome, scale: str, out: Path, meta: Mapping[str, str] | N
     acc = [a for a in (as_number(r.get("test_accuracy")) for r in metrics) if a is not None]
     row.update(final_accuracy=acc[-1] if acc else None, best_accuracy=max(acc) if acc else None,
                rounds_run=len(metrics),
-               seconds=sum(as_number(r.get("seconds")) or 0.0 for r in metrics) if metrics else None)
+               seconds=sum(as_number(r.get("seconds")) or 0.0 for r in metrics) if metrics else None,
+               cpu_seconds=training_time(metrics)["train_cpu_seconds"])
     if outcome.status == OK:
         v = divergence(metrics, int(meta.get("classes", 10)))
         row.update(diverged=v.diverged, diverged_reason=v.reason or None, final_test_loss=v.final_test_loss,

@@ -10,6 +10,12 @@ Some published CSVs open with `#` lines before the header (the command that made
 comment lines of every input are kept, once each, in input order, above the merged header, so the merged file keeps
 the provenance of each piece and merging again still changes nothing.
 
+With `new_columns=True` the inputs may differ in columns that only some of them have (a column a newer dpfl added
+to results.csv, such as `cpu_seconds`): the merged header is the widest input's (the first with every column, else
+the first input's with the others appended in order of appearance) and rows of inputs without a column get an empty
+cell. Two rows for one key then agree when they are equal on the columns both inputs have; the row of the input with
+more columns is kept. Inputs with the same columns in another order are still refused.
+
 Rows are sorted by the key columns in the order given: a column whose every value is a number sorts numerically,
 any other column by the order in which its values first appear in the inputs (the first input first), which keeps
 the grid's own order of settings and methods.
@@ -75,43 +81,58 @@ def _sort_key(rows: Sequence[dict[str, str]], key: Sequence[str]):
     return lambda r: tuple(float(r[k]) if numeric[k] else first_seen[k][r[k]] for k in key)
 
 
-def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] = DEFAULT_KEY) -> str:
+def _merged_header(inputs: Sequence[tuple[str, list[str]]], new_columns: bool) -> list[str]:
+    """The header every input must have, or (new_columns) the widest one (module docstring); MergeError if none."""
+    first_name, header = inputs[0]
+    for name, cols in inputs[1:]:
+        if cols == header:
+            continue
+        only_here = [c for c in cols if c not in header]
+        only_first = [c for c in header if c not in cols]
+        if not (only_here or only_first):
+            raise MergeError(f"{name}: not the columns of {first_name} (the same columns in another order)")
+        if not new_columns:
+            raise MergeError(f"{name}: not the columns of {first_name} (columns only here: "
+                             f"{', '.join(only_here) or '-'}; only in {first_name}: {', '.join(only_first) or '-'}; "
+                             "--new-columns keeps both, empty where an input lacks a column)")
+    union = list(dict.fromkeys(c for _, cols in inputs for c in cols))
+    return next((list(cols) for _, cols in inputs if len(cols) == len(union)), union)
+
+
+def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] = DEFAULT_KEY, *,
+                    new_columns: bool = False) -> str:
     """The union of the CSVs (name, text), one row per key, sorted (module docstring); MergeError if not possible."""
     if len(named_texts) < 2:
         raise MergeError("give at least two CSV files to merge")
     if not key or len(set(key)) != len(key):
         raise MergeError(f"the key must name distinct columns, got {', '.join(key) or 'none'}")
-    header: list[str] | None = None
-    first_name = ""
-    by_key: dict[tuple[str, ...], tuple[str, dict[str, str]]] = {}
     comments: dict[str, None] = {}  # ordered set
+    inputs = []
     for name, text in named_texts:
         these_comments, cols, rows = _read(name, text)
+        missing = [k for k in key if k not in cols]
+        if missing:
+            raise MergeError(f"{name}: no column {', '.join(missing)} (the key); its columns: {', '.join(cols)}")
         comments.update(dict.fromkeys(these_comments))
-        if header is None:
-            header, first_name = cols, name
-            missing = [k for k in key if k not in header]
-            if missing:
-                raise MergeError(f"{name}: no column {', '.join(missing)} (the key); its columns: {', '.join(header)}")
-        elif cols != header:
-            only_here = [c for c in cols if c not in header]
-            only_first = [c for c in header if c not in cols]
-            what = (f"columns only here: {', '.join(only_here) or '-'}; only in {first_name}: "
-                    f"{', '.join(only_first) or '-'}" if only_here or only_first
-                    else "the same columns in another order")
-            raise MergeError(f"{name}: not the columns of {first_name} ({what})")
+        inputs.append((name, cols, rows))
+    header = _merged_header([(name, cols) for name, cols, _ in inputs], new_columns)
+    by_key: dict[tuple[str, ...], tuple[str, list[str], dict[str, str]]] = {}
+    for name, cols, rows in inputs:
         for row in rows:
             k = tuple(row[c] for c in key)
-            if k in by_key and by_key[k][1] != row:
-                seen_in, seen = by_key[k]
-                diff = [c for c in header if seen[c] != row[c]]
+            if k not in by_key:
+                by_key[k] = (name, cols, row)
+                continue
+            seen_in, seen_cols, seen = by_key[k]
+            diff = [c for c in header if c in cols and c in seen_cols and seen[c] != row[c]]
+            if diff:
                 raise MergeError(f"{name}: the row {dict(zip(key, k, strict=True))} differs from the one in {seen_in} "
                                  f"(columns {', '.join(diff)}): two different results for one run, or two runs "
                                  f"the key ({', '.join(key)}) does not tell apart (then add the column that does "
                                  "with --key)")
-            by_key.setdefault(k, (name, row))
-    assert header is not None
-    rows = [row for _, row in by_key.values()]
+            if len(cols) > len(seen_cols):
+                by_key[k] = (name, cols, row)
+    rows = [{c: row.get(c, "") for c in header} for _, _, row in by_key.values()]
     rows.sort(key=_sort_key(rows, key))
     buf = io.StringIO()
     buf.writelines(f"{line}\n" for line in comments)
@@ -121,7 +142,7 @@ def merge_csv_texts(named_texts: Sequence[tuple[str, str]], key: Sequence[str] =
     return buf.getvalue()
 
 
-def merge_csv_files(inputs: Sequence[Path], key: Sequence[str] = DEFAULT_KEY) -> str:
+def merge_csv_files(inputs: Sequence[Path], key: Sequence[str] = DEFAULT_KEY, *, new_columns: bool = False) -> str:
     """merge_csv_texts of files; MergeError names a file that cannot be read."""
     named = []
     for path in inputs:
@@ -129,7 +150,7 @@ def merge_csv_files(inputs: Sequence[Path], key: Sequence[str] = DEFAULT_KEY) ->
             named.append((str(path), Path(path).read_text(encoding="utf-8")))
         except OSError as err:
             raise MergeError(f"{path}: {err.strerror or err}") from None
-    return merge_csv_texts(named, key)
+    return merge_csv_texts(named, key, new_columns=new_columns)
 
 
 def row_count(text: str) -> int:

@@ -26,7 +26,7 @@ cluster, Local one per client), clusters_found, recovered (the final partition e
 (some predicted cluster is exactly the minority), round1_recovered and round1_minority_recovered (the same for
 R-DPCFL's GMM partition after round 1), mss,
 e_c, selections, degraded_to_global (the GMM found one cluster: the run went on as Global), meets_budgets,
-max_epsilon_spent, status, seconds, run_dir.
+max_epsilon_spent, status, seconds, cpu_seconds (the rounds' wall and CPU time), run_dir.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from dpfl.reproduce.jobs import Grid, GridError, Method, Setting, build_grid, co
 from dpfl.reproduce.runner import OK, Outcome
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.results.environment import computed_and_written, run_environments
-from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
+from dpfl.results.run_files import (as_number, read_metrics, read_privacy, read_summary, training_time,
+                                    write_text_atomic)
 
 __all__ = ["COLUMNS", "EPSILONS", "SPEC", "finds_minority", "grid", "methods", "parse_epsilons", "planted_clusters",
            "row", "same_partition", "settings", "write_results"]
@@ -58,7 +59,7 @@ BASES = {"ci": (("fmnist-rotation", "ci_fmnist_rotation.yaml", "fashion_mnist"),
                   ("mnist-rotation", "mnist_rotation.yaml", "mnist"))}
 COLUMNS = ["setting", "method", "seed", "epsilon", "mean_acc", "minority_acc", "ari", "clusters_found", "recovered",
            "minority_recovered", "round1_recovered", "round1_minority_recovered", "mss", "e_c", "selections",
-           "degraded_to_global", "meets_budgets", "max_epsilon_spent", "status", "seconds", "run_dir"]
+           "degraded_to_global", "meets_budgets", "max_epsilon_spent", "status", "seconds", "cpu_seconds", "run_dir"]
 GLOBAL_MODEL = ("global", "fedavg")  # clients use the one global model
 
 
@@ -150,6 +151,8 @@ def row(outcome: Outcome, out: Path) -> dict[str, Any]:
         return r
     r["run_dir"] = d.relative_to(out).as_posix() if d.is_relative_to(out) else str(d)
     r["seconds"] = round(sum(as_number(m.get("seconds")) or 0.0 for m in metrics), 1)
+    cpu = training_time(metrics)["train_cpu_seconds"]
+    r["cpu_seconds"] = None if cpu is None else round(cpu, 1)
     truth = planted_clusters(job.config)
     last = next((m for m in reversed(metrics) if "test_accuracy" in m), metrics[-1])
     if job.method in GLOBAL_MODEL:

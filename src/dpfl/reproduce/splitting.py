@@ -22,7 +22,8 @@ results.csv columns: setting, method, preset, anderson, seed, rounds, final_gap,
 rounds_to_1e-8 (rounds until the fixed-point residual is below 1e-8 of its round-0 value, empty if never),
 min_rel_dist, heterogeneity, noise_multiplier and epsilon_max (DP settings: the noise used and the largest epsilon any
 client spent), final_accuracy and best_accuracy (CNN: the global model on the test set after the last round and at
-the best evaluated round; the convex columns are empty there), stop_reason, seconds, status.
+the best evaluated round; the convex columns are empty there), stop_reason, seconds, cpu_seconds (wall and CPU
+time), status.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ SCALES = {  # convex settings per scale; the CNN settings are splitting_cnn.SCAL
 }
 COLUMNS = ["setting", "method", "preset", "anderson", "seed", "rounds", "final_gap", "final_rel_dist",
            "final_residual", "rounds_to_1e-8", "min_rel_dist", "heterogeneity", "noise_multiplier", "epsilon_max",
-           "final_accuracy", "best_accuracy", "stop_reason", "seconds", "status"]
+           "final_accuracy", "best_accuracy", "stop_reason", "seconds", "cpu_seconds", "status"]
 RUNS, LOGS, PLOTS = "runs", "logs", "plots"
 RESOLUTION = 2.2e-16  # float64 machine epsilon: the plots' floor for a gap, relative to the objective
 
@@ -166,7 +167,7 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
     method = next(m for m in s.methods if m.name == job.method)
     row: dict[str, Any] = {"setting": s.name, "method": job.method, "preset": method.preset, "anderson": job.anderson,
                            "seed": job.seed}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         problem = s.problem.build(job.seed)
         alg = method.build(s.participation.build(), s.anderson.build(job.anderson))
@@ -175,14 +176,16 @@ def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 -- one failing run must not cost the others
         log = out / LOGS / f"{s.name}-{job.key}.txt"
         write_text_atomic(log, traceback.format_exc())
-        return {**row, "status": "failed", "seconds": round(time.perf_counter() - t0, 2)}
+        return {**row, "status": "failed", "seconds": round(time.perf_counter() - t0, 2),
+                "cpu_seconds": round(time.process_time() - cpu0, 2)}
     history = result.history
     last = history[-1] if history else {}  # empty: stopped by a budget before round 1
     row.update({"rounds": len(history), "final_gap": last.get("gap"), "final_rel_dist": last.get("rel_dist"),
                 "final_residual": last.get("residual"), "rounds_to_1e-8": result.rounds_to(1e-8),
                 "min_rel_dist": min((r["rel_dist"] for r in history), default=None),
                 "heterogeneity": result.heterogeneity, "fingerprint": fingerprint,
-                "stop_reason": result.stop_reason, "seconds": round(time.perf_counter() - t0, 2), "status": "ok",
+                "stop_reason": result.stop_reason, "seconds": round(time.perf_counter() - t0, 2),
+                "cpu_seconds": round(time.process_time() - cpu0, 2), "status": "ok",
                 "noise_multiplier": result.noise_multiplier,
                 "epsilon_max": max(result.ledger.spent_all().values()) if result.ledger is not None else None,
                 "environment": describe_job()})

@@ -120,12 +120,12 @@ def row(outcome: Outcome, label: str, out: Path) -> dict[str, Any]:
     preset, tau = parse_method(outcome.job.method)
     metrics = read_metrics(outcome.run_dir) if generic["status"] == OK else []
     residuals = [as_number(r.get("residual")) for r in metrics if r.get("residual") is not None]
-    seconds = generic["seconds"]
+    seconds, cpu = generic["seconds"], generic["cpu_seconds"]
     return {"setting": outcome.job.setting, "method": preset, "preset": preset, "anderson": tau,
             "seed": outcome.job.seed, "rounds": generic["rounds_run"], "final_accuracy": generic["final_accuracy"],
             "best_accuracy": generic["best_accuracy"], "final_residual": residuals[-1] if residuals else None,
             "stop_reason": generic["stop_reason"], "seconds": None if seconds is None else round(seconds, 2),
-            "status": generic["status"]}
+            "cpu_seconds": None if cpu is None else round(cpu, 2), "status": generic["status"]}
 
 
 def markdown(grid: Grid, rows: Sequence[dict[str, Any]], out: Path) -> str:

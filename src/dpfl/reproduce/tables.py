@@ -21,7 +21,8 @@ from dpfl.reproduce.jobs import Grid, Setting
 from dpfl.reproduce.pfa_report import accuracy_vs_m, overspent_clients
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
 from dpfl.results.environment import computed_by, provenance, run_environments
-from dpfl.results.run_files import as_number, read_metrics, read_privacy, read_summary, write_text_atomic
+from dpfl.results.run_files import (as_number, read_metrics, read_privacy, read_summary, training_time,
+                                    write_text_atomic)
 
 __all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "seeds_ok", "seeds_phrase", "write_results"]
 
@@ -30,7 +31,7 @@ COLUMNS = [
     "final_accuracy", "best_accuracy", "test_acc_clients_mean_final",
     "rounds_run", "rounds_planned", "stop_reason", "meets_budgets", "max_epsilon_spent", "min_budget",
     "noise_stat_round1_analytic", "noise_stat_round1_empirical", "uplink_mib", "downlink_mib", "seconds",
-    "run_dir", "message",
+    "cpu_seconds", "run_dir", "message",
 ]
 # Columns only some papers' results.csv have: paper -> (column, the column it follows). Other papers' files
 # are unchanged. acc_personal_final: the last logged acc_personal (clients' personal models on their own
@@ -125,6 +126,7 @@ def _from_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "uplink_mib": up / MIB if metrics else None,
         "downlink_mib": down / MIB if metrics else None,
         "seconds": sum(as_number(r.get("seconds")) or 0.0 for r in metrics) if metrics else None,
+        "cpu_seconds": training_time(metrics)["train_cpu_seconds"],
     }
 
 
@@ -223,6 +225,7 @@ _SETTING_COLUMNS: list[tuple[str, Callable[[Sequence[Mapping[str, Any]]], str]]]
     ("uplink MiB", lambda rs: mean_std((r["uplink_mib"] for r in rs), ".2f")),
     ("downlink MiB", lambda rs: mean_std((r["downlink_mib"] for r in rs), ".2f")),
     ("train s", lambda rs: mean_std((r["seconds"] for r in rs), ".1f")),
+    ("train CPU s", lambda rs: mean_std((r.get("cpu_seconds") for r in rs), ".1f")),
 ]
 
 

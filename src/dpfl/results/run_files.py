@@ -25,6 +25,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ __all__ = [
     "complete_jsonl_rows",
     "canonical_json",
     "stale_temp_files",
+    "training_time",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -401,3 +403,12 @@ def _finite(x: Any) -> float | None:
     except ValueError:
         return None
     return v if v is not None and math.isfinite(v) else None
+
+
+def training_time(history: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The rounds' wall and CPU time summed over every round, whichever execution ran it (a resumed run's
+    `seconds` counts only its last execution). CPU time is None when a round lacks it (a remote backend, or rounds
+    recorded before dpfl measured it): a partial sum would understate it."""
+    cpu = [row.get("cpu_seconds") for row in history]
+    return {"train_seconds": float(sum(row.get("seconds", 0.0) for row in history)),
+            "train_cpu_seconds": float(sum(cpu)) if cpu and None not in cpu else None}
