@@ -221,6 +221,7 @@ def test_ci_scale_runs_end_to_end_through_the_cli(tmp_path):
     for r in rows.values():
         assert r["status"] == "ok" and r["scale"] == "ci" and r["rounds_run"] == "3"
         assert 0.0 <= float(r["final_accuracy"]) <= 1.0 and r["diverged"] in ("True", "False")
+        assert float(r["seconds"]) > 0 and float(r["cpu_seconds"]) > 0  # both measured by the run itself
         assert (r["view"], r["release"], r["headline_bound"]) == ("upload", "transcript", "composition")
         mu, eps = float(r["mu"]), float(r["epsilon"])
         # upload view, composition: μ = 2 V η K √T / σ (constant schedule)

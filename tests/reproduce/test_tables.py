@@ -62,3 +62,13 @@ def test_the_lie_and_its_controls_are_each_paired_with_the_honest_runs():
     lie, control = md.split("## Control of the lie")
     assert "misreport final acc" in lie and "budgets and seeds" in lie and "| +0.0500 ± n/a |" in lie
     assert "control final acc" in control and "budgets are as stated" in control and "| +0.0600 ± n/a |" in control
+
+
+def test_cpu_seconds_is_the_rounds_sum_or_empty_when_a_round_lacks_it():
+    """Wall time counts pauses and other jobs; the CPU column does not, and a partial sum would understate it."""
+    from dpfl.reproduce.tables import _from_metrics
+
+    rows = [{"round": 1, "seconds": 2.0, "cpu_seconds": 1.25}, {"round": 2, "seconds": 3.0, "cpu_seconds": 0.5}]
+    assert (_from_metrics(rows)["seconds"], _from_metrics(rows)["cpu_seconds"]) == (5.0, 1.75)
+    older = [{"round": 1, "seconds": 2.0}, *rows[1:]]  # a round recorded before dpfl measured CPU time
+    assert (_from_metrics(older)["seconds"], _from_metrics(older)["cpu_seconds"]) == (5.0, None)
