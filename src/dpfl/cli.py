@@ -65,13 +65,17 @@ def _user_errors():
 
 # ---- run and demo -----------------------------------------------------------------------------------
 def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
+    """`execute` with a progress bar on a terminal; without one (a log file), a line about the pace every
+    `pace.PACE_EVERY` seconds (`dpfl.reproduce.pace`)."""
     from dpfl.experiment.run_directory import execute
+    from dpfl.reproduce.pace import RoundPace
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=errors,
                   disable=not errors.is_terminal and "DPFL_PROGRESS" not in __import__("os").environ) as progress:
         task = progress.add_task(cfg.name, total=cfg.training.rounds, status="preparing (data, calibration)")
         accuracy: list[Optional[float]] = [None]
+        pace = RoundPace(cfg.training.rounds) if progress.disable else None
 
         def on_start(run, done: int) -> None:
             progress.update(task, completed=done, status="training")
@@ -82,6 +86,8 @@ def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
             acc = "-" if accuracy[0] is None else f"{accuracy[0]:.3f}"
             eps = f"  eps max {format_epsilon(row['epsilon_max'])}" if "epsilon_max" in row else ""
             progress.update(task, completed=row["round"], status=f"acc {acc}{eps}")
+            if pace is not None and (line := pace.line(row)):
+                errors.print(f"{cfg.name}: {line}, accuracy {acc}{eps}", markup=False, highlight=False)
 
         return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start)
 

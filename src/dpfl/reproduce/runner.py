@@ -31,6 +31,7 @@ from typing import Any
 
 from dpfl.experiment.config import ConfigError, config_to_yaml, load_config
 from dpfl.reproduce.jobs import RUNS_DIR, Grid, Job
+from dpfl.reproduce.pace import RoundPace
 from dpfl.results.run_files import CONFIG_FILE, SUMMARY_FILE, write_text_atomic
 
 __all__ = ["OK", "FAILED", "SKIPPED", "INCOMPLETE", "ConfigMismatchError", "Outcome", "Progress", "RichProgress",
@@ -269,7 +270,8 @@ def _write_log(out: Path, job: Job, err: BaseException) -> Path:
 
 class RichProgress(Progress):
     """A progress bar of the current job's rounds and one line per finished job, on a rich Console
-    (the `dpfl run` style); the bar shows only on a terminal or with DPFL_PROGRESS set."""
+    (the `dpfl run` style); the bar shows only on a terminal or with DPFL_PROGRESS set. Without the bar (a log
+    file), a line about the running job's pace every `pace.PACE_EVERY` seconds instead."""
 
     def __init__(self, console: Any) -> None:
         import os
@@ -283,6 +285,7 @@ class RichProgress(Progress):
                        disable=not console.is_terminal and "DPFL_PROGRESS" not in os.environ)
         self.task: Any = None
         self.accuracy: float | None = None
+        self.pace: tuple[str, RoundPace] | None = None  # without the bar: the running job's name and pace
 
     def __enter__(self) -> RichProgress:
         self.bar.__enter__()
@@ -293,16 +296,20 @@ class RichProgress(Progress):
 
     def start(self, job: Job, index: int, total: int, rounds: int) -> None:
         self.accuracy = None
-        self.task = self.bar.add_task(f"[{index}/{total}] {job.setting} {job.method} seed{job.seed}", total=rounds,
-                                      status="preparing (data, calibration)")
+        name = f"[{index}/{total}] {job.setting} {job.method} seed{job.seed}"
+        self.task = self.bar.add_task(name, total=rounds, status="preparing (data, calibration)")
+        self.pace = (name, RoundPace(rounds)) if self.bar.disable else None
 
     def round(self, job: Job, row: dict[str, Any]) -> None:
         if row.get("test_accuracy") is not None:
             self.accuracy = row["test_accuracy"]
         acc = "-" if self.accuracy is None else f"{self.accuracy:.3f}"
         self.bar.update(self.task, completed=row["round"], status=f"acc {acc}")
+        if self.pace is not None and (line := self.pace[1].line(row)):
+            self.console.print(f"{self.pace[0]}: {line}, accuracy {acc}", markup=False, highlight=False)
 
     def end(self, outcome: Outcome, index: int, total: int) -> None:
+        self.pace = None
         if self.task is not None:
             self.bar.remove_task(self.task)
             self.task = None

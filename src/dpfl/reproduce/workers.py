@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from dpfl.experiment.run_lock import LOCKS_AVAILABLE, RunDirectoryBusy
 from dpfl.reproduce.jobs import Job
+from dpfl.reproduce.pace import RoundPace
 from dpfl.reproduce.runner import FAILED, FINISHED, OK, SKIPPED, Outcome, Progress, check_existing, run_jobs
 
 __all__ = ["WorkerDied", "default_threads", "in_workers", "merge_outcomes", "rows_in_workers",
@@ -166,6 +167,7 @@ class _Lines(Progress):
     def __init__(self, worker: int) -> None:
         self.prefix = f"worker {worker}:"
         self.started: tuple[int, int, int] | None = None  # (index, total, rounds) of the job being prepared
+        self.pace: tuple[str, RoundPace] | None = None  # the running job's line prefix and pace
 
     def start(self, job: Job, index: int, total: int, rounds: int) -> None:
         self.started = (index, total, rounds)
@@ -174,11 +176,14 @@ class _Lines(Progress):
         if self.started is not None:
             index, total, rounds = self.started
             self.started = None
-            _say(f"{self.prefix} [{index}/{total}] {job.setting} {job.method} seed{job.seed}: running (round "
-                 f"{row['round']} of {rounds} done)")
+            name = f"{self.prefix} [{index}/{total}] {job.setting} {job.method} seed{job.seed}:"
+            self.pace = (name, RoundPace(rounds))
+            _say(f"{name} running (round {row['round']} of {rounds} done)")
+        elif self.pace is not None and (line := self.pace[1].line(row)):
+            _say(f"{self.pace[0]} {line}")
 
     def end(self, outcome: Outcome, index: int, total: int) -> None:
-        job, self.started = outcome.job, None
+        job, self.started, self.pace = outcome.job, None, None
         if outcome.status == SKIPPED and "another process" in outcome.message:
             return  # another worker's job: that worker reports it
         if outcome.status == OK and outcome.action == "finished before":
