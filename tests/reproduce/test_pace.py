@@ -75,13 +75,13 @@ def test_a_worker_says_its_pace_after_its_first_line(monkeypatch, capsys):
     lines = _Lines(2)
     lines.start(_job(), 1, 7, 200)
     lines.round(_job(), {"round": 31, "seconds": 50.0})  # a resumed job: its first round of this execution
-    lines.round(_job(), {"round": 32, "seconds": 40.0})
+    lines.round(_job(), {"round": 32, "seconds": 40.0, "test_accuracy": 0.4123})
     lines.end(Outcome(_job(), None, OK, "finished before"), 1, 7)
     lines.round(_job(), {"round": 33, "seconds": 40.0})  # after the end: nothing
     assert capsys.readouterr().err.splitlines() == [
         "worker 2: [1/7] fmnist-Dist1 robust_hdp seed0: running (round 31 of 200 done)",
         "worker 2: [1/7] fmnist-Dist1 robust_hdp seed0: round 32 of 200, 40 s per round, about 1.9 h left at that "
-        "pace (an estimate)"]
+        "pace (an estimate), accuracy 0.412"]
 
 
 def test_dpfl_run_logged_to_a_file_says_its_pace(monkeypatch, tmp_path):

@@ -168,11 +168,14 @@ class _Lines(Progress):
         self.prefix = f"worker {worker}:"
         self.started: tuple[int, int, int] | None = None  # (index, total, rounds) of the job being prepared
         self.pace: tuple[str, RoundPace] | None = None  # the running job's line prefix and pace
+        self.accuracy = "-"  # the running job's last test accuracy
 
     def start(self, job: Job, index: int, total: int, rounds: int) -> None:
         self.started = (index, total, rounds)
 
     def round(self, job: Job, row: dict[str, Any]) -> None:
+        if row.get("test_accuracy") is not None:
+            self.accuracy = f"{row['test_accuracy']:.3f}"
         if self.started is not None:
             index, total, rounds = self.started
             self.started = None
@@ -180,10 +183,10 @@ class _Lines(Progress):
             self.pace = (name, RoundPace(rounds))
             _say(f"{name} running (round {row['round']} of {rounds} done)")
         elif self.pace is not None and (line := self.pace[1].line(row)):
-            _say(f"{self.pace[0]} {line}")
+            _say(f"{self.pace[0]} {line}, accuracy {self.accuracy}")
 
     def end(self, outcome: Outcome, index: int, total: int) -> None:
-        job, self.started, self.pace = outcome.job, None, None
+        job, self.started, self.pace, self.accuracy = outcome.job, None, None, "-"
         if outcome.status == SKIPPED and "another process" in outcome.message:
             return  # another worker's job: that worker reports it
         if outcome.status == OK and outcome.action == "finished before":
