@@ -118,6 +118,9 @@ def test_an_interrupted_job_is_resumed(ci_run, tmp_path):
     job = grid.jobs[0]
     shutil.copytree(job.run_dir(out), job.run_dir(tmp_path))
     (job.run_dir(tmp_path) / "summary.json").unlink()
+    listing = describe_jobs(grid, tmp_path)  # --dry-run says how far it got
+    assert listing[3].split()[:7] == [job.setting, job.method, "0", "partial:", "round", "1", "of"]
+    assert "partial: round 1 of 1 logged" in listing[3] and listing[4].split()[3] == "new"
     calls = []
 
     def spy(cfg, path, **kw):
@@ -214,6 +217,7 @@ def test_a_job_another_process_is_running_is_skipped_and_the_rest_run(tmp_path, 
     finally:
         kill(proc)
     assert f"running in another process (pid {proc.pid} on " in listing[-2] and listing[-1].split()[3] == "new"
+    assert "logged" not in listing[-2]  # nothing logged yet: no round to report
     assert [o.status for o in outcomes] == [SKIPPED, OK]
     assert "in use by another process" in outcomes[0].message
     assert not (busy / "config.yaml").exists()

@@ -242,7 +242,9 @@ def describe_jobs(grid: Grid, out: Path) -> list[str]:
         twin = finished.get(twin_key(job.config)) if state == NEW else None
         holder = lock_holder(job.run_dir(out)) if state in (NEW, PARTIAL) else None
         if holder is not None:
-            state = f"running in another process ({holder})"
+            state = f"running in another process ({holder}{_rounds_logged(job, out, ', ')})"
+        elif state == PARTIAL:
+            state = f"{state}{_rounds_logged(job, out, ': ')}"
         elif twin is not None:
             state = f"new: copies {twin.setting}'s (same run)"
         elif job.config.data.dataset in missing and state == NEW:
@@ -250,6 +252,17 @@ def describe_jobs(grid: Grid, out: Path) -> list[str]:
         rows.append((job.setting, job.method, str(job.seed), f"{state}: {why}" if why else state, job.label))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return lines + ["  ".join([*(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)), r[4]]).rstrip() for r in rows]
+
+
+def _rounds_logged(job: Job, out: Path, sep: str) -> str:
+    """How far an unfinished job's directory got ("round 42 of 200 logged"), or "" when it cannot tell."""
+    from dpfl.results.run_files import read_metrics
+
+    try:
+        rows = read_metrics(job.run_dir(out))
+    except (OSError, ValueError):
+        return ""
+    return f"{sep}round {rows[-1]['round']} of {job.config.training.rounds} logged" if rows else ""
 
 
 def _one_line(err: BaseException) -> str:
