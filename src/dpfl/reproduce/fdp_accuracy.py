@@ -358,11 +358,11 @@ def job_row(outcome: Outcome, scale: str, out: Path, meta: Mapping[str, str] | N
     except ValueError as err:  # accuracy stays readable without it
         privacy = None
         row["message"] = f"{row['message'] or ''} unreadable privacy.json: {err}".strip()
+    times = training_time(metrics)
     acc = [a for a in (as_number(r.get("test_accuracy")) for r in metrics) if a is not None]
     row.update(final_accuracy=acc[-1] if acc else None, best_accuracy=max(acc) if acc else None,
                rounds_run=len(metrics),
-               seconds=sum(as_number(r.get("seconds")) or 0.0 for r in metrics) if metrics else None,
-               cpu_seconds=training_time(metrics)["train_cpu_seconds"])
+               seconds=times["train_seconds"] if metrics else None, cpu_seconds=times["train_cpu_seconds"])
     if outcome.status == OK:
         v = divergence(metrics, int(meta.get("classes", 10)))
         row.update(diverged=v.diverged, diverged_reason=v.reason or None, final_test_loss=v.final_test_loss,

@@ -150,9 +150,9 @@ def row(outcome: Outcome, out: Path) -> dict[str, Any]:
         r["status"] = "incomplete"
         return r
     r["run_dir"] = d.relative_to(out).as_posix() if d.is_relative_to(out) else str(d)
-    r["seconds"] = round(sum(as_number(m.get("seconds")) or 0.0 for m in metrics), 1)
-    cpu = training_time(metrics)["train_cpu_seconds"]
-    r["cpu_seconds"] = None if cpu is None else round(cpu, 1)
+    times = training_time(metrics)
+    r["seconds"] = round(times["train_seconds"], 1)
+    r["cpu_seconds"] = None if times["train_cpu_seconds"] is None else round(times["train_cpu_seconds"], 1)
     truth = planted_clusters(job.config)
     last = next((m for m in reversed(metrics) if "test_accuracy" in m), metrics[-1])
     if job.method in GLOBAL_MODEL:

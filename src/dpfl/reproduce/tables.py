@@ -106,6 +106,7 @@ def _from_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     first = next((r for r in metrics if r.get("round") == 1), {})
     up = sum(_bytes(r, "bytes_up", "uplink_bytes") for r in metrics)
     down = sum(_bytes(r, "bytes_down", "downlink_bytes") for r in metrics)
+    times = training_time(metrics)
     clients = [as_number(r.get("test_acc_clients_mean")) for r in metrics]
     clients = [c for c in clients if c is not None]
     acc = [as_number(r.get("test_accuracy")) for r in metrics]
@@ -125,8 +126,8 @@ def _from_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "noise_stat_round1_empirical": as_number(first.get("noise_stat_empirical")),
         "uplink_mib": up / MIB if metrics else None,
         "downlink_mib": down / MIB if metrics else None,
-        "seconds": sum(as_number(r.get("seconds")) or 0.0 for r in metrics) if metrics else None,
-        "cpu_seconds": training_time(metrics)["train_cpu_seconds"],
+        "seconds": times["train_seconds"] if metrics else None,
+        "cpu_seconds": times["train_cpu_seconds"],
     }
 
 

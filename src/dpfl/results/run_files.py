@@ -408,7 +408,8 @@ def _finite(x: Any) -> float | None:
 def training_time(history: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """The rounds' wall and CPU time summed over every round, whichever execution ran it (a resumed run's
     `seconds` counts only its last execution). CPU time is None when a round lacks it (a remote backend, or rounds
-    recorded before dpfl measured it): a partial sum would understate it."""
-    cpu = [row.get("cpu_seconds") for row in history]
-    return {"train_seconds": float(sum(row.get("seconds", 0.0) for row in history)),
+    recorded before dpfl measured it): a partial sum would understate it. Rows read back from metrics.jsonl go
+    through `as_number`, as every table of them does."""
+    cpu = [as_number(row.get("cpu_seconds")) for row in history]
+    return {"train_seconds": float(sum(as_number(row.get("seconds")) or 0.0 for row in history)),
             "train_cpu_seconds": float(sum(cpu)) if cpu and None not in cpu else None}
