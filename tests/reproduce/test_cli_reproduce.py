@@ -54,6 +54,16 @@ def test_reproduce_pfa_runs_labels_and_resumes(tmp_path, fmnist):
         assert {r["method"]: r for r in csv.DictReader(f)} == rows
     assert "--tables-only" not in (tmp_path / "results.md").read_text()
 
+    # a job killed after its last checkpoint: --dry-run says how far it got, the next invocation resumes it
+    (tmp_path / "runs" / SETTING / "max_eps" / "seed0" / "summary.json").unlink()
+    code, out, err = cli(*args, "--dry-run")
+    assert code == 0, err
+    [job_line] = [line for line in out.splitlines() if line.startswith(SETTING)]
+    assert job_line.split()[:2] == [SETTING, "max_eps"] and "partial: round 1 of 1 logged" in job_line
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert f"{SETTING} max_eps seed0: ok (resumed" in err and "1 ok" in out
+
 
 def test_a_private_run_planned_less_than_one_participation_fails_max_eps_trains(tmp_path, fmnist):
     """1 round with 8 of 10 clients: a budget-enforcing method's clients are planned 0.8 participations and could not
