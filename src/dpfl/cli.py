@@ -452,19 +452,22 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) ->
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories to compare.")],
     out: Annotated[Optional[Path], typer.Option(help="Where to write compare_accuracy.png.")] = None,
+    label: Annotated[Optional[list[str]], typer.Option(
+        "--label", help="A name for each run in the table and the plot's legend: once per run, in order.")] = None,
+    title: Annotated[Optional[str], typer.Option(help="The plot's title.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """A table of several runs and an accuracy-vs-round plot."""
-    from dpfl.results.compare import compare_runs, format_table
+    from dpfl.results.compare import COLUMNS, compare_runs, format_table
 
     try:
-        rows, plot = compare_runs(list(run_dirs), out)
+        rows, plot = compare_runs(list(run_dirs), out, labels=label or None, title=title)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0])
     if as_json:
         emit_json({"runs": rows, "plot": None if plot is None else str(plot)})
         return
-    console.print(format_table(rows), highlight=False, markup=False)
+    console.print(format_table(rows, ["label", *COLUMNS] if label else COLUMNS), highlight=False, markup=False)
     if plot is not None:
         console.print(f"plot: {plot}")
 

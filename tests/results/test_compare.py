@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import matplotlib.image as mpimg
+import pytest
 
 from dpfl.results import compare_runs, format_table
 
@@ -33,3 +34,22 @@ def test_compare_defaults_to_the_first_runs_parent_and_incomplete_runs(tmp_path)
     assert plot == tmp_path / "runs" / "compare_accuracy.png" and plot.is_file()
     assert rows[0]["stop_reason"] == "incomplete" and rows[0]["complete"] is False
     assert rows[0]["rounds_done"] == 5 and rows[0]["final_accuracy"] == rows[1]["final_accuracy"]
+
+
+def test_labels_name_the_runs_in_the_rows_and_the_legend(tmp_path, monkeypatch):
+    a = make_accounted_run(tmp_path / "runs" / "a")
+    b = make_unaccounted_run(tmp_path / "runs" / "b")
+    seen = {}
+
+    def spy(runs, path, *, title=None):
+        seen.update(names=list(runs), title=title)
+        return None
+
+    monkeypatch.setattr("dpfl.results.compare.plot_compare", spy)
+    rows, plot = compare_runs([a, b], out=tmp_path / "cmp", labels=["clip only", "sigma 0.01"], title="T = 600")
+    assert [r["label"] for r in rows] == ["clip only", "sigma 0.01"] and rows[0]["name"] == "dp-fedavg-test"
+    assert seen == {"names": ["clip only", "sigma 0.01"], "title": "T = 600"} and plot is None
+    assert format_table(rows, ["label", "name"]).splitlines()[2].split()[:3] == ["clip", "only", "dp-fedavg-test"]
+    for bad, why in ((["one"], "1 label"), (["x", "x"], "distinct"), (["x", " "], "non-empty")):
+        with pytest.raises(ValueError, match=why):
+            compare_runs([a, b], out=tmp_path / "cmp", labels=bad)

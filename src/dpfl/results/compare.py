@@ -74,32 +74,47 @@ def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[
     return row, metrics
 
 
-def compare_runs(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str] | None = None
+def compare_runs(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str] | None = None, *,
+                 labels: Sequence[str] | None = None, title: str | None = None
                  ) -> tuple[list[dict[str, Any]], Path | None]:
     """One row per run (see :func:`run_row`) and the accuracy comparison plot.
 
     The plot is written to ``out/compare_accuracy.png``; ``out`` defaults to the parent directory of
     the first run. Returns ``(rows, plot_path)``; ``plot_path`` is None (nothing written) when no run
-    has an evaluated round. Runs sharing a name are told apart in the legend by their directory.
+    has an evaluated round. `labels` (one per run, in order, distinct) name the runs in the legend and
+    in each row's ``label``: run names made by a grid are long and alike, and the legend shortens them in
+    the middle, where they differ. Without labels, runs sharing a name are told apart by their directory.
+    `title` replaces the plot's default title.
     """
     dirs = [Path(p) for p in run_dirs]
     if not dirs:
         raise ValueError("compare_runs needs at least one run directory")
+    if labels is not None:
+        labels = [str(x) for x in labels]
+        if len(labels) != len(dirs):
+            raise ValueError(f"{len(labels)} label(s) for {len(dirs)} run directories: give one label per run")
+        if any(not x.strip() for x in labels) or len(set(labels)) != len(labels):
+            raise ValueError(f"labels must be non-empty and distinct, got {labels}")
     rows, series = [], []
-    for d in dirs:
+    for i, d in enumerate(dirs):
         row, metrics = run_row(d)
+        if labels is not None:
+            row = {"label": labels[i], **row}
         rows.append(row)
         series.append((str(row["name"]), d, metrics))
     names = [s[0] for s in series]
     runs: dict[str, list[dict[str, Any]]] = {}
-    for name, d, metrics in series:
+    for i, (name, d, metrics) in enumerate(series):
+        if labels is not None:
+            runs[labels[i]] = metrics
+            continue
         label = name if names.count(name) == 1 else f"{name} ({d.name})"
         while label in runs:
             label += "'"
         runs[label] = metrics
     out_dir = Path(out) if out is not None else dirs[0].resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot = plot_compare(runs, out_dir / COMPARE_PLOT, title=f"Test accuracy per round ({len(dirs)} runs)")
+    plot = plot_compare(runs, out_dir / COMPARE_PLOT, title=title or f"Test accuracy per round ({len(dirs)} runs)")
     return rows, plot
 
 
