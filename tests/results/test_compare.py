@@ -50,6 +50,9 @@ def test_labels_name_the_runs_in_the_rows_and_the_legend(tmp_path, monkeypatch):
     assert [r["label"] for r in rows] == ["clip only", "sigma 0.01"] and rows[0]["name"] == "dp-fedavg-test"
     assert seen == {"names": ["clip only", "sigma 0.01"], "title": "T = 600"} and plot is None
     assert format_table(rows, ["label", "name"]).splitlines()[2].split()[:3] == ["clip", "only", "dp-fedavg-test"]
+    twin = make_accounted_run(tmp_path / "runs" / "twin")  # without labels: a shared name gets its directory
+    compare_runs([a, twin, b], out=tmp_path / "cmp")
+    assert seen["names"] == ["dp-fedavg-test (a)", "dp-fedavg-test (twin)", "udp-unaccounted"]
     for bad, why in ((["one"], "1 label"), (["x", "x"], "distinct"), (["x", " "], "non-empty")):
         with pytest.raises(ValueError, match=why):
             compare_runs([a, b], out=tmp_path / "cmp", labels=bad)

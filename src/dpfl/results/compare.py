@@ -95,27 +95,29 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathL
             raise ValueError(f"{len(labels)} label(s) for {len(dirs)} run directories: give one label per run")
         if any(not x.strip() for x in labels) or len(set(labels)) != len(labels):
             raise ValueError(f"labels must be non-empty and distinct, got {labels}")
-    rows, series = [], []
-    for i, d in enumerate(dirs):
-        row, metrics = run_row(d)
-        if labels is not None:
-            row = {"label": labels[i], **row}
-        rows.append(row)
-        series.append((str(row["name"]), d, metrics))
-    names = [s[0] for s in series]
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for i, (name, d, metrics) in enumerate(series):
-        if labels is not None:
-            runs[labels[i]] = metrics
-            continue
-        label = name if names.count(name) == 1 else f"{name} ({d.name})"
-        while label in runs:
-            label += "'"
-        runs[label] = metrics
+    loaded = [run_row(d) for d in dirs]
+    if labels is None:
+        rows = [row for row, _ in loaded]
+        names = _legend_names([str(row["name"]) for row in rows], dirs)
+    else:
+        rows = [{"label": label, **row} for label, (row, _) in zip(labels, loaded, strict=True)]
+        names = labels
+    runs = {name: metrics for name, (_, metrics) in zip(names, loaded, strict=True)}
     out_dir = Path(out) if out is not None else dirs[0].resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
     plot = plot_compare(runs, out_dir / COMPARE_PLOT, title=title or f"Test accuracy per round ({len(dirs)} runs)")
     return rows, plot
+
+
+def _legend_names(names: Sequence[str], dirs: Sequence[Path]) -> list[str]:
+    """The runs' names, those shared by several runs followed by their directory (and primes if still equal)."""
+    out: list[str] = []
+    for name, d in zip(names, dirs, strict=True):
+        label = name if names.count(name) == 1 else f"{name} ({d.name})"
+        while label in out:
+            label += "'"
+        out.append(label)
+    return out
 
 
 def _cell(key: str, value: Any) -> str:
