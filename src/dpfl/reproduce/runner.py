@@ -32,7 +32,7 @@ from typing import Any
 from dpfl.experiment.config import ConfigError, config_to_yaml, load_config
 from dpfl.reproduce.jobs import RUNS_DIR, Grid, Job
 from dpfl.reproduce.pace import RoundPace
-from dpfl.results.run_files import CONFIG_FILE, SUMMARY_FILE, write_text_atomic
+from dpfl.results.run_files import CONFIG_FILE, SUMMARY_FILE, read_metrics, write_text_atomic
 
 __all__ = ["OK", "FAILED", "SKIPPED", "INCOMPLETE", "ConfigMismatchError", "Outcome", "Progress", "RichProgress",
            "check_existing", "collect_finished", "describe_jobs", "job_state", "run_jobs"]
@@ -256,8 +256,6 @@ def describe_jobs(grid: Grid, out: Path) -> list[str]:
 
 def _rounds_logged(job: Job, out: Path, sep: str) -> str:
     """How far an unfinished job's directory got ("round 42 of 200 logged"), or "" when it cannot tell."""
-    from dpfl.results.run_files import read_metrics
-
     try:
         rows = read_metrics(job.run_dir(out))
     except (OSError, ValueError):
