@@ -138,7 +138,8 @@ def test_run_writes_a_complete_run_directory_and_report_and_compare_read_it(tmp_
     assert code == 0
     rows = json.loads(out)["runs"]
     assert len(rows) == 2 and Path(json.loads(out)["plot"]).exists()
-    code, out, _ = cli("compare", out_a, out_b, "--out", tmp_path, "--label", "four rounds", "--label", "two")
+    code, out, _ = cli("compare", out_a, out_b, "--out", tmp_path, "--label", "four rounds", "--label", "two",
+                       "--title", "four rounds against two")
     assert code == 0
     header, _, first, second = out.splitlines()[:4]
     assert header.split()[:2] == ["label", "name"] and first.startswith("four rounds ") and second.startswith("two ")
