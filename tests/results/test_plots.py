@@ -50,3 +50,38 @@ def test_nothing_to_plot_writes_nothing(tmp_path):
     assert plot_accuracy(no_eval, tmp_path / "accuracy.png") is None
     assert plot_compare({"x": no_eval}, tmp_path / "cmp.png") is None
     assert list(tmp_path.glob("*.png")) == []
+
+
+def _legend_texts(monkeypatch, runs, tmp_path):
+    """The legend's texts of plot_compare's figure, read before the figure is written and cleared."""
+    seen: list[str] = []
+
+    def spy(fig, path):
+        seen.extend(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+        return path
+
+    monkeypatch.setattr("dpfl.results.plots._save", spy)
+    plot_compare(runs, tmp_path / "cmp.png")
+    return seen
+
+
+def test_compare_legend_keeps_where_grid_names_differ(tmp_path, monkeypatch, accounted):
+    # grid runs differ in the middle: what every name shares at both ends (whole tokens; "sg0." is part of a
+    # number, not a token) is dropped, so the legend shows the sigma of each run
+    metrics, _ = accounted
+    names = [f"fmnist-lenet5-m20-K10-T600-sg{s}.noisy_fedavg.seed0" for s in ("0.001", "0.01", "0.1")]
+    texts = _legend_texts(monkeypatch, {n: metrics for n in names}, tmp_path)
+    assert texts == ["…sg0.001…", "…sg0.01…", "…sg0.1…"]
+
+
+@pytest.mark.parametrize("names, expected", [
+    (["short", "other"], ["short", "other"]),                       # short names are kept whole
+    (["fmnist-Dist1.robust_hdp.seed0", "fmnist-Dist1.weiavg.seed0"], ["…robust_hdp…", "…weiavg…"]),
+    (["x" * 30], ["xxxxxxxxx…xxxxxxxxxx"]),                         # one run: nothing shared, middle cut
+    (["fdp-full-m20-clip-only", "fmnist-lenet5-m20-K50-T600-sg0.01"],  # no shared token: middle cut
+     ["fdp-full-…-clip-only", "fmnist-le…600-sg0.01"]),
+])
+def test_legend_labels(names, expected):
+    from dpfl.results.plots import _legend_labels
+
+    assert _legend_labels(names) == expected

@@ -82,8 +82,8 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathL
     The plot is written to ``out/compare_accuracy.png``; ``out`` defaults to the parent directory of
     the first run. Returns ``(rows, plot_path)``; ``plot_path`` is None (nothing written) when no run
     has an evaluated round. `labels` (one per run, in order, distinct) name the runs in the legend and
-    in each row's ``label``: run names made by a grid are long and alike, and the legend shortens them in
-    the middle, where they differ. Without labels, runs sharing a name are told apart by their directory.
+    in each row's ``label``. Without them the legend drops what long names share at both ends (grid runs
+    differ in the middle) and runs sharing a name are told apart by their directory.
     `title` replaces the plot's default title.
     """
     dirs = [Path(p) for p in run_dirs]

@@ -42,7 +42,8 @@ FIGSIZE = (8, 5)
 DPI = 100
 MAX_CLIENT_LINES = 20  # above this, per-client plots show min / median / max instead of one line each
 _ANNOTATE_MAX = 20
-_LABEL_MAX = 21  # longer legend labels are shortened in the middle (the legend sits beside the axes)
+_LABEL_MAX = 21  # longer legend labels are shortened (the legend sits beside the axes)
+_SEPARATORS = "-._/ "  # where a shared part of several run names may be cut
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -65,6 +66,38 @@ def write_png(fig: Figure, path: str | os.PathLike[str], dpi: int = DPI) -> Path
 
 def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
     return write_png(fig, path)
+
+
+def _shared_prefix(names: Sequence[str]) -> int:
+    """Length of the names' common prefix, cut back to just after a separator (so no token is split; a "."
+    between two digits is a decimal point, not a separator)."""
+    first = names[0]
+    n = len(os.path.commonprefix(list(names)))
+    while n > 0 and not _is_separator(first, n - 1):
+        n -= 1
+    return n
+
+
+def _is_separator(text: str, i: int) -> bool:
+    if text[i] not in _SEPARATORS:
+        return False
+    return not (text[i] == "." and 0 < i < len(text) - 1 and text[i - 1].isdigit() and text[i + 1].isdigit())
+
+
+def _legend_labels(names: Sequence[str], max_len: int = _LABEL_MAX) -> list[str]:
+    """Legend labels for `names` (distinct): when some are longer than `max_len` and there are several, the
+    parts every name shares at its start and end (whole tokens) become "…", since grid runs differ in the
+    middle ("fmnist-lenet5-m20-K10-T600-sg0.01.noisy_fedavg.seed0" and the same with sg0.1 become "…sg0.01…" and
+    "…sg0.1…"); a label still too long is shortened in the middle."""
+    labels = list(names)
+    if len(labels) > 1 and any(len(x) > max_len for x in labels):
+        head = _shared_prefix(labels)
+        rest = [x[head:] for x in labels]
+        tail = _shared_prefix([x[::-1] for x in rest])
+        if head or tail:
+            labels = [("…" if head else "") + x[: len(x) - tail] + ("…" if tail else "") for x in rest]
+    half = max_len // 2
+    return [x if len(x) <= max_len else x[: half - 1] + "…" + x[-half:] for x in labels]
 
 
 def _nan(x: Any) -> float:
@@ -247,8 +280,8 @@ def plot_compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os
     fig, ax = _new_figure()
     colours = _colours(len(series))
     longest = max(len(s[0]) for s in series.values())
-    for (name, (rounds, acc)), colour in zip(series.items(), colours, strict=True):
-        label = name if len(name) <= _LABEL_MAX else name[: _LABEL_MAX // 2 - 1] + "…" + name[-(_LABEL_MAX // 2):]
+    labels = _legend_labels(list(series))
+    for (rounds, acc), colour, label in zip(series.values(), colours, labels, strict=True):
         ax.plot(rounds, acc, color=colour, marker="o" if longest <= 30 else None, markersize=3, label=label)
     if all(0.0 <= a <= 1.0 for _, acc in series.values() for a in acc):
         ax.set_ylim(0.0, 1.02)
