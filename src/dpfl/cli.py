@@ -10,6 +10,7 @@ in ``dpfl.results`` (``outcome``: a finished run; ``fdp_output``: f-DP curves; `
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -509,6 +510,11 @@ _Methods = Annotated[Optional[str], typer.Option("--methods", help="Only these m
 _Datasets = Annotated[Optional[list[str]], typer.Option("--dataset", help="fashion_mnist (default) or mnist; "
                                                                           "repeatable or comma-separated.")]
 _DryRun = Annotated[bool, typer.Option("--dry-run", help="List the jobs and their state; run nothing.")]
+_Set = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Override a field of every run's config (repeatable), e.g. --set training.optimizer.lr=0.05. "
+                  "The grid is then not the paper's: every output's scale says \"overrides ...\". Not seed, name "
+                  "or training.rounds (the grid sets them; use --seeds, --rounds).")]
+_GRID_FIELDS = ("seed", "name", "training.rounds")  # set per job by the grid: an override would break it
 _Workers = Annotated[int, typer.Option(
     "--workers", help="Worker processes sharing the grid's jobs (each job runs once, in one of them), each with "
                       "this process's torch threads divided among them: on C cores, --workers C runs C jobs at "
@@ -554,11 +560,24 @@ def _seed_list(only_seeds: Optional[str], tables_only: bool = False, work: str =
     return seeds
 
 
+def _grid_overrides(set_: Optional[list[str]]) -> tuple[str, ...]:
+    """--set values for every job of a grid; the fields the grid sets per job are refused."""
+    for item in set_ or ():
+        field = item.split("=", 1)[0].strip()
+        if "=" not in item or not field:
+            _fail(f"--set {item!r}: expected field=value, e.g. training.optimizer.lr=0.05")
+        if field in _GRID_FIELDS:
+            instead = {"seed": "use --seeds", "training.rounds": "use --rounds"}.get(field, "its setting, method, seed")
+            _fail(f"--set {field}: the grid sets {field} for each run ({instead})")
+    return tuple(set_ or ())
+
+
 def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],
                methods: Optional[str], datasets: Optional[list[str]], dry_run: bool, tables_only: bool = False,
-               *, only_seeds: Optional[str] = None, workers: int = 1, **grid_options: Any) -> None:
+               *, only_seeds: Optional[str] = None, workers: int = 1, overrides: Optional[list[str]] = None,
+               **grid_options: Any) -> None:
     """The reproduce commands: build the grid, list it (--dry-run) or run it (or, --tables-only, collect its
-    finished runs), then write the results."""
+    finished runs), then write the results. `overrides` (--set) apply to every job after the grid's own."""
     from dpfl.reproduce import fdp_accuracy, fedceo, pfa, rdpcfl, robust_hdp
     from dpfl.reproduce.jobs import select_seeds
     from dpfl.reproduce.runner import FAILED, RichProgress, collect_finished, describe_jobs, run_jobs
@@ -569,18 +588,20 @@ def _reproduce(paper: str, out: Path, scale: str, seeds: Optional[int], rounds: 
     only = _seed_list(only_seeds, tables_only)
     _check_workers(workers, dry_run, tables_only)
     names = _dataset_names(datasets)
+    extra = _grid_overrides(overrides)
     wanted = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     command = " ".join(["dpfl reproduce", paper, "--scale", scale, "--out", str(out)]
                        + [f"--{k.replace('_', '-')} {v}" for k, v in grid_options.items() if v]
                        + [f"--dataset {d}" for d in names if datasets]
                        + [f"--{k} {v}" for k, v in (("seeds", seeds), ("rounds", rounds), ("settings", settings),
                                                    ("methods", methods), ("only-seeds", only_seeds))
-                          if v is not None])
+                          if v is not None]
+                       + [f"--set {shlex.quote(x)}" for x in extra])
     try:
         module = {"pfa": pfa, "robust-hdp": robust_hdp, "fedceo": fedceo, "fdp-accuracy": fdp_accuracy,
                   "rdpcfl": rdpcfl}[paper]
         grid = module.grid(scale, datasets=names, seeds=seeds, rounds=rounds, settings_pattern=settings,
-                           methods=wanted, **grid_options)
+                           methods=wanted, extra=extra, **grid_options)
         grid = select_seeds(grid, only)
         if not grid.jobs:
             raise UserError("no job to run: the selection leaves nothing (see --dry-run)")
@@ -621,11 +642,11 @@ def reproduce_pfa(
     calibration: Annotated[Optional[str], typer.Option(
         help="accountant (RDP + Poisson), pfa-heuristic (the paper's formula + fixed-size batches) or both; default "
              "accountant at full scale, both at ci.")] = None,
-    dry_run: _DryRun = False, tables_only: _TablesOnly = False, workers: _Workers = 1,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False, workers: _Workers = 1, set_: _Set = None,
 ) -> None:
     """PFA's comparison (PVLDB 2022): np_fedavg, max_eps, pfa, pfa_plus, weiavg, fedavg, min_eps."""
     _reproduce("pfa", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               only_seeds=only_seeds, workers=workers, calibration=calibration)
+               only_seeds=only_seeds, workers=workers, overrides=set_, calibration=calibration)
 
 
 @reproduce_app.command("robust-hdp")
@@ -637,6 +658,7 @@ def reproduce_robust_hdp(
         "--noise-table", help="Only the round-1 noise statistic table (thesis Table 3.4): each setting calibrated "
                               "for its full planned length, round 1 trained once, every aggregator on the same "
                               "uploads. Writes OUT/noise_table.{csv,md}; ignores --rounds/--seeds/--methods.")] = False,
+    set_: _Set = None,
 ) -> None:
     """Robust-HDP's comparison (ICML 2024): 7 methods on Dist1..9, plus the falsified-budget scenario."""
     if noise_table:
@@ -646,10 +668,12 @@ def reproduce_robust_hdp(
             _fail("--tables-only applies to the comparison (the noise table reuses its saved pairs anyway)")
         if workers != 1:
             _fail("--workers applies to the comparison (the noise table trains round 1 once per setting)")
+        if set_:
+            _fail("--set applies to the comparison (the noise table uses each setting as the thesis defines it)")
         _noise_table(out, scale, settings, dataset)
         return
     _reproduce("robust-hdp", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               only_seeds=only_seeds, workers=workers)
+               only_seeds=only_seeds, workers=workers, overrides=set_)
 
 
 @reproduce_app.command("fedceo")
@@ -689,9 +713,11 @@ def reproduce_fedceo(
     tune_ablation: Annotated[bool, typer.Option(
         "--tune-ablation", help="With --search: also choose the theta = 1 ablation's own lambda (a third stage, the "
                                 "lambda grid at the chosen I); the comparison's fedceo_theta1 then uses it.")] = False,
-    tables_only: _TablesOnly = False, workers: _Workers = 1,
+    tables_only: _TablesOnly = False, workers: _Workers = 1, set_: _Set = None,
 ) -> None:
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
+    if set_ and (dlg or search):
+        _fail("--set applies to the comparison, not to --search or --dlg")
     if tables_only and (dlg or search):
         _fail("--tables-only applies to the comparison, not to --search or --dlg")
     if only_seeds is not None and (dlg or search):
@@ -712,7 +738,7 @@ def reproduce_fedceo(
     if tune_ablation:
         _fail("--tune-ablation is a stage of --search (the comparison takes its choice through --search-result)")
     _reproduce("fedceo", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               only_seeds=only_seeds, workers=workers, search_result=search_result,
+               only_seeds=only_seeds, workers=workers, overrides=set_, search_result=search_result,
                partition=partition, mechanism=mechanism)
 
 
@@ -746,7 +772,7 @@ def reproduce_fdp_accuracy(
     dataset: Annotated[Optional[list[str]], typer.Option(
         "--dataset", help="Default per scale: full mnist,cifar10 (fashion_mnist adds a stand-in for mnist), reduced "
                           "fashion_mnist, ci digits. Repeatable or comma-separated.")] = None,
-    dry_run: _DryRun = False, tables_only: _TablesOnly = False, workers: _Workers = 1,
+    dry_run: _DryRun = False, tables_only: _TablesOnly = False, workers: _Workers = 1, set_: _Set = None,
 ) -> None:
     """The f-DP paper's accuracy study (spec fdp_accounting.md §8): Noisy-FedAvg accuracy against sigma, m, (K, T),
     next to the accountant's mu and epsilon per configuration."""
@@ -754,7 +780,7 @@ def reproduce_fdp_accuracy(
 
     names = _dataset_names(dataset) if dataset else list(fdp_accuracy.DEFAULT_DATASETS.get(scale, ())) or None
     _reproduce("fdp-accuracy", out, scale, seeds, rounds, settings, methods, names, dry_run, tables_only,
-               only_seeds=only_seeds, workers=workers)
+               only_seeds=only_seeds, workers=workers, overrides=set_)
 
 
 @reproduce_app.command("rdpcfl")
@@ -779,12 +805,14 @@ def reproduce_rdpcfl(
     round1_batches: Annotated[Optional[str], typer.Option(
         "--round1-batches", help="With --round1-analysis: comma-separated b^1 values ('full' or integers; default "
                                  "ci 32,128,512,full, full 32,128,512,2048,full).")] = None,
-    tables_only: _TablesOnly = False, workers: _Workers = 1,
+    tables_only: _TablesOnly = False, workers: _Workers = 1, set_: _Set = None,
 ) -> None:
     """R-DPCFL's comparison (TMLR 2025): rdpcfl, ifca, global, local, mr_mtl, oracle, fedavg on planted clusters.
     Writes OUT/results.csv (mean_acc, minority_acc, ari, clusters_found, ... per run), results.md, plots/."""
     if round1_analysis and workers != 1:
         _fail("--workers applies to the comparison, not to --round1-analysis")
+    if round1_analysis and set_:
+        _fail("--set applies to the comparison, not to --round1-analysis")
     if round1_analysis:
         _rdpcfl_round1(out, scale, seeds, rounds, settings, methods, dataset, dry_run, epsilons, round1_batches,
                        tables_only, only_seeds)
@@ -792,7 +820,7 @@ def reproduce_rdpcfl(
     if round1_batches is not None:
         _fail("--round1-batches applies to --round1-analysis only")
     _reproduce("rdpcfl", out, scale, seeds, rounds, settings, methods, dataset, dry_run, tables_only,
-               only_seeds=only_seeds, workers=workers, epsilons=epsilons)
+               only_seeds=only_seeds, workers=workers, overrides=set_, epsilons=epsilons)
 
 
 def _rdpcfl_round1(out: Path, scale: str, seeds: Optional[int], rounds: Optional[int], settings: Optional[str],

@@ -123,6 +123,40 @@ def test_only_seeds_usage_errors(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_set_overrides_every_run_and_every_output_says_so(tmp_path, fmnist):
+    args = ["reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING, "--methods", "max_eps",
+            "--rounds", "1"]
+    code, out, err = cli(*args, "--set", "training.optimizer.lr=0.37", "--set", "training.batch_size=16")
+    assert code == 0, err
+    label = "ci (reduced: 1 round instead of 5, overrides training.optimizer.lr=0.37 training.batch_size=16)"
+    assert f"pfa ({label}): 1 ok" in out
+    saved = (tmp_path / "runs" / SETTING / "max_eps" / "seed0" / "config.yaml").read_text()
+    assert "lr: 0.37" in saved and "batch_size: 16" in saved
+    md = (tmp_path / "results.md").read_text()
+    assert label in md and "--set training.optimizer.lr=0.37 --set training.batch_size=16" in md
+    with open(tmp_path / "results.csv", newline="") as f:
+        assert [r["scale"] for r in csv.DictReader(f)] == [label]
+    # the same --out without the overrides is another config: refused, nothing overwritten
+    assert "holds a run with a different config" in _one_line_error(*cli(*args)[::2])
+    assert "lr: 0.37" in (tmp_path / "runs" / SETTING / "max_eps" / "seed0" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("command, message", [
+    (["pfa", "--set", "seed=3"], "--set seed: the grid sets seed for each run (use --seeds)"),
+    (["pfa", "--set", "training.rounds=3"], "the grid sets training.rounds for each run (use --rounds)"),
+    (["pfa", "--set", "name=x"], "--set name: the grid sets name for each run"),
+    (["pfa", "--set", "lr"], "--set 'lr': expected field=value"),
+    (["pfa", "--set", "training.optimizer.lrr=3"], "training.optimizer.lrr: unknown field, did you mean 'lr'?"),
+    (["robust-hdp", "--noise-table", "--set", "training.optimizer.lr=1"], "--set applies to the comparison"),
+    (["rdpcfl", "--round1-analysis", "--set", "training.optimizer.lr=1"], "--set applies to the comparison"),
+    (["fedceo", "--search", "--set", "training.optimizer.lr=1"], "--set applies to the comparison"),
+])
+def test_set_usage_errors(tmp_path, command, message):
+    assert message in _one_line_error(*cli("reproduce", *command, "--scale", "ci", "--out", tmp_path,
+                                           "--dry-run")[::2])
+    assert not any(tmp_path.iterdir())
+
+
 def test_tables_only_trains_nothing_and_needs_a_finished_run(tmp_path):
     args = ["reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings", SETTING, "--methods", "max_eps"]
     line = _one_line_error(*cli(*args, "--tables-only")[::2])
