@@ -247,3 +247,27 @@ def test_malformed_privacy_arguments_fail_cleanly(args):
         assert json.loads(out) if "--json" in args else out
         return
     _assert_one_line_error(code, err)
+
+
+def test_a_clustered_run_reports_its_personal_accuracy_beside_the_servers_model(tmp_path):
+    """R-DPCFL's clients use their cluster's model; the server's model (the mean of the cluster models) is not the
+    method's metric and may sit near chance, so every place that shows an accuracy says which is which."""
+    config = Path(__file__).resolve().parents[1] / "configs" / "rdpcfl" / "ci_digits_rotation.yaml"
+    out = tmp_path / "rdpcfl"
+    code, stdout, err = cli("run", config, "--out", out, "--set", "training.rounds=3", "--set", "evaluation.every=1")
+    assert code == 0, err
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_personal_accuracy"] == metrics[-1]["acc_personal"]
+    assert summary["final_accuracy"] == metrics[-1]["test_accuracy"] != metrics[-1]["acc_personal"]
+    assert f"personalised accuracy {metrics[-1]['acc_personal']:.3f}" in stdout
+    code, stdout, _ = cli("compare", out, "--out", tmp_path)
+    assert code == 0
+    header, _, row = stdout.splitlines()[:3]
+    column = header.split().index("personal_accuracy")
+    assert row.split()[column] == f"{metrics[-1]['acc_personal']:.4f}"
+    # a method without personal models keeps the summary and the table it had
+    plain = tmp_path / "plain"
+    assert cli("run", small_config(tmp_path), "--out", plain)[0] == 0
+    assert "final_personal_accuracy" not in json.loads((plain / "summary.json").read_text())
+    assert "personal_accuracy" not in cli("compare", plain, "--out", tmp_path)[1]

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dpfl.engine.backends.errors import BackendError
-from dpfl.results.formatting import format_epsilon
+from dpfl.results.formatting import accuracy_words, format_epsilon, round_accuracy
 from dpfl.results.json_output import emit_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -75,20 +75,19 @@ def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=errors,
                   disable=not errors.is_terminal and "DPFL_PROGRESS" not in __import__("os").environ) as progress:
         task = progress.add_task(cfg.name, total=cfg.training.rounds, status="preparing (data, calibration)")
-        accuracy: list[Optional[float]] = [None]
+        accuracy: list[Optional[tuple[str, float]]] = [None]  # the last round_accuracy
         pace = RoundPace(cfg.training.rounds) if progress.disable else None
 
         def on_start(run, done: int) -> None:
             progress.update(task, completed=done, status="training")
 
         def on_round(row: dict[str, Any]) -> None:
-            if row.get("test_accuracy") is not None:
-                accuracy[0] = row["test_accuracy"]
-            acc = "-" if accuracy[0] is None else f"{accuracy[0]:.3f}"
+            accuracy[0] = round_accuracy(row) or accuracy[0]
+            acc = accuracy_words(accuracy[0])
             eps = f"  eps max {format_epsilon(row['epsilon_max'])}" if "epsilon_max" in row else ""
-            progress.update(task, completed=row["round"], status=f"acc {acc}{eps}")
+            progress.update(task, completed=row["round"], status=f"{acc}{eps}")
             if pace is not None and (line := pace.line(row)):
-                errors.print(f"{cfg.name}: {line}, accuracy {acc}{eps}", markup=False, highlight=False)
+                errors.print(f"{cfg.name}: {line}, {acc}{eps}", markup=False, highlight=False)
 
         return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start)
 
@@ -459,7 +458,7 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """A table of several runs and an accuracy-vs-round plot."""
-    from dpfl.results.compare import COLUMNS, compare_runs, format_table
+    from dpfl.results.compare import compare_runs, format_table, table_columns
 
     try:
         rows, plot = compare_runs(list(run_dirs), out, labels=label or None, title=title)
@@ -468,7 +467,7 @@ def compare(
     if as_json:
         emit_json({"runs": rows, "plot": None if plot is None else str(plot)})
         return
-    console.print(format_table(rows, ["label", *COLUMNS] if label else COLUMNS), highlight=False, markup=False)
+    console.print(format_table(rows, table_columns(rows, bool(label))), highlight=False, markup=False)
     if plot is not None:
         console.print(f"plot: {plot}")
 

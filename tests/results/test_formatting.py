@@ -43,3 +43,14 @@ def test_an_unprivate_runs_epsilon_prints_in_scientific_notation_everywhere(tmp_
     for text in (buf.getvalue(), report, table):
         assert "2.4e+20" in text
         assert not re.search(r"\d{10}", text), text  # no run of ten digits anywhere
+
+
+@pytest.mark.parametrize("row, shown", [
+    ({"test_accuracy": 0.2, "acc_personal": 0.776}, "personal accuracy 0.776"),  # the method's metric wins
+    ({"test_accuracy": 0.8123}, "accuracy 0.812"),
+    ({"test_accuracy": None, "acc_personal": None}, "accuracy -"),  # a round without evaluation
+])
+def test_progress_lines_show_the_personal_accuracy_of_methods_that_have_one(row, shown):
+    from dpfl.results.formatting import accuracy_words, round_accuracy
+
+    assert accuracy_words(round_accuracy(row)) == shown

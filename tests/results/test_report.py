@@ -159,4 +159,7 @@ def test_report_shows_the_labelled_aggregate_view_and_the_personalised_accuracy(
     assert "Aggregate view (NOT the guarantee against this run's server)" in report
     assert "ε = 1.234" in report and "an observer of the sums only" in report
     assert "Personalised accuracy (last):** 0.777" in report and "7 clients" in report
+    # the method's metric comes first, and the server's model's accuracy says whose it is
+    assert report.index("Personalised accuracy") < report.index("**Final accuracy:**")
+    assert "the server's model alone" in report.split("**Final accuracy:**")[1].splitlines()[0]
     assert "One participation costs at most:** ε = 0.5" in report and "No user-level guarantee" in report

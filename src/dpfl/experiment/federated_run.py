@@ -121,9 +121,18 @@ class RunResult:
 
     @property
     def final_accuracy(self) -> float | None:
+        """The server's model's last test accuracy (for methods with personal models, not their metric)."""
+        return self._last("test_accuracy")
+
+    @property
+    def final_personal_accuracy(self) -> float | None:
+        """The last acc_personal (methods whose clients use personal models: their metric); None for the others."""
+        return self._last("acc_personal")
+
+    def _last(self, key: str) -> float | None:
         for row in reversed(self.history):
-            if row.get("test_accuracy") is not None:
-                return row["test_accuracy"]
+            if row.get(key) is not None:
+                return row[key]
         return None
 
     def spent(self) -> dict[int, float]:

@@ -414,12 +414,14 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
     evaluated = [(row["round"], row["test_accuracy"]) for row in result.history if row.get("test_accuracy") is not None]
     best_round, best = max(evaluated, key=lambda t: t[1]) if evaluated else (None, None)
     validated = [row["val_accuracy"] for row in result.history if row.get("val_accuracy") is not None]
+    personal = result.final_personal_accuracy
     summary = {
         "name": cfg.name,
         "final_accuracy": result.final_accuracy,
         "best_accuracy": best,
         "best_round": best_round,
         "final_val_accuracy": validated[-1] if validated else None,
+        **({} if personal is None else {"final_personal_accuracy": personal}),
         "rounds_done": len(result.history),
         "rounds_planned": run.rounds,
         "stop_reason": result.stop_reason,

@@ -32,6 +32,7 @@ from typing import Any
 from dpfl.experiment.config import ConfigError, config_to_yaml, load_config
 from dpfl.reproduce.jobs import RUNS_DIR, Grid, Job
 from dpfl.reproduce.pace import RoundPace
+from dpfl.results.formatting import accuracy_words, round_accuracy
 from dpfl.results.run_files import CONFIG_FILE, SUMMARY_FILE, read_metrics, write_text_atomic
 
 __all__ = ["OK", "FAILED", "SKIPPED", "INCOMPLETE", "ConfigMismatchError", "Outcome", "Progress", "RichProgress",
@@ -295,7 +296,7 @@ class RichProgress(Progress):
                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
                        disable=not console.is_terminal and "DPFL_PROGRESS" not in os.environ)
         self.task: Any = None
-        self.accuracy: float | None = None
+        self.accuracy: tuple[str, float] | None = None  # the running job's last round_accuracy
         self.pace: tuple[str, RoundPace] | None = None  # without the bar: the running job's name and pace
 
     def __enter__(self) -> RichProgress:
@@ -312,12 +313,11 @@ class RichProgress(Progress):
         self.pace = (name, RoundPace(rounds)) if self.bar.disable else None
 
     def round(self, job: Job, row: dict[str, Any]) -> None:
-        if row.get("test_accuracy") is not None:
-            self.accuracy = row["test_accuracy"]
-        acc = "-" if self.accuracy is None else f"{self.accuracy:.3f}"
-        self.bar.update(self.task, completed=row["round"], status=f"acc {acc}")
+        self.accuracy = round_accuracy(row) or self.accuracy
+        acc = accuracy_words(self.accuracy)
+        self.bar.update(self.task, completed=row["round"], status=acc)
         if self.pace is not None and (line := self.pace[1].line(row)):
-            self.console.print(f"{self.pace[0]}: {line}, accuracy {acc}", markup=False, highlight=False)
+            self.console.print(f"{self.pace[0]}: {line}, {acc}", markup=False, highlight=False)
 
     def end(self, outcome: Outcome, index: int, total: int) -> None:
         self.pace = None
@@ -328,8 +328,7 @@ class RichProgress(Progress):
         what = {OK: "ok", FAILED: "FAILED", SKIPPED: "skipped"}.get(outcome.status, outcome.status)
         detail = outcome.action
         if outcome.status == OK and outcome.action in ("ran", "resumed"):
-            acc = "-" if self.accuracy is None else f"{self.accuracy:.4f}"
-            detail = f"{outcome.action}, final accuracy {acc}, {outcome.seconds:.0f} s"
+            detail = f"{outcome.action}, final {accuracy_words(self.accuracy, 4)}, {outcome.seconds:.0f} s"
         if outcome.message:
             detail = f"{detail}: {outcome.message}" if detail else outcome.message
         self.console.print(f"[{index}/{total}] {job.setting} {job.method} seed{job.seed}: {what}"

@@ -31,6 +31,7 @@ from dpfl.experiment.run_lock import LOCKS_AVAILABLE, RunDirectoryBusy
 from dpfl.reproduce.jobs import Job
 from dpfl.reproduce.pace import RoundPace
 from dpfl.reproduce.runner import FAILED, FINISHED, OK, SKIPPED, Outcome, Progress, check_existing, run_jobs
+from dpfl.results.formatting import accuracy_words, round_accuracy
 
 __all__ = ["WorkerDied", "default_threads", "in_workers", "merge_outcomes", "rows_in_workers",
            "run_jobs_in_workers"]
@@ -168,14 +169,13 @@ class _Lines(Progress):
         self.prefix = f"worker {worker}:"
         self.started: tuple[int, int, int] | None = None  # (index, total, rounds) of the job being prepared
         self.pace: tuple[str, RoundPace] | None = None  # the running job's line prefix and pace
-        self.accuracy = "-"  # the running job's last test accuracy
+        self.accuracy: tuple[str, float] | None = None  # the running job's last round_accuracy
 
     def start(self, job: Job, index: int, total: int, rounds: int) -> None:
         self.started = (index, total, rounds)
 
     def round(self, job: Job, row: dict[str, Any]) -> None:
-        if row.get("test_accuracy") is not None:
-            self.accuracy = f"{row['test_accuracy']:.3f}"
+        self.accuracy = round_accuracy(row) or self.accuracy
         if self.started is not None:
             index, total, rounds = self.started
             self.started = None
@@ -183,10 +183,10 @@ class _Lines(Progress):
             self.pace = (name, RoundPace(rounds))
             _say(f"{name} running (round {row['round']} of {rounds} done)")
         elif self.pace is not None and (line := self.pace[1].line(row)):
-            _say(f"{self.pace[0]} {line}, accuracy {self.accuracy}")
+            _say(f"{self.pace[0]} {line}, {accuracy_words(self.accuracy)}")
 
     def end(self, outcome: Outcome, index: int, total: int) -> None:
-        job, self.started, self.pace, self.accuracy = outcome.job, None, None, "-"
+        job, self.started, self.pace, self.accuracy = outcome.job, None, None, None
         if outcome.status == SKIPPED and "another process" in outcome.message:
             return  # another worker's job: that worker reports it
         if outcome.status == OK and outcome.action == "finished before":

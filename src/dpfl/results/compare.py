@@ -17,18 +17,29 @@ from dpfl.results.plots import plot_compare
 from dpfl.results.run_files import (CONFIG_FILE, PRIVACY_FILE, as_float, as_number, read_config_text, read_metrics,
                                     read_privacy, read_summary)
 
-__all__ = ["COMPARE_PLOT", "COLUMNS", "compare_runs", "run_row", "format_table"]
+__all__ = ["COMPARE_PLOT", "COLUMNS", "compare_runs", "run_row", "format_table", "table_columns"]
 
 COMPARE_PLOT = "compare_accuracy.png"
 COLUMNS = ["name", "algorithm", "unit", "final_accuracy", "best_accuracy", "rounds_done", "stop_reason",
            "epsilon_max"]
 INCOMPLETE = "incomplete"
+PERSONAL = "personal_accuracy"  # the last acc_personal: the metric of methods whose clients use personal models
+
+
+def table_columns(rows: Sequence[Mapping[str, Any]], labelled: bool = False) -> list[str]:
+    """The columns of a comparison table: COLUMNS, with `personal_accuracy` after best_accuracy when a run has one
+    (its final_accuracy is then the server's model's, which its clients do not use), and `label` first if given."""
+    cols = list(COLUMNS)
+    if any(r.get(PERSONAL) is not None for r in rows):
+        cols.insert(cols.index("best_accuracy") + 1, PERSONAL)
+    return ["label", *cols] if labelled else cols
 
 
 def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The comparison row of one run and its metrics rows.
 
-    Row keys: :data:`COLUMNS` plus ``complete`` (bool) and ``run_dir`` (str). A complete run's values
+    Row keys: :data:`COLUMNS` plus ``personal_accuracy`` (the last ``acc_personal`` in metrics.jsonl, None
+    for methods without personal models), ``complete`` (bool) and ``run_dir`` (str). A complete run's values
     come from summary.json (epsilon_max: summary, else the largest ``epsilon_spent`` in privacy.json);
     an incomplete run's from what is there: last evaluated and best accuracy in metrics.jsonl, rounds
     recorded, stop_reason ``"incomplete"``, epsilon_max of the last metrics row.
@@ -50,6 +61,8 @@ def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[
         "unit": (privacy or {}).get("unit"),
         "complete": summary is not None,
         "run_dir": str(d),
+        PERSONAL: next((a for a in map(as_number, (r.get("acc_personal") for r in reversed(metrics))) if a is not None),
+                       None),
     }
     if summary is not None:
         row["final_accuracy"] = summary.get("final_accuracy")
@@ -123,7 +136,7 @@ def _legend_names(names: Sequence[str], dirs: Sequence[Path]) -> list[str]:
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
-    if key in ("final_accuracy", "best_accuracy"):
+    if key in ("final_accuracy", "best_accuracy", PERSONAL):
         v = as_number(value)
         return "-" if v is None else f"{v:.4f}"
     if key == "epsilon_max":
@@ -135,7 +148,7 @@ def _cell(key: str, value: Any) -> str:
     return str(value)
 
 
-_NUMERIC = {"final_accuracy", "best_accuracy", "rounds_done", "epsilon_max"}
+_NUMERIC = {"final_accuracy", "best_accuracy", PERSONAL, "rounds_done", "epsilon_max"}
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = COLUMNS) -> str:

@@ -10,6 +10,24 @@ def or_na(value: Any, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def round_accuracy(row: Any) -> tuple[str, float] | None:
+    """The accuracy a progress line shows for a metrics row: ("personal accuracy", acc_personal) for methods with
+    personal models (clustered DP-FL, PPSGD, CENTAUR: their clients use their own models, and the server's
+    averaged model can sit near chance while they do well), else ("accuracy", test_accuracy); None on a round
+    without evaluation."""
+    if row.get("acc_personal") is not None:
+        return "personal accuracy", float(row["acc_personal"])
+    if row.get("test_accuracy") is not None:
+        return "accuracy", float(row["test_accuracy"])
+    return None
+
+
+def accuracy_words(last: tuple[str, float] | None, digits: int = 3) -> str:
+    """What a progress line says of the last `round_accuracy`: "accuracy 0.812", "personal accuracy 0.776",
+    or "accuracy -" before any evaluation."""
+    return "accuracy -" if last is None else f"{last[0]} {last[1]:.{digits}f}"
+
+
 LARGE_EPSILON = 1e6  # from here on an epsilon is printed in scientific notation
 
 

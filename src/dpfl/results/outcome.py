@@ -54,6 +54,10 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
     console.print(f"\n[bold]{summary.get('name', out.name)}[/]: {summary['rounds_done']} rounds "
                   f"(stop: {summary['stop_reason']}), final accuracy {_fmt(summary.get('final_accuracy'))}, "
                   f"best {_fmt(summary.get('best_accuracy'))}")
+    if summary.get("final_personal_accuracy") is not None:  # the method's metric: say which number is which
+        console.print(f"personalised accuracy {_fmt(summary['final_personal_accuracy'])}: each client's own model on "
+                      "its own test split (this method's metric); the accuracies above are the server's model's",
+                      markup=False, highlight=False)
     hint = early_stop_hint(summary.get("stop_reason"), privacy)
     if hint:
         console.print(hint, markup=False, highlight=False)

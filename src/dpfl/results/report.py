@@ -148,15 +148,17 @@ def _status_lines(name: str, metrics: Sequence[Mapping[str, Any]], summary: Mapp
         reason = summary.get("stop_reason")
         words = _STOP_WORDS.get(str(reason))
         out.append(f"- **Stop reason:** `{reason}`" + (f" — {words}" if words else ""))
-        out.append(f"- **Final accuracy:** {_fmt_acc(summary.get('final_accuracy'))}")
+        personal = [r for r in metrics if as_number(r.get("acc_personal")) is not None]
+        if personal:  # the method's metric first: its clients use their own models, not the server's
+            out.append(f"- **Personalised accuracy (last):** {_fmt_acc(personal[-1]['acc_personal'])} — mean over the "
+                       f"{personal[-1].get('acc_personal_clients')} clients holding a personal model, each on its own "
+                       f"test split (round {personal[-1]['round']}); this method's metric")
+        out.append(f"- **Final accuracy:** {_fmt_acc(summary.get('final_accuracy'))}"
+                   + (" — the server's model alone (for clustered methods the mean of the cluster models), not the "
+                      "models these clients use" if personal else ""))
         if summary.get("same_run_as"):
             out.append(f"- **Copied from** `{summary['same_run_as']}`: the same config but for its name, so the same "
                        "run; its files (times included) are that run's")
-        personal = [r for r in metrics if as_number(r.get("acc_personal")) is not None]
-        if personal:
-            out.append(f"- **Personalised accuracy (last):** {_fmt_acc(personal[-1]['acc_personal'])} — mean over the "
-                       f"{personal[-1].get('acc_personal_clients')} clients holding a personal model, each on its own "
-                       f"test split (round {personal[-1]['round']})")
         best_round = summary.get("best_round")
         out.append(f"- **Best accuracy:** {_fmt_acc(summary.get('best_accuracy'))}"
                    + (f" (round {best_round})" if best_round is not None else ""))
