@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import json
+
 import matplotlib.image as mpimg
 import pytest
 
-from dpfl.results import compare_runs, format_table
+from dpfl.results import compare_runs, format_table, read_metrics
+from dpfl.results.compare import table_columns
 
 from .fakes import make_accounted_run, make_unaccounted_run, spent_epsilon
 
@@ -56,3 +59,27 @@ def test_labels_name_the_runs_in_the_rows_and_the_legend(tmp_path, monkeypatch):
     for bad, why in ((["one"], "1 label"), (["x", "x"], "distinct"), (["x", " "], "non-empty")):
         with pytest.raises(ValueError, match=why):
             compare_runs([a, b], out=tmp_path / "cmp", labels=bad)
+
+
+def test_a_run_with_personal_models_is_plotted_and_tabled_by_its_personal_accuracy(tmp_path, monkeypatch):
+    # a clustered run: the server's model (test_accuracy) near chance, its clients' own models (acc_personal) not
+    personal = make_accounted_run(tmp_path / "runs" / "clustered")
+    rows = [json.loads(line) for line in (personal / "metrics.jsonl").read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r.update(test_accuracy=0.1, acc_personal=0.5 + 0.1 * i, acc_personal_clients=4)
+    (personal / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plain = make_accounted_run(tmp_path / "runs" / "plain")
+    seen = {}
+
+    def spy(runs, path, *, title=None):
+        seen.update(runs=runs, title=title)
+        return None
+
+    monkeypatch.setattr("dpfl.results.compare.plot_compare", spy)
+    table, _ = compare_runs([personal, plain], out=tmp_path / "cmp", labels=["clustered", "plain"])
+    assert [r["personal_accuracy"] for r in table] == [rows[-1]["acc_personal"], None]
+    assert [r["test_accuracy"] for r in seen["runs"]["clustered"]] == [r["acc_personal"] for r in rows]
+    assert seen["runs"]["plain"] == read_metrics(plain)  # a run without personal models: its own rows
+    assert "personal accuracy of the runs with personal models" in seen["title"]
+    assert table_columns(table).index("personal_accuracy") == table_columns(table).index("best_accuracy") + 1
+    assert "personal_accuracy" not in table_columns(table[1:])

@@ -115,11 +115,22 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathL
     else:
         rows = [{"label": label, **row} for label, (row, _) in zip(labels, loaded, strict=True)]
         names = labels
-    runs = {name: metrics for name, (_, metrics) in zip(names, loaded, strict=True)}
+    runs = {name: _plotted(metrics) for name, (_, metrics) in zip(names, loaded, strict=True)}
+    personal = sum(row.get(PERSONAL) is not None for row in rows)
     out_dir = Path(out) if out is not None else dirs[0].resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot = plot_compare(runs, out_dir / COMPARE_PLOT, title=title or f"Test accuracy per round ({len(dirs)} runs)")
+    default = f"Test accuracy per round ({len(dirs)} runs" + ("; personal accuracy of the runs with personal models)"
+                                                              if personal else ")")
+    plot = plot_compare(runs, out_dir / COMPARE_PLOT, title=title or default)
     return rows, plot
+
+
+def _plotted(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run's rows as the plot reads them (`test_accuracy` per round): its `acc_personal` when it has one, the
+    metric of a method whose clients use personal models (the server's model may sit near chance)."""
+    if all(as_number(r.get("acc_personal")) is None for r in metrics):
+        return metrics
+    return [{"round": r["round"], "test_accuracy": r.get("acc_personal")} for r in metrics]
 
 
 def _legend_names(names: Sequence[str], dirs: Sequence[Path]) -> list[str]:
