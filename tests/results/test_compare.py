@@ -80,6 +80,6 @@ def test_a_run_with_personal_models_is_plotted_and_tabled_by_its_personal_accura
     assert [r["personal_accuracy"] for r in table] == [rows[-1]["acc_personal"], None]
     assert [r["test_accuracy"] for r in seen["runs"]["clustered"]] == [r["acc_personal"] for r in rows]
     assert seen["runs"]["plain"] == read_metrics(plain)  # a run without personal models: its own rows
-    assert "personal accuracy of the runs with personal models" in seen["title"]
+    assert seen["title"] == "Accuracy per round (2 runs, personal where a method has it)"
     assert table_columns(table).index("personal_accuracy") == table_columns(table).index("best_accuracy") + 1
     assert "personal_accuracy" not in table_columns(table[1:])

@@ -116,11 +116,11 @@ def compare_runs(run_dirs: Sequence[str | os.PathLike[str]], out: str | os.PathL
         rows = [{"label": label, **row} for label, (row, _) in zip(labels, loaded, strict=True)]
         names = labels
     runs = {name: _plotted(metrics) for name, (_, metrics) in zip(names, loaded, strict=True)}
-    personal = sum(row.get(PERSONAL) is not None for row in rows)
+    personal = any(row.get(PERSONAL) is not None for row in rows)
     out_dir = Path(out) if out is not None else dirs[0].resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    default = f"Test accuracy per round ({len(dirs)} runs" + ("; personal accuracy of the runs with personal models)"
-                                                              if personal else ")")
+    default = f"{'Accuracy' if personal else 'Test accuracy'} per round ({len(dirs)} runs" + (
+        ", personal where a method has it)" if personal else ")")  # short: a longer title is cut at the sides
     plot = plot_compare(runs, out_dir / COMPARE_PLOT, title=title or default)
     return rows, plot
 
