@@ -560,11 +560,16 @@ def _seed_list(only_seeds: Optional[str], tables_only: bool = False, work: str =
 
 
 def _grid_overrides(set_: Optional[list[str]]) -> tuple[str, ...]:
-    """--set values for every job of a grid; the fields the grid sets per job are refused."""
+    """--set values for every job of a grid, read as `dpfl run --set` reads them; the fields the grid sets per job
+    are refused."""
+    from dpfl.experiment.config import ConfigError
+    from dpfl.experiment.config.overrides import parse_override
+
     for item in set_ or ():
-        field = item.split("=", 1)[0].strip()
-        if "=" not in item or not field:
-            _fail(f"--set {item!r}: expected field=value, e.g. training.optimizer.lr=0.05")
+        try:
+            field = ".".join(parse_override(item)[0])
+        except ConfigError as e:
+            _fail(str(e).splitlines()[0])
         if field in _GRID_FIELDS:
             instead = {"seed": "use --seeds", "training.rounds": "use --rounds"}.get(field, "its setting, method, seed")
             _fail(f"--set {field}: the grid sets {field} for each run ({instead})")

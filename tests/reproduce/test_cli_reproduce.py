@@ -145,7 +145,8 @@ def test_set_overrides_every_run_and_every_output_says_so(tmp_path, fmnist):
     (["pfa", "--set", "seed=3"], "--set seed: the grid sets seed for each run (use --seeds)"),
     (["pfa", "--set", "training.rounds=3"], "the grid sets training.rounds for each run (use --rounds)"),
     (["pfa", "--set", "name=x"], "--set name: the grid sets name for each run"),
-    (["pfa", "--set", "lr"], "--set 'lr': expected field=value"),
+    (["pfa", "--set", "lr"], "--set 'lr': expected FIELD.PATH=VALUE"),  # the message of dpfl run --set
+    (["pfa", "--set", " seed =3"], "--set seed: the grid sets seed for each run"),  # read as dpfl run reads it
     (["pfa", "--set", "training.optimizer.lrr=3"], "training.optimizer.lrr: unknown field, did you mean 'lr'?"),
     (["robust-hdp", "--noise-table", "--set", "training.optimizer.lr=1"], "--set applies to the comparison"),
     (["rdpcfl", "--round1-analysis", "--set", "training.optimizer.lr=1"], "--set applies to the comparison"),
