@@ -697,10 +697,10 @@ def reproduce_fedceo(
     search: Annotated[bool, typer.Option(
         "--search", help="Instead of the comparison: choose FedCEO's lambda, theta, I per sigma_g on the clients' "
                          "validation splits (coordinate search over the spec's grids, one seed). Writes "
-                         "OUT/search.{csv,md,json}; honours --rounds and --settings.")] = False,
+                         "OUT/search.{csv,md,json}; honours --rounds, --settings and --set.")] = False,
     search_result: Annotated[Optional[Path], typer.Option(
         "--search-result", help="The comparison with FedCEO's lambda, theta, I from this search.json (written by "
-                                "--search at the same --scale, --rounds and variant) for the sigma_g it runs; "
+                                "--search at the same --scale, --rounds, --set and variant) for the sigma_g it runs; "
                                 "refused if one of those is incomplete, or from another scale or variant.")] = None,
     dlg: Annotated[bool, typer.Option(
         "--dlg", help="Instead of the comparison: the gradient-inversion hook (spec §8, offline variant: mlp2 on "
@@ -720,8 +720,8 @@ def reproduce_fedceo(
     tables_only: _TablesOnly = False, workers: _Workers = 1, set_: _Set = None,
 ) -> None:
     """FedCEO's comparison (ICML 2025): udp_fedavg, ppsgd, centaur, fedceo_theta1, fedceo at sigma_g 1.0/1.5/2.0."""
-    if set_ and (dlg or search):
-        _fail("--set applies to the comparison, not to --search or --dlg")
+    if set_ and dlg:
+        _fail("--set applies to the comparison and --search, not to --dlg")
     if tables_only and (dlg or search):
         _fail("--tables-only applies to the comparison, not to --search or --dlg")
     if only_seeds is not None and (dlg or search):
@@ -737,7 +737,7 @@ def reproduce_fedceo(
         if search_result is not None:
             _fail("--search-result sets the comparison's values: it does not apply to --search")
         _fedceo_search(out, scale, rounds, settings, dataset, seeds, methods, dry_run, partition, mechanism,
-                       tune_ablation)
+                       tune_ablation, _grid_overrides(set_))
         return
     if tune_ablation:
         _fail("--tune-ablation is a stage of --search (the comparison takes its choice through --search-result)")
@@ -1072,7 +1072,8 @@ def reproduce_fdp_sensitivity(
 
 def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optional[str],
                    datasets: Optional[list[str]], seeds: Optional[int], methods: Optional[str], dry_run: bool,
-                   partition: Optional[str], mechanism: Optional[str], tune_ablation: bool) -> None:
+                   partition: Optional[str], mechanism: Optional[str], tune_ablation: bool,
+                   extra: tuple[str, ...] = ()) -> None:
     from dpfl.reproduce.fedceo import Variant
     from dpfl.reproduce.fedceo_search import run_search
     from dpfl.reproduce.runner import FAILED, RichProgress
@@ -1086,12 +1087,13 @@ def _fedceo_search(out: Path, scale: str, rounds: Optional[int], settings: Optio
                        + [f"--{k} {v}" for k, v in (("rounds", rounds), ("settings", settings),
                                                    ("partition", partition), ("mechanism", mechanism))
                           if v is not None]
-                       + (["--tune-ablation"] if tune_ablation else []))
+                       + (["--tune-ablation"] if tune_ablation else [])
+                       + [f"--set {shlex.quote(x)}" for x in extra])
     try:
         variant = Variant.of(partition, mechanism)
         with RichProgress(errors) as progress:
             result = run_search(scale, out, progress=progress, rounds=rounds, settings_pattern=settings,
-                                command=command, variant=variant, tune_ablation=tune_ablation)
+                                command=command, variant=variant, tune_ablation=tune_ablation, extra=extra)
     except _user_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     for sigma, c in result.chosen.items():

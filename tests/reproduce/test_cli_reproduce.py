@@ -150,7 +150,8 @@ def test_set_overrides_every_run_and_every_output_says_so(tmp_path, fmnist):
     (["pfa", "--set", "training.optimizer.lrr=3"], "training.optimizer.lrr: unknown field, did you mean 'lr'?"),
     (["robust-hdp", "--noise-table", "--set", "training.optimizer.lr=1"], "--set applies to the comparison"),
     (["rdpcfl", "--round1-analysis", "--set", "training.optimizer.lr=1"], "--set applies to the comparison"),
-    (["fedceo", "--search", "--set", "training.optimizer.lr=1"], "--set applies to the comparison"),
+    (["fedceo", "--dlg", "--set", "training.optimizer.lr=1"], "--set applies to the comparison and --search"),
+    (["fedceo", "--search", "--set", "seed=1"], "--set seed: the grid sets seed for each run"),  # read, not ignored
 ])
 def test_set_usage_errors(tmp_path, command, message):
     assert message in _one_line_error(*cli("reproduce", *command, "--scale", "ci", "--out", tmp_path,

@@ -183,6 +183,32 @@ def test_the_comparison_takes_complete_choices_from_a_search_result(tmp_path):
         fedceo.searched_params(tmp_path / "missing.json", "reduced")
 
 
+def test_a_search_with_set_overrides_serves_only_a_comparison_with_the_same_overrides(tmp_path):
+    """λ chosen under other hyperparameters is not the comparison's choice: the label carries --set both ways."""
+    lr = ("training.optimizer.lr=0.2",)
+    seen = []
+    execute, _ = _fake_execute(lambda p: 0.5 if p is None else 0.6 - abs(math.log10(p["lam"] / 1.0)) / 10)
+
+    def spy(cfg, path, **kw):
+        seen.append(cfg.training.optimizer.lr)
+        return execute(cfg, path, **kw)
+
+    run_search("reduced", tmp_path / "lr", settings_pattern="fmnist-mlp-sg2.0", execute=spy, extra=lr)
+    assert seen and set(seen) == {0.2}  # every run of every stage (stage 1 and 2: 22 runs)
+    path = tmp_path / "lr" / "search.json"
+    assert json.loads(path.read_text())["scale"] == "reduced (reduced: overrides training.optimizer.lr=0.2)"
+    assert "overrides training.optimizer.lr=0.2" in (tmp_path / "lr" / "search.md").read_text()
+    assert fedceo.searched_params(path, "reduced", extra=lr)["2.0"][0] == 1.0
+    jobs = [j for j in fedceo.grid("reduced", search_result=path, extra=lr).jobs if j.setting == "fmnist-mlp-sg2.0"]
+    assert {j.config.training.optimizer.lr for j in jobs} == {0.2}
+    with pytest.raises(GridError, match="same --scale, --rounds and --set"):
+        fedceo.searched_params(path, "reduced")  # the comparison without the override
+    run_search("reduced", tmp_path / "plain", settings_pattern="fmnist-mlp-sg2.0", execute=execute)
+    with pytest.raises(GridError, match="searched at scale 'reduced'; this comparison's search would be 'reduced "
+                                        "\\(reduced: overrides training.optimizer.lr=0.2\\)'"):
+        fedceo.grid("reduced", search_result=tmp_path / "plain" / "search.json", extra=lr)
+
+
 def test_cli_comparison_with_a_search_result(tmp_path):
     execute, _ = _fake_execute(_peak_at(0.178))
     run_search("ci", tmp_path / "search", settings_pattern="fmnist-mlp-sg2.0", execute=execute)

@@ -180,11 +180,12 @@ class Params(NamedTuple):
 
 
 def searched_params(path: Path, scale: str, rounds: int | None = None, variant: Variant = DEFAULT,
-                    sigmas: Sequence[str] | None = None) -> dict[str, Params]:
+                    sigmas: Sequence[str] | None = None, extra: Sequence[str] = ()) -> dict[str, Params]:
     """σ_g -> (λ, ϑ, I, source) from a `--search` run's OUT/search.json, refused unless it matches this run.
 
-    The search must be at the same scale and length (its label, e.g. ``full``, is compared with the one a
-    search with these options would have), of the same variant (a search.json without one is the default's),
+    The search must be at the same scale and length, with the same --set overrides `extra` (its label, e.g.
+    ``full``, is compared with the one a search with these options would have: λ chosen under other
+    hyperparameters is not this comparison's choice), of the same variant (a search.json without one is the default's),
     and the choice of each σ_g the comparison runs (`sigmas`; None: every σ_g in the file) must be complete
     (every run of both stages finished): a partial search's best value is not the search's choice. An incomplete
     σ_g the comparison does not run is left out (its search may still be running); complete ones are all returned,
@@ -200,10 +201,11 @@ def searched_params(path: Path, scale: str, rounds: int | None = None, variant: 
         raise GridError(f"--search-result: {path} is not a search.json of `dpfl reproduce fedceo --search` "
                         f"({type(err).__name__}: {err})") from None
     _check_scale(scale)
-    expected = scale_label(scale, spec_rounds=SPEC[scale]["rounds"], spec_seeds=1, rounds=rounds, seeds=1)
+    expected = scale_label(scale, spec_rounds=SPEC[scale]["rounds"], spec_seeds=1, rounds=rounds, seeds=1,
+                           extra=extra)
     if label != expected:
         raise GridError(f"--search-result: {path} was searched at scale {label!r}; this comparison's search would be "
-                        f"{expected!r} (same --scale and --rounds)")
+                        f"{expected!r} (same --scale, --rounds and --set)")
     searched_variant = data.get("variant", DEFAULT.as_dict())
     if searched_variant != variant.as_dict():
         raise GridError(f"--search-result: {path} searched the variant {searched_variant}; this comparison is "
@@ -359,7 +361,8 @@ def grid(scale: str, *, datasets: Sequence[str] = ("fashion_mnist",), seeds: int
             running = select_settings(settings(scale, ("fashion_mnist",), None, variant), settings_pattern)
         except GridError:  # --settings picks no Fashion-MNIST setting (build_grid says so if it picks nothing)
             running = []
-        searched = searched_params(search_result, scale, rounds, variant, sorted({s.meta["sigma"] for s in running}))
+        searched = searched_params(search_result, scale, rounds, variant, sorted({s.meta["sigma"] for s in running}),
+                                   extra)
     chosen = settings(scale, datasets, searched, variant)
     sigmas: dict[tuple[str, str], list[str]] = {}  # (dataset, source) -> the σ_g it applies to
     for s in chosen:

@@ -82,9 +82,10 @@ def _method(lam: float, theta: float, interval: int) -> Method:
 
 def search_grid(scale: str, stage: int, *, best_lam: dict[str, float] | None = None, rounds: int | None = None,
                 settings_pattern: str | None = None, variant: fedceo.Variant = fedceo.DEFAULT,
-                ablation_at: dict[str, int] | None = None) -> Grid:
+                ablation_at: dict[str, int] | None = None, extra: Sequence[str] = ()) -> Grid:
     """Stage 1 (λ sweep plus the udp_fedavg reference), stage 2 (ϑ × I at `best_lam[σ]`) or stage 3 (the ϑ = 1
-    ablation's own λ sweep at the chosen I, `ablation_at[σ]`; `--tune-ablation`) as a Grid."""
+    ablation's own λ sweep at the chosen I, `ablation_at[σ]`; `--tune-ablation`) as a Grid. `extra` (--set)
+    overrides every run, and the label says so: a comparison takes this search only with the same overrides."""
     settings = []
     for s in fedceo.settings(scale, variant=variant):
         sigma = s.meta["sigma"]
@@ -107,7 +108,7 @@ def search_grid(scale: str, stage: int, *, best_lam: dict[str, float] | None = N
     pattern = ",".join(f"search-{p.strip()}" for p in settings_pattern.split(",") if p.strip()) \
         if settings_pattern else None  # the comparison's setting names, e.g. fmnist-mlp-sg1.5
     return build_grid("fedceo-search", scale, settings, spec_rounds=fedceo.SPEC[scale]["rounds"], spec_seeds=1,
-                      rounds=rounds, settings_pattern=pattern)
+                      rounds=rounds, settings_pattern=pattern, extra=extra)
 
 
 @dataclass
@@ -125,18 +126,19 @@ def _best(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 def run_search(scale: str, out: Path, *, progress: Progress | None = None, rounds: int | None = None,
                settings_pattern: str | None = None, command: str = "",
                execute: Callable[..., Any] | None = None, variant: fedceo.Variant = fedceo.DEFAULT,
-               tune_ablation: bool = False) -> SearchResult:
+               tune_ablation: bool = False, extra: Sequence[str] = ()) -> SearchResult:
     """Run both stages (finished runs are reused), choose per σ_g, write OUT/search.{csv,md,json}.
 
     `execute` is `run_jobs`'s (tests pass a stand-in). `variant`: which partition and client mechanism.
     `tune_ablation` (spec §4 Option): a third stage sweeps the ϑ = 1 ablation's λ at the chosen I, and the
-    choice records it as `ablation_lam` (the comparison's `fedceo_theta1` then uses it).
+    choice records it as `ablation_lam` (the comparison's `fedceo_theta1` then uses it). `extra`: --set overrides
+    of every run (search.json's label lists them).
     """
     out = Path(out)
     _check_variant(out / "search.json", variant)
     cols = ["stage", "sigma", "lam", "theta", "interval", *columns("fedceo")]
     rows: list[dict[str, Any]] = []
-    first = search_grid(scale, 1, rounds=rounds, settings_pattern=settings_pattern, variant=variant)
+    first = search_grid(scale, 1, rounds=rounds, settings_pattern=settings_pattern, variant=variant, extra=extra)
     selected = {j.setting for j in first.jobs}  # the σ_g this invocation runs; the others are only collected
     planned: dict[str, set[tuple[str, str]]] = {}  # σ_g -> every (setting, method) its choice depends on
 
@@ -164,7 +166,7 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
         if winner is not None:
             best_lam[sigma] = winner["lam"]
     if best_lam:
-        run(search_grid(scale, 2, best_lam=best_lam, rounds=rounds, variant=variant), 2)
+        run(search_grid(scale, 2, best_lam=best_lam, rounds=rounds, variant=variant, extra=extra), 2)
 
     def winner(sigma: str) -> dict[str, Any] | None:  # FedCEO's choice: the ϑ > 1 runs of stages 1 and 2
         return _best([r for r in rows if r["sigma"] == sigma and r["lam"] is not None and r["stage"] != 3])
@@ -173,7 +175,7 @@ def run_search(scale: str, out: Path, *, progress: Progress | None = None, round
     if tune_ablation:
         ablation_at = {sigma: w["interval"] for sigma in sigmas if (w := winner(sigma)) is not None}
         if ablation_at:
-            run(search_grid(scale, 3, ablation_at=ablation_at, rounds=rounds, variant=variant), 3)
+            run(search_grid(scale, 3, ablation_at=ablation_at, rounds=rounds, variant=variant, extra=extra), 3)
     chosen = {}
     for sigma in sigmas:
         mine = [r for r in rows if r["sigma"] == sigma]
