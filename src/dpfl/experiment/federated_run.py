@@ -746,12 +746,15 @@ class FederatedRun:
                 return stage
         return None
 
+    def personal_models(self, w: P.Params) -> dict[int, P.Params]:
+        """client -> the personal model it uses (its cluster's, PPSGD's w + u_k, FedCEO's, ...) given the global
+        model `w`, for the clients that hold one now; {} for methods without personal models."""
+        holder = self._personal_models()
+        return (holder.personal_models(w) or {}) if holder is not None else {}
+
     def _personal_accuracy(self, w: P.Params) -> dict[str, Any]:
         """acc_personal: mean over clients holding a personal model of its accuracy on their own test split."""
-        holder = self._personal_models()
-        if holder is None:
-            return {}
-        personal = holder.personal_models(w)
+        personal = self.personal_models(w)
         if not personal:
             return {}
         self.model.eval()
