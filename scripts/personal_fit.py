@@ -27,12 +27,7 @@ from dpfl.engine.evaluation import evaluate
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import load_config
 from dpfl.experiment.run_directory import CHECKPOINT, CONFIG, SUMMARY, load_checkpoint
-from dpfl.results.run_files import read_metrics
-
-
-def _logged(metrics: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in metrics if r.get(key) is not None]
-    return float(values[-1]) if values else None
+from dpfl.results.run_files import last_number, read_metrics
 
 
 def fit(run_dir: Path) -> dict[str, Any]:
@@ -64,7 +59,7 @@ def fit(run_dir: Path) -> dict[str, Any]:
     metrics = read_metrics(run_dir)
     out = {"run": str(run_dir), "model": "personal" if personal else "global", "clients": len(clients),
            "train_acc": float(np.mean(train)), "test_acc": float(np.mean(test)),
-           "logged_test_acc": _logged(metrics, "acc_personal" if personal else "test_acc_clients_mean")}
+           "logged_test_acc": last_number(metrics, "acc_personal" if personal else "test_acc_clients_mean")}
     out["gap"] = out["train_acc"] - out["test_acc"]
     if mine:
         out["minority_train_acc"] = float(np.mean([train[i] for i in mine]))

@@ -128,3 +128,13 @@ def test_as_float_reads_the_ledger_encoding():
     assert math.isinf(as_float("inf")) and math.isnan(as_float("nan"))
     with pytest.raises(ValueError):
         as_float("abc")
+
+
+def test_last_number_skips_rounds_without_a_number():
+    from dpfl.results.run_files import last_number
+
+    rows = [{"round": 1, "acc": 0.5}, {"round": 2, "acc": 0.75}, {"round": 3}, {"round": 4, "acc": None},
+            {"round": 5, "acc": float("nan")}, {"round": 6, "acc": "n/a"}]
+    assert last_number(rows, "acc") == 0.75
+    assert last_number(rows + [{"acc": "inf"}], "acc") == math.inf  # the run files' encoding of infinity counts
+    assert last_number(rows, "missing") is None and last_number([], "acc") is None

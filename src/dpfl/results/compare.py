@@ -14,8 +14,8 @@ from typing import Any
 
 from dpfl.results.formatting import format_epsilon
 from dpfl.results.plots import plot_compare
-from dpfl.results.run_files import (CONFIG_FILE, PRIVACY_FILE, as_float, as_number, read_config_text, read_metrics,
-                                    read_privacy, read_summary)
+from dpfl.results.run_files import (CONFIG_FILE, PRIVACY_FILE, as_float, as_number, last_number, read_config_text,
+                                    read_metrics, read_privacy, read_summary)
 
 __all__ = ["COMPARE_PLOT", "COLUMNS", "compare_runs", "run_row", "format_table", "table_columns"]
 
@@ -61,8 +61,7 @@ def run_row(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[
         "unit": (privacy or {}).get("unit"),
         "complete": summary is not None,
         "run_dir": str(d),
-        PERSONAL: next((a for a in map(as_number, (r.get("acc_personal") for r in reversed(metrics))) if a is not None),
-                       None),
+        PERSONAL: last_number(metrics, "acc_personal"),
     }
     if summary is not None:
         row["final_accuracy"] = summary.get("final_accuracy")

@@ -25,7 +25,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "as_float",
     "as_number",
     "is_run_dir",
+    "last_number",
     "read_metrics",
     "read_privacy",
     "read_summary",
@@ -101,6 +102,16 @@ def as_number(x: Any) -> float | None:
     except ValueError:
         return None
     return None if v is None or math.isnan(v) else v
+
+
+def last_number(rows: Iterable[Mapping[str, Any]], key: str) -> float | None:
+    """The last numeric value of `key` over metrics rows (rounds without it, or with null or NaN, are skipped)."""
+    found = None
+    for row in rows:
+        value = as_number(row.get(key))
+        if value is not None:
+            found = value
+    return found
 
 
 def is_run_dir(run_dir: str | os.PathLike[str]) -> bool:
