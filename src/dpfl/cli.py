@@ -701,7 +701,8 @@ def reproduce_fedceo(
     search_result: Annotated[Optional[Path], typer.Option(
         "--search-result", help="The comparison with FedCEO's lambda, theta, I from this search.json (written by "
                                 "--search at the same --scale, --rounds, --set and variant) for the sigma_g it runs; "
-                                "refused if one of those is incomplete, or from another scale or variant.")] = None,
+                                "refused if one of those is incomplete, or from another scale, --set or "
+                                "variant.")] = None,
     dlg: Annotated[bool, typer.Option(
         "--dlg", help="Instead of the comparison: the gradient-inversion hook (spec §8, offline variant: mlp2 on "
                       "Fashion-MNIST, the ci config): DLG and Inverting Gradients on one client's upload for FedAvg "
