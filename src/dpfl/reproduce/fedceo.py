@@ -24,8 +24,8 @@ FedCEO's λ, ϑ, I per scale:
 - reduced: chosen on the clients' validation splits by `dpfl reproduce fedceo --scale reduced --search`
   (`SEARCHED`; coordinate search, see `dpfl.reproduce.fedceo_search`).
 - ci: the paper's EMNIST/MLP λ and ϑ with I = 5.
-`--search-result OUT/search.json` (written by a `--search` at the same scale and length) replaces these with the
-search's complete choices, σ_g by σ_g.
+`--search-result OUT/search.json` (written by a `--search` at the same scale, length and `--set`) replaces these with
+the search's complete choices, σ_g by σ_g.
 
 Scales:
 - `full` is the paper's N = 100, K = 10, T = 300, E = 30, B = 64 with evaluation every 5 rounds (every

@@ -18,7 +18,9 @@ are OUT/search.csv (every run), OUT/search.md and OUT/search.json (the choice pe
 searched in OUT: `--settings` chooses what runs, and the other σ_g's finished runs are collected. A choice is
 `complete` once every run of both stages has finished; `dpfl reproduce fedceo --search-result OUT/search.json`
 runs the comparison with the complete ones. A variant (`--partition shards`, `--mechanism udp`) is searched in its
-own OUT: search.json records it, and an OUT that holds another variant's search is refused.
+own OUT: search.json records it, and an OUT that holds another variant's search is refused. `--set` overrides
+every run of the search; its label (search.json's `scale`) lists them, and only a comparison with the same ones
+takes its choices.
 """
 
 from __future__ import annotations
