@@ -21,7 +21,7 @@ from dpfl.reproduce.jobs import Grid, Setting
 from dpfl.reproduce.pfa_report import accuracy_vs_m, overspent_clients
 from dpfl.reproduce.runner import FAILED, OK, SKIPPED, Outcome
 from dpfl.results.environment import computed_by, provenance, run_environments
-from dpfl.results.run_files import (as_number, read_metrics, read_privacy, read_summary, training_time,
+from dpfl.results.run_files import (as_number, last_number, read_metrics, read_privacy, read_summary, training_time,
                                     write_text_atomic)
 
 __all__ = ["COLUMNS", "columns", "csv_text", "job_row", "mean_std", "seeds_ok", "seeds_phrase", "write_results"]
@@ -107,21 +107,15 @@ def _from_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     up = sum(_bytes(r, "bytes_up", "uplink_bytes") for r in metrics)
     down = sum(_bytes(r, "bytes_down", "downlink_bytes") for r in metrics)
     times = training_time(metrics)
-    clients = [as_number(r.get("test_acc_clients_mean")) for r in metrics]
-    clients = [c for c in clients if c is not None]
-    acc = [as_number(r.get("test_accuracy")) for r in metrics]
-    acc = [a for a in acc if a is not None]
-    personal = [p for p in (as_number(r.get("acc_personal")) for r in metrics) if p is not None]
-    validated = [v for v in (as_number(r.get("val_accuracy")) for r in metrics) if v is not None]
-    losses = [v for v in (as_number(r.get("test_loss")) for r in metrics) if v is not None]
+    acc = [a for a in (as_number(r.get("test_accuracy")) for r in metrics) if a is not None]
     return {
         "rounds_run": len(metrics),
         "final_accuracy": acc[-1] if acc else None,
         "best_accuracy": max(acc) if acc else None,
-        "test_acc_clients_mean_final": clients[-1] if clients else None,
-        "acc_personal_final": personal[-1] if personal else None,
-        "final_val_accuracy": validated[-1] if validated else None,
-        "final_test_loss": losses[-1] if losses else None,
+        "test_acc_clients_mean_final": last_number(metrics, "test_acc_clients_mean"),
+        "acc_personal_final": last_number(metrics, "acc_personal"),
+        "final_val_accuracy": last_number(metrics, "val_accuracy"),
+        "final_test_loss": last_number(metrics, "test_loss"),
         "noise_stat_round1_analytic": as_number(first.get("noise_stat_analytic")),
         "noise_stat_round1_empirical": as_number(first.get("noise_stat_empirical")),
         "uplink_mib": up / MIB if metrics else None,
