@@ -20,7 +20,11 @@ rounds: the DP noise adds a random walk to the weights, and the final norm shows
 through. stat is the method's column above (PFA: the measured one; Robust-HDP: the oracle's, whose weights it
 estimates).
 
-    python scripts/pfa_aggregate_noise.py [--dists Dist1,Dist5] [--draws 8] [--runs OUT] [--json]
+With --round1 the run's own round 1 is trained (about a minute per distribution on one core) and the noise in its
+real uploads is pushed through the projection fitted to them (`FederatedRun.noise_passthrough`, the runs' logged
+`pfa_noise_passthrough`): the check that pure noise is a fair stand-in.
+
+    python scripts/pfa_aggregate_noise.py [--dists Dist1,Dist5] [--draws 8] [--round1] [--runs OUT] [--json]
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class NoiseShare:
     oracle: float  # 1 / sigma_i^2 weights: the smallest any weighted mean can reach
     pfa_public_part: float  # the approximation (module docstring)
     pfa_measured: float  # the real aggregator on pure-noise uploads, mean over draws
+    pfa_round1: float | None = None  # --round1: the run's own round-1 uploads, their noise passed through (one draw)
     norms: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> {final, predicted} (--runs)
 
 
@@ -115,9 +120,10 @@ def walk_norms(row: NoiseShare, run: FederatedRun, runs: Path) -> dict[str, dict
     return out
 
 
-def noise_share(setting: str, draws: int, runs: Path | None = None) -> NoiseShare:
+def noise_share(setting: str, draws: int, runs: Path | None = None, round1: bool = False) -> NoiseShare:
     """The row of `setting` (a Robust-HDP full-scale setting such as fmnist-Dist1), seed 0, PFA as the grid runs it;
-    with `runs`, the final parameter norms of that output's finished runs beside the noise walk's."""
+    with `runs`, the final parameter norms of that output's finished runs beside the noise walk's; with `round1`,
+    the noise PFA passes through on the run's own round 1 (trained here, about a minute)."""
     jobs = grid("full", seeds=1, settings_pattern=setting, methods=["pfa"]).jobs
     if len(jobs) != 1:
         raise SystemExit(f"{setting!r}: expected one Robust-HDP full-scale setting, matched {len(jobs)}")
@@ -140,6 +146,9 @@ def noise_share(setting: str, draws: int, runs: Path | None = None) -> NoiseShar
         oracle=noise_stat((1 / variances) / (1 / variances).sum(), variances),
         pfa_public_part=noise_stat(public_part_weights(eps, public), variances),
         pfa_measured=measured_pfa_noise(pfa, view, variances, shapes, draws, run.seed))
+    if round1:
+        _, local = run.first_round()
+        row = replace(row, pfa_round1=run.noise_passthrough(local, 0)["pfa_noise_passthrough"])
     return row if runs is None else replace(row, norms=walk_norms(row, run, Path(runs)))
 
 
@@ -148,8 +157,9 @@ def markdown(rows: list[NoiseShare]) -> str:
              "(pure noise) | PFA / WeiAvg |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         eps = ", ".join(f"{e:.2f}" for e in sorted(r.public_eps))
+        measured = f"{r.pfa_measured:.3g}" + ("" if r.pfa_round1 is None else f" (round 1: {r.pfa_round1:.3g})")
         lines.append(f"| {r.setting} | {len(r.public)} ({eps}) | {r.weiavg:.3g} | {r.fedavg:.3g} | {r.oracle:.3g} | "
-                     f"{r.pfa_public_part:.3g} | {r.pfa_measured:.3g} | {r.pfa_measured / r.weiavg:.2f} |")
+                     f"{r.pfa_public_part:.3g} | {measured} | {r.pfa_measured / r.weiavg:.2f} |")
     if any(len(r.public) == 1 for r in rows):
         lines += ["", "With one public client the centre is 0 and the projection keeps one direction of the private "
                   "mean: the private clients' signal is dropped with their noise, so a low noise value there is not "
@@ -167,13 +177,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dists", default=",".join(DISTS), help="comma-separated budget distributions (Dist1-9)")
     parser.add_argument("--dataset", default="fmnist", help="the settings' dataset prefix (default fmnist)")
     parser.add_argument("--draws", type=int, default=8, help="pure-noise draws for the measured column")
+    parser.add_argument("--round1", action="store_true", help="also train round 1 and pass its real noise through")
     parser.add_argument("--runs", type=Path, help="a `dpfl reproduce robust-hdp` OUT: compare its runs' final norms")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a Markdown table")
     args = parser.parse_args(argv)
     if args.draws < 1:
         parser.error("--draws must be >= 1")
     dists = [d.strip() for d in args.dists.split(",") if d.strip()]
-    rows = [noise_share(f"{args.dataset}-{d}", args.draws, args.runs) for d in dists]
+    rows = [noise_share(f"{args.dataset}-{d}", args.draws, args.runs, args.round1) for d in dists]
     print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else markdown(rows))
 
 

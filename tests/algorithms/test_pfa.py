@@ -273,3 +273,45 @@ def test_pfa_reduces_private_noise_vs_weiavg():
     before = float((d_pri - s_pri).norm())
     after = float((sub.project(d_pri) - s_pri).norm())
     assert after < before / 2.5, (before, after)
+
+
+# ---- §5: pfa_noise_passthrough ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("scope", ["tensor", "model"])
+@pytest.mark.parametrize("public", [(2, 4, 6), (6,)])
+def test_noise_passthrough_is_the_rounds_map_applied_to_the_noise(mode, scope, public):
+    """With the subspaces fitted to the uploads fixed, Δ̄ is linear in the uploads: the map applied to the clean
+    updates plus the map applied to their noise is Δ̄ itself (every subspace mode, both scopes, a centred and an
+    uncentred public group), and the noise part differs from Δ̄ of the noise alone (whose subspaces differ)."""
+    K = 8
+    eps = torch.tensor([0.2, 0.3, 8.0, 0.4, 9.0, 0.5, 10.0, 0.6], dtype=torch.float64)
+    view = ServerView.simple([10] * K, eps_reported=eps)
+    clean = _uploads(K, seed=3)
+    noise = {n: 0.5 * torch.randn(u.shape, generator=_gen(4), dtype=torch.float64) for n, u in clean.items()}
+    uploads = {n: (clean[n].double() + noise[n]).float() for n in clean}
+    exact = {n: uploads[n].double() - noise[n] for n in uploads}  # the float32 uploads minus the noise
+    pfa = PFA(split="explicit", public_clients=public, subspace=mode, scope=scope)
+    total = {n: t.double() for n, t in pfa.update(uploads, view, seed=1, round_=2).items()}
+    noise_part = pfa.noise_passthrough(uploads, noise, view, seed=1, round_=2)
+    clean_part = pfa.noise_passthrough(uploads, exact, view, seed=1, round_=2)
+    assert all(t.dtype == torch.float64 for t in noise_part.values())
+    assert _rel({n: noise_part[n] + clean_part[n] for n in total}, total) < 1e-6  # float32 Δ̄
+    if mode != "random":  # a random basis does not depend on the uploads
+        alone = pfa.update({n: t.float() for n, t in noise.items()}, view, seed=1, round_=2)
+        assert _rel(noise_part, {n: t.double() for n, t in alone.items()}) > 1e-3
+
+
+def test_noise_passthrough_with_every_client_public_is_the_weighted_noise_and_bad_noise_is_refused():
+    K = 5
+    eps = torch.tensor([0.5, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    view = ServerView.simple([10] * K, eps_reported=eps)
+    uploads = _uploads(K, seed=5)
+    noise = {n: torch.randn(u.shape, generator=_gen(6), dtype=torch.float64) for n, u in uploads.items()}
+    pfa = PFA(split="explicit", public_clients=tuple(range(K)))
+    got = pfa.noise_passthrough(uploads, noise, view, seed=0, round_=0)
+    w = eps / eps.sum()
+    for n, t in noise.items():
+        torch.testing.assert_close(got[n], torch.einsum("k,k...->...", w, t))
+    with pytest.raises(ValueError, match="the uploads' tensors and shapes"):
+        pfa.noise_passthrough(uploads, {"w": noise["w"]}, view, seed=0, round_=0)

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from dpfl.engine import params as P
-from dpfl.engine.local_training import ClientPlan, LocalSpec, _clipped_sum, _per_sample_grad_fn, run_local
+from dpfl.engine.local_training import (ClientPlan, LocalSpec, _clipped_sum, _per_sample_grad_fn, replay_noise,
+                                       run_local)
 from dpfl.engine.losses import per_sample_loss
 from dpfl.engine.pooled import PooledData
 from dpfl.engine.sampling import BatchStream, NoiseStream
@@ -373,6 +374,27 @@ def test_dpsgd_clips_a_large_trainable_gradient_to_C():
     out = _clipped_sum(grads_of, wt, x, y, owner, clip, frozen)
     torch.testing.assert_close(P.global_norms(out), torch.full((2,), clip), rtol=1e-5, atol=0)
     assert (full > P.global_norms(raw)).all()
+
+
+def test_replayed_noise_is_the_noise_the_steps_added():
+    """replay_noise redraws each client's summed noise from its own generator: bit-identical to the sum run_local
+    added (its squared norm times (z C)^2 is the logged noise_sq_norm exactly), for clients with different step
+    counts trained together (the longest first, so the active prefix shrinks), zeros for a client without noise,
+    and another round or seed draws other noise."""
+    model, data = small_cnn(), make_data()
+    clip, trainable = 0.7, ("4.weight", "4.bias")
+    plans = [ClientPlan(0, 8, 5, 1.3), ClientPlan(1, 5, 2, 0.0), ClientPlan(2, 16, 3, 2.5)]
+    spec = LocalSpec(lr=0.1, sampling="poisson", clip=clip, trainable=trainable)
+    w = P.model_params(model)
+    res = run_local(model, spec, plans, data, w, seed=11, round_=3)
+    sums = replay_noise(plans, 592, seed=11, round_=3)
+    assert sums.shape == (3, 592) and torch.equal(sums[1], torch.zeros(592))
+    scale = torch.tensor([p.noise_multiplier * clip for p in plans])
+    assert (sums.pow(2).sum(1) * scale.pow(2)).tolist() == res.noise_sq_norm  # exact: same draws, same additions
+    # the sum of five standard-normal vectors: ||.||^2 = 5 chi^2_592, mean 2960, sd 5 sqrt(2 * 592) = 172 (5.8%)
+    assert float(sums[0].pow(2).sum()) == pytest.approx(5 * 592, rel=0.25)
+    assert not torch.equal(replay_noise(plans, 592, seed=11, round_=4)[0], sums[0])
+    assert not torch.equal(replay_noise(plans, 592, seed=12, round_=3)[0], sums[0])
 
 
 def test_noise_is_drawn_on_trainable_coordinates_only():

@@ -244,6 +244,23 @@ def run_local(
         return merge_groups(k, groups, results)
 
 
+def replay_noise(plans: Sequence[ClientPlan], dim: int, seed: int, round_: int) -> torch.Tensor:
+    """[K, dim]: each plan's summed standard-normal DP-SGD noise sum_t xi_t of round `round_`, redrawn from the
+    generators `run_local` drew it from, in the same blocks and the same order of additions, so it equals the sum the
+    client's steps added (times z_i C); zeros for a plan without noise. `dim` is the trainable coordinates' count.
+
+    Engine-only diagnostics of what the noise became after aggregation (PFA's `pfa_noise_passthrough`): in a real
+    deployment each client's noise stays on the client.
+    """
+    out = torch.zeros(len(plans), dim)
+    for i, plan in enumerate(plans):
+        if plan.noise_multiplier > 0:
+            stream = NoiseStream(dim, plan.steps, torch_generator(seed, Purpose.NOISE, round_, plan.stream))
+            for _ in range(plan.steps):
+                out[i] += stream.next()
+    return out
+
+
 def merge_groups(k: int, groups: Sequence[Sequence[int]], results: Iterable[LocalResult]) -> LocalResult:
     """The results of groups of plans (group g holds plan indices `groups[g]`, its result in that order) as one
     LocalResult in plan order (the engine's thread groups, a Ray backend's shards)."""

@@ -21,6 +21,7 @@ from dp_accounting import ComposedDpEvent, DpEvent
 from torch import nn
 
 from dpfl.algorithms.algorithm import Algorithm
+from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.pfa import NoPublicClients
 from dpfl.algorithms.server.stop import StopTraining
@@ -31,7 +32,7 @@ from dpfl.engine.allocator import tune_malloc
 from dpfl.engine.evaluation import evaluate
 from dpfl.engine.backends.base import Backend
 from dpfl.engine.backends.local import LocalBackend
-from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS
+from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, replay_noise
 from dpfl.engine.pooled import PooledData
 from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import ClientBudget
@@ -495,6 +496,7 @@ class FederatedRun:
             else:
                 new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r)
             diagnostics = self._diagnostics(alg.aggregator, local)
+            diagnostics.update(self.noise_passthrough(local, r))
             if hasattr(alg.aggregator, "diagnostics"):
                 diagnostics.update(alg.aggregator.diagnostics())
             diagnostics.update({"bytes_up": bytes_up, "bytes_down": bytes_down})
@@ -625,6 +627,39 @@ class FederatedRun:
         if getattr(aggregator, "linear_in_updates", True):  # PFA: private updates are projected
             out.update(self.noise_statistics(w, local))
         return out
+
+    def noise_passthrough(self, local: LocalRound, r: int) -> dict[str, float]:
+        """PFA's `pfa_noise_passthrough` (spec heterogeneous_dp §5): ||N||^2 / (p eta^2), N the part of the
+        aggregate that is the clients' DP noise (their noise pushed through the round's projection). The noise is
+        redrawn from the clients' generators (`replay_noise`), so only where the engine trains the clients itself,
+        with plain DP-SGD steps at one rate (no momentum, no step schedule, one phase) and uploads equal to the
+        updates; empty otherwise. Public for diagnostics of one round (`first_round`), like `noise_statistics`."""
+        alg = self.algorithm
+        passthrough = getattr(alg.aggregator, "noise_passthrough", None)
+        program = alg.local
+        spec = program.spec_at(r) if hasattr(program, "spec_at") else program.spec
+        if (passthrough is None or local.noise_sq_norm is None or not program.private or spec.momentum != 0
+                or spec.sampling not in ("poisson", "fixed") or len(getattr(program, "phases", (program,))) != 1
+                or alg.personal is not None or self.update_hook is not None or self.remote_clients is not None
+                or not isinstance(alg.upload, FullUpdate)):
+            return {}
+        ids = [int(i) for i in local.view.clients]
+        plans = [program.plan(i, int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
+                 for i in ids]
+        if any(p.step_lrs is not None for p in plans):
+            return {}
+        names = list(local.uploads) if spec.trainable is None else [n for n in local.uploads if n in spec.trainable]
+        like = {n: local.uploads[n] for n in names}  # the trainable tensors, in the order run_local flattens them
+        sums = replay_noise(plans, P.num_parameters(like, leading=1), self.seed, r).to(torch.float64)
+        # the noise in client i's update: -(eta / b_i) z_i C sum_t xi_t (Poisson: the nominal batch divides)
+        scale = torch.tensor([-spec.lr * p.noise_multiplier * (spec.clip or 0.0) / p.batch_size for p in plans],
+                             dtype=torch.float64)
+        flat = P.unflatten(sums * scale[:, None], like, leading=1)
+        noise = {n: flat[n] if n in flat else torch.zeros_like(u, dtype=torch.float64)
+                 for n, u in local.uploads.items()}
+        out = passthrough(local.uploads, noise, local.view, self.seed, r)
+        sq = sum(float(t.pow(2).sum()) for t in out.values())
+        return {"pfa_noise_passthrough": sq / (local.dim * spec.lr * spec.lr)}
 
     def noise_statistics(self, weights: torch.Tensor, local: LocalRound) -> dict[str, float]:
         """noise_stat = sum_i w_i^2 sigma_i^2 / (p eta^2) of a weighted sum of the round's updates.

@@ -313,22 +313,53 @@ class PFA:
 
     def update(self, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
         """Δ̄ (before the server learning rate), in the uploads' dtype."""
+        return self._update(uploads, view, seed, round_)[0]
+
+    def noise_passthrough(self, uploads: P.Params, noise: P.Params, view: ServerView, seed: int,
+                          round_: int) -> P.Params:
+        """The DP noise in Δ̄ (spec §5, `pfa_noise_passthrough`): Δ̄ as a function of the uploads is linear once the
+        subspaces are fixed, so with the round's subspaces (fitted to `uploads`, exactly as `update` fits them) it
+        splits into the map applied to the noise-free updates plus the map applied to `noise`, each upload's noise
+        ([K, ...] like `uploads`). Returns the latter, in float64. A diagnostic: only the engine knows the noise."""
+        if set(noise) != set(uploads) or any(noise[n].shape != uploads[n].shape for n in uploads):
+            raise ValueError("noise must have the uploads' tensors and shapes")
+        out = self._update(uploads, view, seed, round_, noise)[1]
+        assert out is not None
+        return out
+
+    def _centred(self, public_rows: int) -> bool:
+        """Whether the subspace's centre μ is the public updates' row mean (else it is 0): `fit_subspace`'s rule."""
+        return public_rows > 1 and (self.subspace == "centered" or (self.subspace == "random" and self.random_center))
+
+    def _update(self, uploads: P.Params, view: ServerView, seed: int, round_: int,
+                noise: P.Params | None = None) -> tuple[P.Params, P.Params | None]:
+        """(Δ̄, the part of it that is `noise`: the same map with the same subspaces; None without noise)."""
         K = len(view)
         if K == 0 or any(u.shape[0] != K for u in uploads.values()):
             raise ValueError(f"uploads must have a leading axis of {K} clients (one per view entry)")
         g = self.groups(view, seed)
         weights = g.row_weights()
+        noise_blocks = None if noise is None else self.blocks(noise)
         out: dict[str, torch.Tensor] = {}
+        noise_out: dict[str, torch.Tensor] = {}
         for index, (name, flat) in enumerate(self.blocks(uploads).items()):
             means = weighted_rows64(flat, weights)
+            noise_means = None if noise_blocks is None else weighted_rows64(noise_blocks[name], weights)
             d_pub = means[0]
             if g.w_pri is None:  # §9.9: no private participant, Δ̄ = d_pub (WeiAvg over the public clients)
                 out[name] = d_pub
+                if noise_means is not None:
+                    noise_out[name] = noise_means[0]
                 continue
             U = flat[g.pub].to(torch.float64)
             sub = self.fit(U, d_pub, seed, round_, index)
             out[name] = g.combine(d_pub, sub.project(means[1]))
-        return self.unblock(out, uploads)
+            if noise_blocks is not None and noise_means is not None:
+                public_noise = noise_blocks[name][g.pub].to(torch.float64)
+                centre = public_noise.mean(0) if self._centred(len(U)) else torch.zeros_like(noise_means[0])
+                noise_out[name] = g.combine(noise_means[0], Subspace(centre, sub.V).project(noise_means[1]))
+        return self.unblock(out, uploads), (None if noise is None else
+                                            {n: t.to(torch.float64) for n, t in self.unblock(noise_out, noise).items()})
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
                   round_: int) -> P.Params:
