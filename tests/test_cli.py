@@ -259,6 +259,10 @@ def test_a_clustered_run_reports_its_personal_accuracy_beside_the_servers_model(
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_personal_accuracy"] == metrics[-1]["acc_personal"]
+    best = max(metrics, key=lambda row: row["acc_personal"])
+    assert (summary["best_personal_accuracy"], summary["best_personal_round"]) == (best["acc_personal"], best["round"])
+    report = (out / "report.md").read_text()
+    assert f"- **Best personalised accuracy:** {best['acc_personal']:.4f} (round {best['round']})" in report
     assert summary["final_accuracy"] == metrics[-1]["test_accuracy"] != metrics[-1]["acc_personal"]
     assert f"personalised accuracy {metrics[-1]['acc_personal']:.3f}" in stdout
     code, stdout, _ = cli("compare", out, "--out", tmp_path)
@@ -269,5 +273,6 @@ def test_a_clustered_run_reports_its_personal_accuracy_beside_the_servers_model(
     # a method without personal models keeps the summary and the table it had
     plain = tmp_path / "plain"
     assert cli("run", small_config(tmp_path), "--out", plain)[0] == 0
-    assert "final_personal_accuracy" not in json.loads((plain / "summary.json").read_text())
+    plain_summary = json.loads((plain / "summary.json").read_text())
+    assert not {"final_personal_accuracy", "best_personal_accuracy", "best_personal_round"} & set(plain_summary)
     assert "personal_accuracy" not in cli("compare", plain, "--out", tmp_path)[1]

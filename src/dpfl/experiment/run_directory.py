@@ -415,13 +415,17 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
     best_round, best = max(evaluated, key=lambda t: t[1]) if evaluated else (None, None)
     validated = [row["val_accuracy"] for row in result.history if row.get("val_accuracy") is not None]
     personal = result.final_personal_accuracy
+    personal_rounds = [(row["round"], row["acc_personal"]) for row in result.history
+                       if row.get("acc_personal") is not None]
+    best_personal_round, best_personal = max(personal_rounds, key=lambda t: t[1]) if personal_rounds else (None, None)
     summary = {
         "name": cfg.name,
         "final_accuracy": result.final_accuracy,
         "best_accuracy": best,
         "best_round": best_round,
         "final_val_accuracy": validated[-1] if validated else None,
-        **({} if personal is None else {"final_personal_accuracy": personal}),
+        **({} if personal is None else {"final_personal_accuracy": personal, "best_personal_accuracy": best_personal,
+                                        "best_personal_round": best_personal_round}),
         "rounds_done": len(result.history),
         "rounds_planned": run.rounds,
         "stop_reason": result.stop_reason,

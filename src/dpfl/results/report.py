@@ -161,7 +161,11 @@ def _status_lines(name: str, metrics: Sequence[Mapping[str, Any]], summary: Mapp
                        "run; its files (times included) are that run's")
         best_round = summary.get("best_round")
         out.append(f"- **Best accuracy:** {_fmt_acc(summary.get('best_accuracy'))}"
-                   + (f" (round {best_round})" if best_round is not None else ""))
+                   + (f" (round {best_round})" if best_round is not None else "")
+                   + (" — the server's model" if personal else ""))
+        if personal:
+            top = max(personal, key=lambda r: float(as_number(r["acc_personal"])))
+            out.append(f"- **Best personalised accuracy:** {_fmt_acc(top['acc_personal'])} (round {top['round']})")
         seconds = summary.get("seconds")
     else:
         out.append(f"- **Status:** {RESUME_HINT} (DIR is this run directory). "
