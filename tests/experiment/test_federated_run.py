@@ -155,6 +155,26 @@ def test_unlimited_budget_needs_explicit_noise():
     assert run.run().spent()[0] > 0
 
 
+def test_param_norm_is_the_global_models_norm_and_the_noise_walk_shows_in_it():
+    """Every round logs the global model's L2 norm; the last one is the final parameters'. The noise adds a random
+    walk to the mean of 4 clients' models: after 150 steps of lr 0.1 on 51 parameters its norm is
+    sqrt(150 x 51) x 0.1 x z C / (b sqrt(4)) = 0.27 at z = 0.5 and 10.9 at z = 20, beside the ~2.2 the weights reach
+    without noise, so the two runs should end near 2.3 and 11 (measured: 2.27 and 10.5). A ratio above 3 leaves room
+    for the walk's own spread (its squared norm over 51 coordinates varies by about 20%)."""
+    histories = []
+    for z in (0.5, 20.0):
+        budgets = [ClientBudget(float("inf"), 1e-5)] * 4
+        run = FederatedRun(toy_federation(), linear_model(), fedavg(dpsgd(0.1, 1.0, steps=5)), rounds=30,
+                           batch_sizes=8, budgets=budgets, noise_multipliers=z)
+        result = run.run()
+        norms = [row["param_norm"] for row in result.history]
+        assert len(norms) == 30
+        final = float(torch.sqrt(sum(t.double().pow(2).sum() for t in result.params.values())))
+        assert norms[-1] == pytest.approx(final, rel=1e-6)
+        histories.append(norms)
+    assert histories[1][-1] > 3 * histories[0][-1]
+
+
 def test_model_and_program_losses_must_agree():
     model = build_model("relu_mlp", (16,), 3, seed=0)
     with pytest.raises(ValueError, match="loss 'mse_onehot'"):

@@ -731,7 +731,9 @@ class FederatedRun:
     def _row(self, r: int, w: P.Params, selected: np.ndarray, up: int, down: int, seconds: float,
              cpu_seconds: float, diagnostics: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"round": r + 1, "selected": [int(i) for i in selected], "uplink_bytes": up,
-                               "downlink_bytes": down}
+                               "downlink_bytes": down,
+                               # where DP noise accumulates: a random walk in the weights grows this norm (docs)
+                               "param_norm": float(P.global_norms(w, leading=0))}
         if (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
             self.model.eval()
             acc, loss = evaluate(self.model, w, self.data.x_test, self.data.y_test, self.algorithm.local.spec.loss)
