@@ -22,7 +22,7 @@ from torch import nn
 
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.client.upload import FullUpdate
-from dpfl.algorithms.server.oracle import NoiseChannel
+from dpfl.algorithms.server.oracle import NoiseChannel, OracleAverage
 from dpfl.algorithms.server.pfa import NoPublicClients
 from dpfl.algorithms.server.stop import StopTraining
 from dpfl.algorithms.server.view import ServerView
@@ -624,8 +624,29 @@ class FederatedRun:
         view = local.view
         w = aggregator.weights(view, local.channel, local.dim) if privileged else aggregator.weights(view)
         out: dict[str, Any] = {"weights": w.to(torch.float64).tolist()}
-        if getattr(aggregator, "linear_in_updates", True):  # PFA: private updates are projected
-            out.update(self.noise_statistics(w, local))
+        linear = getattr(aggregator, "linear_in_updates", True)  # PFA: private updates are projected
+        stats = self.noise_statistics(w, local)  # empty unless the clients run DP-SGD without momentum
+        if linear:
+            out.update(stats)
+        public_mask = getattr(aggregator, "public_mask", None)
+        if public_mask is not None:  # PFA's group labels (spec §5): which weights reach Δ̄ through the projection
+            out["public"] = public_mask(view, self.seed).tolist()
+        if stats:
+            out.update(self._oracle_comparison(w, local, stats["noise_stat_analytic"] if linear else None))
+        return out
+
+    def _oracle_comparison(self, w: torch.Tensor, local: LocalRound, stat: float | None) -> dict[str, Any]:
+        """Spec heterogeneous_dp §5 `weights`: the oracle's weights w* (∝ 1/σ_i², the smallest noise statistic a
+        weighted mean of the round's uploads reaches), ||w − w*||₁ and, for weighted-sum aggregators,
+        noise_stat(w) / noise_stat(w*) ≥ 1 (analytic). Engine-side: w* needs the true noise multipliers. Empty when
+        a participant adds no noise (w* would give it all the weight)."""
+        if not bool((local.channel.update_noise_variance(local.view, local.dim) > 0).all()):
+            return {}
+        star = OracleAverage().weights(local.view, local.channel, local.dim).to(torch.float64)
+        out: dict[str, Any] = {"oracle_weights": star.tolist(),
+                               "weights_l1_to_oracle": float((w.to(torch.float64) - star).abs().sum())}
+        if stat is not None:
+            out["noise_stat_ratio_to_oracle"] = stat / self.noise_statistics(star, local)["noise_stat_analytic"]
         return out
 
     def noise_passthrough(self, local: LocalRound, r: int) -> dict[str, float]:

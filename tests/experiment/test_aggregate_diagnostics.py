@@ -1,5 +1,6 @@
-"""metrics.jsonl's `pfa_noise_passthrough` (spec heterogeneous_dp §5): the clients' own DP noise, redrawn from their
-generators, pushed through the round's PFA projection, from real runs."""
+"""metrics.jsonl's aggregation diagnostics (spec heterogeneous_dp §5), from real runs: `pfa_noise_passthrough` (the
+clients' own DP noise, redrawn from their generators, pushed through the round's PFA projection), PFA's group
+labels, and every private weighted mean against the oracle's weights."""
 
 from __future__ import annotations
 
@@ -50,3 +51,24 @@ def test_logged_for_pfa_only_and_lower_with_one_public_client(tmp_path):
                              (ALL_PUBLIC, ("--set", "training.optimizer.momentum=0.5"))):
         rows = _rounds(tmp_path / f"other{len(list(tmp_path.iterdir()))}", algorithm, *extra)
         assert all("pfa_noise_passthrough" not in r for r in rows), algorithm
+
+
+def test_weights_are_compared_with_the_oracles(tmp_path):
+    """The oracle run's own weights are w* (distance 0, ratio 1); WeiAvg's ratio is its analytic noise statistic over
+    the oracle's on the same round (same calibration, so the same sigma_i), at least 1; PFA logs its group labels and
+    the distance but no ratio (its aggregate is not a weighted sum)."""
+    oracle = _rounds(tmp_path / "oracle", "algorithm={name: oracle}")[0]
+    weiavg = _rounds(tmp_path / "weiavg", "algorithm={name: weiavg}")[0]
+    pfa = _rounds(tmp_path / "pfa", "algorithm={name: pfa, params: {split: explicit, public_clients: [1, 3]}}")[0]
+    assert oracle["weights"] == pytest.approx(oracle["oracle_weights"], abs=1e-7)  # float32 weights
+    assert oracle["weights_l1_to_oracle"] < 1e-6 and oracle["noise_stat_ratio_to_oracle"] == pytest.approx(1.0)
+    assert weiavg["oracle_weights"] == oracle["oracle_weights"] and sum(oracle["oracle_weights"]) == pytest.approx(1.0)
+    assert weiavg["noise_stat_ratio_to_oracle"] == pytest.approx(
+        weiavg["noise_stat_analytic"] / oracle["noise_stat_analytic"], rel=1e-6)
+    assert weiavg["noise_stat_ratio_to_oracle"] > 1.0
+    assert weiavg["weights_l1_to_oracle"] == pytest.approx(
+        sum(abs(a - b) for a, b in zip(weiavg["weights"], oracle["oracle_weights"], strict=True)), rel=1e-6)
+    assert pfa["public"] == [False, True, False, True, False, False]
+    assert "weights_l1_to_oracle" in pfa
+    assert "noise_stat_ratio_to_oracle" not in pfa and "noise_stat_analytic" not in pfa
+    assert "public" not in weiavg
