@@ -658,12 +658,13 @@ class FederatedRun:
         alg = self.algorithm
         passthrough = getattr(alg.aggregator, "noise_passthrough", None)
         program = alg.local
-        spec = program.spec_at(r) if hasattr(program, "spec_at") else program.spec
         if (passthrough is None or local.noise_sq_norm is None or not getattr(program, "private", False)
-                or spec.momentum != 0 or spec.sampling not in ("poisson", "fixed")
-                or len(getattr(program, "phases", (program,))) != 1
-                or alg.personal is not None or self.update_hook is not None or self.remote_clients is not None
+                or len(getattr(program, "phases", (program,))) != 1 or alg.personal is not None
+                or self.update_hook is not None or self.remote_clients is not None
                 or not isinstance(alg.upload, FullUpdate)):
+            return {}
+        spec = program.spec_at(r)
+        if spec.momentum != 0 or spec.sampling not in ("poisson", "fixed"):
             return {}
         ids = [int(i) for i in local.view.clients]
         plans = [program.plan(i, int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
