@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.pfa import PFA
 from dpfl.algorithms.server.view import ServerView
 from dpfl.experiment.build import build_run
@@ -93,14 +94,17 @@ def measured_pfa_noise(pfa: PFA, view: ServerView, variances: np.ndarray, shapes
     return float(np.mean(out))
 
 
-def client_variances(run: FederatedRun) -> np.ndarray:
-    """sigma_i^2 / (p eta^2) = T_i C^2 z_i^2 / b_i^2 of each client's update, T_i its planned steps per round."""
+def client_variances(run: FederatedRun, view: ServerView) -> np.ndarray:
+    """sigma_i^2 / (p eta^2) = T_i C^2 z_i^2 / b_i^2 of each client's update (the oracle's `update_noise_variance`,
+    T_i its planned steps per round), for the clients of `view`."""
     spec = run.algorithm.local.spec
     if spec.momentum != 0:
-        raise ValueError("the per-update noise variance below is for plain DP-SGD steps (no momentum)")
+        raise ValueError("the per-update noise variance is for plain DP-SGD steps (no momentum)")
+    ids = view.clients.numpy()
     plan = run.planned_run("dpsgd")
-    b, steps = np.asarray(plan.batch_sizes, dtype=np.float64), np.asarray(plan.local_steps, dtype=np.float64)
-    return steps * spec.clip ** 2 * np.asarray(run.noise, dtype=np.float64) ** 2 / b ** 2
+    channel = NoiseChannel(torch.as_tensor(np.asarray(plan.local_steps)[ids], dtype=torch.int64),
+                           torch.as_tensor(np.asarray(run.noise)[ids], dtype=torch.float64), spec.clip, spec.lr)
+    return (channel.update_noise_variance(view, 1) / (spec.lr * spec.lr)).numpy()
 
 
 def walk_norms(row: NoiseShare, run: FederatedRun, runs: Path) -> dict[str, dict[str, float]]:
@@ -132,13 +136,13 @@ def noise_share(setting: str, draws: int, runs: Path | None = None, round1: bool
     if not isinstance(pfa, PFA) or pfa.subspace != "centered":
         raise SystemExit(f"{setting}: the approximation is for PFA's centred subspace, got {pfa!r}")
     eps = np.asarray(run.eps_reported, dtype=np.float64)
-    variances = client_variances(run)
     k = len(eps)
     public = np.isin(np.arange(k), pfa.public_clients)
     plan = run.planned_run("dpsgd")
     view = ServerView(torch.arange(k), torch.as_tensor(plan.records, dtype=torch.int64),
                       torch.as_tensor(plan.batch_sizes, dtype=torch.int64), torch.as_tensor(eps),
                       torch.as_tensor([b.delta for b in plan.budgets], dtype=torch.float64), float(k))
+    variances = client_variances(run, view)
     shapes = {name: tuple(t.shape) for name, t in run.model.named_parameters()}
     row = NoiseShare(
         setting, [int(c) for c in pfa.public_clients], [float(e) for e in eps[public]],

@@ -202,7 +202,7 @@ def run_local(
     if k == 0:
         raise ValueError("no clients to train")
     start_stack = {n: t.clone() for n, t in start.items()} if stacked_start else P.broadcast(start, k)
-    names = _trainable_names(spec, start_stack)
+    names = trainable_names(spec, start_stack)
     dim = P.num_parameters(start_stack, leading=1)
     dim_t = sum(start_stack[n][0].numel() for n in names)
     # Longest-running clients first, so the active clients at any step are a prefix.
@@ -326,7 +326,7 @@ def _fast_model(model: nn.Module, engine: str, data: PooledData, params: Mapping
         return None, 0
 
 
-def _trainable_names(spec: LocalSpec, params: Mapping[str, torch.Tensor]) -> list[str]:
+def trainable_names(spec: LocalSpec, params: Mapping[str, torch.Tensor]) -> list[str]:
     """The trainable tensor names in the parameters' own order (so the noise layout does not depend on
     how `trainable` was spelled)."""
     if spec.trainable is None:

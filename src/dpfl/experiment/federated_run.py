@@ -32,7 +32,7 @@ from dpfl.engine.allocator import tune_malloc
 from dpfl.engine.evaluation import evaluate
 from dpfl.engine.backends.base import Backend
 from dpfl.engine.backends.local import LocalBackend
-from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, replay_noise
+from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, ClientPlan, replay_noise, trainable_names
 from dpfl.engine.pooled import PooledData
 from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import ClientBudget
@@ -569,8 +569,7 @@ class FederatedRun:
                               remote.noise_sq_norm, P.num_parameters(w))
         trained = train_phases(
             alg, self.model, self.backend, self.pooled,
-            lambda phase: [phase.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
-                           for i in selected],
+            lambda phase: self._plans(phase, selected, r),
             starts if starts is not None else w, stacked=starts is not None, seed=self.seed, round_=r,
             max_elements=self.max_elements, global_model=w)
         current = trained.params
@@ -582,6 +581,11 @@ class FederatedRun:
         uploads = alg.upload.apply(deltas, ids, self.seed, r)
         return LocalRound(uploads, self._view(selected, expected), self._channel(selected, trained.steps),
                           trained.noise_sq_norm, P.num_parameters(w))
+
+    def _plans(self, program: Any, selected: Sequence[int], r: int) -> list[ClientPlan]:
+        """What each selected client runs in round r under `program` (one phase of the local program)."""
+        return [program.plan(int(i), int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
+                for i in selected]
 
     def _select(self, eligible: np.ndarray, r: int) -> np.ndarray:
         """The round's participants; re-drawn (up to REDRAWS times) while the aggregator rejects the sample.
@@ -666,13 +670,10 @@ class FederatedRun:
         spec = program.spec_at(r)
         if spec.momentum != 0 or spec.sampling not in ("poisson", "fixed"):
             return {}
-        ids = [int(i) for i in local.view.clients]
-        plans = [program.plan(i, int(self.n_records[i]), int(self.batch_sizes[i]), float(self.noise[i]), r)
-                 for i in ids]
+        plans = self._plans(program, local.view.clients.tolist(), r)
         if any(p.step_lrs is not None for p in plans):
             return {}
-        names = list(local.uploads) if spec.trainable is None else [n for n in local.uploads if n in spec.trainable]
-        like = {n: local.uploads[n] for n in names}  # the trainable tensors, in the order run_local flattens them
+        like = {n: local.uploads[n] for n in trainable_names(spec, local.uploads)}  # as run_local flattens them
         sums = replay_noise(plans, P.num_parameters(like, leading=1), self.seed, r).to(torch.float64)
         # the noise in client i's update: -(eta / b_i) z_i C sum_t xi_t (Poisson: the nominal batch divides)
         scale = torch.tensor([-spec.lr * p.noise_multiplier * (spec.clip or 0.0) / p.batch_size for p in plans],

@@ -411,13 +411,10 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
     if result.ledger is not None:
         privacy["ledger"] = result.ledger.to_dict()
     write_json_atomic(out / PRIVACY, privacy)
-    evaluated = [(row["round"], row["test_accuracy"]) for row in result.history if row.get("test_accuracy") is not None]
-    best_round, best = max(evaluated, key=lambda t: t[1]) if evaluated else (None, None)
+    best_round, best = _best(result.history, "test_accuracy")
     validated = [row["val_accuracy"] for row in result.history if row.get("val_accuracy") is not None]
     personal = result.final_personal_accuracy
-    personal_rounds = [(row["round"], row["acc_personal"]) for row in result.history
-                       if row.get("acc_personal") is not None]
-    best_personal_round, best_personal = max(personal_rounds, key=lambda t: t[1]) if personal_rounds else (None, None)
+    best_personal_round, best_personal = _best(result.history, "acc_personal")
     summary = {
         "name": cfg.name,
         "final_accuracy": result.final_accuracy,
@@ -437,6 +434,12 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
     write_json_atomic(out / SUMMARY, summary)
     write_report(out)
     return summary
+
+
+def _best(history: list[dict[str, Any]], key: str) -> tuple[int | None, float | None]:
+    """(round, value) of the largest `key` over the rounds that logged it; (None, None) if none did."""
+    logged = [(row["round"], row[key]) for row in history if row.get(key) is not None]
+    return max(logged, key=lambda t: t[1]) if logged else (None, None)
 
 
 def _guarantee_max(result: RunResult) -> float | None:

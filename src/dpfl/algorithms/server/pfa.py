@@ -354,7 +354,7 @@ class PFA:
             U = flat[g.pub].to(torch.float64)
             sub = self.fit(U, d_pub, seed, round_, index)
             out[name] = g.combine(d_pub, sub.project(means[1]))
-            if noise_blocks is not None and noise_means is not None:
+            if noise_means is not None:  # noise_blocks too
                 public_noise = noise_blocks[name][g.pub].to(torch.float64)
                 centre = public_noise.mean(0) if self._centred(len(U)) else torch.zeros_like(noise_means[0])
                 noise_out[name] = g.combine(noise_means[0], Subspace(centre, sub.V).project(noise_means[1]))
