@@ -98,3 +98,9 @@ def test_final_norms_beside_the_noise_walk(script, dist1, tmp_path, capsys):
     with pytest.raises(SystemExit, match="expected one Robust-HDP full-scale setting"):
         script.noise_share("fmnist-Dist*", draws=1)
     capsys.readouterr()
+    # as a user runs it: the same row, the norms of the finished run under --runs
+    script.main(["--dists", "Dist1", "--draws", "1", "--runs", str(tmp_path), "--json"])
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["weiavg"] == dist1.weiavg and row["public"] == dist1.public and list(row["norms"]) == ["pfa"]
+    script.main(["--dists", "Dist1", "--draws", "1"])
+    assert capsys.readouterr().out.startswith("| setting | PFA public clients (ε) |")
