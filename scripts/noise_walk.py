@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dpfl.engine import params as P
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import load_config
 from dpfl.experiment.run_directory import CONFIG
@@ -47,25 +48,26 @@ def walk(run_dir: Path) -> dict[str, Any]:
         raise SystemExit(str(err)) from None
     if not rows:
         raise SystemExit(f"{run_dir}: no metrics.jsonl rows (not a dpfl run directory, or no round finished)")
-    keys = [k for k in STAT_KEYS if all(k in r for r in rows)]
-    if not keys or any("param_norm" not in r for r in rows):
+    key = next((k for k in STAT_KEYS if all(k in r for r in rows)), None)
+    if key is None or any("param_norm" not in r for r in rows):
         raise SystemExit(f"{run_dir}: every round needs param_norm and one of {', '.join(STAT_KEYS)} "
                          "(a private weighted-mean or PFA run with DP-SGD clients, written since 2026-11-30)")
     config = load_config(run_dir / CONFIG)
-    server_lr = (config.algorithm.params or {}).get("server_lr", 1.0)
+    server_lr = config.algorithm.params.get("server_lr", 1.0)
     if server_lr != 1.0:
         raise SystemExit(f"{run_dir}: server_lr {server_lr}: the walk below is for a server step of 1")
     run = build_run(config)
-    w0 = sum(float(t.detach().double().pow(2).sum()) for t in run.model.parameters())
-    p, lr = sum(t.numel() for t in run.model.parameters()), run.algorithm.local.spec.lr
+    w = P.model_params(run.model)  # the initial model, as the run starts from it
+    w0 = float(P.global_norms({name: t.double() for name, t in w.items()}, leading=0)) ** 2
+    p, lr = P.num_parameters(w), run.algorithm.local.spec.lr
     total, out = 0.0, []
     for row in rows:
-        total += float(row[keys[0]])
+        stat = float(row[key])
+        total += stat
         predicted = math.sqrt(w0 + p * lr * lr * total)
         out.append({"round": row["round"], "param_norm": row["param_norm"], "walk": predicted,
-                    "ratio": row["param_norm"] / predicted, "stat": float(row[keys[0]]),
-                    **{k: row.get(k) for k in EVALUATION}})
-    return {"run": str(run_dir), "stat_key": keys[0], "initial_norm": math.sqrt(w0), "rounds": out}
+                    "ratio": row["param_norm"] / predicted, "stat": stat, **{k: row.get(k) for k in EVALUATION}})
+    return {"run": str(run_dir), "stat_key": key, "initial_norm": math.sqrt(w0), "rounds": out}
 
 
 def shown(rounds: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:

@@ -75,7 +75,7 @@ def test_refuses_a_run_without_the_noise_statistics(script, runs, tmp_path):
         script.walk(tmp_path)
 
 
-def test_main_prints_the_table_and_json(script, runs, capsys):
+def test_main_prints_the_table_json_and_csv(script, runs, capsys):
     script.main([str(runs / "weiavg"), str(runs / "pfa"), "--every", "2"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| run | stat | round |")
