@@ -41,6 +41,7 @@ import torch
 from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.pfa import PFA
 from dpfl.algorithms.server.view import ServerView
+from dpfl.engine import params as P
 from dpfl.experiment.build import build_run
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.experiment.run_directory import CHECKPOINT, SUMMARY, load_checkpoint
@@ -109,15 +110,15 @@ def client_variances(run: FederatedRun, view: ServerView) -> np.ndarray:
 
 def walk_norms(row: NoiseShare, run: FederatedRun, runs: Path) -> dict[str, dict[str, float]]:
     """{method: {"final", "predicted", "rounds"}} of the finished seed-0 runs under runs/runs/<setting>/<method>."""
-    w0 = sum(float(t.detach().double().pow(2).sum()) for t in run.model.parameters())
-    p, lr = sum(t.numel() for t in run.model.parameters()), run.algorithm.local.spec.lr
+    w = {name: t.double() for name, t in P.model_params(run.model).items()}  # the initial model
+    w0, p, lr = float(P.global_norms(w, leading=0)) ** 2, P.num_parameters(w), run.algorithm.local.spec.lr
     out = {}
     for method, column in WALK_STAT.items():
         run_dir = runs / "runs" / row.setting / method / "seed0"
         if not (run_dir / SUMMARY).is_file():
             continue
         state = load_checkpoint(run_dir / CHECKPOINT)
-        final = math.sqrt(sum(float(t.double().pow(2).sum()) for t in state["params"].values()))
+        final = float(P.global_norms({name: t.double() for name, t in state["params"].items()}, leading=0))
         rounds = len(state["history"])
         out[method] = {"final": final, "predicted": math.sqrt(w0 + rounds * p * lr * lr * getattr(row, column)),
                        "rounds": rounds}
