@@ -148,6 +148,7 @@ def _run_mpdp(config: Path, sets: list[str], out: Optional[Path]) -> None:
     """An MP-DP run (`dpfl.experiment.mpdp_directory`): flat `--set field=value` overrides, then the outcome."""
     import yaml
 
+    from dpfl.evaluate.mpdp_attacks import client_attacks
     from dpfl.experiment.mpdp_config import load_mpdp_config
     from dpfl.experiment.mpdp_directory import execute_mpdp
     from dpfl.results.mpdp_outcome import print_mpdp_outcome
@@ -160,7 +161,8 @@ def _run_mpdp(config: Path, sets: list[str], out: Optional[Path]) -> None:
         overrides[key.strip()] = yaml.safe_load(value)
     cfg = load_mpdp_config(config, **overrides)
     out = out or Path("runs") / cfg.name
-    summary = execute_mpdp(cfg, out, progress=lambda line: errors.print(line, markup=False, highlight=False))
+    summary = execute_mpdp(cfg, out, progress=lambda line: errors.print(line, markup=False, highlight=False),
+                           client_attacks=client_attacks)
     print_mpdp_outcome(out, console, summary)
 
 
@@ -330,7 +332,7 @@ def privacy_fdp(
                 raise UserError(f"{', '.join(clash)}: with --from-run every setting comes from the run's config")
             if paper_variant is not None:
                 _choice("paper-variant", paper_variant, PAPER_VARIANTS)
-            from dpfl.results.fdp_from_run import fdp_report_from_run
+            from dpfl.evaluate.fdp_from_run import fdp_report_from_run
 
             report = fdp_report_from_run(from_run, grid, t_max, delta, paper_variant or "printed")
         else:
@@ -480,8 +482,8 @@ def confidence(
 ) -> None:
     """Why a run's test loss can be huge while its accuracy holds: the final model's test loss split into right and
     wrong predictions, its parameter norm, and the loss at a fitted temperature (accuracy unchanged)."""
-    from dpfl.results.confidence import confidence as measure
-    from dpfl.results.confidence import format_confidence
+    from dpfl.evaluate.confidence import confidence as measure
+    from dpfl.evaluate.confidence import format_confidence
 
     try:
         rows = [measure(d, seed) for d in run_dirs]
@@ -1170,7 +1172,7 @@ def audit(
 ) -> None:
     """Empirical lower bound on the run's epsilon (canaries of its unit, one run, 95% confidence) next to the reported
     one: canary clients for client-level mechanisms and non-private runs, canary records for sample-level ones."""
-    from dpfl.attacks.audit import audit_config
+    from dpfl.evaluate.audit import audit_config
     from dpfl.experiment.config import load_config
     from dpfl.results.run_files import write_json_atomic
 
@@ -1233,7 +1235,7 @@ def attack_invert(
 ) -> None:
     """Gradient inversion (DLG, Inverting Gradients) of one client's upload, as the server receives it."""
     from dpfl.attacks.figures import reconstruction_grid
-    from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round
+    from dpfl.evaluate.probe import inversion_metrics, invert_probe, probe_round
     from dpfl.results.run_files import write_json_atomic
 
     try:
@@ -1268,7 +1270,7 @@ def attack_mia(
 ) -> None:
     """Membership inference against the run's released model (loss, confidence and shadow attacks)."""
     from dpfl.attacks.membership import plot_roc
-    from dpfl.attacks.released import attack_released_model
+    from dpfl.evaluate.released import attack_released_model
     from dpfl.results.run_files import write_json_atomic
 
     try:

@@ -16,7 +16,7 @@ from cli_runner import cli
 
 from dpfl.algorithms.client.udp import ClippedNoisyUpdate
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
-from dpfl.attacks.audit import audit_client_level
+from dpfl.evaluate.audit import audit_client_level
 from dpfl.experiment.config import config_to_yaml
 from dpfl.experiment.config.loading import validate_config
 

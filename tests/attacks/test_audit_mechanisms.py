@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from dpfl.algorithms.client.udp import ClippedNoisyUpdate
-from dpfl.attacks.audit import audit_config
+from dpfl.evaluate.audit import audit_config
 from dpfl.experiment.config.loading import validate_config
 
 MODEL = {"name": "mlp2", "options": {"hidden": 128, "dropout": 0.0}}

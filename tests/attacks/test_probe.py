@@ -7,7 +7,7 @@ import torch
 from cli_runner import cli
 
 from dpfl.attacks.inversion import observed_gradient
-from dpfl.attacks.probe import invert_probe, matched, probe_round
+from dpfl.evaluate.probe import invert_probe, matched, probe_round
 from dpfl.experiment.config import config_to_yaml, validate_config
 from dpfl.reproduce.jobs import config_dir
 

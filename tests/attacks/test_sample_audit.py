@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpfl.attacks.sample_audit import INCLUSION_STREAM, audit_sample_level
+from dpfl.evaluate.sample_audit import INCLUSION_STREAM, audit_sample_level
 from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.engine import local_training
 from dpfl.engine.per_sample import FastModel

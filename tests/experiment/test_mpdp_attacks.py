@@ -4,7 +4,7 @@ reports ... MIA ASR (plain and adaptive)")."""
 import pytest
 import torch
 
-from dpfl.experiment.mpdp_attacks import client_attacks, membership_report
+from dpfl.evaluate.mpdp_attacks import client_attacks, membership_report
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import FederatedArrays, federated_arrays, run_mpdp
 
@@ -50,7 +50,7 @@ def test_a_diverged_model_is_recorded_as_not_attacked_not_a_failed_run():
     for bad in (float("nan"), float("inf"), 1e200):  # 1e200: finite outputs, an infinite MSE loss score
         report = membership_report(lambda x, v=bad: torch.full((len(x), C), v, dtype=torch.float64), arrays, seed=0)
         assert report["asr"] is None and report["auc"] is None and "diverged" in report["skipped"], bad
-    from dpfl.experiment.mpdp_attacks import _accuracy
+    from dpfl.evaluate.mpdp_attacks import _accuracy
 
     assert _accuracy(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0])) == 0.5
     assert _accuracy(torch.tensor([[float("nan"), 0.0], [0.0, 1.0]]), torch.tensor([0, 1])) is None  # not "0.5"
@@ -71,14 +71,27 @@ def digits():
 
 def test_mpdp_runs_report_plain_and_adaptive_membership_baselines_plain_only(digits):
     cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=30.0, clip_mode="oracle_true")
-    mpdp = run_mpdp(cfg, "mpdp", arrays=digits)
+    mpdp = run_mpdp(cfg, "mpdp", arrays=digits, client_attacks=client_attacks)
     m = mpdp.privacy["membership"]
     assert {"plain", "adaptive"} <= set(m) and "perturbed" in m["target"]
     assert mpdp.summary["mia_asr"] == m["plain"]["asr"] and mpdp.summary["mia_asr_adaptive"] == m["adaptive"]["asr"]
     assert all(0.0 <= m[k]["asr"] <= 1.0 for k in ("plain", "adaptive"))
-    fedavg = run_mpdp(cfg, "fedavg", arrays=digits)
+    fedavg = run_mpdp(cfg, "fedavg", arrays=digits, client_attacks=client_attacks)
     assert set(fedavg.privacy["membership"]) == {"target", "plain"} and "model_hiding" not in fedavg.privacy
     assert fedavg.summary["mia_asr"] is not None and fedavg.summary["mia_asr_adaptive"] is None
+
+
+def test_a_run_without_the_attack_callback_records_no_attack(digits):
+    """The run layer imports no attack: the caller supplies them (`client_attacks`), and without it privacy.json
+    holds the mechanism's guarantee alone, no attack block and no attack-derived summary field."""
+    cfg = MPDPConfig(name="t", clients=5, rounds=2, hidden=[32], lr=0.3, epsilon=30.0, clip_mode="oracle_true")
+    plain = run_mpdp(cfg, "mpdp", arrays=digits)
+    assert "membership" not in plain.privacy and "model_hiding" not in plain.privacy
+    assert plain.summary["mia_asr"] is None and plain.summary["demasked_accuracy"] is None
+    attacked = run_mpdp(cfg, "mpdp", arrays=digits, client_attacks=client_attacks)
+    assert {"membership", "model_hiding"} <= set(attacked.privacy)
+    assert [r["test_accuracy"] for r in plain.history if "test_accuracy" in r] == [
+        r["test_accuracy"] for r in attacked.history if "test_accuracy" in r]  # the attacks change nothing trained
 
 
 def test_the_server_view_recovers_each_clients_true_gradient_without_noise(digits):  # Eq. (18) with η = Δ = 0
@@ -103,7 +116,7 @@ def test_inversion_recovers_an_unprotected_record_and_not_an_mpdp_upload(digits)
     """One record, the final model of a short run: the true gradient gives the image back (> 40 dB), MP-DP's
     recovered noisy gradient at nominal eps 3 per round does not (< 20 dB: noise std 0.34 S per coordinate against
     a gradient of norm <= S); the strongest view is the noise-free Φ (W2)."""
-    from dpfl.experiment.mpdp_inversion import inversion_report
+    from dpfl.evaluate.mpdp_inversion import inversion_report
     from dpfl.experiment.mpdp_run import model_plan
 
     cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=3.0)
@@ -126,7 +139,7 @@ def test_the_raw_upload_leaks_under_the_oracle_clip_not_under_the_joint_clip(dig
     """The noise is calibrated to S on the recovered gradient. Under the oracle clip the perturbed gradient at Ŵ is
     not bounded (the mask terms make it much larger), so matching the raw upload at Ŵ recovers the record; the
     spec's joint clip bounds it by S and the record stays hidden. Measured: 32-61 dB vs 6-8 dB on this data."""
-    from dpfl.experiment.mpdp_inversion import inversion_report
+    from dpfl.evaluate.mpdp_inversion import inversion_report
     from dpfl.experiment.mpdp_run import model_plan
 
     cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=30.0)
@@ -146,7 +159,7 @@ def test_the_fallback_network_has_the_clients_lmt_gradient(digits):
     from dpfl.algorithms.secure.mpdp.lmt import lmt
     from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, mp_server, round_generator
     from dpfl.attacks.inversion import observed_gradient
-    from dpfl.experiment.mpdp_inversion import AlphaNetwork, PerturbedNetwork
+    from dpfl.evaluate.mpdp_inversion import AlphaNetwork, PerturbedNetwork
     from dpfl.experiment.mpdp_run import initial_weights
 
     plan = FactorPlan((64, 16, 12, 10))
@@ -166,7 +179,7 @@ def test_the_fallback_network_has_the_clients_lmt_gradient(digits):
 def test_the_noise_free_correction_term_gives_the_record_back_under_the_spec_clip(digits):
     """W2 measured: Φ_k is uploaded without noise, so even the joint clip (which hides the record in the noisy
     views) leaves it readable from Φ_k."""
-    from dpfl.experiment.mpdp_inversion import inversion_report
+    from dpfl.evaluate.mpdp_inversion import inversion_report
     from dpfl.experiment.mpdp_run import model_plan
 
     cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=3.0)
@@ -179,7 +192,7 @@ def test_the_noise_free_correction_term_gives_the_record_back_under_the_spec_cli
 
 
 def test_inversion_skips_what_cannot_be_probed_and_says_why(digits):
-    from dpfl.experiment.mpdp_inversion import inversion_report
+    from dpfl.evaluate.mpdp_inversion import inversion_report
     from dpfl.experiment.mpdp_run import initial_weights, model_plan
 
     cfg = MPDPConfig(name="t", clients=5, hidden=[32])
@@ -194,7 +207,7 @@ def test_inversion_skips_what_cannot_be_probed_and_says_why(digits):
 def test_a_study_trains_one_extractor_per_public_records_and_seed(digits):
     """The cache gives the same extractor for the same public records and seed (equal to a fresh training), and a
     new one for another seed or other records."""
-    from dpfl.attacks.probe import Probe, public_extractor, shared_extractor
+    from dpfl.evaluate.probe import Probe, public_extractor, shared_extractor
 
     images, labels = digits.x_test.reshape(-1, 1, 8, 8), digits.y_test
 

@@ -8,7 +8,7 @@ import pytest
 from cli_runner import cli
 from lock_holder import hold_in_another_process, kill
 
-from dpfl.attacks import probe
+from dpfl.evaluate import probe
 from dpfl.reproduce import attacks
 from dpfl.reproduce.jobs import GridError
 

@@ -11,7 +11,7 @@ from cli_runner import cli
 
 from dpfl.experiment.config import validate_config
 from dpfl.experiment.run_directory import execute
-from dpfl.results.confidence import confidence
+from dpfl.evaluate.confidence import confidence
 
 BASE = {"name": "confidence", "seed": 0, "data": {"dataset": "digits", "clients": 5}, "model": {"name": "mlp2"},
         "algorithm": {"name": "fedavg"}, "evaluation": {"every": 4},
@@ -68,7 +68,7 @@ def test_cli_prints_json_and_refuses_what_it_cannot_measure(run, tmp_path):
 
 
 def test_a_test_set_of_one_record_is_refused(run, monkeypatch):
-    import dpfl.results.confidence as module
+    import dpfl.evaluate.confidence as module
 
     real = module.released_model
 

@@ -237,7 +237,7 @@ class FederatedRun:
                 unit=algorithm.unit,
             )
         self.calibrated: CalibratedNoise | None = None  # what the noise was calibrated for, if it was
-        # privacy audits only (dpfl.attacks.audit): (client ids, their local updates, round) -> the updates that go
+        # privacy audits only (dpfl.evaluate.audit): (client ids, their local updates, round) -> the updates that go
         # into the upload stage; canary clients' updates are replaced there, before any clipping or noise
         self.update_hook: Callable[[list[int], P.Params, int], P.Params] | None = None
         # a real federation (dpfl.flower): `round(run, r, w, ids)` returns the selected clients' uploads `[K, ...]`,

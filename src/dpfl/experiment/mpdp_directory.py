@@ -20,7 +20,7 @@ import yaml
 from dpfl.experiment.config.errors import ConfigError
 from dpfl.experiment.config.loading import read_config_mapping
 from dpfl.experiment.mpdp_config import MPDPConfig
-from dpfl.experiment.mpdp_run import MPDPResult, federated_arrays, run_mpdp
+from dpfl.experiment.mpdp_run import ClientAttacks, MPDPResult, federated_arrays, run_mpdp
 from dpfl.experiment.run_directory import CONFIG, METRICS, PRIVACY, SUMMARY, RunDirectoryError, is_occupied
 from dpfl.experiment.run_lock import run_held
 from dpfl.results.environment import write_environment
@@ -46,15 +46,18 @@ def write_run_files(out: Path, result: MPDPResult) -> None:
     write_environment(out)
 
 
-def execute_mpdp(cfg: MPDPConfig, out: Path, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def execute_mpdp(cfg: MPDPConfig, out: Path, progress: Callable[[str], None] | None = None,
+                 client_attacks: ClientAttacks | None = None) -> dict[str, Any]:
     """Run cfg's `method` into `out` (which must not exist or be empty) and return the summary. The directory's lock
     (`dpfl.experiment.run_lock`) is held from the run's start to its last write: a second process given the same
-    `out` is refused at once (RunDirectoryBusy) instead of running too and overwriting the first's files."""
+    `out` is refused at once (RunDirectoryBusy) instead of running too and overwriting the first's files.
+    `client_attacks` (`dpfl.evaluate.mpdp_attacks.client_attacks` from the CLI) adds the spec's client attacks to
+    privacy.json."""
     out = Path(out)
     arrays = federated_arrays(cfg)  # a missing dataset surfaces before the directory is made
 
     def run() -> dict[str, Any]:
-        result = run_mpdp(cfg, cfg.method, arrays=arrays, progress=progress)
+        result = run_mpdp(cfg, cfg.method, arrays=arrays, progress=progress, client_attacks=client_attacks)
         write_text_atomic(out / CONFIG, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         write_run_files(out, result)
         summary = {"name": cfg.name, "scheme": SCHEME, **result.summary, "rounds_done": cfg.rounds}

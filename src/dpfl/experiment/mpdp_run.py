@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,13 +30,20 @@ from dpfl.algorithms.secure.threshold_paillier import keygen
 from dpfl.algorithms.secure.tpsmc import tpsmc_round
 from dpfl.data import load_dataset
 from dpfl.data.catalog import FILE_BACKED
-from dpfl.experiment.mpdp_attacks import client_attacks
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
 from dpfl.privacy.analytic_gaussian import analytic_gaussian_sigma
 from dpfl.seeding import Purpose, derive_seed, numpy_generator, torch_generator
 
 MAX_RETRIES = 5  # re-runs of a round discarded for missing peers (dropout_policy abort)
+
+
+class ClientAttacks(Protocol):
+    """What a curious client learns at the end of a run: privacy.json blocks from the last model it received (an
+    MP-DP `view`, or the plaintext `weights` for the other methods)."""
+
+    def __call__(self, arrays: FederatedArrays, seed: int, *, view: ClientView | None = None,
+                 weights: list[torch.Tensor] | None = None, plan: FactorPlan | None = None) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -203,8 +210,12 @@ def evaluate(weights: list[torch.Tensor], arrays: FederatedArrays,
 def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = None,
              on_broadcast: Callable[[ClientPayload, list[torch.Tensor]], Any] | None = None,
              drop: Callable[[int, int], set[int]] | None = None,
-             progress: Callable[[str], None] | None = None) -> MPDPResult:
-    """One run of `method` on cfg's data. `drop(round, attempt)`: clients that leave after key agreement (tests)."""
+             progress: Callable[[str], None] | None = None,
+             client_attacks: ClientAttacks | None = None) -> MPDPResult:
+    """One run of `method` on cfg's data. `drop(round, attempt)`: clients that leave after key agreement (tests).
+    `client_attacks` measures what a curious client learns from the last model it received (the spec's §10 attacks;
+    `dpfl.evaluate.mpdp_attacks.client_attacks`, supplied by the caller so that this layer imports no attack); its
+    result goes into the run's privacy record."""
     arrays = arrays if arrays is not None else federated_arrays(cfg)
     plan = model_plan(cfg, tuple(arrays.shards[0][0].shape[1:]), arrays.n_classes)
     weights = initial_weights(plan, cfg.seed)
@@ -300,8 +311,9 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
         per_client = [composed(cfg.epsilon, cfg.delta, p) for p in participations]
         privacy["per_client"] = [{"client": k, **c} for k, c in enumerate(per_client)]
         privacy["composed_epsilon_max"] = max(c["composed"]["epsilon"] for c in per_client)
-    privacy.update(client_attacks(arrays, cfg.seed, view=ClientView(last[0])) if last
-                   else client_attacks(arrays, cfg.seed, weights=weights, plan=plan))
+    if client_attacks is not None:
+        privacy.update(client_attacks(arrays, cfg.seed, view=ClientView(last[0])) if last
+                       else client_attacks(arrays, cfg.seed, weights=weights, plan=plan))
     summary = summarize(cfg, method, history, privacy, time.perf_counter() - t_start)
     return MPDPResult(method, history, privacy, summary, weights, plan)
 

@@ -5,11 +5,11 @@ on the scale's base config (`ci`: configs/attacks/ci_fmnist.yaml, budgets 1, 3, 
 configs/attacks/overfit_fmnist.yaml, 50 records per client trained long enough that FedAvg overfits, budgets 1, 8,
 100):
 - the run itself (run directory runs/<setting>/run: accuracy, the ledger's epsilon);
-- membership inference on its released model (`attacks.released`; the strongest of the loss, confidence and shadow
+- membership inference on its released model (`evaluate.released`; the strongest of the loss, confidence and shadow
   attacks by AUC: its ASR, AUC and TPR at 1% FPR);
-- gradient inversion of one client's upload of 4 records in a probe round (`attacks.probe`; the better of DLG and
+- gradient inversion of one client's upload of 4 records in a probe round (`evaluate.probe`; the better of DLG and
   Inverting Gradients by PSNR);
-- the empirical audit of the mechanism's unit (`attacks.audit`: canary clients for fedavg and client, canary records
+- the empirical audit of the mechanism's unit (`evaluate.audit`: canary clients for fedavg and client, canary records
   for dpsgd), a 95%-confidence lower bound on epsilon next to the epsilon the audited run (the setting plus its
   canaries, calibrated to the same budget) reports.
 
@@ -31,11 +31,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from dpfl.attacks.audit import audit_config
+from dpfl.evaluate.audit import audit_config
 from dpfl.attacks.figures import reconstruction_grid
 from dpfl.attacks.membership import NonFiniteOutputsError
-from dpfl.attacks.probe import inversion_metrics, invert_probe, probe_round, shared_extractor
-from dpfl.attacks.released import attack_released_model
+from dpfl.evaluate.probe import inversion_metrics, invert_probe, probe_round, shared_extractor
+from dpfl.evaluate.released import attack_released_model
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
 from dpfl.experiment.run_directory import execute
 from dpfl.experiment.run_lock import RunDirectoryBusy, run_held

@@ -2,7 +2,7 @@
 
 The paper (Fig. 3) runs DLG on one client's upload and reports PSNR for non-private FedAvg, UDP-FedAvg and FedCEO
 (attacked after T-tSVD): both DP methods resist, FedAvg leaks. This study runs the same comparison through
-`dpfl.attacks.probe` on FedCEO's ci config: client 0 holds one private-class record and takes one local step;
+`dpfl.evaluate.probe` on FedCEO's ci config: client 0 holds one private-class record and takes one local step;
 the points are FedAvg's upload (no privacy), the DP-SGD upload at each σ_g (what the server receives from
 UDP-FedAvg and from FedCEO alike: the mechanism is the same), and FedCEO's smoothed model ŵ_0 after smoothing j
 (the round's K clients train, the server smooths at ϑ^j / (2λ)). Each point runs DLG and Inverting Gradients
@@ -23,7 +23,7 @@ import torch
 
 from dpfl.attacks.figures import reconstruction_grid
 from dpfl.attacks.image_metrics import psnr
-from dpfl.attacks.probe import INVERSION_METRICS, inversion_metrics, invert_probe, probe_round, shared_extractor
+from dpfl.evaluate.probe import INVERSION_METRICS, inversion_metrics, invert_probe, probe_round, shared_extractor
 from dpfl.experiment.config import RunConfig, config_to_dict, load_config, validate_config
 from dpfl.reproduce.jobs import config_dir
 from dpfl.reproduce.tables import csv_text, md_table

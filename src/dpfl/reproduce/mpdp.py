@@ -37,7 +37,7 @@ plaintext global model otherwise; 0.5 = guessing), mia_asr_adaptive (mpdp*: the 
 psnr_b1 and psnr_b8 (gradient inversion by the server of client 0's probe upload at the final true model, batch 1
 and 8, the strongest of DLG and Inverting Gradients on every view the server has, in dB, higher = more leakage;
 psnr_b*_recovered, psnr_b*_upload and psnr_b*_phi: mpdp*'s views, the Eq. (18) recovered gradient matched at W, the
-raw upload matched at Ŵ, and the noise-free correction term Φ_k (W2): experiment/mpdp_inversion.py),
+raw upload matched at Ŵ, and the noise-free correction term Φ_k (W2): evaluate/mpdp_inversion.py),
 status, run_dir. Every run directory has config.yaml (the config it ran, written first), metrics.jsonl, privacy.json
 (every attack's ASR, AUC and TPR at 1% FPR) and summary.json (written last). A re-run skips the finished runs of the
 same config and inversion steps, runs the unfinished ones from the start (MP-DP runs do not resume), and refuses,
@@ -64,7 +64,8 @@ import yaml
 from dpfl.data.errors import DatasetNotFoundError
 from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
 from dpfl.experiment.mpdp_directory import write_run_files
-from dpfl.experiment.mpdp_inversion import inversion_report
+from dpfl.evaluate.mpdp_attacks import client_attacks
+from dpfl.evaluate.mpdp_inversion import inversion_report
 from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
 from dpfl.experiment.run_lock import RunDirectoryBusy, lock_holder, run_held
 from dpfl.reproduce.jobs import GridError, check_planned, config_dir, select_names
@@ -225,7 +226,7 @@ def _run_job_held(job: MPDPJob, out: Path, inversion_steps: int, extractors: dic
     write_text_atomic(d / "config.yaml", _config_text(cfg))
     try:
         arrays = federated_arrays(cfg)
-        result = run_mpdp(cfg, cfg.method, arrays=arrays)
+        result = run_mpdp(cfg, cfg.method, arrays=arrays, client_attacks=client_attacks)
         inversion = (inversion_report(cfg, cfg.method, result.weights, result.plan, arrays, steps=inversion_steps,
                                       extractors=extractors)
                      if inversion_steps > 0 else {"skipped": "--inversion-steps 0"})

@@ -210,8 +210,11 @@ def test_gaussian_conditional_noise_cancels_and_the_audit_is_finite(arrays):  # 
 
 def test_runs_report_what_demasking_recovers_from_the_last_received_model(arrays):  # W3 measured
     cfg = MPDPConfig(name="t", clients=5, rounds=30, hidden=[64, 32], lr=0.3, epsilon=300.0, clip_mode="oracle_true")
-    result = run_mpdp(cfg, "mpdp", arrays=arrays)
+    from dpfl.evaluate.mpdp_attacks import client_attacks
+
+    result = run_mpdp(cfg, "mpdp", arrays=arrays, client_attacks=client_attacks)
     hiding = result.privacy["model_hiding"]
     assert hiding["perturbed_accuracy"] < 0.3 < 0.5 < hiding["demasked_accuracy"]  # hidden as received, not after
     assert result.summary["demasked_accuracy"] == hiding["demasked_accuracy"]
-    assert "model_hiding" not in run_mpdp(cfg.model_copy(update={"rounds": 2}), "fedavg", arrays=arrays).privacy
+    fedavg = run_mpdp(cfg.model_copy(update={"rounds": 2}), "fedavg", arrays=arrays, client_attacks=client_attacks)
+    assert "model_hiding" not in fedavg.privacy and "membership" in fedavg.privacy

@@ -78,7 +78,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpfl.attacks.audit import reported_claim
+from dpfl.evaluate.audit import reported_claim
 from dpfl.attacks.one_run import lower_bound
 from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.data.registry import PROVIDED

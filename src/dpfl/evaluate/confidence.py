@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 
-from dpfl.attacks.released import released_model
+from dpfl.evaluate.released import released_model
 from dpfl.results.formatting import or_na
 
 LOG_T_BOUNDS = (-5.0, 12.0)  # T from 0.007 to 160,000: logits of a few hundred need T in the hundreds

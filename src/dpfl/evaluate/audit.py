@@ -114,7 +114,7 @@ def audit_config(cfg: RunConfig, canaries: int = 200, confidence: float = 0.95) 
     """The audit of the run's own unit: canary records for a sample-level mechanism (`sample_audit`), canary
     clients for a client-level one or a non-private run."""
     if cfg.privacy.unit == "sample":
-        from dpfl.attacks.sample_audit import audit_sample_level
+        from dpfl.evaluate.sample_audit import audit_sample_level
 
         return audit_sample_level(cfg, canaries, confidence)
     return audit_client_level(cfg, canaries, confidence)

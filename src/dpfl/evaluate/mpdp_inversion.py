@@ -1,5 +1,5 @@
 """Gradient inversion by the server in MP-DP's comparison (spec bidirectional.md §10, "Gradient inversion by the
-server"), through the same attacks as every other algorithm (`attacks.probe.invert_probe`: DLG and Inverting
+server"), through the same attacks as every other algorithm (`evaluate.probe.invert_probe`: DLG and Inverting
 Gradients, PSNR, image MSE and feature MSE).
 
 A probe round at the run's final TRUE model W: client 0 holds `batch` records of the private classes (distinct
@@ -28,7 +28,7 @@ from torch import nn
 
 from dpfl.algorithms.secure.mpdp.algorithm import clipped, perturbed_round, true_gradient
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, recover, round_generator
-from dpfl.attacks.probe import Probe, invert_probe, private_classes, shared_extractor
+from dpfl.evaluate.probe import Probe, invert_probe, private_classes, shared_extractor
 from dpfl.experiment.mpdp_config import MPDPConfig
 from dpfl.experiment.mpdp_run import FederatedArrays, noise_settings
 from dpfl.seeding import Purpose, derive_seed
