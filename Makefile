@@ -1,10 +1,11 @@
 # Two commands for a newcomer: `make demo` (a private federated run) and `make test` (the suite).
-# Both create the virtual environment and install what they need on first use.
+# Both create the virtual environment and install what they need on first use. `make test` is the default tier;
+# `make test-integration` the slow end-to-end tier (tests marked `integration`); `make test-all` both in one run.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test test-all bench data install clean
+.PHONY: demo test test-integration test-all bench data install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,9 @@ demo: install
 
 test: install data
 	$(PY) -m pytest
+
+test-integration: install data
+	$(PY) -m pytest -m integration
 
 test-all: install data
 	$(PY) -m pytest -m ''

@@ -159,6 +159,7 @@ def test_demo_runs_and_prints_per_client_epsilon(tmp_path):
     assert summary["rounds_done"] == 30 and summary["final_accuracy"] > 0.6
 
 
+@pytest.mark.integration  # subprocesses, one SIGKILLed (~25 s); tests/experiment/test_fdp_resume.py resumes in process
 def test_a_killed_run_resumes_to_identical_metrics(tmp_path):
     """A real process, a real SIGKILL mid-run, then --resume: the metrics equal an uninterrupted run's."""
     config = small_config(tmp_path, rounds=15, name="killed")

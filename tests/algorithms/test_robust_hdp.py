@@ -154,7 +154,7 @@ def test_robust_hdp_first_block_approaches_oracle():
     check_oracle(RobustHDP(blocks="first", p_prime=5_000), bound=1.10)
 
 
-@pytest.mark.slow  # ~2,800 (entrywise) / ~6,800 (max_col_sum) PCP iterations on 20000 x 20: ~1-3 min on 2 cores
+@pytest.mark.integration  # ~2,800 (entrywise) / ~6,800 (max_col_sum) PCP iterations on 20000 x 20: ~20-50 s each
 @pytest.mark.parametrize("mu_norm", ["entrywise", "max_col_sum"])
 def test_robust_hdp_all_blocks_approaches_oracle(mu_norm):
     # measured (seed 0): entrywise ratio 1.0003, cos 0.99983; max_col_sum ratio 1.0005, cos 0.99985

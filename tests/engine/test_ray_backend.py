@@ -46,6 +46,8 @@ def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray")  # one worker for every Ray test: tests/engine/test_ray_cluster.py
+# The tests below start Ray (a session of actors, some killed): the integration tier; the three above stay in the
+# default tier.
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +68,7 @@ def _same(a, b) -> None:
     assert a.spent() == b.spent()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path, sets", [
     (DEMO, SMALL),  # sample-level: DP-SGD, per-client budgets
     ("configs/digits_udp.yaml", ["training.rounds=3"]),  # client-level: local SGD, clipped noisy uploads
@@ -78,6 +81,7 @@ def test_two_actors_give_the_local_run_bit_for_bit(ray_session, path, sets):
     assert run.backend.actors == []  # stopped with the run
 
 
+@pytest.mark.integration
 def test_an_actor_killed_mid_run_is_replaced_and_its_shard_retried(ray_session):
     local = build_run(load_config(DEMO, SMALL)).run()
     run = build_run(load_config(DEMO, ["backend=ray", *SMALL]))
@@ -91,6 +95,7 @@ def test_an_actor_killed_mid_run_is_replaced_and_its_shard_retried(ray_session):
     assert backend.retries == 1
 
 
+@pytest.mark.integration
 def test_an_actor_lost_twice_fails_the_round(ray_session):
     run = build_run(load_config(DEMO, ["backend=ray", *SMALL]))
     backend = run.backend
@@ -111,6 +116,7 @@ def test_an_actor_lost_twice_fails_the_round(ray_session):
     assert backend.actors == []  # closed on failure too
 
 
+@pytest.mark.integration
 def test_a_failed_round_leaves_a_run_that_resumes_to_the_same_result(ray_session, tmp_path, monkeypatch):
     """The CLI says what failed in one line; --resume (here on the local backend) finishes the run as if nothing
     had happened."""
@@ -147,6 +153,7 @@ def test_a_failed_round_leaves_a_run_that_resumes_to_the_same_result(ray_session
     assert [r["epsilon"] for r in finished] == [r["epsilon"] for r in reference]
 
 
+@pytest.mark.integration
 def test_a_model_with_dropout_is_refused(ray_session):
     from torch import nn
 

@@ -18,8 +18,9 @@ from dpfl.experiment.config.loading import load_config
 
 ray = pytest.importorskip("ray")
 # the head node's teardown (`ray stop --force`) stops every Ray process on the machine: no other Ray test may run
-# beside it, so all of them share one xdist worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("ray")
+# beside it, so all of them share one xdist worker (pyproject: --dist loadgroup); a head node and a run: integration
+# tier
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.integration]
 SETS = ["training.rounds=2", "model.name=cnn_digits"]
 
 

@@ -18,6 +18,10 @@ from dpfl.experiment.config import load_config
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "hdp" / "rhdp" / "ci_fmnist.yaml"
 ALL_PUBLIC = "algorithm={name: pfa, params: {split: explicit, public_clients: [0, 1, 2, 3, 4, 5]}}"
 
+# Real runs of the ci-scale thesis CNN (two to three per test, ~10-20 s a test): the integration tier; the default tier
+# runs the heterogeneous-budget aggregators end to end in tests/experiment/test_federated_run.py and test_build.py.
+pytestmark = pytest.mark.integration
+
 
 def _rounds(out: Path, algorithm: str, *extra: str, rounds: int = 1) -> list[dict]:
     assert cli("run", CONFIG, "--out", out, "--set", algorithm, "--set", f"training.rounds={rounds}", *extra)[0] == 0

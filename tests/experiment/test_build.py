@@ -208,7 +208,7 @@ def test_fmnist_configs_data_and_model_fit(name, monkeypatch):
     build_model(cfg.model.name, data.input_shape, data.n_classes, seed=cfg.seed, **cfg.model.options)
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # was `slow` (the demo's 30 rounds); ~2 s today
 def test_demo_learns_within_budgets(demo_run):
     result = demo_run.run()
     assert result.final_accuracy > 0.6  # ~0.8 observed; chance is 0.1

@@ -10,6 +10,9 @@ show no traceback, and leave no run directory: the config is validated and the r
 directory is created.
 
 Reproducible (``derandomize=True``, no example database); the whole file takes well under a minute.
+
+The integration tier (``make test-integration``) runs it: ~80 s of CPU over 77 tests (thousands of ``dpfl run``
+invocations). tests/experiment/test_config.py's random documents and replacements stay in the default tier.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from dpfl.experiment.config.limits import (
     MAX_NOISE_MULTIPLIER,
     MAX_ROUNDS,
 )
+
+pytestmark = pytest.mark.integration  # see the module docstring
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CONVEX_STUDIES = CONFIGS / "splitting" / "convex"  # settings of `dpfl reproduce splitting`, not run configs (their own

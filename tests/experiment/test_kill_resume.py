@@ -10,9 +10,12 @@ inside local training, between a checkpoint's temp file and its rename, in the m
 after privacy.json / before summary.json, after summary.json / before report.md and the plots, and during
 the report's own writes.
 
-Default suite: one chain that hits every kind of point in turn on a DP-SGD run where clients retire on
-budget mid-run, plus one kill in a stateful-aggregator run (Robust-HDP with its round-1 weights kept,
-FedCEO with held-out splits). `-m slow`: random chains over four configs and several seeds.
+The whole file is in the integration tier (`make test-integration`: every test starts and SIGKILLs real
+subprocesses, ~1 min without the random chains, ~6 min with them); the default tier's kill-and-resume runs in
+process (tests/experiment/test_fdp_resume.py and test_federated_run.py's resume test; tests/stopped_run.py).
+One chain hits every kind of point in turn on a DP-SGD run where clients retire on budget mid-run, plus one kill
+in each stateful-aggregator run (Robust-HDP with its round-1 weights kept, FedCEO with held-out splits, ...); then
+random chains over every config and three seeds.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "configs" / "demo.yaml"
 WRAPPER = ROOT / "tests" / "kill_points.py"
 KILLED, FINISHED = -signal.SIGKILL, 0
+
+pytestmark = pytest.mark.integration  # real SIGKILLed subprocesses: see the module docstring
 
 # Small digits runs (seconds each): a fixed noise multiplier (no calibration), per-client budgets.
 _BASE = ["training.rounds=6", "evaluation.every=1", "checkpoint.every=2", "privacy.noise_multiplier=1.5"]
@@ -248,7 +253,6 @@ _POINTS = ["train", "train", "rename:checkpoint.pt", "metrics", "summary", "repo
            "rename:summary.json", "rename:report.md", "rename:accuracy.png"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_random_chains_of_kills_then_resume_equal_the_uninterrupted_run(tmp_path, reference, name, seed):

@@ -12,7 +12,8 @@ pytest.importorskip("ray")
 
 from .helpers import CONFIG, assert_same_run, reference  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("ray")  # Flower's simulation runs on Ray: tests/engine/test_ray_cluster.py
+# Flower's simulation runs on Ray: tests/engine/test_ray_cluster.py; it starts Ray (~25 s a test): integration tier
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.integration]
 
 
 def test_run_simulation_matches_in_process(tmp_path: Path):

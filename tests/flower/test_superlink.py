@@ -20,6 +20,8 @@ pytest.importorskip("flwr")
 
 from .helpers import ROOT, assert_same_run, reference  # noqa: E402
 
+pytestmark = pytest.mark.integration  # four processes over gRPC, ~75-150 s: the integration tier
+
 DEADLINE = 480.0  # a bound against a hang only: 150 s measured beside another xdist worker on 2 slow cores
 BIN = Path(sys.executable).parent
 

@@ -243,10 +243,10 @@ def test_t8_composition_equals_the_general_accountants(mu1, T):
     _t8(mu1, T)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("mu1", [0.5, 1.0])
 def test_t8_composition_equals_the_general_accountants_at_a_thousand_rounds(mu1):
-    """The PLD accountant takes ~10–35 s here: opt-in (`-m slow`)."""
+    """The PLD accountant took ~10–35 s here (was `slow`; ~1 s in the integration tier today)."""
     _t8(mu1, 1000)
 
 

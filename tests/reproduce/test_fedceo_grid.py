@@ -225,6 +225,9 @@ def ci_run(tmp_path_factory, fmnist):
     return grid, out, outcomes
 
 
+# The two tests of ci_run (the ci grid's five methods on Fashion-MNIST, ~10 s): the integration tier; FedCEO runs end
+# to end in the default tier in tests/experiment/test_fedceo_smoke.py and test_cli_runs_a_job_and_writes_the_results.
+@pytest.mark.integration
 def test_ci_setting_runs_end_to_end_with_personal_accuracy(ci_run):
     grid, out, outcomes = ci_run
     assert [(o.job.method, o.status) for o in outcomes] == [(m, OK) for m in METHODS]
@@ -251,6 +254,7 @@ def test_ci_setting_runs_end_to_end_with_personal_accuracy(ci_run):
     assert curve[0] == curve[1] == curve[2]
 
 
+@pytest.mark.integration  # ci_run: see above
 def test_results_md_has_the_sigma_tables(ci_run):
     _, out, _ = ci_run
     md = (out / "results.md").read_text()

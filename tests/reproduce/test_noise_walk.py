@@ -18,6 +18,9 @@ from dpfl.experiment.config import load_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "hdp" / "rhdp" / "ci_fmnist.yaml"
 
+# Every test reads two full ci-scale CNN runs (~40 s, once per xdist worker that collects one): the integration tier.
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def script():

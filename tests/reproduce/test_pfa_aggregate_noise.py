@@ -106,7 +106,7 @@ def test_final_norms_beside_the_noise_walk(script, dist1, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("| setting | PFA public clients (ε) |")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_round1_real_uploads_pass_through_what_pure_noise_predicts(script, dist1):
     """--round1 trains the full-scale Dist1 run's round 1 (about a minute on one core) and pushes the noise of its real
     uploads through the projection fitted to them: pure noise is a fair stand-in when the two agree. Published:

@@ -131,6 +131,7 @@ def test_cli_usage_errors(tmp_path):
     assert code == 2 and "--dry-run and --tables-only: choose one" in err
 
 
+@pytest.mark.integration  # a real ci point on Fashion-MNIST (~15 s); the first test runs round 1 in the default tier
 def test_cli_runs_one_point_end_to_end(tmp_path, fmnist):
     """`dpfl reproduce rdpcfl --round1-analysis` as a user runs it: one real ci point (full batch, eps 5, seed 0),
     then the same command again reuses it."""

@@ -19,6 +19,8 @@ def small(monkeypatch):  # the ci scale's machinery with fewer canaries and atta
     monkeypatch.setattr(probe, "EXTRACTOR_EPOCHS", 1)
 
 
+# all 7 settings twice (~20 s): the integration tier; one setting runs end to end in the default tier (the next test)
+@pytest.mark.integration
 def test_reproduce_attacks_ci_smoke(tmp_path, small):
     out = tmp_path / "attacks"
     # 2 rounds: DP-SGD clients (10 of 20 per round) are planned one participation; at 1 round, half of one, and the

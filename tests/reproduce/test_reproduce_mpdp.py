@@ -1,5 +1,9 @@
 """`dpfl reproduce mpdp`: the grid runs, writes results.csv with the issue's columns, lists what it skipped, and
-resumes without re-running finished jobs."""
+resumes without re-running finished jobs.
+
+The ci grid, the full scale's CIFAR-10 jobs, TP-SMC (homomorphic encryption every round) and the two worker processes
+are in the integration tier (`make test-integration`, 8-40 s each); the default tier runs MP-DP end to end in
+tests/experiment/test_mpdp_directory.py, the overfit job here and tests/reproduce/test_reproduce_mpdp_pieces.py."""
 
 import csv
 import json
@@ -10,6 +14,7 @@ from cli_runner import cli
 from lock_holder import hold_in_another_process, kill
 
 
+@pytest.mark.integration
 def test_reproduce_mpdp_ci_smoke(tmp_path):
     out = tmp_path / "mpdp"
     code, stdout, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--seeds", 1, "--rounds", 2,
@@ -47,6 +52,7 @@ def test_reproduce_mpdp_bad_input_is_one_line(tmp_path):
     assert code == 2 and "--inversion-steps must be >= 0" in err
 
 
+@pytest.mark.integration
 def test_full_scale_runs_the_cifar_configs_when_the_files_exist(tmp_path, monkeypatch):
     """With (fake, tiny) CIFAR-10 files the full scale's CIFAR-10 settings become jobs with dpfl's norm-free
     tied-residual ResNet20 and run; CIFAR-100 (absent) and BreakHis (no loader) are listed as skipped."""
@@ -68,6 +74,7 @@ def test_full_scale_runs_the_cifar_configs_when_the_files_exist(tmp_path, monkey
     assert paper.config.mode == "unverified"
 
 
+@pytest.mark.integration
 def test_tp_smc_runs_only_on_request_with_the_clients_attack_and_no_inversion_view(tmp_path):
     """TP-SMC is an opt-in method: not in the default grid; named, it runs (here with 256-bit keys and one round: the
     arithmetic is exact at any key size), its plaintext model is attacked by membership inference, and the
@@ -141,6 +148,7 @@ def test_a_job_another_process_is_running_is_skipped_and_listed(tmp_path):
     assert [r["status"] for r in rows] == ["ok"]
 
 
+@pytest.mark.integration
 def test_workers_share_the_jobs_and_each_runs_once(tmp_path):
     """--workers 2: every job of the selection runs in one of the two processes; the tables hold one ok row each."""
     out = tmp_path / "mpdp"

@@ -4,6 +4,8 @@ config check (one --out, one experiment: a directory of another config is refuse
 import csv
 import json
 
+import pytest
+
 from cli_runner import cli
 
 # one setting, one method, one round, no inversion: about 5 s per run
@@ -109,6 +111,7 @@ def test_an_unverified_epsilon_keeps_its_stamp_in_the_tables():
     assert "UNVERIFIED" not in verified
 
 
+@pytest.mark.integration  # starts two worker processes (~17 s)
 def test_workers_on_one_seed_keep_the_other_seeds_finished_rows_in_grid_order(tmp_path):
     """--only-seeds 1 --workers 2 after seed 0 ran alone: seed 1 runs in the workers, seed 0 (not selected) is read
     back, and the tables list both in the grid's order, seed 0 first."""

@@ -192,7 +192,7 @@ def test_a_missing_mnist_is_skipped_by_the_real_loader(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_the_real_ci_grid_with_the_thesis_cnn(tmp_path, fmnist):
     """The ci grid as shipped (cnn_rhdp), two methods in both settings, one round: ~1 minute."""
     grid = robust_hdp.grid("ci", rounds=1, methods=["robust_hdp", "fedavg"])

@@ -121,6 +121,7 @@ def test_the_cnn_half_runs_real_runs_and_reports_them(tmp_path, monkeypatch):
     assert [r["final_accuracy"] for r in again] == [r["final_accuracy"] for r in rows]  # collected, not rerun
 
 
+@pytest.mark.integration  # two worker processes (~8 s); the CNN half runs in process in the default tier
 def test_the_cnn_runs_can_be_shared_by_worker_processes(tmp_path, monkeypatch):
     """--workers: the CNN jobs (built here from the patched configs, pickled to the workers) run once each."""
     _tiny_cnn_grid(tmp_path, monkeypatch)

@@ -3,6 +3,9 @@
 The end-to-end test runs the PFA ci grid's logistic-regression settings (2 rounds, 3 methods, both calibrations: 6
 jobs, the non-private reference listed twice) in 2 workers of one thread, and compares every run with the same job
 run alone: the same metrics, privacy block and final model, one execution per directory.
+
+The three tests that start worker processes (that grid, the CLI's grid, the killed parent) are in the integration
+tier (`make test-integration`); the rest, in process, in the default tier.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def _metrics(d: Path) -> list[dict]:
     return untimed([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()])
 
 
+@pytest.mark.integration
 def test_two_workers_run_every_job_once_with_the_results_of_one(tmp_path, fmnist, capsys):
     grid = _grid()
     assert len(grid.jobs) == 6
@@ -63,6 +67,7 @@ def test_two_workers_run_every_job_once_with_the_results_of_one(tmp_path, fmnist
     assert capsys.readouterr().err.splitlines() == ["all 6 jobs finished before"]
 
 
+@pytest.mark.integration
 def test_the_cli_runs_a_grid_in_workers_as_a_user_does(tmp_path, fmnist):
     """`dpfl reproduce pfa ... --workers 2`: every job once, the tables with one row per job, the summary line."""
     code, out, err = cli("reproduce", "pfa", "--scale", "ci", "--out", tmp_path, "--settings",
@@ -133,6 +138,7 @@ def test_a_worker_says_what_it_runs_not_what_another_holds(capsys):
                                                     "worker 2: [2/6] s m seed0: ok (ran, 412 s)"]
 
 
+@pytest.mark.integration
 def test_workers_stop_when_their_parent_is_killed(tmp_path):
     """A parent killed by SIGKILL (or SIGTERM) takes no worker with it: the workers notice within seconds, stop and
     let their run directories go, instead of running the rest of the grid as orphans. SIGINT is ignored here, as in

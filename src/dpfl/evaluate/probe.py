@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -221,3 +222,21 @@ def invert_probe(probe: Probe, steps: int = 200, seed: int = 0, extractor: nn.Mo
         out[name] = {"psnr": psnr(rec, x), "image_mse": image_mse(rec, x),
                      "feature_mse": feature_mse(extractor, rec, x), "reconstruction": rec}
     return out
+
+
+def write_inversion(out: Path, name: str, probe: Probe, result: dict[str, Any], *, batch: int, steps: int,
+                    after_smoothing: int | None) -> dict[str, Any]:
+    """`dpfl attack invert`'s files: OUT/inversion.json (the settings, who observed what, and `inversion_metrics`)
+    and OUT/inversion.png (the records against each attack's reconstruction); `name` is the config's. Returns what
+    inversion.json holds."""
+    from dpfl.attacks.figures import reconstruction_grid
+    from dpfl.results.run_files import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"config": name, "batch": batch, "steps": steps, "after_smoothing": after_smoothing,
+              "unit": probe.unit, "observer": probe.observer,
+              "attacks": inversion_metrics(result)}
+    write_json_atomic(out / "inversion.json", report)
+    reconstruction_grid(probe.x, {k: v["reconstruction"] for k, v in result.items()}, out / "inversion.png",
+                        f"{name}: batch {batch}, " + (f"{probe.unit}-level DP" if probe.unit else "not private"))
+    return report

@@ -78,3 +78,20 @@ def attack_released_model(run_dir: str | Path, seed: int = 0) -> dict[str, Any]:
     results = run_membership_attacks(released.predict, released.members(), released.nonmembers(), seed=seed,
                                      loss=released.loss)
     return {"run": str(run_dir), "name": released.cfg.name, "loss": released.loss, "attacks": results}
+
+
+MIA_METRICS = ("asr", "auc", "tpr_at_1fpr", "threshold_protocol", "n_members", "n_nonmembers")
+
+
+def write_membership_files(result: dict[str, Any], out: Path) -> None:
+    """`dpfl attack mia`'s files of `attack_released_model`'s result: OUT/roc.png (every attack's ROC curve) and
+    OUT/mia.json (the result with each attack's `MIA_METRICS`, without its curve)."""
+    from dpfl.attacks.membership import plot_roc
+    from dpfl.results.run_files import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    attacks = result["attacks"]
+    plot_roc({k: (v["fpr"], v["tpr"]) for k, v in attacks.items()}, out / "roc.png",
+             title=f"membership inference: {result['name']}")
+    write_json_atomic(out / "mia.json", {**result, "attacks": {k: {m: v.get(m) for m in MIA_METRICS}
+                                                                for k, v in attacks.items()}})

@@ -6,7 +6,8 @@
 
 `jobs` (what a job is, grid expansion), `pfa` and `robust_hdp` (spec heterogeneous_dp.md §7), `fedceo`
 (spec fedceo.md §9), `fdp_accuracy` (spec fdp_accounting.md §8; its own results tables), `runner` (sequential,
-resumable execution), `tables` (results files). `fdp_sensitivity` (spec fdp_accounting.md §7) is not a grid: it
+resumable execution), `tables` (results files), `families` (one invocation of a family's grid: plan, run,
+tables, whichever family it is). `fdp_sensitivity` (spec fdp_accounting.md §7) is not a grid: it
 trains neighbouring runs in lockstep. The CLI is `dpfl reproduce pfa|robust-hdp|fedceo|fdp-accuracy|
 fdp-sensitivity`; docs/reproduce.md describes the grids and what is reduced.
 """

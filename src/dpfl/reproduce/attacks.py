@@ -125,6 +125,13 @@ def plan(scale: str, out: Path, *, rounds: int | None = None, pattern: str | Non
             for m, e, cfg in settings(scale, rounds, pattern, seeds)]
 
 
+def describe(scale: str, out: Path, *, rounds: int | None = None, pattern: str | None = None,
+             seeds: int = 1) -> list[str]:
+    """The --dry-run listing: one line per selected setting and seed with its directory's state (`plan`)."""
+    return [f"{name} seed {cfg.seed} ({cfg.name}, {cfg.training.rounds} rounds): {state}"
+            for name, cfg, state in plan(scale, out, rounds=rounds, pattern=pattern, seeds=seeds)]
+
+
 def run_setting(method: str, epsilon: float | None, cfg: RunConfig, out: Path, scale: str,
                 cache: dict[Any, Any] | None = None) -> dict[str, Any]:
     """The run, its attacks and its audit; the row of results.csv (read back if attacks.json exists). `cache` keeps

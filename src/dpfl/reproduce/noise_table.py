@@ -31,6 +31,8 @@ from dpfl.algorithms.server.oracle import OracleAverage
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, validate_config
 from dpfl.experiment.federated_run import FederatedRun
+from dpfl.reproduce import robust_hdp
+from dpfl.reproduce.jobs import GridError
 from dpfl.results.environment import computed_and_written, describe_job
 from dpfl.results.run_files import write_json_atomic, write_text_atomic
 
@@ -111,6 +113,20 @@ def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHO
         out["min_eps"] = {**run.noise_statistics(FedAvg("uniform").weights(local.view), local),
                           "z_mean": float(np.mean(run.noise))}
     return {m: out[m] for m in methods}
+
+
+def planned_configs(scale: str, *, datasets: Sequence[str], settings_pattern: str | None = None
+                    ) -> tuple[dict[str, RunConfig], str]:
+    """The table's settings at a scale (`dpfl reproduce robust-hdp --noise-table`): each selected main setting of the
+    Robust-HDP grid -> its config at the planned length (one seed), and the grid's scale label; a GridError when the
+    selection has no main setting."""
+    grid = robust_hdp.grid(scale, datasets=datasets, seeds=1, settings_pattern=settings_pattern,
+                           methods=["robust_hdp"])
+    mains = {s.name for s in grid.settings if s.meta.get("kind") == "main"}
+    configs = {j.setting: j.config for j in grid.jobs if j.setting in mains}
+    if not configs:
+        raise GridError("no main setting selected for the noise table (see --dry-run)")
+    return configs, grid.label
 
 
 def write_noise_table(configs: Mapping[str, RunConfig], out: Path, *, label: str = "",

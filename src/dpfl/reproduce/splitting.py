@@ -32,7 +32,7 @@ import hashlib
 import json
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from typing import Any
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.reproduce import splitting_cnn
 from dpfl.reproduce.jobs import Grid, GridError, Job, check_planned, config_dir, select_names, select_seeds
-from dpfl.reproduce.runner import collect_finished
+from dpfl.reproduce.runner import collect_finished, describe_jobs
 from dpfl.reproduce.splitting_config import SettingConfig, load_setting
 from dpfl.reproduce.tables import csv_text, md_table
 from dpfl.results.environment import computed_by, describe_job, job_executions, provenance
@@ -144,6 +144,17 @@ def plan(scale: str, *, seeds: int | None = None, rounds: int | None = None, set
     if not out and (cnn is None or not cnn.jobs):
         raise ValueError("no job to run: the selection leaves nothing")
     return Plan(out, cnn, convex_others, cnn_others)
+
+
+def describe(scale: str, out: Path, **selection: Any) -> Iterator[str]:
+    """The --dry-run listing of `plan(scale, **selection)`, a line at a time: each convex job with its state
+    (finished or new), then the CNN grid's jobs (`runner.describe_jobs`)."""
+    todo = plan(scale, **selection)
+    for job in todo.convex:
+        done = job.paths(out)[1].is_file()
+        yield f"{job.setting.name} {job.key} ({job.setting.rounds} rounds): {'finished' if done else 'new'}"
+    if todo.cnn is not None:
+        yield from describe_jobs(todo.cnn, out)
 
 
 def jobs(scale: str, **selection: Any) -> list[SplittingJob]:

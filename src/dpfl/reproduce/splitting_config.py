@@ -17,13 +17,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from dpfl.algorithms.client.local_operators import ExactLeastSquaresProx, GradientSteps, InexactProx
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.splitting import AndersonII, SplittingDP, UnifiedSplitting, presets
 from dpfl.algorithms.server.splitting.schedules import SCHEDULES
-from dpfl.data.synthetic import ConvexProblem, make_least_squares, make_logistic
+from dpfl.data.synthetic import ConvexProblem, heterogeneity, make_least_squares, make_logistic
 from dpfl.experiment.config.base import _Section
 from dpfl.experiment.config.errors import ConfigError, _config_error
 from dpfl.experiment.config.yaml_io import parse_yaml
@@ -191,3 +192,15 @@ def validate_setting(data: Any, source: str = "<setting>") -> SettingConfig:
         return SettingConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{source}: {_config_error(e, SettingConfig)}") from None
+
+
+def problem_statistics(problem: ConvexProblem, *, kind: str, shift_scale: float, seed: int) -> dict[str, Any]:
+    """The statistics `dpfl data convex` prints of a built problem: sizes, ||theta*||, f(theta*) and the heterogeneity
+    H = (1/n) sum_i ||grad f_i(theta*)||^2 (also per sample: the gradients of the mean losses); `kind`, `shift_scale`
+    and `seed` (what built it) are listed among them."""
+    return {"kind": kind, "clients": problem.n_clients, "dim": problem.dim,
+            "samples_per_client": problem.n_samples.tolist(),
+            "shift_scale": shift_scale, "seed": seed, "theta_star_norm": float(np.linalg.norm(problem.theta_star)),
+            "objective_at_theta_star": problem.objective(problem.theta_star),
+            "heterogeneity_H": heterogeneity(problem),
+            "heterogeneity_H_per_sample": heterogeneity(problem, per_sample=True)}

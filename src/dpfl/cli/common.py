@@ -1,0 +1,35 @@
+"""What every command group shares: the consoles and the user errors (one line on stderr, exit code 2)."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)
+
+USAGE_ERROR = 2
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line, exit code 2."""
+
+
+def fail(message: str) -> NoReturn:
+    """Print `error: message` on stderr and exit with code 2."""
+    errors.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(USAGE_ERROR)
+
+
+def user_errors():
+    """The exception types that are the user's to fix (validated input, files, existing runs)."""
+    from dpfl.data.errors import DatasetNotFoundError
+
+    return (UserError, ValueError, FileNotFoundError, DatasetNotFoundError)
+
+
+def say(text: str) -> None:
+    """One line on stdout as it is (no markup, no highlighting)."""
+    console.print(text, markup=False, highlight=False)

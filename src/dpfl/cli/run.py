@@ -1,0 +1,130 @@
+"""`dpfl run` and `dpfl demo`: train one federated experiment into a run directory, with a progress bar, then print
+its outcome (`dpfl.results.outcome`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dpfl.cli.common import UserError, console, errors, fail, user_errors
+from dpfl.engine.backends.errors import BackendError
+from dpfl.results.formatting import accuracy_words, format_epsilon, round_accuracy
+
+
+def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
+    """`execute` with a progress bar on a terminal; without one (a log file), a line about the pace every
+    `pace.PACE_EVERY` seconds (`dpfl.reproduce.pace`)."""
+    from dpfl.experiment.run_directory import execute
+    from dpfl.reproduce.pace import RoundPace
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=errors,
+                  disable=not errors.is_terminal and "DPFL_PROGRESS" not in __import__("os").environ) as progress:
+        task = progress.add_task(cfg.name, total=cfg.training.rounds, status="preparing (data, calibration)")
+        accuracy: list[Optional[tuple[str, float]]] = [None]  # the last round_accuracy
+        pace = RoundPace(cfg.training.rounds) if progress.disable else None
+
+        def on_start(run, done: int) -> None:
+            progress.update(task, completed=done, status="training")
+
+        def on_round(row: dict[str, Any]) -> None:
+            accuracy[0] = round_accuracy(row) or accuracy[0]
+            acc = accuracy_words(accuracy[0])
+            eps = f"  eps max {format_epsilon(row['epsilon_max'])}" if "epsilon_max" in row else ""
+            progress.update(task, completed=row["round"], status=f"{acc}{eps}")
+            if pace is not None and (line := pace.line(row)):
+                errors.print(f"{cfg.name}: {line}, {acc}{eps}", markup=False, highlight=False)
+
+        return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start)
+
+
+def _import_plugins(modules: list[str]) -> None:
+    """Import the user's registration modules (`dpfl.register_*` calls) before the config is validated."""
+    import importlib
+    import os
+
+    if modules and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - any failure of the user's module is theirs to fix: one line
+            raise UserError(f"--import {name}: {type(err).__name__}: {err}".splitlines()[0]) from None
+
+
+def run(
+    config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set training.rounds=5 "
+                                                                    "(repeatable).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/<name>).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a killed run from its last checkpoint.")] = False,
+    import_: Annotated[Optional[list[str]], typer.Option(
+        "--import", help="Import this Python module first (repeatable; the current directory is searched), so the "
+                         "datasets, models, losses, aggregators and local programs it registers can be named in the "
+                         "config.")] = None,
+) -> None:
+    """Run a federated experiment described by a YAML config (an MP-DP config, `scheme: mpdp`, runs its `method`)."""
+    from dpfl.experiment.config import load_config
+    from dpfl.experiment.mpdp_directory import is_mpdp_config
+    from dpfl.results.outcome import print_outcome
+
+    try:
+        if config.is_file() and is_mpdp_config(config):
+            if resume:
+                raise UserError("--resume: MP-DP runs keep no checkpoints (the server's secrets are per round); "
+                                "re-run into a new --out")
+            if import_:
+                raise UserError("--import: MP-DP configs name their data and network directly")
+            _run_mpdp(config, list(set_ or []), out)
+            return
+        _import_plugins(import_ or [])
+        cfg = load_config(config, list(set_ or []))
+        out = out or Path("runs") / cfg.name
+        summary = _run_with_progress(cfg, out, resume)
+        print_outcome(out, console, summary)
+    except user_errors() as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except BackendError as e:  # workers lost twice in a round: the run keeps its last checkpoint
+        fail(f"{e}; continue from the last checkpoint with: dpfl run {config} --resume"
+             + (f" --out {out}" if out is not None else ""))
+
+
+def _run_mpdp(config: Path, sets: list[str], out: Optional[Path]) -> None:
+    """An MP-DP run (`dpfl.experiment.mpdp_directory`): flat `--set field=value` overrides, then the outcome."""
+    import yaml
+
+    from dpfl.evaluate.mpdp_attacks import client_attacks
+    from dpfl.experiment.mpdp_config import load_mpdp_config
+    from dpfl.experiment.mpdp_directory import execute_mpdp
+    from dpfl.results.mpdp_outcome import print_mpdp_outcome
+
+    overrides: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected field=value")
+        overrides[key.strip()] = yaml.safe_load(value)
+    cfg = load_mpdp_config(config, **overrides)
+    out = out or Path("runs") / cfg.name
+    summary = execute_mpdp(cfg, out, progress=lambda line: errors.print(line, markup=False, highlight=False),
+                           client_attacks=client_attacks)
+    print_mpdp_outcome(out, console, summary)
+
+
+def demo(out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/demo-<time>).")] = None) -> None:
+    """A short private run on scikit-learn's bundled digits with a different budget per client."""
+    from dpfl.experiment.build import build_demo_config
+    from dpfl.results.outcome import print_outcome
+
+    try:
+        cfg = build_demo_config()
+        out = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        summary = _run_with_progress(cfg, out, resume=False)
+        print_outcome(out, console, summary)
+    except user_errors() as e:
+        fail(str(e).splitlines()[0])

@@ -1,0 +1,199 @@
+"""privacy.json: what a finished (or stopped) run promises, and why every other epsilon it reports differs.
+
+The declared threat model, each client's budget, noise and spent epsilon from the ledger, and the views that
+are not the run's guarantee (per participation, the aggregate-only observer, Noisy-FedAvg's f-DP block); then
+the ONE epsilon per client that is the guarantee, and where it comes from. Apart from the round loop because it
+only reads a run's fields and its ledger after the rounds: nothing here is charged or changes what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpfl.algorithms.algorithm import Algorithm
+from dpfl.privacy.accountant import epsilon, guarantee
+from dpfl.privacy.budgets import ClientBudget
+
+if TYPE_CHECKING:
+    from dpfl.experiment.federated_run import FederatedRun
+
+
+def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None = None,
+                    history: Sequence[Mapping[str, Any]] = (), retired: Collection[int] = ()) -> dict[str, Any]:
+    """The declared threat model and each client's budget, noise and spent epsilon (`history`: the rounds run,
+    whose participants the f-DP report of Noisy-FedAvg/FedProx needs; `retired`: the clients that left the run
+    on their budgets, which raised the others' sampling rate under fixed-K selection).
+
+    Reads the run's algorithm, accountant, ledger, budgets, rounds and its clients' noise, batch sizes, records,
+    reported epsilons and steps done; its calibration (calibrate_to, calibration, calibrated, heuristic_steps); and,
+    for sample-level runs, the events a participation costs (`run.events`).
+    """
+    alg = run.algorithm
+    out: dict[str, Any] = {
+        "algorithm": alg.name,
+        "unit": alg.unit,
+        "observer": alg.observer,
+        "mechanism": alg.mechanism,
+        "accountant": run.accountant if run.ledger is not None else None,
+        "client_sampling": {"kind": alg.selection.kind, "k": alg.selection.k, "rate": alg.selection.rate},
+        "local_sampling": alg.local.sampling,
+        "stop_reason": stop_reason,
+        "accounted": run.ledger is not None,
+        "oracle": bool(getattr(alg.aggregator, "privileged", False)),
+    }
+    protocol = getattr(alg.aggregator, "protocol", None)
+    if getattr(alg.aggregator, "secure", False) and protocol is not None:
+        out["secure_aggregation"] = protocol.describe()
+    if alg.unit is not None and run.ledger is None:
+        out["warning"] = "a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported"
+    if run.ledger is not None and run.budgets is not None:
+        spent = run.ledger.spent_all()
+        out["clients"] = [
+            {"client": i, "epsilon_budget": run.budgets[i].epsilon, "delta": run.budgets[i].delta,
+             "noise_multiplier": float(run.noise[i]) if alg.local.private else None,
+             "batch_size": int(run.batch_sizes[i]), "records": int(run.n_records[i]),
+             "epsilon_spent": spent[i], "epsilon_reported": float(run.eps_reported[i])}
+            for i in range(run.n_clients)
+        ]
+        out["calibrated_to"] = run.calibrate_to if alg.local.private else None
+        out["calibration"] = run.calibration if alg.local.private else None
+        if run.heuristic_steps is not None:
+            out["heuristic"] = ("noise from PFA's heuristic formula sigma = 10 q sqrt(T* log10(1/delta)) / "
+                                "epsilon, which is NOT a DP guarantee; epsilon_spent is the accountant's epsilon "
+                                "of that noise, epsilon_heuristic what the formula claims")
+            for c in out["clients"]:
+                i = c["client"]
+                c["epsilon_heuristic"] = float(run.calibrated.targets[i]) * float(
+                    np.sqrt(min(1.0, run.steps_done[i] / run.heuristic_steps[i])))
+        out["meets_budgets"] = all(spent[i] <= run.budgets[i].epsilon * (1 + 1e-9) for i in range(run.n_clients))
+        if not out["meets_budgets"]:
+            over = [i for i in range(run.n_clients) if spent[i] > run.budgets[i].epsilon * (1 + 1e-9)]
+            out["warning"] = (f"NOT PRIVATE AS PROMISED: clients {over[:10]}{'...' if len(over) > 10 else ''} "
+                              "spent more than their budgets (a non-private reference run)")
+        if run.calibrated is not None:
+            out["noise_calibration"] = run.calibrated.summary()
+        fdp = getattr(alg.upload, "accounting", None)
+        if fdp is not None:
+            out["fdp"] = fdp_report(fdp, history, run.budgets, run.n_records)
+        elif alg.unit == "sample":
+            out.update(sample_level_views(run, list(spent.values())))
+    if rounds_run and run.budgets is not None and hasattr(alg.upload, "aggregate_event"):
+        out["aggregate_view"] = aggregate_view(alg, run.budgets, run.accountant, run.n_clients, rounds_run,
+                                               len(retired))
+    if getattr(alg.upload, "hidden_sampling", False):
+        out["per_upload_amplification"] = (
+            "ASSUMED: the server cannot tell which clients took part (Poisson client sampling hidden from it), "
+            "so each upload's σ/√K is amplified by the sampling rate. A server that receives the individual "
+            "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
+    notes = getattr(alg.aggregator, "privacy_notes", None)
+    if notes is not None:  # a stage with releases of its own (R-DPCFL's private selections)
+        out["stage"] = notes()
+    if "clients" in out:
+        out["guarantee"] = run_guarantee(out, run.budgets, run.accountant, alg)
+        for c, eps in zip(out["clients"], out["guarantee"].pop("per_client"), strict=True):
+            c["epsilon_guarantee"] = eps
+    return out
+
+
+def run_guarantee(privacy: Mapping[str, Any], budgets: Sequence[ClientBudget] | None, accountant: str,
+                  algorithm: Algorithm) -> dict[str, Any]:
+    """The run's ONE epsilon per client, which number it is, and why any other epsilon in privacy.json differs.
+
+    Accounted runs: the per-client ledger's epsilon, except for Noisy-FedAvg/FedProx, whose guarantee is the
+    f-DP block's headline bound (spec fdp_accounting.md §4.5): the exact GDP conversion of the composition, or the
+    shifted-interpolation bound where it applies (aggregate view, final release, an ASSUMED smoothness L).
+    """
+    assert budgets is not None
+    spent = [c["epsilon_spent"] for c in privacy["clients"]]
+    others: list[dict[str, Any]] = []
+    fdp = privacy.get("fdp")
+    if fdp is None:
+        per_client = spent
+        source = f"the per-client ledger ({accountant} accountant): epsilon_spent"
+        if "per_upload_amplification" in privacy:
+            source += (", amplified by client sampling under an ASSUMPTION (per_upload_amplification: the server "
+                       "cannot tell who took part)")
+    else:
+        per_client = [c["epsilon"][str(budgets[c["client"]].delta)] for c in fdp["clients"]]
+        head = fdp["headline"]
+        source = f"the f-DP block's headline bound, {fdp['labels'][head]}, converted exactly to (epsilon, delta)"
+        same = head == "composition" and accountant == "gdp"
+        if not same:
+            if head == "composition":
+                why = (f"the ledger composes the same per-round Gaussians with the {accountant} accountant, "
+                       "whose conversion to (epsilon, delta) is not exact, so it is larger; budgets are enforced "
+                       "on it, which is conservative")
+            else:
+                why = ("the ledger composes the per-round Gaussians (the composition bound, on which budgets are "
+                       f"enforced, {accountant} accountant); the shifted-interpolation bound is smaller "
+                       "because only the final model is released and the loss is ASSUMED smooth "
+                       f"(L = {fdp['params']['smoothness_L']:g})")
+            others.append({"field": "clients[].epsilon_spent", "epsilon_max": max(spent), "why_it_differs": why})
+    if "aggregate_view" in privacy:
+        others.append({"field": "aggregate_view.epsilon", "epsilon_max": privacy["aggregate_view"]["epsilon"],
+                       "why_it_differs": "a different observer: one who sees only the sum of each round's uploads, "
+                                         "not the run's server"})
+    if "eps_per_participation" in privacy:
+        others.append({"field": "eps_per_participation", "epsilon_max": privacy["eps_per_participation"],
+                       "why_it_differs": "one round of one client only, not the whole run"})
+    return {"epsilon_max": max(per_client), "source": source, "unit": algorithm.unit,
+            "observer": algorithm.observer, "per_client": per_client, "other_epsilons": others,
+            "note": "each client's guarantee is clients[].epsilon_guarantee at its own delta; the other epsilons "
+                    "listed are computed for the run too but are not its guarantee"}
+
+
+def fdp_report(accounting: Any, history: Sequence[Mapping[str, Any]], budgets: Sequence[ClientBudget] | None,
+               n_records: np.ndarray) -> dict[str, Any]:
+    """The f-DP block of privacy.json from who actually took part in each round (spec fdp_accounting.md §6)."""
+    assert budgets is not None
+    n_clients = len(n_records)
+    part = np.zeros((n_clients, len(history)), dtype=bool)
+    for t, row in enumerate(history):
+        part[row["selected"], t] = True
+    cohorts = [max(1, len(row["selected"])) for row in history]
+    deltas = [sorted({budgets[i].delta, 1.0 / (10 * int(n_records[i]))}) for i in range(n_clients)]
+    return accounting.report(part, cohorts, deltas, len(history))
+
+
+def sample_level_views(run: FederatedRun, spent: list[float]) -> dict[str, Any]:
+    """Per participation and composed, and the plain statement that no user-level guarantee exists.
+
+    Reads the run's budgets, rounds, accountant, its clients' records, batch sizes and noise, and the event one
+    participation costs each (`run.events.client`)."""
+    assert run.budgets is not None
+    cache: dict[tuple, float] = {}
+    per = []
+    for i in range(run.n_clients):
+        key = (int(run.n_records[i]), int(run.batch_sizes[i]), float(run.noise[i]), run.budgets[i].delta)
+        if key not in cache:  # DP-SGD's event depends on neither round nor cohort, except a scheduled round 1
+            events = {id(e): e for e in (run.events.client(i, r, 1) for r in range(min(2, run.rounds)))}
+            cache[key] = max(epsilon(e, key[3], run.accountant) if e is not None else 0.0 for e in events.values())
+        per.append(cache[key])
+    return {"eps_per_participation": max(per), "eps_total_max": max(spent), "eps_total_mean": float(np.mean(spent)),
+            "user_level": None,
+            "user_level_note": "sample-level DP only: a client's whole dataset is not protected as a unit"}
+
+
+def aggregate_view(algorithm: Algorithm, budgets: Sequence[ClientBudget] | None, accountant: str, n_clients: int,
+                   rounds_run: int, n_retired: int = 0) -> dict[str, Any]:
+    """The client-level epsilon for an observer of the aggregates only (not the run's server). When clients
+    retired, every round is charged at the smallest population the run reached (the largest sampling rate under
+    fixed-K selection): an upper bound, since a client's epsilon grows with its sampling rate."""
+    assert budgets is not None
+    up, sel = algorithm.upload, algorithm.selection
+    population = max(sel.min_candidates(), n_clients - n_retired)  # a stop below k: rate 1, still a bound
+    event = up.aggregate_event(sel, population, rounds_run)
+    delta = min(b.delta for b in budgets)
+    g = guarantee(event, delta, accountant, unit="client")
+    out = {"epsilon": g.epsilon, "delta": delta, "relation": g.relation, "noise_multiplier": up.noise_multiplier,
+           "sample_rate": sel.participation_rate(population), "rounds": rounds_run,
+           "valid_for": "an observer who sees only the sum of each round's uploads and not who took part "
+                        "(e.g. behind secure aggregation); NOT the run's server, which sees every upload"}
+    if n_retired:
+        out["population"] = (f"{n_retired} of {n_clients} clients retired on their budgets during the run; "
+                             f"every round is charged at a population of {population} (at least the largest "
+                             "sampling rate the run reached): an upper bound for the rounds before they retired")
+    return out

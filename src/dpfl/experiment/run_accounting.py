@@ -1,0 +1,193 @@
+"""A federated run's privacy inputs and costs: what each client reports, the noise set from the budgets, and the DP
+event a round costs a client (or every client, for a server-side mechanism).
+
+Every noise-from-budget decision is `dpfl.privacy.run_calibration`'s (`calibrate_run` on a `PlannedRun`); this module
+only builds its inputs from a FederatedRun's fields, applies its results to the run's stages, and keeps the
+per-client event cache that the ledger's grouped budget check relies on. Apart from the round loop so that what a
+round costs (the ledger's checks before a round, its records after it, the privacy report's views) is found in one
+place, next to how the noise it is charged for was chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from dp_accounting import ComposedDpEvent, DpEvent
+
+from dpfl.algorithms.algorithm import Algorithm
+from dpfl.privacy.budgets import ClientBudget
+from dpfl.privacy.run_calibration import (CalibratedNoise, PlannedRun, calibrate_run, calibration_targets,
+                                          refuse_a_run_that_trains_nothing)
+
+if TYPE_CHECKING:
+    from dpfl.experiment.federated_run import FederatedRun
+
+_MISSING = object()
+_EVENT_CACHE_MAX = 65_536  # distinct client events kept (records x batch size x noise x upload)
+
+
+def per_client(value: Any, n: int, name: str, cast: Any) -> np.ndarray:
+    """Broadcast a scalar (or check a sequence) to one entry per client."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries for {n} clients")
+        return np.array(list(value), dtype=object if cast is None else cast)
+    return np.array([value] * n, dtype=object if cast is None else cast)
+
+
+# ---- calibration -----------------------------------------------------------------------------
+def reported_epsilons(budgets: Sequence[ClientBudget] | None, n: int, misreport: Mapping[int, float]) -> np.ndarray:
+    """What each of the `n` clients tells the server its epsilon is (true budget unless it lies)."""
+    true = np.array([b.epsilon for b in budgets] if budgets is not None else [np.inf] * n, dtype=float)
+    reported = true.copy()
+    for client, factor in misreport.items():
+        if not 0 <= int(client) < n:
+            raise ValueError(f"misreport names client {client}, outside 0..{n - 1}")
+        if not factor > 0:
+            raise ValueError(f"misreport factor must be > 0, got {factor} for client {client}")
+        reported[int(client)] = true[int(client)] * float(factor)
+    return reported
+
+
+def participation_rates(algorithm: Algorithm, n: int) -> list[float]:
+    """Per client: the probability of taking part in a round, counting re-draws for a required group (PFA)."""
+    sel, agg = algorithm.selection, algorithm.aggregator
+    required = getattr(agg, "public_clients", None) if hasattr(agg, "accepts_selection") else None
+    if not required:
+        return [sel.participation_rate(n)] * n
+    members = set(required)
+    return [sel.participation_rate_given(n, len(members), i in members) for i in range(n)]
+
+
+def planned_run(run: FederatedRun, mechanism: str) -> PlannedRun:
+    """The run as planned, for the calibration of `mechanism`'s noise (dpfl.privacy.run_calibration).
+
+    Reads the run's budgets, algorithm, rounds, accountant and participation and, for DP-SGD, its clients' records,
+    batch sizes and reported epsilons and its calibrate_to / enforce_budgets / calibration settings.
+    """
+    assert run.budgets is not None
+    alg, sel = run.algorithm, run.algorithm.selection
+    kw: dict[str, Any] = {}
+    if mechanism == "dpsgd":
+        local = alg.local
+        steps = [local.steps_for(int(m), int(b)) for m, b in zip(run.n_records, run.batch_sizes, strict=True)]
+        kw = dict(records=run.n_records.tolist(), batch_sizes=run.batch_sizes.tolist(), local_steps=steps,
+                  local_sampling=local.sampling, participation_rates=participation_rates(alg, run.n_clients),
+                  targets=calibration_targets(list(run.budgets), run.eps_reported, run.calibrate_to,
+                                              run.enforce_budgets),
+                  method=run.calibration)
+    elif mechanism == "udp":
+        kw = dict(upload_cohort=alg.upload.event_cohort, hidden_sampling=alg.upload.hidden_sampling)
+    elif mechanism == "param_noise":
+        kw = dict(noisy=alg.upload.accounting)
+    return PlannedRun(mechanism, list(run.budgets), run.rounds, accountant=run.accountant, selection=sel.kind,
+                      k=sel.k, rate=sel.rate, participation=run.participation, **kw)
+
+
+def client_noise(run: FederatedRun, given: float | Sequence[float] | None
+                 ) -> tuple[np.ndarray, CalibratedNoise | None, np.ndarray | None]:
+    """The clients' DP-SGD noise multipliers: given, or calibrated from their budgets; with what they were
+    calibrated for (None if they were not) and, under PFA's heuristic, each client's T* steps (else None).
+
+    Reads the run's algorithm, n_clients, enforce_budgets and calibration, and `planned_run(run, "dpsgd")`'s fields.
+    """
+    n = run.n_clients
+    if not run.algorithm.local.private:
+        return np.zeros(n), None, None
+    if given is not None:
+        z = per_client(given, n, "noise_multipliers", float)
+        if (z < 0).any():
+            raise ValueError("noise multipliers must be >= 0")
+        return z, None, None
+    plan = planned_run(run, "dpsgd")
+    calibrated = calibrate_run(plan)
+    if run.enforce_budgets:  # Maximum-epsilon (budgets not enforced) trains every round whatever was planned
+        refuse_a_run_that_trains_nothing(plan, calibrated)
+    heuristic_steps = calibrated.steps if run.calibration == "pfa-heuristic" else None
+    return calibrated.noise, calibrated, heuristic_steps
+
+
+def calibrate_stage(run: FederatedRun) -> tuple[Algorithm, CalibratedNoise] | None:
+    """The run's algorithm with the stage whose noise is unset (central server, client uploads, parameter noise)
+    given its noise from the budgets, and what it was calibrated for; None if no stage lacks noise.
+
+    Reads the run's algorithm and budgets, and `planned_run(run, <the stage's mechanism>)`'s fields.
+    """
+    name = run.algorithm.uncalibrated_stage()
+    if name is None:
+        return None
+    if run.budgets is None:
+        raise ValueError(f"algorithm {run.algorithm.name!r}: no noise given and no budgets to calibrate it from")
+    stage = getattr(run.algorithm, name)
+    calibrated = calibrate_run(planned_run(run, stage.mechanism))
+    return replace(run.algorithm, **{name: stage.with_noise(float(calibrated.noise[0]))}), calibrated
+
+
+# ---- events ----------------------------------------------------------------------------------
+class RunEvents:
+    """What a round costs: a client's batch size and planned local steps in round r, the DP event its round costs
+    it, and the event a round costs every client still in the population.
+
+    Reads the run's `algorithm` (calibration replaces its stages after this is made), `n_records`, `batch_sizes`
+    and `noise` at every call; holds nothing but the client-event cache.
+    """
+
+    def __init__(self, run: FederatedRun) -> None:
+        self._run = run
+        self._client_events: tuple[tuple[Any, Any], dict] = ((None, None), {})  # see _event_cache
+
+    def client(self, i: int, r: int, cohort: int) -> DpEvent | None:
+        """The event taking part in round r (0-based), `cohort` uploads averaged, costs client i (local program and
+        upload).
+
+        Built once per distinct (records, batch size, noise, upload event) and then shared: the local program's
+        event is a pure function of the first three, and in a large population most clients share all four, so
+        they share one event object (which the ledger's grouped budget check relies on).
+        """
+        run = self._run
+        up = run.algorithm.upload.event(i, r, cohort) if run.algorithm.upload.accounted else None
+        key = (int(run.n_records[i]), self.batch(i, r), float(run.noise[i]), None if up is None else repr(up))
+        cache = self._event_cache()
+        event = cache.get(key, _MISSING)
+        if event is _MISSING:
+            local = run.algorithm.local.event(*key[:3])
+            events = [e for e in (local, up) if e is not None]
+            event = None if not events else events[0] if len(events) == 1 else ComposedDpEvent(events)
+            if len(cache) >= _EVENT_CACHE_MAX:
+                cache.clear()
+            cache[key] = event
+        return event  # type: ignore[return-value]
+
+    def batch(self, i: int, r: int) -> int:
+        """Client i's batch size in round r (the local program may schedule it: R-DPCFL's full-batch round 1)."""
+        run = self._run
+        batch_for = getattr(run.algorithm.local, "batch_for", None)
+        b = int(run.batch_sizes[i])
+        return int(batch_for(int(run.n_records[i]), b, r)) if batch_for is not None else b
+
+    def steps(self, i: int, r: int) -> int:
+        """Client i's local steps in round r as planned: what its ledger is charged and its T* budget counts."""
+        return self._run.algorithm.local.steps_for(int(self._run.n_records[i]), self.batch(i, r))
+
+    def _event_cache(self) -> dict:
+        """The client-event cache of the current local program and upload stage (emptied when either changes,
+        e.g. when calibration gives a stage its noise)."""
+        algorithm = self._run.algorithm
+        (local, upload), cache = self._client_events
+        if local is not algorithm.local or upload is not algorithm.upload:
+            cache = {}
+            self._client_events = ((algorithm.local, algorithm.upload), cache)
+        return cache
+
+    def server(self, population: int) -> DpEvent | None:
+        """The event one round costs every client still in the population (central DP, or UDP uploads whose
+        sampling is assumed hidden from the server)."""
+        algorithm = self._run.algorithm
+        if not algorithm.central:
+            round_event = getattr(algorithm.upload, "round_event", None)
+            return round_event(algorithm.selection, population) if round_event is not None else None
+        agg = algorithm.aggregator
+        return algorithm.selection.client_level_event(agg.noise_multiplier, population)

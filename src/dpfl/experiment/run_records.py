@@ -1,0 +1,109 @@
+"""The records a federated run hands around: its checkpointable state, one round's uploads, its result.
+
+Kept apart from the loop (`dpfl.experiment.federated_run`, which re-exports every name here) so that the pieces
+of a run that consume these records (diagnostics, evaluation, the privacy report, a Flower federation's remote
+clients, the run directory's checkpoints) depend on plain data, not on the class that runs the rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpfl.algorithms.server.oracle import NoiseChannel
+from dpfl.algorithms.server.view import ServerView
+from dpfl.engine import params as P
+from dpfl.privacy.ledger import PrivacyLedger
+
+
+def plain_row(value: Any) -> Any:
+    """A metrics row with its NumPy scalars made Python numbers, recursively: rows go into the checkpoint, which
+    `torch.load(weights_only=True)` refuses to read back if one NumPy scalar hides in it (an accountant's epsilon
+    was one), and into metrics.jsonl, where they print the same either way."""
+    if isinstance(value, dict):
+        return {k: plain_row(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_row(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain_row(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+@dataclass
+class RunState:
+    """Everything needed to continue a run after `round` finished rounds (checkpoint content)."""
+
+    round: int
+    params: P.Params
+    retired: list[int]
+    ledger: dict[str, Any] | None
+    history: list[dict[str, Any]]
+    stop_reason: str | None
+    steps_done: list[int]  # local steps each client has taken (the heuristic's budget is in steps)
+    aggregator_state: dict[str, Any] | None = None  # stateful aggregators (PFA+ subspace, FedCEO's ŵ_k, ...)
+    client_state: dict[str, Any] | None = None  # client-side state that never leaves the client (PPSGD's u_k)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "params": self.params, "retired": self.retired, "ledger": self.ledger,
+                "history": self.history, "stop_reason": self.stop_reason, "steps_done": self.steps_done,
+                "aggregator_state": self.aggregator_state, "client_state": self.client_state}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunState:
+        return cls(d["round"], d["params"], list(d["retired"]), d["ledger"], list(d["history"]), d["stop_reason"],
+                   list(d["steps_done"]), d.get("aggregator_state"), d.get("client_state"))
+
+
+@dataclass
+class LocalRound:
+    """One round's local training as the server receives it, plus the engine-only noise facts."""
+
+    uploads: P.Params  # [K, ...] in view order
+    view: ServerView
+    channel: NoiseChannel
+    noise_sq_norm: list[float] | None  # per client: ||sum_t xi_t||^2 of the Gaussian noise it drew (None: unknown)
+    dim: int  # model parameters p
+
+
+@dataclass
+class RemoteRound:
+    """What remote clients return for a round: their uploads (in the order asked) and their local facts."""
+
+    uploads: P.Params  # [K, ...]
+    steps: list[int]
+    noise_sq_norm: list[float] | None  # None: the clients keep their noise to themselves (secret seeds)
+
+
+@dataclass
+class RunResult:
+    """What a run produced: the final global model, one metrics row per round, and the ledger."""
+
+    params: P.Params
+    history: list[dict[str, Any]]
+    ledger: PrivacyLedger | None
+    noise_multipliers: np.ndarray
+    stop_reason: str
+    privacy: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """The server's model's last test accuracy (for methods with personal models, not their metric)."""
+        return self._last("test_accuracy")
+
+    @property
+    def final_personal_accuracy(self) -> float | None:
+        """The last acc_personal (methods whose clients use personal models: their metric); None for the others."""
+        return self._last("acc_personal")
+
+    def _last(self, key: str) -> float | None:
+        for row in reversed(self.history):
+            if row.get(key) is not None:
+                return row[key]
+        return None
+
+    def spent(self) -> dict[int, float]:
+        return self.ledger.spent_all() if self.ledger is not None else {}
