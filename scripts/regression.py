@@ -11,6 +11,8 @@ The jobs (`jobs_of`): every YAML under TREE/configs/, its kind read from its con
 - an MP-DP config (`scheme: mpdp`): `dpfl run CONFIG --set rounds=2`;
 - a run config (data/model sections): `dpfl run CONFIG --set training.rounds=2`, unless its header shows it is meant
   for `dpfl attack invert` / `dpfl audit` (and not for `dpfl run`): then that command as the header writes it;
+  a run refused for too few rounds, whose one-line error names its shortest setting (R-DPCFL: ">= 3"), runs again
+  with that many (`Job.at_least_rounds`), on both sides alike;
 - a convex setting of `dpfl reproduce splitting` (problem + methods): skipped when the ci scale runs it (the
   reproduce/splitting job does), else `dpfl reproduce splitting --scale full --settings NAME --seeds 1 --rounds 20`;
 - a config whose dataset the tree's data catalog (`dpfl data list --json`) lists as missing: skipped, with the reason.
@@ -51,6 +53,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 CLI = "import sys; from dpfl.cli import main; sys.exit(main(sys.argv[1:]))"  # dpfl.cli:main(argv) exits itself
 RUN_ROUNDS = 2  # rounds of every shortened run config (MP-DP ones too)
+# A config that refuses RUN_ROUNDS names its own shortest setting in its one-line error (R-DPCFL's two-stage plan:
+# "rounds must be an integer >= 3, got 2"); the job then runs once more with that many rounds (`at_least_rounds`).
+TOO_FEW_ROUNDS = re.compile(r"rounds must be an integer >= (\d+), got " + str(RUN_ROUNDS) + r"\b")
 CONVEX_ROUNDS = 20  # rounds of a full-scale-only convex splitting setting (float64 least squares / logistic: cheap)
 USAGE = 2
 
@@ -113,6 +118,17 @@ class Job:
 
     def command(self, out: Path) -> list[str]:
         return [*self.args, "--out", str(out)]
+
+    def at_least_rounds(self, stderr: str) -> Optional["Job"]:
+        """The same job with the config's own shortest setting, when its run refused RUN_ROUNDS rounds and said how
+        many it needs; None otherwise (so a job is retried at most once, and the same way on both sides)."""
+        found = TOO_FEW_ROUNDS.search(stderr)
+        shortened = [i for i, a in enumerate(self.args) if re.fullmatch(rf"(training\.)?rounds={RUN_ROUNDS}", a)]
+        if self.args[0] != "run" or found is None or len(shortened) != 1:
+            return None
+        args = list(self.args)
+        args[shortened[0]] = args[shortened[0]].replace(f"={RUN_ROUNDS}", f"={int(found.group(1))}")
+        return Job(self.name, args, self.source, self.dataset)
 
     @property
     def resumable(self) -> bool:
@@ -398,10 +414,28 @@ class Runner:
         logs = self.out / "logs"
         logs.mkdir(exist_ok=True)
         stem = job.name.replace("/", "__")
+        rc, seconds, err = self._execute(job, d, logs / f"{stem}.out", logs / f"{stem}.err")
+        longer = job.at_least_rounds(err) if rc != 0 and not self.stopping else None
+        if longer is not None:  # the config's own shortest setting
+            shutil.rmtree(d, ignore_errors=True)
+            job = longer
+            rc, more, err = self._execute(job, d, logs / f"{stem}.out", logs / f"{stem}.err")
+            seconds += more
+        rec = {"status": "ok" if rc == 0 else "failed", "rc": rc, "seconds": round(seconds, 3),
+               "command": ["dpfl", *job.args, "--out", f"OUT/{job.name}"], "source": job.source,
+               "stderr_tail": err[-3000:]}
+        with self.lock:
+            if not self.stopping:
+                self.record["jobs"][job.name] = rec
+                self.save()
+            print(f"[{index}/{total}] {job.name}: {rec['status']} (rc {rc}, {duration(seconds)})", flush=True)
+        return rec
+
+    def _execute(self, job: Job, d: Path, out_log: Path, err_log: Path) -> tuple[int, float, str]:
+        """(exit code, wall seconds, stderr) of one job run into d with TREE's dpfl; killed after --timeout."""
         cmd = [sys.executable, "-c", CLI, *job.command(d)]
         start = time.monotonic()
-        with open(logs / f"{stem}.out", "w", encoding="utf-8") as fout, \
-                open(logs / f"{stem}.err", "w", encoding="utf-8") as ferr:
+        with open(out_log, "w", encoding="utf-8") as fout, open(err_log, "w", encoding="utf-8") as ferr:
             proc = subprocess.Popen(cmd, cwd=self.tree, env=job_env(self.tree, self.out), stdout=fout, stderr=ferr,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             with self.lock:
@@ -415,17 +449,7 @@ class Runner:
             finally:
                 with self.lock:
                     self.procs.pop(proc.pid, None)
-        seconds = time.monotonic() - start
-        err = (logs / f"{stem}.err").read_text(encoding="utf-8", errors="replace")
-        rec = {"status": "ok" if rc == 0 else "failed", "rc": rc, "seconds": round(seconds, 3),
-               "command": ["dpfl", *job.args, "--out", f"OUT/{job.name}"], "source": job.source,
-               "stderr_tail": err[-3000:]}
-        with self.lock:
-            if not self.stopping:
-                self.record["jobs"][job.name] = rec
-                self.save()
-            print(f"[{index}/{total}] {job.name}: {rec['status']} (rc {rc}, {duration(seconds)})", flush=True)
-        return rec
+        return rc, time.monotonic() - start, err_log.read_text(encoding="utf-8", errors="replace")
 
     def stop(self) -> None:
         with self.lock:

@@ -143,6 +143,9 @@ def main(argv):
     if "configs/bad.yaml" in argv:
         print("boom", file=sys.stderr)
         sys.exit(3)
+    if "configs/clustered.yaml" in argv and "training.rounds=2" in argv:  # as R-DPCFL's two-stage plan refuses
+        print("error: privacy.budgets: client 0: rounds must be an integer >= 3, got 2", file=sys.stderr)
+        sys.exit(2)
     facts = {"threads": os.environ["OMP_NUM_THREADS"], "cwd": os.getcwd(), "dpfl": __file__}
     (out / "summary.json").write_text(json.dumps(facts))
     sys.exit(0)
@@ -160,6 +163,7 @@ def fake_tree(tmp_path, monkeypatch):
     (tree / "configs" / "good.yaml").write_text(run)
     (tree / "configs" / "bad.yaml").write_text(run)
     (tree / "configs" / "mnist.yaml").write_text(run.replace("digits", "mnist"))
+    (tree / "configs" / "clustered.yaml").write_text(run)
     (tree / "configs" / "grid.yaml").write_text("settings: [a, b]\n")
     monkeypatch.setenv("FAKE_LOG", str(tmp_path / "calls.log"))
     return tree
@@ -171,8 +175,11 @@ def test_the_runner_records_a_failure_goes_on_and_skips_finished_jobs(reg, fake_
     record = json.loads((out / "jobs.json").read_text())
     jobs = record["jobs"]
     assert {k: v["status"] for k, v in jobs.items()} == {
-        "config/bad": "failed", "config/good": "ok", "config/grid": "skipped", "config/mnist": "skipped",
-        "reproduce/toy": "ok"}
+        "config/bad": "failed", "config/clustered": "ok", "config/good": "ok", "config/grid": "skipped",
+        "config/mnist": "skipped", "reproduce/toy": "ok"}
+    # a config that refuses 2 rounds and names its shortest setting runs once more with it (and records it)
+    assert jobs["config/clustered"]["command"][:4] == ["dpfl", "run", "configs/clustered.yaml", "--set"]
+    assert jobs["config/clustered"]["command"][4] == "training.rounds=3"
     assert jobs["config/bad"]["rc"] == 3 and "boom" in jobs["config/bad"]["stderr_tail"]
     assert jobs["config/mnist"]["reason"] == "dataset mnist not available here"  # from the catalog
     assert jobs["config/grid"]["reason"].startswith("not a config any dpfl command reads")
@@ -187,11 +194,12 @@ def test_the_runner_records_a_failure_goes_on_and_skips_finished_jobs(reg, fake_
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert sorted(c.split(" --out ")[0] for c in calls) == [
         "reproduce toy --scale ci", "run configs/bad.yaml --set training.rounds=2",
+        "run configs/clustered.yaml --set training.rounds=2", "run configs/clustered.yaml --set training.rounds=3",
         "run configs/good.yaml --set training.rounds=2"]
     capsys.readouterr()
     assert reg.main(["run", str(fake_tree), str(out)]) == 1  # again: only the failed job runs
-    assert len((tmp_path / "calls.log").read_text().splitlines()) == 4
-    assert "3 jobs, 2 finished before, 1 to run" in capsys.readouterr().out
+    assert len((tmp_path / "calls.log").read_text().splitlines()) == 6
+    assert "4 jobs, 3 finished before, 1 to run" in capsys.readouterr().out
 
 
 def test_the_tree_commands_are_read_from_either_help_format(reg):

@@ -34,6 +34,9 @@ Identity, LogSoftmax / Softmax over a non-batch axis) and Dropout / Dropout2d, w
 torch's global RNG with the generic path's shapes and order (so results match it exactly). Every parameter
 must belong to a supported layer, each layer must appear once (no weight sharing), and the model has no
 buffers. Anything else returns None from `compile_model` and the engine uses the generic vmap path.
+
+One file over 600 lines on purpose: the four steps share the layer objects, the packing and the cost model, and
+read as one pipeline; split, each part would only make sense beside the others.
 """
 
 from __future__ import annotations

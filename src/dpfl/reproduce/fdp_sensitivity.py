@@ -54,6 +54,9 @@ every `evaluation.every` = 10 rounds and at the last round, else empty; `bound` 
 rows; `control_distance` is 0); `sensitivity.json`, the same rows plus
 the settings, the dataset and model used, each pair's samples per client, L, γ_0, ρ_0 and the replaced record;
 `sensitivity.md`, a summary table per setting; `sensitivity.png` (`dpfl.results.sensitivity_plot`).
+
+One file over 600 lines on purpose: one experiment (the neighbours, the lockstep runs, the distances and the bound
+beside them, its outputs); the plot and the bound's formulas already live in results/ and privacy/.
 """
 
 from __future__ import annotations
