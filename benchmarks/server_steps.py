@@ -104,7 +104,7 @@ def time_pcp_iteration(updates, iters: int, old: bool) -> float:
             t = timed(lambda block=block, lam=lam, mu=mu: rpca._pcp_dense(block, lam, mu, 0.0, iters, 1.0, math.inf))
         else:
             t = timed(lambda block=block, lam=lam, mu=mu: rpca.pcp(block, lam=lam, mu=mu, tol_abs=1e-300,
-                                                                   max_iter=iters))
+                                                                   mu_growth=1.0, max_iter=iters))
         total += t
     return total / iters
 

@@ -58,11 +58,14 @@ def recovery(L, S, L0, support):
 # With the ~100x larger mu of max_col_sum the primal residual stays ~1e-5 relative from the start and the
 # stopping rule (primal residual only) fires as soon as the SVT rank collapses; for seed 0 that iterate
 # still carries a spurious 5th singular value (3.8), and ~90 more iterations (tol 1e-8) reach 9e-9.
+# The default (mu grows 1.5x per iteration from LCM's 1.25 / ||M||_2, spec §4.4 as revised): rel. error 5.7e-8 at
+# seed 0 in 16 iterations.
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("mu_norm, err_bound, f1_bound", [("entrywise", 1e-3, 0.99), ("max_col_sum", 2e-2, 0.95)])
-def test_pcp_recovers_planted_low_rank_plus_sparse(mu_norm, err_bound, f1_bound, seed):
+@pytest.mark.parametrize("mu_growth, mu_norm, err_bound, f1_bound", [
+    (1.0, "entrywise", 1e-3, 0.99), (1.0, "max_col_sum", 2e-2, 0.95), (1.5, None, 1e-3, 0.99)])
+def test_pcp_recovers_planted_low_rank_plus_sparse(mu_growth, mu_norm, err_bound, f1_bound, seed):
     L0, S0, support = planted(seed)
-    L, S, info = solve(L0 + S0, mu_norm=mu_norm, max_iter=10_000)  # lam defaults to 1/sqrt(200)
+    L, S, info = solve(L0 + S0, mu_norm=mu_norm, mu_growth=mu_growth, max_iter=10_000)  # lam: 1/sqrt(200)
     err, f1 = recovery(L, S, L0, support)
     assert info.lam == pytest.approx(1 / np.sqrt(200))
     assert info.converged and info.iterations < 10_000, info
@@ -82,17 +85,20 @@ def test_pcp_default_lambda_reaches_the_pcp_optimum_not_the_planted_pair():
     """
     L0, S0, _ = tall_planted()
     lam = 1 / np.sqrt(1000)
-    L, S, info = solve(L0 + S0, mu_norm="entrywise", max_iter=10_000)
+    L, S, info = solve(L0 + S0, mu_norm="entrywise", mu_growth=1.0, max_iter=10_000)
     obj = lambda L, S: np.linalg.svd(L, compute_uv=False).sum() + lam * np.abs(S).sum()  # noqa: E731
     assert info.converged and obj(L, S) < obj(L0, S0) - 0.1
 
 
-@pytest.mark.parametrize("mu_norm", ["entrywise", "max_col_sum"])
-def test_pcp_recovers_tall_instance_at_larger_lambda(mu_norm):
+# A growing mu from LCM's start: at the default 1.5 this instance stalls at the cap 1e7 mu_0 on a suboptimal iterate
+# (rank 12, objective 1244.0 against the optimum's 1236.7, rel. error 0.075, the same at tol 1e-10); 1.2 and 1.1
+# reach the optimum in 30-31 iterations (constant mu: 79). Measured; reported to the spec's owners.
+@pytest.mark.parametrize("mu_growth, mu_norm", [(1.0, "entrywise"), (1.0, "max_col_sum"), (1.2, None)])
+def test_pcp_recovers_tall_instance_at_larger_lambda(mu_growth, mu_norm):
     # Not a spec target: at lam = 3/sqrt(1000) the planted pair is the PCP optimum of the tall instance, and
     # this covers the Gram-matrix SVT path (m >= 4n, the Robust-HDP shape) that the square test does not use.
     L0, S0, support = tall_planted()
-    L, S, info = solve(L0 + S0, lam=3 / np.sqrt(1000), mu_norm=mu_norm, max_iter=10_000)
+    L, S, info = solve(L0 + S0, lam=3 / np.sqrt(1000), mu_norm=mu_norm, mu_growth=mu_growth, max_iter=10_000)
     err, f1 = recovery(L, S, L0, support)
     assert info.converged and info.iterations < 10_000
     assert err < 1e-2 and f1 >= 0.95
@@ -149,16 +155,45 @@ def check_oracle(agg, bound):
     return ratio, cos
 
 
-def test_robust_hdp_first_block_approaches_oracle():
-    # measured (seed 0): ratio 1.0005, cos 0.99978, 1471 PCP iterations on the 5000 x 20 block
-    check_oracle(RobustHDP(blocks="first", p_prime=5_000), bound=1.10)
+@pytest.mark.parametrize("mu_growth", [1.0, 1.5])
+def test_robust_hdp_first_block_approaches_oracle(mu_growth):
+    # measured (seed 0): constant mu ratio 1.0005, cos 0.99978, 1471 PCP iterations on the 5000 x 20 block;
+    # the default growing mu ratio 1.0095 in 25 iterations
+    check_oracle(RobustHDP(blocks="first", p_prime=5_000, mu_growth=mu_growth), bound=1.10)
+
+
+def test_robust_hdp_all_blocks_approaches_oracle_by_default():
+    check_oracle(RobustHDP(), bound=1.05)
 
 
 @pytest.mark.integration  # ~2,800 (entrywise) / ~6,800 (max_col_sum) PCP iterations on 20000 x 20: ~20-50 s each
 @pytest.mark.parametrize("mu_norm", ["entrywise", "max_col_sum"])
-def test_robust_hdp_all_blocks_approaches_oracle(mu_norm):
+def test_robust_hdp_all_blocks_approaches_oracle_at_a_constant_mu(mu_norm):
     # measured (seed 0): entrywise ratio 1.0003, cos 0.99983; max_col_sum ratio 1.0005, cos 0.99985
-    check_oracle(RobustHDP(mu_norm=mu_norm), bound=1.05)
+    check_oracle(RobustHDP(mu_norm=mu_norm, mu_growth=1.0), bound=1.05)
+
+
+def test_a_growing_mu_reaches_the_constant_mu_weights_from_lcm_start_only():
+    """Spec §4.4 (revised): mu grows by 1.5 per iteration up to 1e7 mu_0, and the weights are those of the constant
+    mu the authors' code used. They are from LCM's mu_0 = 1.25 / ||M||_2 (the default: 25 iterations instead of
+    1,471; noise statistic within 1% of the constant mu's, every weight within 2e-3). From the spec's literal
+    mu_0 = m n / (4 ||M||_1), ~50x larger here, the primal stopping rule fires after 12 iterations far from the
+    optimum: 17x the oracle's noise statistic (measured 17.3). That is why the growing default starts from LCM's."""
+    uploads, s2 = oracle_problem()
+    w_star = (1 / s2) / (1 / s2).sum()
+
+    def weights(**kwargs):
+        agg = RobustHDP(blocks="first", p_prime=5_000, **kwargs)
+        run(agg, uploads)
+        return agg.last_weights.numpy(), agg.last_diagnostics["blocks"][0]["iterations"]
+
+    constant, it_constant = weights(mu_growth=1.0)
+    grown, it_grown = weights()
+    literal, _ = weights(mu_norm="entrywise", mu_growth=1.5)
+    assert it_grown < it_constant / 20, (it_grown, it_constant)
+    assert np.abs(grown - constant).max() < 2e-3
+    assert noise_stat(grown, s2) / noise_stat(constant, s2) == pytest.approx(1.0, abs=0.01)
+    assert noise_stat(literal, s2) / noise_stat(w_star, s2) > 10
 
 
 # -- test 11: misreport invariance --------------------------------------------------------------------

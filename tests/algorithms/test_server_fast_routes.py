@@ -65,7 +65,11 @@ def test_rpca_svt_that_keeps_nothing_is_zero():
 
 
 @pytest.mark.parametrize("shape", [(600, 20), (20, 600)])
-def test_fused_pcp_loop_equals_the_dense_loop(shape):
+@pytest.mark.parametrize("mu_growth", [
+    rpca.MU_GROWTH,  # the default: a growing mu, capped at 1e7 mu_0
+    # constant mu (the thesis code's): the same loop over thousands of iterations, up to ~3 min on 2 cores
+    pytest.param(1.0, marks=pytest.mark.integration)])
+def test_fused_pcp_loop_equals_the_dense_loop(shape, mu_growth):
     """The tall (and, transposed, the wide) PCP loop runs the dense loop's iteration: same iterations, same
     convergence, the same L and S to rounding."""
     rng = np.random.default_rng(2)
@@ -73,11 +77,11 @@ def test_fused_pcp_loop_equals_the_dense_loop(shape):
     low = _matrix(rng, m, n, [5.0, 3.0, 2.0])
     sparse = np.where(rng.random((m, n)) < 0.05, rng.normal(0, 3, (m, n)), 0.0)
     M = low + sparse
-    L, S, info = rpca.pcp(M, tol=1e-9)
+    L, S, info = rpca.pcp(M, tol=1e-9, mu_growth=mu_growth)
     norm_m = float(np.linalg.norm(M))
     lam = 1.0 / np.sqrt(max(m, n))
-    mu = m * n / (4.0 * np.abs(M).sum())
-    L_ref, S_ref, state = rpca._pcp_dense(M, lam, mu, 1e-9 * norm_m, 10_000, 1.0, float("inf"))
+    mu = rpca.mu_default(M, rpca.default_mu_norm(mu_growth))  # m n / (4 ||M||_1) at a constant mu
+    L_ref, S_ref, state = rpca._pcp_dense(M, lam, mu, 1e-9 * norm_m, 10_000, mu_growth, rpca.MU_MAX_FACTOR * mu)
     assert info.converged and state[1]
     assert info.iterations == state[0]
     _close(L, L_ref, 1e-7)
@@ -90,7 +94,7 @@ def test_fused_pcp_loop_falls_back_to_qr_and_still_matches():
     same answer as the dense loop."""
     rng = np.random.default_rng(3)
     M = _matrix(rng, 400, 10, [1e4, 1e3, 1e-2, 1e-3])
-    L, S, info = rpca.pcp(M, max_iter=40, lam=10.0, mu=1e4)
+    L, S, info = rpca.pcp(M, max_iter=40, lam=10.0, mu=1e4, mu_growth=1.0)
     lam, mu = 10.0, 1e4
     L_ref, S_ref, state = rpca._pcp_dense(M, lam, mu, 1e-7 * float(np.linalg.norm(M)), 40, 1.0, float("inf"))
     assert info.svt_fallbacks > 0

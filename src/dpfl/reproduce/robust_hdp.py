@@ -4,7 +4,7 @@ Methods (spec §7.3 "Seeds and methods"):
 
 | method | dpfl algorithm | |
 |---|---|---|
-| robust_hdp | robust_hdp (p' = 200,000: one block for cnn_rhdp) | |
+| robust_hdp | robust_hdp (p' = 200,000: one block for cnn_rhdp; constant PCP mu, as the thesis code) | |
 | weiavg | weiavg | |
 | pfa | pfa, split gmm, k = 1 (the RHDP code's PFA baseline) | |
 | fedavg | dp_fedavg_local, uniform weights (the thesis's DPFedAvg) | |
@@ -64,7 +64,8 @@ NON_PRIVATE = "non-private reference (no DP)"
 def methods() -> tuple[Method, ...]:
     """The thesis's seven methods."""
     return (
-        Method("robust_hdp", "robust_hdp", ("algorithm={name: robust_hdp, params: {p_prime: 200000}}",)),
+        Method("robust_hdp", "robust_hdp",  # constant mu, as the thesis code ran its PCP (spec §4.4)
+               ("algorithm={name: robust_hdp, params: {p_prime: 200000, mu_growth: 1.0}}",)),
         Method("weiavg", "weiavg", ("algorithm={name: weiavg}",)),
         Method("pfa", "pfa", ("algorithm={name: pfa, params: {split: gmm, k: 1}}",)),
         Method("fedavg", "dp_fedavg_local", ("algorithm={name: dp_fedavg_local, params: {weighting: uniform}}",)),

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.algorithms.server.rpca import MU_NORMS, pcp
+from dpfl.algorithms.server.rpca import MU_GROWTH, MU_NORMS, pcp
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
 
@@ -72,23 +72,23 @@ class RobustHDP:
     """Robust-HDP aggregator (spec §4.4). See the module docstring for the statefulness of `weights`.
 
     Options: `p_prime` (block rows, default 200,000), `blocks` (`all` | `first`), `schedule`
-    (`every_round` | `once`; `every-round` accepted), and the PCP settings `mu_norm` (`entrywise` |
-    `max_col_sum`), `lam` (default 1/sqrt(max(p_j, K))), `tol` (relative, 1e-7), `tol_abs` (absolute,
-    overrides `tol`; the code's call used 5e-8), `max_iter` (10,000), `mu_growth` (>= 1, default 1:
-    constant mu) and `mu_max`; `floor` phi (1e-6) and `server_lr`.
+    (`every_round` | `once`; `every-round` accepted), and the PCP settings `mu_norm`, the initial mu's rule
+    (`spectral` | `entrywise` | `max_col_sum`; None: spectral when mu grows, else entrywise; `rpca`'s docstring), `lam` (default 1/sqrt(max(p_j, K))), `tol` (relative, 1e-7), `tol_abs` (absolute,
+    overrides `tol`; the code's call used 5e-8), `max_iter` (10,000), `mu_growth` (>= 1, default 1.5;
+    1 keeps mu constant, as the authors' code did) and `mu_max` (default 1e7 times each block's initial mu); `floor` phi (1e-6) and `server_lr`.
     """
 
     privileged = False
 
     def __init__(self, p_prime: int = 200_000, blocks: str = "all", schedule: str = "every_round",
-                 mu_norm: str = "entrywise", lam: float | None = None, tol: float = 1e-7,
-                 tol_abs: float | None = None, max_iter: int = 10_000, mu_growth: float = 1.0,
+                 mu_norm: str | None = None, lam: float | None = None, tol: float = 1e-7,
+                 tol_abs: float | None = None, max_iter: int = 10_000, mu_growth: float = MU_GROWTH,
                  mu_max: float | None = None, floor: float = 1e-6, server_lr: float = 1.0) -> None:
         if isinstance(p_prime, bool) or not isinstance(p_prime, (int, np.integer)) or p_prime < 1:
             raise ValueError(f"p_prime must be a positive integer, got {p_prime!r}")
         if blocks not in BLOCK_MODES:
             raise ValueError(f"Robust-HDP blocks must be one of {BLOCK_MODES}, got {blocks!r}")
-        if mu_norm not in MU_NORMS:
+        if mu_norm is not None and mu_norm not in MU_NORMS:
             raise ValueError(f"Robust-HDP mu_norm must be one of {MU_NORMS}, got {mu_norm!r}")
         if lam is not None and not lam > 0:
             raise ValueError(f"lam must be > 0, got {lam}")

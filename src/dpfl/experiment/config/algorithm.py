@@ -111,7 +111,12 @@ class _RobustHDPParams(_Section):
     p_prime: int = Field(200_000, ge=1)
     blocks: Literal["all", "first"] = "all"
     schedule: Literal["every_round", "once"] = "every_round"
-    mu_norm: Literal["entrywise", "max_col_sum"] = "entrywise"
+    # the PCP's mu grows by mu_growth per iteration up to mu_max (None: 1e7 x the block's initial mu), from LCM's
+    # 1.25 / ||M||_2; mu_growth 1.0 keeps it constant from m n / (4 ||M||_1), as the authors' code did (the thesis
+    # comparisons of `dpfl reproduce robust-hdp` pin it). mu_norm None: spectral when mu grows, else entrywise
+    mu_norm: Literal["entrywise", "max_col_sum", "spectral"] | None = None
+    mu_growth: float = Field(1.5, ge=1)
+    mu_max: float | None = Field(None, gt=0)
     lam: float | None = Field(None, gt=0)
     tol: float = Field(1e-7, gt=0)
     max_iter: int = Field(10_000, ge=1)
@@ -335,7 +340,7 @@ class AlgorithmConfig(_Section):
     min_eps / max_eps: epsilon ('observed' or a number) + fedavg's. max_eps needs privacy.allow_budget_violation.
     pfa: split, public_fraction, public_clients, subspace, k, scope, svd_solver, lanczos_iters, weighting, server_lr.
     pfa_plus: pfa's, plus warmup_rounds (>= 1) and subspace_broadcast (private | all).
-    robust_hdp: p_prime, blocks, schedule, mu_norm, lam, tol, max_iter, server_lr.
+    robust_hdp: p_prime, blocks, schedule, mu_norm, mu_growth, mu_max, lam, tol, max_iter, server_lr.
     fedceo: lam (required), theta (>= 1), interval, layers (all | last n), personalize, personal_staleness
     (any | last), prox_dtype, rfft. ppsgd: alpha (> 0, local / global step size).
     centaur: head_epochs (> 0; needs a model with a head: mlp2, lenet5).
