@@ -71,11 +71,12 @@ def noise_weights(sigma2: np.ndarray, floor: float = 1e-6) -> np.ndarray:
 class RobustHDP:
     """Robust-HDP aggregator (spec §4.4). See the module docstring for the statefulness of `weights`.
 
-    Options: `p_prime` (block rows, default 200,000), `blocks` (`all` | `first`), `schedule`
-    (`every_round` | `once`; `every-round` accepted), and the PCP settings `mu_norm`, the initial mu's rule
-    (`spectral` | `entrywise` | `max_col_sum`; None: spectral when mu grows, else entrywise; `rpca`'s docstring), `lam` (default 1/sqrt(max(p_j, K))), `tol` (relative, 1e-7), `tol_abs` (absolute,
-    overrides `tol`; the code's call used 5e-8), `max_iter` (10,000), `mu_growth` (>= 1, default 1.5;
-    1 keeps mu constant, as the authors' code did) and `mu_max` (default 1e7 times each block's initial mu); `floor` phi (1e-6) and `server_lr`.
+    Options: `p_prime` (block rows, default 200,000), `blocks` (`all` | `first`), `schedule` (`every_round` |
+    `once`; `every-round` accepted), and the PCP settings: `mu_norm`, the initial mu's rule (`spectral` |
+    `entrywise` | `max_col_sum`; None: spectral when mu grows, else entrywise; `rpca`'s docstring), `lam` (default
+    1/sqrt(max(p_j, K))), `tol` (relative, 1e-7), `tol_abs` (absolute, overrides `tol`; the code's call used 5e-8),
+    `max_iter` (10,000), `mu_growth` (>= 1, default 1.5; 1 keeps mu constant, as the authors' code did) and
+    `mu_max` (default 1e7 times each block's initial mu); `floor` phi (1e-6) and `server_lr`.
     """
 
     privileged = False

@@ -187,8 +187,8 @@ def pcp(
     """Principal Component Pursuit of a 2-D matrix `M` (NumPy array or torch tensor) by inexact ALM.
 
     Returns `(L, S, info)` as float64 NumPy arrays with L + S ≈ M. `lam` defaults to 1/sqrt(max(m, n)),
-    `mu` to the rule `mu_norm` names (None: `spectral` when mu grows, else `entrywise`; module docstring). The loop stops when
-    ||M - L - S||_F < tol ||M||_F, or < `tol_abs` when given (which overrides `tol`), or after
+    `mu` to the rule `mu_norm` names (None: `spectral` when mu grows, else `entrywise`; module docstring). The loop
+    stops when ||M - L - S||_F < tol ||M||_F, or < `tol_abs` when given (which overrides `tol`), or after
     `max_iter` iterations (default 10,000 as in spec §4.4; `info.converged` is then False). `mu_growth`
     rho >= 1 multiplies mu after each iteration (default 1.5), capped at `mu_max` (default 1e7 times the initial
     mu); rho = 1 keeps mu constant, as the Robust-HDP code does. `blas_threads` caps the BLAS threads for the call
