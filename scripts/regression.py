@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import fnmatch
 import io
 import json
@@ -540,6 +541,7 @@ def fmt(value: Any) -> str:
     if value is ABSENT:
         return "<absent>"
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = text.replace("\r", "\\r").replace("\n", "\\n")  # one difference, one line
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -578,8 +580,22 @@ class Differ:
         elif isinstance(va, list) and isinstance(vb, list):
             for i in range(max(len(va), len(vb))):
                 self.values(where, f"{path}[{i}]", va[i] if i < len(va) else ABSENT, vb[i] if i < len(vb) else ABSENT)
+        elif isinstance(va, str) and isinstance(vb, str) and va != vb and ("\n" in va or "\n" in vb):
+            self.text_lines(where, path or "<value>", va, vb)
         elif va is ABSENT or vb is ABSENT or not same_scalar(va, vb, self.rtol):
             self.add(where, path or "<value>", va, vb)
+
+    def text_lines(self, where: str, path: str, va: str, vb: str) -> None:
+        """A multi-line string (a config embedded in a JSON file): only the lines that differ, aligned by difflib so
+        that one inserted line is one difference, each named by its line numbers on the two sides."""
+        la, lb = va.splitlines(), vb.splitlines()
+        for op, a0, a1, b0, b1 in difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes():
+            if op == "equal":
+                continue
+            for i in range(max(a1 - a0, b1 - b0)):
+                ia, ib = a0 + i, b0 + i
+                label = f"{path} line {ia + 1 if ia < a1 else '-'}/{ib + 1 if ib < b1 else '-'}"
+                self.add(where, label, la[ia] if ia < a1 else ABSENT, lb[ib] if ib < b1 else ABSENT)
 
     # rows (JSONL lines, CSV rows): keyed when a key identifies every row on both sides, else by position
     def rows(self, where: str, ra: list[Any], rb: list[Any], key_of, label_of, compare) -> None:

@@ -95,6 +95,21 @@ def test_a_missing_metrics_row_a_one_sided_run_directory_and_job(reg, tmp_path):
     assert found[3:] == ["reproduce/pfa/runs/s1/pfa: <directory>: A=present B=<absent>"]
 
 
+def test_a_multiline_string_differs_by_its_changed_lines_each_on_one_line(reg, tmp_path):
+    """A config embedded as text in a JSON file (the noise table's): one inserted line is one difference, aligned
+    (not every later line), and no printed difference spans two lines."""
+    a = _write_run(tmp_path / "a")
+    b = _write_run(tmp_path / "b")
+    text = "name: x\nalgorithm:\n  params: {tol: 1e-7}\nseed: 0\n"
+    (a / "config" / "demo" / "table.json").write_text(json.dumps({"config": text, "note": "one\ntwo"}))
+    (b / "config" / "demo" / "table.json").write_text(json.dumps({
+        "config": text.replace("  params:", "  params: {mu_growth: 1.0}\n  params:"), "note": "one\nthree"}))
+    assert reg.diff_outputs(a, b) == [
+        "config/demo/table.json: config line -/3: A=<absent> B=  params: {mu_growth: 1.0}",
+        "config/demo/table.json: note line 2/2: A=two B=three"]
+    assert reg.fmt("a\nb") == "a\\nb"
+
+
 def test_rtol_allows_a_tolerance_and_nothing_else(reg, tmp_path):
     a = _write_run(tmp_path / "a", acc2=0.75, cell="0.91")
     b = _write_run(tmp_path / "b", acc2=0.75 * (1 + 1e-9), cell="0.9100000001")
