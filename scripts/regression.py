@@ -79,9 +79,34 @@ REPRODUCE_MODES = {
     "rdpcfl": (("round1-analysis", ("--round1-analysis",)),),
 }
 
-# Wall seconds per job measured on the base checkout (7a6aa21) with `run --workers 1` on this shared 2-core machine
-# (other test runs beside it: upper bounds). `list` and `run` add them up; a job not measured counts as unknown.
-MEASURED_SECONDS: dict[str, float] = {}
+# Wall seconds per job measured on 7a6aa21 with `run --workers 1` on a shared 2-core machine (another run and test
+# runs beside it: upper bounds; the R-DPCFL configs at their 3 rounds). `list` and `run` add them up; a job not
+# measured counts as unknown.
+MEASURED_SECONDS: dict[str, float] = {
+    "config/attacks/ci_fmnist": 16, "config/attacks/digits_cnn": 14, "config/attacks/overfit_fmnist": 14,
+    "config/demo": 11, "config/digits_udp": 11, "config/fdp/accuracy_ci_digits_logr": 11,
+    "config/fdp/accuracy_reduced_fmnist_lenet5": 25, "config/fdp/digits_noisy_fedavg": 11,
+    "config/fdp/sensitivity_ci": 10, "config/fedceo/ci_fmnist_mlp": 14, "config/fedceo/fmnist_mlp": 17,
+    "config/fedceo/fmnist_mlp_sg1.5_ci": 13, "config/fedceo/reduced_fmnist_mlp": 13, "config/fmnist_central": 11,
+    "config/fmnist_dpsgd": 17, "config/hdp/misreport_fmnist_ci": 11, "config/hdp/pfa/ci_fmnist_cnn_pfa": 13,
+    "config/hdp/pfa/ci_fmnist_logr": 10, "config/hdp/pfa/fmnist_cnn_pfa": 14, "config/hdp/pfa/fmnist_logr": 10,
+    "config/hdp/rhdp/ci_fmnist": 16, "config/hdp/rhdp/fmnist": 54, "config/hdp_fmnist_mixgauss1": 12,
+    "config/mpdp/ci_digits_cnn": 11, "config/mpdp/ci_digits_k100": 12, "config/mpdp/ci_digits_mlp": 10,
+    "config/mpdp/ci_digits_mlp_hardened": 10, "config/mpdp/ci_fmnist_mlp": 12, "config/mpdp/overfit_fmnist_mlp": 11,
+    "config/rdpcfl/analysis_round1_batch": 510, "config/rdpcfl/ci_digits_rotation": 34,
+    "config/rdpcfl/ci_fmnist_rotation": 75, "config/rdpcfl/fmnist_label_flip": 370,
+    "config/rdpcfl/fmnist_label_shift": 321, "config/rdpcfl/fmnist_rotation": 365,
+    "config/secure/digits_distributed": 13, "config/splitting/cnn_fmnist_iid": 32,
+    "config/splitting/cnn_fmnist_shards2": 33, "config/splitting/cnn_fmnist_shards6": 31,
+    "config/splitting/convex/lr_flip": 37, "config/splitting/convex/lr_heterogeneous": 31,
+    "config/splitting/convex/ls_diminishing": 10, "config/splitting/convex/ls_dp": 11,
+    "config/splitting/convex/ls_homogeneous": 12, "config/splitting/convex/ls_noise10": 12,
+    "config/splitting/convex/ls_partial_p05": 15, "config/splitting/convex/ls_shift2": 13, "reproduce/attacks": 61,
+    "reproduce/fdp-accuracy": 12, "reproduce/fdp-sensitivity": 16, "reproduce/fedceo": 63, "reproduce/fedceo-dlg": 51,
+    "reproduce/fedceo-search": 170, "reproduce/fedceo-shards": 61, "reproduce/fedceo-udp": 40, "reproduce/mpdp": 267,
+    "reproduce/pfa": 64, "reproduce/rdpcfl": 3370, "reproduce/rdpcfl-round1-analysis": 104,
+    "reproduce/robust-hdp": 154, "reproduce/robust-hdp-noise-table": 50, "reproduce/splitting": 363,
+}
 
 # ---- what diff compares and ignores ------------------------------------------------------------------------------
 COMPARED_SUFFIXES = (".json", ".jsonl", ".csv")  # plus config.yaml (the resolved config: a changed default shows)
