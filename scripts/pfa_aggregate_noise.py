@@ -90,7 +90,7 @@ def measured_pfa_noise(pfa: PFA, view: ServerView, variances: np.ndarray, shapes
     for draw in range(draws):
         uploads = {name: torch.randn((len(view), *shape), generator=gen, dtype=torch.float64)
                    * scale.reshape(-1, *([1] * len(shape))) for name, shape in shapes.items()}
-        agg = pfa.update(uploads, view, seed, draw)
+        agg = pfa.mean_update(uploads, view, seed, draw)
         out.append(sum(float(t.pow(2).sum()) for t in agg.values()) / p)
     return float(np.mean(out))
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpfl.algorithms.client.upload import upload_noise
+from dpfl.algorithms.stages import UploadMechanism
 from dpfl.engine import params as P
 
 
 @dataclass(frozen=True)
-class UnaccountedNoise:
+class UnaccountedNoise(UploadMechanism):
     """Gaussian noise on the upload that claims a unit but has no event (accounted = False)."""
 
     std: float = 0.01

@@ -35,7 +35,10 @@ _EXPORTS: dict[str, str] = {
     "central_dp_fedavg": "dpfl.algorithms.algorithm", "Selection": "dpfl.algorithms.selection",
     "sgd": "dpfl.algorithms.client.program", "dpsgd": "dpfl.algorithms.client.program",
     "LocalProgram": "dpfl.algorithms.client.program", "FedAvg": "dpfl.algorithms.server.fedavg",
-    "ServerView": "dpfl.algorithms.server.view",
+    "ServerView": "dpfl.algorithms.server.view", "ServerStep": "dpfl.algorithms.stages",
+    "ServerUpdate": "dpfl.algorithms.stages", "RoundInputs": "dpfl.algorithms.stages",
+    "UploadMechanism": "dpfl.algorithms.stages", "MechanismRelease": "dpfl.algorithms.stages",
+    "MechanismChain": "dpfl.algorithms.stages",
     "register_aggregator": "dpfl.algorithms.registry", "register_local_program": "dpfl.algorithms.registry",
     # privacy
     "ClientBudget": "dpfl.privacy.budgets", "PlannedRun": "dpfl.privacy.run_calibration",
@@ -66,6 +69,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from dpfl.algorithms.selection import Selection
     from dpfl.algorithms.server.fedavg import FedAvg
     from dpfl.algorithms.server.view import ServerView
+    from dpfl.algorithms.stages import (MechanismChain, MechanismRelease, RoundInputs, ServerStep, ServerUpdate,
+                                        UploadMechanism)
     from dpfl.api import RunOutcome, run
     from dpfl.data.arrays import ArrayDataset
     from dpfl.data.federated import ClientData, FederatedDataset

@@ -81,7 +81,7 @@ def test_r2_zero_threshold_keeps_each_upload_and_the_next_round_starts_from_it()
     new = agg.aggregate(g, uploads, view(clients), seed=0, round_=1)  # t = 2: smoothing
     for n in g:
         torch.testing.assert_close(new[n], g[n] + uploads[n].mean(0), rtol=0, atol=1e-6)  # FedAvg mean
-    starts = agg.start_points(new, [5, 2], round_=2)
+    starts = agg.starts(new, [5, 2], round_=2)
     for n in g:
         torch.testing.assert_close(starts[n][0], g[n] + uploads[n][2], rtol=0, atol=1e-6)  # its own upload
         assert torch.equal(starts[n][1], new[n])  # no personal model: w_g
@@ -90,10 +90,10 @@ def test_r2_zero_threshold_keeps_each_upload_and_the_next_round_starts_from_it()
 def test_r3_personal_state_is_written_overwritten_kept_and_used_only_right_after_a_smoothing():
     agg = FedCEO(lam=0.5, theta=1.1, interval=2)
     g = {n: t[0] for n, t in stacked().items()}
-    assert agg.start_points(g, [0, 1], round_=0) is None  # round 1: nothing stored
+    assert agg.starts(g, [0, 1], round_=0) is None  # round 1: nothing stored
     agg.aggregate(g, stacked(3, seed=1), view([0, 1, 2]), 0, round_=1)  # smoothing 1 (t = 2)
     first = {c: {n: t.clone() for n, t in agg.personal[c].items()} for c in (0, 1, 2)}
-    assert agg.start_points(g, [0, 1], round_=3) is None  # t = 4 does not follow a smoothing
+    assert agg.starts(g, [0, 1], round_=3) is None  # t = 4 does not follow a smoothing
     agg.aggregate(g, stacked(3, seed=2), view([0, 1, 2]), 0, round_=2)  # t = 3: plain mean, no writes
     assert all(torch.equal(agg.personal[0][n], first[0][n]) for n in g)
     agg.aggregate(g, stacked(2, seed=3), view([2, 4]), 0, round_=3)  # smoothing 2 (t = 4) overwrites 2, adds 4
@@ -101,15 +101,15 @@ def test_r3_personal_state_is_written_overwritten_kept_and_used_only_right_after
     assert agg.personal_round == {0: 1, 1: 1, 2: 3, 4: 3}
     assert not torch.equal(agg.personal[2]["0.weight"], first[2]["0.weight"])
     assert torch.equal(agg.personal[0]["0.weight"], first[0]["0.weight"])  # older entry persists
-    starts = agg.start_points(g, [0, 4, 5], round_=4)  # t = 5 follows a smoothing
+    starts = agg.starts(g, [0, 4, 5], round_=4)  # t = 5 follows a smoothing
     assert torch.equal(starts["0.weight"][0], first[0]["0.weight"])  # "any": the stale model is used
     assert torch.equal(starts["0.weight"][1], agg.personal[4]["0.weight"])
     assert torch.equal(starts["0.weight"][2], g["0.weight"])  # no model: w_g
     agg.personal_staleness = "last"
-    starts = agg.start_points(g, [0, 4], round_=4)
+    starts = agg.starts(g, [0, 4], round_=4)
     assert torch.equal(starts["0.weight"][0], g["0.weight"])  # stale: w_g under "last"
     assert torch.equal(starts["0.weight"][1], agg.personal[4]["0.weight"])
-    assert FedCEO(lam=0.5, interval=2, personalize=False).start_points(g, [0], round_=2) is None
+    assert FedCEO(lam=0.5, interval=2, personalize=False).starts(g, [0], round_=2) is None
 
 
 def test_r4_global_model_at_a_smoothing_round_is_svt_of_the_mean_at_thr_over_k():

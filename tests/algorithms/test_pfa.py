@@ -139,7 +139,7 @@ def test_aggregate_matches_formula_per_tensor():
     pfa = PFA(k=2, public_fraction=0.3)  # top 2 of 9 -> ⌊2.7⌋ = 2 public: clients 4 and 6
     assert pfa.public_mask(view).nonzero().ravel().tolist() == [4, 6]
     with pytest.warns(RuntimeWarning, match="k=2 truncated to 1"):  # 2 public, centred: rank 1
-        got = pfa.update(ups, view, seed=0, round_=0)
+        got = pfa.mean_update(ups, view, seed=0, round_=0)
     pub, pri = [4, 6], [0, 1, 2, 3, 5, 7, 8]
     for name, u in ups.items():
         X = u.flatten(1).double()
@@ -159,12 +159,12 @@ def test_scope_model_differs_from_tensor_and_random_is_seeded():
     view = ServerView.simple([10] * K, eps_reported=eps)
     ups = _uploads(K, seed=2)
     base = dict(split="explicit", public_clients=(0, 1, 2, 3))
-    t = PFA(**base).update(ups, view, 0, 0)
-    m = PFA(**base, scope="model").update(ups, view, 0, 0)
+    t = PFA(**base).mean_update(ups, view, 0, 0)
+    m = PFA(**base, scope="model").mean_update(ups, view, 0, 0)
     assert _rel(t, m) > 1e-3
-    r1 = PFA(**base, subspace="random", k=2).update(ups, view, 5, 3)
-    r2 = PFA(**base, subspace="random", k=2).update(ups, view, 5, 3)
-    r3 = PFA(**base, subspace="random", k=2).update(ups, view, 5, 4)
+    r1 = PFA(**base, subspace="random", k=2).mean_update(ups, view, 5, 3)
+    r2 = PFA(**base, subspace="random", k=2).mean_update(ups, view, 5, 3)
+    r3 = PFA(**base, subspace="random", k=2).mean_update(ups, view, 5, 4)
     assert all(torch.equal(r1[n], r2[n]) for n in r1)
     assert _rel(r1, r3) > 1e-6
 
@@ -174,9 +174,9 @@ def test_no_public_raises_and_count_weighting():
     view = ServerView.simple([10] * 3, eps_reported=eps)
     ups = _uploads(3)
     with pytest.raises(NoPublicClients):
-        PFA(split="explicit", public_clients=(7,)).update(ups, view, 0, 0)
+        PFA(split="explicit", public_clients=(7,)).mean_update(ups, view, 0, 0)
     # count weighting, all public: a plain mean (the code's un-weighted class)
-    got = PFA(split="explicit", public_clients=(0, 1, 2), weighting="count").update(ups, view, 0, 0)
+    got = PFA(split="explicit", public_clients=(0, 1, 2), weighting="count").mean_update(ups, view, 0, 0)
     for n, u in ups.items():
         torch.testing.assert_close(got[n], u.mean(0))
 
@@ -195,7 +195,7 @@ def test_bad_options(bad):
 def test_undeclared_budget_raises():
     view = ServerView.simple([10, 10])  # eps = inf
     with pytest.raises(ValueError, match="epsilon"):
-        PFA().update(_uploads(2), view, 0, 0)
+        PFA().mean_update(_uploads(2), view, 0, 0)
 
 
 # ---- splits: fitted over the population, gmm / kmeans ---------------------------------------------
@@ -292,13 +292,13 @@ def test_noise_passthrough_is_the_rounds_map_applied_to_the_noise(mode, scope, p
     uploads = {n: (clean[n].double() + noise[n]).float() for n in clean}
     exact = {n: uploads[n].double() - noise[n] for n in uploads}  # the float32 uploads minus the noise
     pfa = PFA(split="explicit", public_clients=public, subspace=mode, scope=scope)
-    total = {n: t.double() for n, t in pfa.update(uploads, view, seed=1, round_=2).items()}
+    total = {n: t.double() for n, t in pfa.mean_update(uploads, view, seed=1, round_=2).items()}
     noise_part = pfa.noise_passthrough(uploads, noise, view, seed=1, round_=2)
     clean_part = pfa.noise_passthrough(uploads, exact, view, seed=1, round_=2)
     assert all(t.dtype == torch.float64 for t in noise_part.values())
     assert _rel({n: noise_part[n] + clean_part[n] for n in total}, total) < 1e-6  # float32 Δ̄
     if mode != "random":  # a random basis does not depend on the uploads
-        alone = pfa.update({n: t.float() for n, t in noise.items()}, view, seed=1, round_=2)
+        alone = pfa.mean_update({n: t.float() for n, t in noise.items()}, view, seed=1, round_=2)
         assert _rel(noise_part, {n: t.double() for n, t in alone.items()}) > 1e-3
 
 

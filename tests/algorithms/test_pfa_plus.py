@@ -46,7 +46,7 @@ def _plus(**kw) -> PFAPlus:
 
 def _round(plus: PFAPlus, uploads, view, round_):
     payload = plus.client_payload(uploads, view, seed=0)
-    return payload, plus.update(payload, view, seed=0, round_=round_)
+    return payload, plus.mean_update(payload, view, seed=0, round_=round_)
 
 
 @pytest.mark.parametrize("mode", ["centered", "second-moment", "mean-outer"])
@@ -57,7 +57,7 @@ def test_pfa_plus_equals_pfa_when_the_subspace_does_not_move(mode):
         r2[n][:2] = r1[n][:2]
     p1, d1 = _round(plus, r1, view, 0)
     assert p1.warmup and bool(p1.full_mask.all()) and not p1.codes  # warm-up: everyone uploads in full
-    assert _rel(d1, pfa.update(r1, view, seed=0, round_=0)) < 1e-6  # the warm-up round is PFA
+    assert _rel(d1, pfa.mean_update(r1, view, seed=0, round_=0)) < 1e-6  # the warm-up round is PFA
     prev = dict(plus.previous)
     p2, d2 = _round(plus, r2, view, 1)
     assert not p2.warmup and p2.full_mask.tolist() == [True, True, False, False, False, False]
@@ -65,7 +65,7 @@ def test_pfa_plus_equals_pfa_when_the_subspace_does_not_move(mode):
         want = (flat.double() - prev[name].mu) @ prev[name].V
         torch.testing.assert_close(p2.codes[name].double(), want, rtol=1e-6, atol=1e-6)
         assert p2.codes[name].shape == (4, 1)
-    assert _rel(d2, pfa.update(r2, view, seed=0, round_=1)) < 1e-6
+    assert _rel(d2, pfa.mean_update(r2, view, seed=0, round_=1)) < 1e-6
 
 
 def test_pfa_plus_uses_the_previous_subspace_not_the_current_one():
@@ -82,7 +82,7 @@ def test_pfa_plus_uses_the_previous_subspace_not_the_current_one():
         d_pri_hat = prev[name].mu + prev[name].V @ (g.w_pri @ codes)
         want = (g.E_pub * d_pub + g.E_pri * d_pri_hat) / (g.E_pub + g.E_pri)
         torch.testing.assert_close(d2[name].double().reshape(-1), want.float().double(), rtol=1e-5, atol=1e-6)
-    assert _rel(d2, pfa.update(r2, view, seed=0, round_=1)) > 1e-3  # the subspace moved, so PFA differs
+    assert _rel(d2, pfa.mean_update(r2, view, seed=0, round_=1)) > 1e-3  # the subspace moved, so PFA differs
 
 
 def test_the_server_never_receives_a_private_update_in_full():
@@ -94,10 +94,10 @@ def test_the_server_never_receives_a_private_update_in_full():
     for n in poisoned:
         poisoned[n][2:] = float("nan")  # the private rows after encoding must not matter
     state = plus.state_dict()
-    want = plus.update(payload, view, seed=0, round_=1)
+    want = plus.mean_update(payload, view, seed=0, round_=1)
     plus.load_state_dict(state)
     assert all(u.shape[0] == 2 for u in payload.full.values())
-    got = plus.update(plus.client_payload(ups, view, seed=0), view, seed=0, round_=1)
+    got = plus.mean_update(plus.client_payload(ups, view, seed=0), view, seed=0, round_=1)
     assert all(torch.equal(got[n], want[n]) for n in want)
 
 
@@ -140,7 +140,7 @@ def test_bytes_per_participant(model, tensors, code_bytes, broadcast):
     view = _view()
     first = plus.client_payload(ups, view)
     assert first.bytes_up == [4 * p] * K and first.bytes_down_subspace == [0] * K
-    plus.update(first, view, seed=0, round_=0)
+    plus.mean_update(first, view, seed=0, round_=0)
     second = plus.client_payload(ups, view)
     sum_pk = sum(s.V.shape[0] * s.V.shape[1] for s in plus.previous.values())
     assert sum_pk == p  # k = 1 for every tensor

@@ -1,41 +1,19 @@
-"""An algorithm is a named bundle of round stages: select -> broadcast -> local -> upload -> aggregate.
+"""An algorithm is a named bundle of round stages: select -> broadcast -> local -> upload -> server step.
 
-The bundle also declares its privacy semantics (unit, observer, mechanism), which the runner and the
-privacy report restate. New algorithms add stages, never branches in the round loop.
+The stages' contracts are in `dpfl.algorithms.stages`. The bundle also declares its privacy semantics (unit, observer,
+mechanism), derived from its stages, which the runner and the privacy report restate. New algorithms add stages,
+never branches in the round loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import torch
-from dp_accounting import DpEvent
-
 from dpfl.algorithms.client.program import LocalProgram
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
-from dpfl.engine import params as P
-
-
-class UploadStage(Protocol):
-    """What leaves a client. `event(client, round_, cohort)` is the DP event of one participation in round
-    `round_` (0-based) when `cohort` uploads are averaged (None for a stage that is no mechanism)."""
-
-    unit: str | None
-    accounted: bool
-
-    def apply(self, deltas: P.Params, clients: Any, seed: int, round_: int) -> P.Params: ...
-    def event(self, client: int, round_: int, cohort: int) -> DpEvent | None: ...
-    def bytes_per_upload(self, dim: int) -> int: ...
-    def describe(self) -> str: ...
-
-
-class Aggregator(Protocol):
-    def aggregate(self, global_params: P.Params, uploads: P.Params, n_records: torch.Tensor, expected_clients: float,
-                  seed: int, round_: int) -> P.Params: ...
+from dpfl.algorithms.stages import ClientState, ServerStep, UploadMechanism, as_server_step
 
 
 @dataclass(frozen=True)
@@ -43,11 +21,15 @@ class Algorithm:
     name: str
     local: LocalProgram
     selection: Selection = field(default_factory=Selection)
-    upload: Any = field(default_factory=FullUpdate)
-    aggregator: Any = field(default_factory=FedAvg)
-    personal: Any = None  # client-side state that never leaves the client (PPSGD's u_k), or None
+    upload: UploadMechanism = field(default_factory=FullUpdate)
+    aggregator: ServerStep = field(default_factory=FedAvg)
+    personal: ClientState | None = None  # client-side state that never leaves the client (PPSGD's u_k), or None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.upload, UploadMechanism):
+            raise TypeError(f"algorithm {self.name!r}: the upload stage must be a dpfl.UploadMechanism, got "
+                            f"{type(self.upload).__name__}")
+        object.__setattr__(self, "aggregator", as_server_step(self.aggregator))
         if len(self.units) > 1:
             raise ValueError(f"algorithm {self.name!r} mixes privacy units {sorted(self.units)}; "
                              "a run protects one unit")
@@ -70,21 +52,22 @@ class Algorithm:
     @property
     def observer(self) -> str:
         """Who the guarantee holds against."""
-        secure = getattr(self.aggregator, "secure", False)
+        secure = self.aggregator.secure
         if self.central and secure:
             return ("anyone who sees the global models, the server included: it sees only the secure-aggregation sum "
                     "of the clients' clipped, noised updates (honest-but-curious server; colluding clients can remove "
                     "their own noise shares, see docs/secure.md)")
         if self.central:
             return "anyone who sees the global models (the server is trusted: it sees individual updates)"
-        if secure and getattr(self.upload, "secure_sum", False):
+        if secure and self.upload.secure_sum:
             return ("the server and anyone who sees the global models: the server sees only secure-aggregation sums "
                     "of at least t noised uploads, and knows who took part (no amplification by client sampling is "
                     "claimed; colluding clients can remove their own noise shares, see docs/secure.md)")
         if secure and self.unit is not None:
             return ("the server, as if it saw every individual upload (it sees only their secure-aggregation sum, so "
                     "this guarantee is conservative)")
-        if getattr(getattr(self.upload, "accounting", None), "view", None) == "aggregate":
+        fdp = self.upload.fdp_accounting
+        if fdp is not None and fdp.view == "aggregate":
             return ("anyone who sees only the averaged models (individual uploads hidden by secure aggregation or a "
                     "trusted aggregator)")
         return "the server, which sees every individual upload"
@@ -97,7 +80,7 @@ class Algorithm:
         if self.upload.unit:
             label = "" if self.upload.accounted else " (NOT accounted: no epsilon is computed for it)"
             parts.append(f"{self.upload.describe()}{label}")
-        if self.central and getattr(self.aggregator, "secure", False):
+        if self.central and self.aggregator.secure:
             parts.append(f"distributed Gaussian: each client clips its update to {self.aggregator.clip} and adds its "
                          "share N(0, z^2 S^2 / t); secure aggregation reveals only sums of >= t clients, which carry "
                          "at least N(0, z^2 S^2)")
@@ -107,10 +90,10 @@ class Algorithm:
 
     def uncalibrated_stage(self) -> str | None:
         """The stage ('upload' or 'aggregator') whose noise is unset, to be calibrated from the budgets."""
-        for name in ("upload", "aggregator"):
-            stage = getattr(self, name)
-            if hasattr(stage, "with_noise") and stage.noise is None:
-                return name
+        if self.upload.calibration_family is not None and self.upload.noise is None:
+            return "upload"
+        if self.aggregator.calibration_family is not None and self.aggregator.noise is None:
+            return "aggregator"
         return None
 
     @property

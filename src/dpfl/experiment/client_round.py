@@ -44,7 +44,7 @@ def train_phases(algorithm: Any, model: nn.Module, backend: Backend, data: Poole
     current, is_stacked = start, stacked
     steps: np.ndarray | None = None
     noise_sq: np.ndarray | None = None
-    for index, phase in enumerate(getattr(algorithm.local, "phases", (algorithm.local,))):
+    for index, phase in enumerate(algorithm.local.phases):
         plans = plans_for(phase)
         phase_seed = seed if index == 0 else derive_seed(seed, PHASE_KEY, index)
         spec = phase.spec_at(round_)

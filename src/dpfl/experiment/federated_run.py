@@ -30,6 +30,7 @@ from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.pfa import NoPublicClients
 from dpfl.algorithms.server.stop import StopTraining
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import RoundInputs
 from dpfl.engine import params as P
 from dpfl.engine.allocator import tune_malloc
 from dpfl.engine.backends.base import Backend
@@ -40,7 +41,7 @@ from dpfl.experiment import privacy_report, round_diagnostics, run_evaluation
 from dpfl.experiment.client_round import train_phases
 from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_noise, per_client, planned_run,
                                             reported_epsilons)
-from dpfl.experiment.run_records import LocalRound, RemoteRound, RunResult, RunState, plain_row
+from dpfl.experiment.run_records import INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates, plain_row
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun
@@ -129,9 +130,10 @@ class FederatedRun:
         if algorithm.unit is not None and self.budgets is None:
             raise ValueError(f"algorithm {algorithm.name!r} is private ({algorithm.unit}-level): give budgets")
         self.eps_reported = reported_epsilons(self.budgets, n, misreport or {})
-        fit = getattr(algorithm.aggregator, "fit_split", None)
-        if fit is not None:  # aggregators that need population-level facts (PFA's public/private split)
-            self.algorithm = algorithm = replace(algorithm, aggregator=fit(np.arange(n), self.eps_reported, seed))
+        # a server step fitted to population-level facts (PFA's public/private split); most steps are unchanged
+        fitted = algorithm.aggregator.fit_split(np.arange(n), self.eps_reported, seed)
+        if fitted is not algorithm.aggregator:
+            self.algorithm = algorithm = replace(algorithm, aggregator=fitted)
         self.calibrate_to, self.enforce_budgets = calibrate_to, not allow_budget_violation
         if calibration not in ("accountant", "pfa-heuristic"):
             raise ValueError(f"calibration must be 'accountant' or 'pfa-heuristic', got {calibration!r}")
@@ -195,8 +197,7 @@ class FederatedRun:
             self.ledger = PrivacyLedger.from_dict(state.ledger)
         elif self.ledger is not None and state.round > 0:  # resuming would forget what the clients spent
             raise ValueError(f"the state after round {state.round} has no privacy ledger but this run is accounted")
-        if hasattr(self.algorithm.aggregator, "load_state_dict"):
-            self.algorithm.aggregator.load_state_dict(state.aggregator_state)
+        states = self._stage_states(state)
         if self.algorithm.personal is not None:
             self.algorithm.personal.load_state_dict(state.client_state)
         w, retired, history = state.params, set(state.retired), [plain_row(row) for row in state.history]
@@ -204,52 +205,67 @@ class FederatedRun:
         stop_reason = state.stop_reason
         r = state.round
         try:
-            w, r, history, stop_reason = self._rounds(w, r, retired, history, stop_reason, on_round, on_checkpoint,
-                                                      checkpoint_every)
+            w, r, history, stop_reason, states = self._rounds(w, r, retired, history, stop_reason, states, on_round,
+                                                              on_checkpoint, checkpoint_every)
         finally:
             self.backend.close()  # workers of a remote backend end with the run (or its failure)
         stop_reason = stop_reason or "rounds"
         if on_checkpoint is not None:
-            on_checkpoint(self._state(r, w, retired, history, stop_reason))
+            on_checkpoint(self._state(r, w, retired, history, stop_reason, states))
         return RunResult(w, history, self.ledger, self.noise, stop_reason,
                          self.privacy_summary(stop_reason, r, history, retired=retired))
 
+    def _stage_states(self, state: RunState) -> StageStates:
+        """The server step's and the upload mechanism's states at `state`: their `init` for a fresh run, the
+        checkpointed ones for a resumed run."""
+        alg = self.algorithm
+        server, mechanism = alg.aggregator.init(state.params), alg.upload.init()
+        if state.round == 0:
+            return StageStates(server, mechanism)
+        if mechanism is not None and state.mechanism_state is None:
+            raise ValueError(f"the state after round {state.round} has no state for the upload mechanism "
+                             f"({alg.upload.describe()}); it cannot resume this run")
+        return StageStates(state.aggregator_state, state.mechanism_state)
+
     def _rounds(self, w: P.Params, r: int, retired: set[int], history: list[dict[str, Any]], stop_reason: str | None,
-                on_round: Callable[[dict[str, Any]], None] | None, on_checkpoint: Callable[[RunState], None] | None,
-                checkpoint_every: int) -> tuple[P.Params, int, list[dict[str, Any]], str | None]:
+                states: StageStates, on_round: Callable[[dict[str, Any]], None] | None,
+                on_checkpoint: Callable[[RunState], None] | None,
+                checkpoint_every: int) -> tuple[P.Params, int, list[dict[str, Any]], str | None, StageStates]:
         """Rounds r+1 .. until the last, a budget or a stop; a checkpoint every `checkpoint_every` rounds."""
         while stop_reason is None and r < self.rounds:
             try:
-                step = self._one_round(r, w, retired)
+                step = self._one_round(r, w, retired, states)
             except StopTraining as stop:
                 stop_reason = stop.stop_reason
                 break
             if step is None:
                 stop_reason = "budget"
                 break
-            w, row = step
+            w, row, states = step
             row = plain_row(row)
             history.append(row)
             r += 1
             if on_round is not None:
                 on_round(row)
             if on_checkpoint is not None and r % checkpoint_every == 0 and r < self.rounds:
-                on_checkpoint(self._state(r, w, retired, history, None))
-        return w, r, history, stop_reason
+                on_checkpoint(self._state(r, w, retired, history, None, states))
+        return w, r, history, stop_reason, states
 
     def _state(self, r: int, w: P.Params, retired: set[int], history: list[dict[str, Any]],
-               stop: str | None) -> RunState:
+               stop: str | None, states: StageStates) -> RunState:
         ledger = self.ledger.to_dict() if self.ledger is not None else None
-        agg = self.algorithm.aggregator
-        agg_state = copy.deepcopy(agg.state_dict()) if hasattr(agg, "state_dict") else None
         personal = self.algorithm.personal
         client_state = copy.deepcopy(personal.state_dict()) if personal is not None else None
         return RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop,
-                        self.steps_done.tolist(), agg_state, client_state)
+                        self.steps_done.tolist(), copy.deepcopy(states.server), client_state,
+                        copy.deepcopy(states.mechanism))
 
-    def _one_round(self, r: int, w: P.Params, retired: set[int]) -> tuple[P.Params, dict[str, Any]] | None:
-        """Round r (0-based): new global parameters and its metrics row, or None if budgets end the run."""
+    def _one_round(self, r: int, w: P.Params, retired: set[int],
+                   states: StageStates) -> tuple[P.Params, dict[str, Any], StageStates] | None:
+        """Round r (0-based): new global parameters, its metrics row and the stages' new states, or None if budgets
+        end the run."""
         alg = self.algorithm
+        server = alg.aggregator
         t0, cpu0 = time.perf_counter(), time.process_time()
         dim = P.num_parameters(w)
         active = np.array([i for i in range(self.n_clients) if i not in retired], dtype=np.int64)
@@ -264,55 +280,56 @@ class FederatedRun:
         expected = alg.selection.expected_count(len(eligible))
         for i in selected:
             self.steps_done[i] += self.events.steps(i, r)
-        asks = hasattr(alg.aggregator, "model_choice")  # clients may answer a question after aggregation
+        asks = server.asks_clients  # clients answer a question after aggregation: the round closes after it
         self._record(r, selected, eligible, server_event, close=not asks)  # before aggregation: spent even if it stops
+        server_state, mechanism_state = states
         new_w, bytes_up, bytes_down, diagnostics = w, [], [], {}
         if len(selected):
-            start_points = getattr(alg.aggregator, "start_points", None)  # personalised starts (FedCEO)
             ids = [int(i) for i in selected]
+            starts, server_state = server.start_points(server_state, w, ids, r)  # personalised starts (FedCEO)
             if alg.personal is not None:  # w + the clients' own local parts (PPSGD)
                 starts = alg.personal.start_points(w, ids, r)
-            else:
-                starts = start_points(w, ids, r) if start_points is not None else None
-            local = self.local_round(r, w, selected, expected, starts=starts)
+            local = self.local_round(r, w, selected, expected, starts=starts, mechanism_state=mechanism_state)
             uploads, view, channel = local.uploads, local.view, local.channel
+            mechanism_state = local.mechanism_state
             bytes_up = [alg.upload.bytes_per_upload(P.num_parameters(uploads, leading=1))] * len(selected)
             bytes_down = [FLOAT_BYTES * dim] * len(selected)  # the global model
-            encode = getattr(alg.aggregator, "client_payload", None)
-            if encode is not None:  # clients send what the broadcast asks for (PFA+: k-dim codes)
-                uploads = encode(uploads, view, self.seed)
-                bytes_up = list(uploads.bytes_up)
-                bytes_down = [d + extra for d, extra in zip(bytes_down, uploads.bytes_down_subspace, strict=True)]
-                traffic = uploads.traffic(FLOAT_BYTES * dim)
-            if getattr(alg.aggregator, "privileged", False):  # only oracles may read the engine's channel
-                new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, channel=channel)
-            elif alg.personal is not None:  # the server sees and updates the shared tensors only
-                shared = alg.aggregator.aggregate({n: w[n] for n in uploads}, uploads, view, self.seed, r)
-                new_w = alg.personal.global_model({**w, **shared})
-            elif start_points is not None:  # uploads are relative to each client's own start
-                new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r, starts=starts)
+            payload = server.client_payload(uploads, view, self.seed)
+            if payload is not None:  # clients send what the broadcast asks for (PFA+: k-dim codes)
+                uploads = payload
+                bytes_up = list(payload.bytes_up)
+                bytes_down = [d + extra for d, extra in zip(bytes_down, payload.bytes_down_subspace, strict=True)]
+                traffic = payload.traffic(FLOAT_BYTES * dim)
+            inputs = RoundInputs(view, self.seed, r, starts=starts if alg.personal is None else None,
+                                 channel=channel if server.privileged else None)  # only oracles read the channel
+            if alg.personal is not None:  # the server sees and updates the shared tensors only
+                step = server.update(server_state, {n: w[n] for n in uploads}, uploads, inputs)
+                new_w = alg.personal.global_model({**w, **step.params})
             else:
-                new_w = alg.aggregator.aggregate(w, uploads, view, self.seed, r)
-            diagnostics = round_diagnostics.aggregation_diagnostics(alg, alg.aggregator, local, self.seed)
+                step = server.update(server_state, w, uploads, inputs)
+                new_w = step.params
+            server_state = step.state
+            diagnostics = round_diagnostics.aggregation_diagnostics(alg, server, local, self.seed)
             diagnostics.update(self.noise_passthrough(local, r))
-            if hasattr(alg.aggregator, "diagnostics"):
-                diagnostics.update(alg.aggregator.diagnostics())
+            diagnostics.update(step.metrics)
+            diagnostics.update(local.mechanism_metrics)
             diagnostics.update({"bytes_up": bytes_up, "bytes_down": bytes_down})
-            if encode is not None:
+            if payload is not None:
                 diagnostics["traffic"] = traffic
         elif alg.central:  # nobody drawn: the server still releases a noised (empty) sum
             empty = {n: t.unsqueeze(0)[:0] for n, t in w.items()}
-            new_w = alg.aggregator.aggregate(w, empty, self._view(selected, expected), self.seed, r)
+            step = server.update(server_state, w, empty, RoundInputs(self._view(selected, expected), self.seed, r))
+            new_w, server_state = step.params, step.state
         if asks:
-            choice = alg.aggregator.model_choice(r, new_w)
+            choice = server.model_choice(server_state, r, new_w)
             if choice is not None:
-                alg.aggregator.chosen(r, self._private_choices(choice, r))
-                diagnostics.update(alg.aggregator.diagnostics())
+                server_state, answered = server.chosen(server_state, r, self._private_choices(choice, r))
+                diagnostics.update(answered)
             if self.ledger is not None:
                 self.ledger.close_round(r)
         row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0,
                         time.process_time() - cpu0, diagnostics)
-        return new_w, {**row, **diagnostics}
+        return new_w, {**row, **diagnostics}, StageStates(server_state, mechanism_state)
 
     def _private_choices(self, choice: Any, r: int) -> dict[int, int]:
         """Each asked client scores the broadcast models on its own training data and reports the exponential
@@ -342,10 +359,8 @@ class FederatedRun:
         PFA needs a public participant (spec §4.2). The re-draw depends only on reported epsilons, never
         on data, so it does not change any sample-level guarantee.
         """
-        selection, accepts = self.algorithm.selection, getattr(self.algorithm.aggregator, "accepts_selection", None)
+        selection, accepts = self.algorithm.selection, self.algorithm.aggregator.accepts_selection
         selected = selection.select(eligible, self.seed, r)
-        if accepts is None:
-            return selected
         if not accepts(eligible):
             raise NoPublicClients("no eligible public client remains (stop_reason 'no_public')")
         for attempt in range(1, REDRAWS):
@@ -412,19 +427,24 @@ class FederatedRun:
         return w, self.local_round(0, w, selected, self.algorithm.selection.expected_count(self.n_clients))
 
     def local_round(self, r: int, w: P.Params, selected: np.ndarray, expected: float,
-                    starts: P.Params | None = None) -> LocalRound:
+                    starts: P.Params | None = None, mechanism_state: Any = INITIAL) -> LocalRound:
         """Round r's local training of `selected` from `w`: their uploads, the server's view, the noise facts.
 
         `starts` (stacked `[K, ...]`) gives each client its own start model instead of `w`; updates are
         then relative to it. Public so that diagnostics (e.g. the round-1 noise statistic of several
         aggregators on the same uploads) can reuse exactly the engine's round; it records nothing in the ledger.
+        `mechanism_state`: the upload mechanism's state before the round (its `init()` by default).
         """
         alg = self.algorithm
+        if mechanism_state is INITIAL:
+            mechanism_state = alg.upload.init()
         ids = [int(i) for i in selected]
         if self.remote_clients is not None:  # the clients train on their own machines (a Flower federation)
-            if starts is not None or alg.personal is not None or self.update_hook is not None:
-                raise ValueError(f"algorithm {alg.name!r}: remote clients run stateless local programs from the "
-                                 "global model only (no personal starts, client state or audit hook)")
+            if (starts is not None or alg.personal is not None or self.update_hook is not None
+                    or mechanism_state is not None):
+                raise ValueError(f"algorithm {alg.name!r}: remote clients run stateless local programs and upload "
+                                 "mechanisms from the global model only (no personal starts, client state, mechanism "
+                                 "state or audit hook)")
             remote = self.remote_clients.round(self, r, w, ids)
             planned = [self.events.steps(i, r) for i in ids]
             over = [(i, int(s), p) for i, s, p in zip(ids, remote.steps, planned, strict=True) if int(s) > p]
@@ -432,7 +452,7 @@ class FederatedRun:
                 raise ValueError(f"round {r + 1}: clients took more local steps than the ledger charged "
                                  f"((client, reported, planned): {over[:5]}); the accounting would not cover the run")
             return LocalRound(remote.uploads, self._view(selected, expected), self._channel(selected, remote.steps),
-                              remote.noise_sq_norm, P.num_parameters(w))
+                              remote.noise_sq_norm, P.num_parameters(w), mechanism_state)
         trained = train_phases(
             alg, self.model, self.backend, self.pooled,
             lambda phase: self._plans(phase, selected, r),
@@ -444,9 +464,9 @@ class FederatedRun:
             deltas = alg.personal.shared_update(deltas, ids)
         if self.update_hook is not None:
             deltas = self.update_hook(ids, deltas, r)
-        uploads = alg.upload.apply(deltas, ids, self.seed, r)
-        return LocalRound(uploads, self._view(selected, expected), self._channel(selected, trained.steps),
-                          trained.noise_sq_norm, P.num_parameters(w))
+        released = alg.upload.release(mechanism_state, deltas, ids, self.seed, r)
+        return LocalRound(released.uploads, self._view(selected, expected), self._channel(selected, trained.steps),
+                          trained.noise_sq_norm, P.num_parameters(w), released.state, released.metrics)
 
     def _plans(self, program: Any, selected: Sequence[int], r: int) -> list[ClientPlan]:
         """What each selected client runs in round r under `program` (one phase of the local program)."""

@@ -42,11 +42,11 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
         "local_sampling": alg.local.sampling,
         "stop_reason": stop_reason,
         "accounted": run.ledger is not None,
-        "oracle": bool(getattr(alg.aggregator, "privileged", False)),
+        "oracle": alg.aggregator.privileged,
     }
-    protocol = getattr(alg.aggregator, "protocol", None)
-    if getattr(alg.aggregator, "secure", False) and protocol is not None:
-        out["secure_aggregation"] = protocol.describe()
+    protocol = alg.aggregator.protocol_description()
+    if alg.aggregator.secure and protocol is not None:
+        out["secure_aggregation"] = protocol
     if alg.unit is not None and run.ledger is None:
         out["warning"] = "a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported"
     if run.ledger is not None and run.budgets is not None:
@@ -75,22 +75,23 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
                               "spent more than their budgets (a non-private reference run)")
         if run.calibrated is not None:
             out["noise_calibration"] = run.calibrated.summary()
-        fdp = getattr(alg.upload, "accounting", None)
+        fdp = alg.upload.fdp_accounting
         if fdp is not None:
             out["fdp"] = fdp_report(fdp, history, run.budgets, run.n_records)
         elif alg.unit == "sample":
             out.update(sample_level_views(run, list(spent.values())))
-    if rounds_run and run.budgets is not None and hasattr(alg.upload, "aggregate_event"):
-        out["aggregate_view"] = aggregate_view(alg, run.budgets, run.accountant, run.n_clients, rounds_run,
-                                               len(retired))
-    if getattr(alg.upload, "hidden_sampling", False):
+    view = (aggregate_view(alg, run.budgets, run.accountant, run.n_clients, rounds_run, len(retired))
+            if rounds_run and run.budgets is not None else None)
+    if view is not None:
+        out["aggregate_view"] = view
+    if alg.upload.hidden_sampling:
         out["per_upload_amplification"] = (
             "ASSUMED: the server cannot tell which clients took part (Poisson client sampling hidden from it), "
             "so each upload's σ/√K is amplified by the sampling rate. A server that receives the individual "
             "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
-    notes = getattr(alg.aggregator, "privacy_notes", None)
+    notes = alg.aggregator.privacy_notes()
     if notes is not None:  # a stage with releases of its own (R-DPCFL's private selections)
-        out["stage"] = notes()
+        out["stage"] = notes
     if "clients" in out:
         out["guarantee"] = run_guarantee(out, run.budgets, run.accountant, alg)
         for c, eps in zip(out["clients"], out["guarantee"].pop("per_client"), strict=True):
@@ -178,17 +179,20 @@ def sample_level_views(run: FederatedRun, spent: list[float]) -> dict[str, Any]:
 
 
 def aggregate_view(algorithm: Algorithm, budgets: Sequence[ClientBudget] | None, accountant: str, n_clients: int,
-                   rounds_run: int, n_retired: int = 0) -> dict[str, Any]:
+                   rounds_run: int, n_retired: int = 0) -> dict[str, Any] | None:
     """The client-level epsilon for an observer of the aggregates only (not the run's server). When clients
     retired, every round is charged at the smallest population the run reached (the largest sampling rate under
-    fixed-K selection): an upper bound, since a client's epsilon grows with its sampling rate."""
+    fixed-K selection): an upper bound, since a client's epsilon grows with its sampling rate. None where the upload
+    mechanism reports no such view."""
     assert budgets is not None
     up, sel = algorithm.upload, algorithm.selection
     population = max(sel.min_candidates(), n_clients - n_retired)  # a stop below k: rate 1, still a bound
     event = up.aggregate_event(sel, population, rounds_run)
+    if event is None:
+        return None
     delta = min(b.delta for b in budgets)
     g = guarantee(event, delta, accountant, unit="client")
-    out = {"epsilon": g.epsilon, "delta": delta, "relation": g.relation, "noise_multiplier": up.noise_multiplier,
+    out = {"epsilon": g.epsilon, "delta": delta, "relation": g.relation, "noise_multiplier": up.noise,
            "sample_rate": sel.participation_rate(population), "rounds": rounds_run,
            "valid_for": "an observer who sees only the sum of each round's uploads and not who took part "
                         "(e.g. behind secure aggregation); NOT the run's server, which sees every upload"}

@@ -16,6 +16,7 @@ import torch
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.server.oracle import OracleAverage
+from dpfl.algorithms.stages import ServerStep
 from dpfl.engine import params as P
 from dpfl.engine.local_training import replay_noise, trainable_names
 from dpfl.experiment.run_records import LocalRound
@@ -24,21 +25,22 @@ if TYPE_CHECKING:
     from dpfl.experiment.federated_run import FederatedRun
 
 
-def aggregation_diagnostics(algorithm: Algorithm, aggregator: Any, local: LocalRound, seed: int) -> dict[str, Any]:
+def aggregation_diagnostics(algorithm: Algorithm, aggregator: ServerStep, local: LocalRound,
+                            seed: int) -> dict[str, Any]:
     """Aggregation weights, and (for DP-SGD clients and weighted-sum aggregators) the noise statistic."""
-    if not hasattr(aggregator, "weights"):
-        return {}
-    privileged = getattr(aggregator, "privileged", False)
     view = local.view
-    w = aggregator.weights(view, local.channel, local.dim) if privileged else aggregator.weights(view)
+    channel = local.channel if aggregator.privileged else None  # only an oracle reads the engine's noise
+    w = aggregator.aggregation_weights(view, channel, local.dim)
+    if w is None:
+        return {}
     out: dict[str, Any] = {"weights": w.to(torch.float64).tolist()}
-    linear = getattr(aggregator, "linear_in_updates", True)  # PFA: private updates are projected
+    linear = aggregator.linear_in_updates  # PFA: private updates are projected
     stats = noise_statistics(algorithm, w, local)  # empty unless the clients run DP-SGD without momentum
     if linear:
         out.update(stats)
-    public_mask = getattr(aggregator, "public_mask", None)
-    if public_mask is not None:  # PFA's group labels (spec §5): which weights reach Δ̄ through the projection
-        out["public"] = public_mask(view, seed).tolist()
+    public = aggregator.public_mask(view, seed)
+    if public is not None:  # PFA's group labels (spec §5): which weights reach Δ̄ through the projection
+        out["public"] = public.tolist()
     if stats:
         out.update(oracle_comparison(algorithm, w, local, stats["noise_stat_analytic"] if linear else None))
     return out
@@ -70,10 +72,9 @@ def noise_passthrough(run: FederatedRun, local: LocalRound, r: int) -> dict[str,
     records, batch sizes, noise multipliers), from which the noise is replayed.
     """
     alg = run.algorithm
-    passthrough = getattr(alg.aggregator, "noise_passthrough", None)
     program = alg.local
-    if (passthrough is None or local.noise_sq_norm is None or not getattr(program, "private", False)
-            or len(getattr(program, "phases", (program,))) != 1 or alg.personal is not None
+    if (not alg.aggregator.replays_noise or local.noise_sq_norm is None or not program.private
+            or len(program.phases) != 1 or alg.personal is not None
             or run.update_hook is not None or run.remote_clients is not None
             or not isinstance(alg.upload, FullUpdate)):
         return {}
@@ -91,7 +92,8 @@ def noise_passthrough(run: FederatedRun, local: LocalRound, r: int) -> dict[str,
     flat = P.unflatten(sums * scale[:, None], like, leading=1)
     noise = {n: flat[n] if n in flat else torch.zeros_like(u, dtype=torch.float64)
              for n, u in local.uploads.items()}
-    out = passthrough(local.uploads, noise, local.view, run.seed, r)
+    out = alg.aggregator.noise_passthrough(local.uploads, noise, local.view, run.seed, r)
+    assert out is not None, "a step that replays noise returns its passthrough"
     sq = sum(float(t.pow(2).sum()) for t in out.values())
     return {"pfa_noise_passthrough": sq / (local.dim * spec.lr * spec.lr)}
 

@@ -55,7 +55,7 @@ def reported_epsilons(budgets: Sequence[ClientBudget] | None, n: int, misreport:
 def participation_rates(algorithm: Algorithm, n: int) -> list[float]:
     """Per client: the probability of taking part in a round, counting re-draws for a required group (PFA)."""
     sel, agg = algorithm.selection, algorithm.aggregator
-    required = getattr(agg, "public_clients", None) if hasattr(agg, "accepts_selection") else None
+    required = agg.public_clients
     if not required:
         return [sel.participation_rate(n)] * n
     members = set(required)
@@ -122,7 +122,7 @@ def calibrate_stage(run: FederatedRun) -> tuple[Algorithm, CalibratedNoise] | No
     if run.budgets is None:
         raise ValueError(f"algorithm {run.algorithm.name!r}: no noise given and no budgets to calibrate it from")
     stage = getattr(run.algorithm, name)
-    calibrated = calibrate_run(planned_run(run, stage.mechanism))
+    calibrated = calibrate_run(planned_run(run, stage.calibration_family))
     return replace(run.algorithm, **{name: stage.with_noise(float(calibrated.noise[0]))}), calibrated
 
 
@@ -164,9 +164,7 @@ class RunEvents:
     def batch(self, i: int, r: int) -> int:
         """Client i's batch size in round r (the local program may schedule it: R-DPCFL's full-batch round 1)."""
         run = self._run
-        batch_for = getattr(run.algorithm.local, "batch_for", None)
-        b = int(run.batch_sizes[i])
-        return int(batch_for(int(run.n_records[i]), b, r)) if batch_for is not None else b
+        return int(run.algorithm.local.batch_for(int(run.n_records[i]), int(run.batch_sizes[i]), r))
 
     def steps(self, i: int, r: int) -> int:
         """Client i's local steps in round r as planned: what its ledger is charged and its T* budget counts."""
@@ -187,7 +185,6 @@ class RunEvents:
         sampling is assumed hidden from the server)."""
         algorithm = self._run.algorithm
         if not algorithm.central:
-            round_event = getattr(algorithm.upload, "round_event", None)
-            return round_event(algorithm.selection, population) if round_event is not None else None
+            return algorithm.upload.round_event(algorithm.selection, population)
         agg = algorithm.aggregator
         return algorithm.selection.client_level_event(agg.noise_multiplier, population)

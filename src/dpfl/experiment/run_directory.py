@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpfl.algorithms.stages import CheckpointedServerStep, ServerStep, UploadMechanism
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
@@ -265,6 +266,7 @@ def _check_state(data: dict[str, Any], run: FederatedRun, out: Path, fingerprint
         raise _not_this_run(out, "its stop reason is not a string")
     _check_ledger(data["ledger"], run, out)
     _check_component_state(run.algorithm.aggregator, data.get("aggregator_state"), "aggregator", out)
+    _check_mechanism_state(run.algorithm.upload, data.get("mechanism_state"), out)
     personal = run.algorithm.personal
     if personal is not None:
         _check_component_state(personal, data.get("client_state"), "client", out)
@@ -292,9 +294,10 @@ def _check_ledger(ledger: Any, run: FederatedRun, out: Path) -> None:
 
 
 def _check_component_state(component: Any, state: Any, what: str, out: Path) -> None:
-    """A stateful aggregator / client component gets a state it can load (loading it twice is harmless:
-    `run()` loads the same state again)."""
-    if not hasattr(component, "load_state_dict"):
+    """A stage that keeps its state in attributes (a `CheckpointedServerStep`, a client-side stage) gets a state it
+    can load (loading it here is harmless: `run()` loads the checkpointed state again before using it); a
+    stateless server step gets none."""
+    if isinstance(component, ServerStep) and not isinstance(component, CheckpointedServerStep):
         if state is not None:
             raise _not_this_run(out, f"it holds {what} state, this algorithm keeps none")
         return
@@ -305,6 +308,15 @@ def _check_component_state(component: Any, state: Any, what: str, out: Path) -> 
     except Exception as e:  # noqa: BLE001 - KeyError, TypeError, ... from another algorithm's state
         raise _not_this_run(out, f"its {what} state does not fit {type(component).__name__} "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:100]})") from None
+
+
+def _check_mechanism_state(mechanism: UploadMechanism, state: Any, out: Path) -> None:
+    """A stateful upload mechanism needs its checkpointed state; a stateless one has none."""
+    stateful = mechanism.init() is not None
+    if state is not None and not stateful:
+        raise _not_this_run(out, "it holds upload-mechanism state, this algorithm's mechanism keeps none")
+    if state is None and stateful:
+        raise _not_this_run(out, f"it holds no state for the upload mechanism ({mechanism.describe()})")
 
 
 def _check_metrics(out: Path, state: RunState | None) -> None:

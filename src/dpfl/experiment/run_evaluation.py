@@ -63,10 +63,7 @@ def client_accuracy(model: nn.Module, clients: Sequence[Any], w: P.Params, loss:
 
 def personal_model_holder(algorithm: Algorithm) -> Any:
     """Who holds the personal models: the client-side stage (PPSGD) or the server (FedCEO), if any."""
-    for stage in (algorithm.personal, algorithm.aggregator):
-        if hasattr(stage, "personal_models"):
-            return stage
-    return None
+    return algorithm.personal if algorithm.personal is not None else algorithm.aggregator
 
 
 def personal_models(algorithm: Algorithm, w: P.Params) -> dict[int, P.Params]:

@@ -8,7 +8,7 @@ clients, the run directory's checkpoints) depend on plain data, not on the class
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,6 +33,17 @@ def plain_row(value: Any) -> Any:
     return value
 
 
+INITIAL = object()  # "the stage's `init()` state", where None is a valid state
+
+
+class StageStates(NamedTuple):
+    """The explicit states the round loop holds between rounds (dpfl.algorithms.stages): the server step's and the
+    upload mechanism's."""
+
+    server: Any
+    mechanism: Any
+
+
 @dataclass
 class RunState:
     """Everything needed to continue a run after `round` finished rounds (checkpoint content)."""
@@ -46,16 +57,18 @@ class RunState:
     steps_done: list[int]  # local steps each client has taken (the heuristic's budget is in steps)
     aggregator_state: dict[str, Any] | None = None  # stateful aggregators (PFA+ subspace, FedCEO's ŵ_k, ...)
     client_state: dict[str, Any] | None = None  # client-side state that never leaves the client (PPSGD's u_k)
+    mechanism_state: Any = None  # the upload mechanism's state (None: stateless)
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.round, "params": self.params, "retired": self.retired, "ledger": self.ledger,
                 "history": self.history, "stop_reason": self.stop_reason, "steps_done": self.steps_done,
-                "aggregator_state": self.aggregator_state, "client_state": self.client_state}
+                "aggregator_state": self.aggregator_state, "client_state": self.client_state,
+                "mechanism_state": self.mechanism_state}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunState:
         return cls(d["round"], d["params"], list(d["retired"]), d["ledger"], list(d["history"]), d["stop_reason"],
-                   list(d["steps_done"]), d.get("aggregator_state"), d.get("client_state"))
+                   list(d["steps_done"]), d.get("aggregator_state"), d.get("client_state"), d.get("mechanism_state"))
 
 
 @dataclass
@@ -67,6 +80,8 @@ class LocalRound:
     channel: NoiseChannel
     noise_sq_norm: list[float] | None  # per client: ||sum_t xi_t||^2 of the Gaussian noise it drew (None: unknown)
     dim: int  # model parameters p
+    mechanism_state: Any = None  # the upload mechanism's state after the round
+    mechanism_metrics: dict[str, Any] = field(default_factory=dict)  # what the mechanism reported of the round
 
 
 @dataclass

@@ -84,7 +84,7 @@ def test_round_1_is_full_batch_dpsgd_and_the_ledger_is_the_two_stage_plan(blobs)
 def test_cluster_aggregation_is_the_uniform_mean_and_an_empty_cluster_is_unchanged():
     w = {"a": torch.zeros(2)}
     agg = ClusteredAggregator("fixed", 4, 5, assignment=(0, 0, 2, 2))
-    starts = agg.start_points(w, [0, 1, 2], 1)
+    starts = agg.starts(w, [0, 1, 2], 1)
     assert torch.equal(starts["a"], torch.zeros(3, 2))
     ups = {"a": torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])}
     agg.aggregate(w, ups, ServerView.simple([1, 1, 1]), 0, 1)
@@ -98,7 +98,7 @@ def test_stage_2_draws_follow_the_posteriors_and_choices_freeze():
     counts = np.bincount(draws, minlength=3)
     assert stats.chisquare(counts, np.array([0.7, 0.2, 0.1]) * len(draws)).pvalue > 1e-3
     assert {agg.cluster_of(1, r) for r in range(1, 50)} == {0}
-    agg.chosen(10, {0: 2})
+    agg.answers(10, {0: 2})
     assert {agg.cluster_of(0, r) for r in range(11, 60)} == {2}  # frozen after the choice
     agg.facts["e_c_effective"] = 100
     assert agg.selection_rounds_planned() == list(range(99, 120))  # e in {E_c, ..., E_c + floor(0.1 E)}
@@ -123,11 +123,11 @@ def test_reference_ifca_discards_round_1_then_draws_uniformly_and_selects_one_ro
     assert default.selection_rounds_planned() == [0, 1, 2, 3, 4]
     assert ref.selection_rounds_planned() == [1, 2, 3, 4]
     w = {"a": torch.arange(4, dtype=torch.float32)}
-    assert ref.start_points(w, list(range(6)), 0) is None  # everyone starts from the initial model
+    assert ref.starts(w, list(range(6)), 0) is None  # everyone starts from the initial model
     ref.aggregate(w, {"a": torch.randn(6, 4)}, ServerView.simple([5] * 6), 0, 0)
     assert torch.equal(ref.models["a"], w["a"].repeat(3, 1))  # the uploads moved nothing
-    assert ref.model_choice(0, w) is None and ref.model_choice(1, w) is not None
-    starts = ref.start_points(w, list(range(6)), 1)
+    assert ref.question(0, w) is None and ref.question(1, w) is not None
+    starts = ref.starts(w, list(range(6)), 1)
     assert ref.trained == {c: default.cluster_of(c, 0) for c in range(6)}  # round 2: the default's uniform draw
     assert torch.equal(starts["a"], w["a"].repeat(6, 1))
     with pytest.raises(ValueError, match="no selection at all"):
@@ -252,7 +252,7 @@ def test_a_given_m_whose_fit_finds_one_cluster_keeps_one_model():
     """M = 3 asked for, but identical updates leave one cluster: one model, not three copies."""
     agg = ClusteredAggregator("rdpcfl", 6, 10, seed=0, eps_sel=0.5, n_clusters=3)
     w = {"a": torch.zeros(4)}
-    agg.start_points(w, list(range(6)), 0)
+    agg.starts(w, list(range(6)), 0)
     agg.aggregate(w, {"a": torch.ones(6, 4)}, ServerView.simple([5] * 6), 0, 0)
     assert agg.facts["degraded_to_global"] and agg.facts["n_clusters"] == 3  # the fit had 3 components
     assert agg.n_clusters == 1 and agg.models["a"].shape == (1, 4) and agg.selection_rounds_planned() == []

@@ -17,6 +17,7 @@ from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import RoundInputs
 from dpfl.experiment.config import ConfigError, validate_config
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.privacy.accountant import epsilon
@@ -46,9 +47,9 @@ def test_secure_fedavg_equals_fedavg(weighting):
 def test_secure_fedavg_with_dropouts_averages_the_survivors():
     uploads, view = _uploads(), ServerView.simple([1] * 8)
     agg = SecureFedAvg(SecureAggregation(dropout=0.25))
-    out = agg.aggregate(_global(), uploads, view, seed=3, round_=2)
+    out, _, metrics = agg.update(None, _global(), uploads, RoundInputs(view, seed=3, round_=2))
     gone = agg.protocol.dropped(list(range(8)), 3, 2)
-    assert len(gone) == 2 and agg.diagnostics()["secagg_included"] == 6
+    assert len(gone) == 2 and metrics["secagg_included"] == 6
     keep = [k for k in range(8) if k not in gone]
     assert torch.allclose(out["w"], uploads["w"][keep].mean(0), atol=1e-6)
     assert torch.allclose(out["b"], 1 + uploads["b"][keep].mean(0), atol=1e-6)

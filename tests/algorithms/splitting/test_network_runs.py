@@ -32,7 +32,7 @@ def test_the_server_step_on_given_uploads_follows_the_scheme():
     g = torch.Generator().manual_seed(0)
     ups = {"a": torch.randn(3, 2, generator=g), "b": torch.randn(3, 1, 1, generator=g)}
     view = ServerView.simple([10, 10, 10])
-    starts = agg.start_points(w, [0, 1, 2], 0)
+    starts = agg.starts(w, [0, 1, 2], 0)
     assert all(torch.equal(starts[n], w[n].expand_as(starts[n])) for n in w)  # u^0 = the initial model
     new = agg.aggregate(w, ups, view, 0, 0, starts=starts)
     u0 = torch.cat([w["a"], w["b"].flatten()]).double()
@@ -41,7 +41,7 @@ def test_the_server_step_on_given_uploads_follows_the_scheme():
     xbar = z.mean(0)
     assert torch.allclose(torch.cat([new["a"], new["b"].flatten()]).double(), xbar, atol=1e-6)
     u1 = 0.5 * u0 + 0.5 * (2 * xbar - z)  # gamma = 1/2, beta = 2
-    nxt = agg.start_points(new, [0, 2], 1)
+    nxt = agg.starts(new, [0, 2], 1)
     assert torch.allclose(torch.cat([nxt["a"], nxt["b"].flatten(1)], 1).double(), u1[[0, 2]], atol=1e-6)
 
 

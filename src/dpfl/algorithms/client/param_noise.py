@@ -14,23 +14,28 @@ from dataclasses import dataclass, replace
 from dp_accounting import DpEvent
 
 from dpfl.algorithms.client.upload import upload_noise
+from dpfl.algorithms.stages import UploadMechanism
 from dpfl.engine import params as P
 from dpfl.privacy.fdp_run import NoisyRunAccounting
 
 
 @dataclass(frozen=True)
-class ParameterNoise:
+class ParameterNoise(UploadMechanism):
     """Upload the update plus N(0, σ² I): the server, which knows w_t, receives w_{i,K,t} + n_{i,t}.
 
     `noise_offset` shifts the noise streams (the sensitivity experiment's independent-noise coupling); runs use 0.
-    An accounting whose σ is None is calibrated from the clients' budgets when the run starts (`mechanism`).
+    An accounting whose σ is None is calibrated from the clients' budgets when the run starts (`calibration_family`).
     """
 
     accounting: NoisyRunAccounting
     unit: str | None = "sample"
     accounted: bool = True
     noise_offset: int = 0
-    mechanism = "param_noise"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
+    calibration_family = "param_noise"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
+
+    @property
+    def fdp_accounting(self) -> NoisyRunAccounting:
+        return self.accounting
 
     @property
     def std(self) -> float:

@@ -42,6 +42,10 @@ class PhasedProgram:
     def sampling(self) -> str:
         return self.phases[-1].sampling
 
+    def batch_for(self, n_records: int, batch_size: int, round_: int) -> int:  # noqa: ARG002
+        """The client's batch size in every round (phased programs schedule none)."""
+        return batch_size
+
     def steps_for(self, n_records: int, batch_size: int) -> int:
         """All phases' steps (each is a sampled-Gaussian step under DP-SGD)."""
         return sum(p.steps_for(n_records, batch_size) for p in self.phases)

@@ -73,6 +73,11 @@ class LocalProgram:
             raise ValueError(f"round {round_} has no local spec (the schedule covers {len(self.round_specs)} rounds)")
         return self.round_specs[round_]
 
+    @property
+    def phases(self) -> tuple[LocalProgram, ...]:
+        """The program's phases (one: itself; see PhasedProgram)."""
+        return (self,)
+
     def batch_for(self, n_records: int, batch_size: int, round_: int) -> int:
         """The batch size a client with `n_records` records and batch `batch_size` uses in round `round_`."""
         if round_ == 0 and self.round1_batch is not None:

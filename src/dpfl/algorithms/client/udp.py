@@ -19,12 +19,13 @@ from dp_accounting import DpEvent, SelfComposedDpEvent
 
 from dpfl.algorithms.client.upload import upload_noise
 from dpfl.algorithms.selection import Selection
+from dpfl.algorithms.stages import UploadMechanism
 from dpfl.engine import params as P
 from dpfl.privacy.events import gaussian_event
 
 
 @dataclass(frozen=True)
-class ClippedNoisyUpdate:
+class ClippedNoisyUpdate(UploadMechanism):
     """Upload Δ·min(1, C/‖Δ‖) + N(0, (σC)²/K · I), the norm over all parameters together.
 
     `cohort` is K, the number of uploads the noise is split over (1: each upload carries σC).
@@ -32,7 +33,7 @@ class ClippedNoisyUpdate:
     literally); post-processing, so the events do not change. `hidden_sampling` (FedCEO's
     `per_upload_amplification`) charges every client every round one upload amplified by the client sampling
     (`round_event`) instead of charging participations: valid ONLY if the server cannot tell who took part.
-    `noise_multiplier` None: calibrated from the clients' budgets when the run starts (`mechanism` 'udp').
+    `noise_multiplier` None: calibrated from the clients' budgets when the run starts (`calibration_family` 'udp').
     `secure_sum`: distributed noise under secure aggregation; `cohort` is then the protocol's threshold t, so
     every sum the server can see holds at least t noise shares, i.e. noise >= σC, and one participation costs
     the Gaussian mechanism at σ (no amplification by client sampling: the server knows who took part).
@@ -46,7 +47,7 @@ class ClippedNoisyUpdate:
     upload_scale: float = 1.0
     hidden_sampling: bool = False
     secure_sum: bool = False  # uploads go through secure aggregation: the server sees only sums of >= `cohort`
-    mechanism = "udp"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
+    calibration_family = "udp"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
 
     def __post_init__(self) -> None:
         if not self.clip > 0:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from dp_accounting import DpEvent
 
+from dpfl.algorithms.stages import UploadMechanism
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, torch_generator
 
@@ -30,7 +31,7 @@ def upload_noise(dim: int, clients: Sequence[int], seed: int, round_: int) -> to
 
 
 @dataclass(frozen=True)
-class FullUpdate:
+class FullUpdate(UploadMechanism):
     """Upload the whole update in float32, unchanged."""
 
     unit: str | None = None

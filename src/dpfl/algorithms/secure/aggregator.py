@@ -24,6 +24,7 @@ from dpfl.algorithms.secure.ring import FixedPointRing
 from dpfl.algorithms.secure.simulate import secure_sum
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, numpy_generator
 
@@ -85,19 +86,18 @@ class SecureAggregation:
         return secure_sum(rows, params, drop, server_workers=self.workers)
 
 
-def _reveal(protocol: SecureAggregation, rows: dict[int, np.ndarray], seed: int, round_: int,
-            last: dict[str, Any]) -> np.ndarray:
-    """The protocol's revealed sum of `rows`; the round's diagnostics go into `last`."""
+def _reveal(protocol: SecureAggregation, rows: dict[int, np.ndarray], seed: int,
+            round_: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """The protocol's revealed sum of `rows`, and the round's metrics."""
     result = protocol.run(rows, seed, round_)
     server = sum(v for k, v in result.seconds.items() if not k.startswith("client"))
-    last.clear()
-    last.update(secagg_included=len(result.included), secagg_dropped=len(result.dropped_after_sharing),
-                secagg_server_seconds=server, secagg_client_seconds_max=result.seconds.get("client_max", 0.0))
-    return result.total
+    return result.total, {"secagg_included": len(result.included), "secagg_dropped": len(result.dropped_after_sharing),
+                          "secagg_server_seconds": server,
+                          "secagg_client_seconds_max": result.seconds.get("client_max", 0.0)}
 
 
 @dataclass(frozen=True)
-class SecureFedAvg:
+class SecureFedAvg(ServerStep):
     """w <- w + server_lr * (secure sum of p_i Δ_i) / (sum of p_i over the clients in the sum).
 
     p_i = 1 (`uniform`) or the record count (`samples`, summed in one extra secure coordinate). Clients that drop
@@ -107,25 +107,28 @@ class SecureFedAvg:
     protocol: SecureAggregation = field(default_factory=SecureAggregation)
     weighting: str = "uniform"
     server_lr: float = 1.0
-    _last: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     secure = True
 
     def __post_init__(self) -> None:
         if self.weighting not in ("uniform", "samples"):
             raise SecAggConfigError(f"secure FedAvg weights uniformly or by record count, not {self.weighting!r}")
 
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
-                  round_: int) -> P.Params:
+    def update(self, state: Any, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> ServerUpdate:
+        view = inputs.view
         flat = P.flatten(uploads).to(torch.float64).numpy()
         ids = [int(c) for c in view.clients]
         weights = view.n_records.to(torch.float64).numpy() if self.weighting == "samples" else np.ones(len(ids))
         rows = {c: np.append(weights[k] * flat[k], weights[k]) for k, c in enumerate(ids)}
-        total = _reveal(self.protocol, rows, seed, round_, self._last)
+        total, metrics = _reveal(self.protocol, rows, inputs.seed, inputs.round_)
         mean = torch.from_numpy(total[:-1] / total[-1]).to(torch.float32)
-        return P.axpy(self.server_lr, P.unflatten(mean, global_params, leading=0), global_params)
+        return ServerUpdate(P.axpy(self.server_lr, P.unflatten(mean, params, leading=0), params), state, metrics)
 
-    def diagnostics(self) -> dict[str, Any]:
-        return dict(self._last)
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
+        return self.update(None, global_params, uploads, RoundInputs(view, seed, round_)).params
+
+    def protocol_description(self) -> dict[str, Any]:
+        return self.protocol.describe()
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,6 @@ class DistributedDPFedAvg(CentralDPFedAvg):
     """
 
     protocol: SecureAggregation = field(default_factory=SecureAggregation)
-    _last: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     secure = True
 
     def clients_stage(self, cohort: int) -> ClippedNoisyUpdate:
@@ -149,16 +151,20 @@ class DistributedDPFedAvg(CentralDPFedAvg):
         """The standard deviation of one client's noise share (in parameter units)."""
         return self.clients_stage(cohort).upload_multiplier * self.clip
 
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
-                  round_: int) -> P.Params:
+    def update(self, state: Any, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> ServerUpdate:
         if self.noise_multiplier is None:
             raise ValueError("the clients' noise multiplier is not calibrated yet (run it through FederatedRun)")
+        view, seed, round_ = inputs.view, inputs.seed, inputs.round_
         ids = [int(c) for c in view.clients]
         shares = P.flatten(self.clients_stage(len(ids)).apply(uploads, ids, seed, round_)).to(torch.float64)
-        total = _reveal(self.protocol, {c: shares[k].numpy() for k, c in enumerate(ids)}, seed, round_, self._last)
-        self._last["secagg_noise_share_std"] = self.share_std(len(ids))
+        total, metrics = _reveal(self.protocol, {c: shares[k].numpy() for k, c in enumerate(ids)}, seed, round_)
+        metrics["secagg_noise_share_std"] = self.share_std(len(ids))
         update = torch.from_numpy(total / view.expected_clients).to(torch.float32)
-        return P.axpy(self.server_lr, P.unflatten(update, global_params, leading=0), global_params)
+        return ServerUpdate(P.axpy(self.server_lr, P.unflatten(update, params, leading=0), params), state, metrics)
 
-    def diagnostics(self) -> dict[str, Any]:
-        return dict(self._last)
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
+        return self.update(None, global_params, uploads, RoundInputs(view, seed, round_)).params
+
+    def protocol_description(self) -> dict[str, Any]:
+        return self.protocol.describe()

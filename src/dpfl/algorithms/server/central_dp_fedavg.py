@@ -14,18 +14,21 @@ from dataclasses import dataclass, replace
 import torch
 
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import ServerStep
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, torch_generator
 
 
 @dataclass(frozen=True)
-class CentralDPFedAvg:
-    """`noise_multiplier` None: calibrated from the clients' budgets when the run starts (`mechanism` 'central')."""
+class CentralDPFedAvg(ServerStep):
+    """`noise_multiplier` None: calibrated from the clients' budgets when the run starts (calibration family
+    'central')."""
 
     clip: float
     noise_multiplier: float | None
     server_lr: float = 1.0
-    mechanism = "central"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
+    central_noise = True
+    calibration_family = "central"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
 
     def __post_init__(self) -> None:
         if not self.clip > 0:

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 import torch
 
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import ServerStep
 from dpfl.engine import params as P
 
 WEIGHTINGS = ("uniform", "samples", "epsilon")
 
 
 @dataclass(frozen=True)
-class FedAvg:
+class FedAvg(ServerStep):
     """w <- w + server_lr * sum_i p_i Δ_i.
 
     p_i is uniform, proportional to client record counts (`samples`), or to the clients' *reported*
@@ -41,6 +42,9 @@ class FedAvg:
         if self.weighting == "epsilon" and not torch.isfinite(raw).all():
             raise ValueError("WeiAvg needs every client's reported epsilon; some clients declared no budget")
         return (raw / raw.sum()).to(torch.float32)
+
+    def aggregation_weights(self, view: ServerView, channel: object, dim: int) -> torch.Tensor:
+        return self.weights(view)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
                   round_: int) -> P.Params:

@@ -20,6 +20,7 @@ import torch
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.t_tsvd import smooth_stack_with_stats, threshold
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import CheckpointedServerStep, RoundInputs
 from dpfl.engine import params as P
 
 STALENESS = ("any", "last")
@@ -27,7 +28,7 @@ PROX_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 @dataclass
-class FedCEO:
+class FedCEO(CheckpointedServerStep):
     """The FedCEO server with its personal state.
 
     lam, theta, interval: λ, ϑ ≥ 1 and I of spec §2.3. layers: "all" parameter tensors, or an int n,
@@ -85,7 +86,7 @@ class FedCEO:
         return [n for n in names if (n.rsplit(".", 1)[0] if "." in n else "") in keep]
 
     # ---- the round ---------------------------------------------------------------------------------
-    def start_points(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
+    def starts(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
         """Stacked start models `[K, ...]` for this round's clients, or None when all start from w_g.
 
         Only the round right after a smoothing uses personal models (Algorithm 2, lines 5-8); a client
@@ -104,6 +105,9 @@ class FedCEO:
         if self.personal_staleness == "last" and self.personal_round[client] != round_ - 1:
             return None
         return self.personal[client]
+
+    def step(self, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> P.Params:
+        return self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_, starts=inputs.starts)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
                   starts: P.Params | None = None) -> P.Params:

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import CheckpointedServerStep, RoundInputs
 from dpfl.engine import params as P
 
 
 @dataclass
-class MeanRegularized:
+class MeanRegularized(CheckpointedServerStep):
     """Aggregate stage of MR-MTL over `n_clients` personal models (all start at the initial model)."""
 
     n_clients: int
@@ -27,13 +28,16 @@ class MeanRegularized:
 
     linear_in_updates = False
 
-    def start_points(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params:  # noqa: ARG002
+    def starts(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params:  # noqa: ARG002
         """Each client starts from its own personal model theta_i."""
         if self.personal is None:
             self.personal = P.broadcast(global_params, self.n_clients)
             self.personal = {n: t.clone() for n, t in self.personal.items()}
         idx = torch.as_tensor([int(c) for c in clients], dtype=torch.int64)
         return {n: t.index_select(0, idx) for n, t in self.personal.items()}
+
+    def step(self, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> P.Params:
+        return self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_, starts=inputs.starts)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
                   starts: P.Params | None = None) -> P.Params:  # noqa: ARG002

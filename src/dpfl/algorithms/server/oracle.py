@@ -9,10 +9,12 @@ channel, and any run using it is labelled an oracle (an upper reference, not a d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
 
 
@@ -33,7 +35,7 @@ class NoiseChannel:
 
 
 @dataclass(frozen=True)
-class OracleAverage:
+class OracleAverage(ServerStep):
     """Weighted mean with w_i ∝ 1/σ_i² (analytic). Privileged: needs the diagnostics channel."""
 
     server_lr: float = 1.0
@@ -48,6 +50,13 @@ class OracleAverage:
                              "(a noiseless client would take all weight)")
         inv = 1.0 / var
         return (inv / inv.sum()).to(torch.float32)
+
+    def aggregation_weights(self, view: ServerView, channel: NoiseChannel | None, dim: int) -> torch.Tensor:
+        return self.weights(view, channel, dim)
+
+    def update(self, state: Any, params: P.Params, uploads: Any, inputs: RoundInputs) -> ServerUpdate:
+        new = self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_, channel=inputs.channel)
+        return ServerUpdate(new, state, {})
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
                   channel: NoiseChannel | None = None) -> P.Params:

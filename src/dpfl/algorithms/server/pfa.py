@@ -31,6 +31,7 @@ import torch
 
 from dpfl.algorithms.server.subspace import SOLVERS, SUBSPACES, Subspace, fit_subspace
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import ServerStep
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, numpy_generator, torch_generator
 from dpfl.algorithms.server.stop import StopTraining
@@ -164,7 +165,7 @@ def cluster_split(eps: np.ndarray, method: str, seed: int = 0) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class PFA:
+class PFA(ServerStep):
     """Projected Federated Averaging (spec §4.2); see the module docstring for the update.
 
     Fields (spec names): `split` (top_fraction | gmm | kmeans | explicit), `public_fraction` (0.1),
@@ -176,6 +177,7 @@ class PFA:
     # The weights say how much of each client reaches Δ̄, but private updates pass through a projection,
     # so sum_i w_i^2 sigma_i^2 is NOT the aggregate's noise: the runner logs no noise statistic for PFA.
     linear_in_updates = False
+    replays_noise = True
 
     split: str = "top_fraction"
     public_fraction: float = 0.1
@@ -311,7 +313,7 @@ class PFA:
         """Whether the subspace has an offset μ to broadcast (PFA+ downlink bytes)."""
         return self.subspace == "centered" or (self.subspace == "random" and self.random_center)
 
-    def update(self, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
+    def mean_update(self, uploads: P.Params, view: ServerView, seed: int, round_: int) -> P.Params:
         """Δ̄ (before the server learning rate), in the uploads' dtype."""
         return self._update(uploads, view, seed, round_)[0]
 
@@ -361,7 +363,10 @@ class PFA:
         return self.unblock(out, uploads), (None if noise is None else
                                             {n: t.to(torch.float64) for n, t in self.unblock(noise_out, noise).items()})
 
+    def aggregation_weights(self, view: ServerView, channel: object, dim: int) -> torch.Tensor:
+        return self.weights(view)
+
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
                   round_: int) -> P.Params:
-        return P.axpy(self.server_lr, self.update(uploads, view, seed, round_), global_params)
+        return P.axpy(self.server_lr, self.mean_update(uploads, view, seed, round_), global_params)
 

@@ -27,6 +27,7 @@ import torch
 from dpfl.algorithms.server.pfa import PFA, float64_column_chunks, weighted_rows64
 from dpfl.algorithms.server.subspace import Subspace
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import CheckpointedServerStep
 from dpfl.engine import params as P
 
 FLOAT_BYTES = 4
@@ -64,7 +65,7 @@ class Payload:
 
 
 @dataclass
-class PFAPlus:
+class PFAPlus(CheckpointedServerStep):
     """PFA with delayed projection. `pfa` holds the split and subspace settings (spec §4.2); the rest:
 
     `warmup_rounds` (≥ 1): rounds with private participants aggregated in full before codes are used.
@@ -97,6 +98,9 @@ class PFAPlus:
 
     def weights(self, view: ServerView) -> torch.Tensor:
         return self.pfa.weights(view)
+
+    def aggregation_weights(self, view: ServerView, channel: object, dim: int) -> torch.Tensor:
+        return self.weights(view)
 
     @property
     def public_clients(self) -> tuple[int, ...] | None:
@@ -149,7 +153,7 @@ class PFAPlus:
         full = {n: u[full_mask] for n, u in uploads.items()}
         return Payload(full, full_mask, codes, warmup, bytes_up, sent)
 
-    def update(self, payload: Payload, view: ServerView, seed: int, round_: int) -> P.Params:
+    def mean_update(self, payload: Payload, view: ServerView, seed: int, round_: int) -> P.Params:
         """Δ̄ from the payload alone; refits the subspace for the next round when private clients took part."""
         g = self.pfa.groups(view, seed)
         pub_in_full = g.pub[payload.full_mask]  # positions of the public participants among the full uploads
@@ -183,4 +187,4 @@ class PFAPlus:
 
     def aggregate(self, global_params: P.Params, payload: Payload, view: ServerView, seed: int,
                   round_: int) -> P.Params:
-        return P.axpy(self.pfa.server_lr, self.update(payload, view, seed, round_), global_params)
+        return P.axpy(self.pfa.server_lr, self.mean_update(payload, view, seed, round_), global_params)

@@ -32,6 +32,7 @@ import torch
 
 from dpfl.algorithms.server.rpca import MU_GROWTH, MU_NORMS, pcp
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import CheckpointedServerStep
 from dpfl.engine import params as P
 
 BLOCK_MODES = ("all", "first")
@@ -68,7 +69,7 @@ def noise_weights(sigma2: np.ndarray, floor: float = 1e-6) -> np.ndarray:
     return inv / inv.sum()
 
 
-class RobustHDP:
+class RobustHDP(CheckpointedServerStep):
     """Robust-HDP aggregator (spec §4.4). See the module docstring for the statefulness of `weights`.
 
     Options: `p_prime` (block rows, default 200,000), `blocks` (`all` | `first`), `schedule` (`every_round` |
@@ -219,6 +220,9 @@ class RobustHDP:
     def last_weights(self) -> torch.Tensor | None:
         """The float64 weights of the last `aggregate` call (None before the first)."""
         return self._last_weights
+
+    def aggregation_weights(self, view: ServerView, channel: object, dim: int) -> torch.Tensor:
+        return self.weights(view)
 
     def weights(self, view: ServerView) -> torch.Tensor:
         """The weights of the last `aggregate` call (Robust-HDP's weights come from the uploads).

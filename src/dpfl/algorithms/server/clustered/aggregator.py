@@ -1,11 +1,12 @@
 """Cluster models as server state (clustered_dpfl.md §5-§6): R-DPCFL, IFCA with private selection, fixed clusters.
 
 The round loop stays generic; this stage uses its hooks:
-- `start_points`: each client trains from its cluster's model this round (per-cluster broadcast);
+- `starts` (the contract's `start_points`): each client trains from its cluster's model this round (per-cluster
+  broadcast);
 - `aggregate`: theta_m <- theta_m + mean of the updates of the clients that trained cluster m (empty: unchanged);
-- `model_choice` / `chosen`: after a selection round the server broadcasts all M models and each client reports,
-  through the exponential mechanism, which one fits its data best (the loop runs the client side and records the
-  cost on the ledger);
+- `question` / `answers` (the contract's `model_choice` / `chosen`): after a selection round the server broadcasts
+  all M models and each client reports, through the exponential mechanism, which one fits its data best (the loop
+  runs the client side and records the cost on the ledger);
 - `personal_models`: the model each client uses (its current cluster's), for the clients' accuracies.
 
 Strategies:
@@ -44,6 +45,7 @@ from dpfl.algorithms.server.clustered.gmm import (
     second_stage_rounds,
 )
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import CheckpointedServerStep, RoundInputs
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, derive_seed, numpy_generator
 
@@ -53,7 +55,7 @@ CLUSTER_DRAW_ROUND_KEY = 1  # numpy_generator(seed, CLUSTER, ...) rounds are off
 
 
 @dataclass
-class ClusteredAggregator:
+class ClusteredAggregator(CheckpointedServerStep):
     """See the module docstring. `rounds` is E; `seed` keys the cluster draws (seed, CLUSTER, round, client)."""
 
     strategy: str
@@ -80,6 +82,7 @@ class ClusteredAggregator:
     loss_cap: float | None = None
     ifca_round1: str = "uniform"
 
+    asks_clients = True  # R-DPCFL's private model selection (`question`)
     linear_in_updates = False  # per-cluster means: no single weighted-sum noise statistic
 
     def __post_init__(self) -> None:
@@ -139,7 +142,7 @@ class ClusteredAggregator:
         return int(rng.choice(len(self.posteriors[client]), p=self.posteriors[client]))  # stage 2: afresh
 
     # ---- hooks of the round loop -------------------------------------------------------------------
-    def start_points(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
+    def starts(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
         """Each client's cluster model (None in round 1 of R-DPCFL and of the reference IFCA: everyone starts from
         the initial model)."""
         if self.models is None:
@@ -150,6 +153,9 @@ class ClusteredAggregator:
         self.trained = {int(c): self.cluster_of(int(c), round_) for c in clients}
         idx = torch.as_tensor([self.trained[int(c)] for c in clients], dtype=torch.int64)
         return {n: t.index_select(0, idx) for n, t in self.models.items()}  # type: ignore[union-attr]
+
+    def step(self, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> P.Params:
+        return self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_, starts=inputs.starts)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
                   starts: P.Params | None = None) -> P.Params:  # noqa: ARG002
@@ -166,7 +172,7 @@ class ClusteredAggregator:
                     t[m] += uploads[n].index_select(0, rows).mean(dim=0).to(t.dtype)
         return self.global_model()
 
-    def model_choice(self, round_: int, global_params: P.Params) -> ModelChoice | None:  # noqa: ARG002
+    def question(self, round_: int, global_params: P.Params) -> ModelChoice | None:  # noqa: ARG002
         """The selection question at the end of `round_`, if this round ends with one."""
         if round_ not in self.selection_rounds_planned():
             return None
@@ -174,7 +180,7 @@ class ClusteredAggregator:
         return ModelChoice(tuple(range(self.n_clients)), {n: t.clone() for n, t in self.models.items()}, self.eps_sel,
                            self.score, self.loss_cap)
 
-    def chosen(self, round_: int, picks: dict[int, int]) -> None:  # noqa: ARG002
+    def answers(self, round_: int, picks: dict[int, int]) -> None:  # noqa: ARG002
         """The clients' private answers: their clusters from the next round on."""
         self.assigned.update({int(c): int(m) for c, m in picks.items()})
         self.facts["selections_made"] = self.facts.get("selections_made", 0) + 1

@@ -21,6 +21,7 @@ import torch
 from dpfl.algorithms.server.splitting.privacy import NO_CONVERGENCE_GUARANTEE
 from dpfl.algorithms.server.splitting.scheme import SplittingServer, UnifiedSplitting
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import CheckpointedServerStep, RoundInputs
 from dpfl.engine import params as P
 
 
@@ -38,7 +39,7 @@ class EngineOperator:
 
 
 @dataclass
-class SplittingAggregator:
+class SplittingAggregator(CheckpointedServerStep):
     """Aggregate stage of a splitting preset over a population of `n_clients` (uniform lambda_i = 1/n)."""
 
     scheme: UnifiedSplitting
@@ -61,11 +62,14 @@ class SplittingAggregator:
             self.server = self.scheme.server(x0, torch.ones(self.n_clients, dtype=torch.int64))
         return self.server
 
-    def start_points(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params:  # noqa: ARG002
+    def starts(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params:  # noqa: ARG002
         """Each participant's u_i, stacked [K, ...] in the model's dtype."""
         server = self._server(global_params)
         idx = torch.as_tensor([int(c) for c in clients], dtype=torch.int64)
         return _unflatten(server.broadcast(idx), global_params)
+
+    def step(self, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> P.Params:
+        return self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_, starts=inputs.starts)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
                   starts: P.Params | None = None) -> P.Params:  # noqa: ARG002
