@@ -93,7 +93,7 @@ def test_rigorous_for_the_accountants_calibration_and_not_for_pfas_heuristic(run
     heuristic = read_privacy_report(runs["heuristic"])
     assert heuristic.calibration == "pfa-heuristic" and heuristic.noise_source == "pfa-heuristic"
     assert not heuristic.rigorous
-    assert [c.split(":")[0] for c in heuristic.caveats] == ["heuristic calibration"]
+    assert [c.split(":")[0] for c in heuristic.caveats] == ["heuristic calibration (heuristic)"]
     assert all(c.epsilon_heuristic is not None for c in heuristic.clients)
     # the guarantee itself is still the accountant's epsilon of the noise used
     assert heuristic.epsilon == heuristic.epsilon_spent
@@ -114,6 +114,25 @@ def test_what_privacy_json_says_against_the_guarantee_makes_it_not_rigorous(runs
     assert not report.rigorous
     assert any(c.startswith(caveat) for c in report.caveats), report.caveats
     assert report.to_dict() == d
+
+
+@pytest.mark.parametrize(("config", "overrides", "block", "caveat"), [
+    ("secure/digits_distributed.yaml", [], "secure_aggregation",
+     "unaccounted stage (secure_aggregation.discretisation): UNACCOUNTED"),
+    ("digits_udp.yaml", ["privacy.per_upload_amplification=true", "training.selection={kind: poisson, rate: 0.5}"],
+     "aggregate_view", "assumption (per_upload_amplification): ASSUMED"),
+])
+def test_real_runs_with_unaccounted_or_assumed_parts(tmp_path, config, overrides, block, caveat):
+    """Client-level runs, whose privacy.json has other blocks: the same round trip, and the file's label is a caveat."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*dict-style access to a typed result", category=DeprecationWarning)
+        outcome = dpfl.run(ROOT / "configs" / config, overrides=[*SMALL, *overrides], out=tmp_path / "run")
+    d = raw(tmp_path / "run")
+    report = outcome.privacy
+    assert json.dumps(report.to_dict()) == json.dumps(d)
+    assert report.unit == d["unit"] == "client" and report.epsilon == tuple(c["epsilon_guarantee"] for c in d["clients"])
+    assert report.extra[block] == d[block]
+    assert not report.rigorous and [c[:len(caveat)] for c in report.caveats] == [caveat]
 
 
 def test_fdp_composition_headline_and_exact_secure_aggregation_stay_rigorous(runs):

@@ -206,22 +206,22 @@ class PrivacyReport(_Record):
         """
         out = []
         if not self.accounted:
-            out.append("not accounted: the run reports no epsilon")
+            out.append("not accounted (accounted): the run reports no epsilon")
         if self.warning:
-            out.append(f"warning: {self.warning}")
+            out.append(f"warning (warning): {self.warning}")
         if self.meets_budgets is False:
-            out.append("budget violation: meets_budgets is false (some client spent more than its budget)")
+            out.append("budget violation (meets_budgets): false, some client spent more than its budget")
         if self.heuristic:
-            out.append(f"heuristic calibration: {self.heuristic}")
+            out.append(f"heuristic calibration (heuristic): {self.heuristic}")
         if self.per_upload_amplification:
-            out.append(f"assumption: {self.per_upload_amplification}")
+            out.append(f"assumption (per_upload_amplification): {self.per_upload_amplification}")
         fdp = self.extra.get("fdp")
         if isinstance(fdp, Mapping) and fdp.get("headline") == "shifted-interpolation":
-            out.append("assumption: the f-DP headline is the shifted-interpolation bound, which holds only if the "
-                       "loss is L-smooth with the ASSUMED L")
+            out.append("assumption (fdp.headline): the guarantee is the shifted-interpolation bound, which holds only "
+                       "if the loss is L-smooth with the ASSUMED L")
         secure = self.extra.get("secure_aggregation")
         if isinstance(secure, Mapping):
-            out.extend(f"unaccounted stage: secure_aggregation.{k}: {v}" for k, v in secure.items()
+            out.extend(f"unaccounted stage (secure_aggregation.{k}): {v}" for k, v in secure.items()
                        if isinstance(v, str) and v.startswith("UNACCOUNTED"))
         return tuple(out)
 
