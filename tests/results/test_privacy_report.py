@@ -130,7 +130,8 @@ def test_real_runs_with_unaccounted_or_assumed_parts(tmp_path, config, overrides
     d = raw(tmp_path / "run")
     report = outcome.privacy
     assert json.dumps(report.to_dict()) == json.dumps(d)
-    assert report.unit == d["unit"] == "client" and report.epsilon == tuple(c["epsilon_guarantee"] for c in d["clients"])
+    assert report.unit == d["unit"] == "client"
+    assert report.epsilon == tuple(c["epsilon_guarantee"] for c in d["clients"])
     assert report.extra[block] == d[block]
     assert not report.rigorous and [c[:len(caveat)] for c in report.caveats] == [caveat]
 
