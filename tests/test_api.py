@@ -50,7 +50,7 @@ def test_every_exported_name_resolves_and_import_is_lazy():
 def test_the_outcome_is_what_the_run_directory_says(tmp_path):
     outcome = dpfl.run(ROOT / "configs" / "demo.yaml", overrides=["training.rounds=2"], out=tmp_path / "run")
     assert outcome.summary == json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert outcome.privacy["clients"][0]["epsilon_guarantee"] == outcome.epsilon[0]
+    assert outcome.privacy.clients[0].epsilon_guarantee == outcome.epsilon[0]
     assert [r["round"] for r in outcome.metrics] == [1, 2]
     assert outcome.summary["epsilon_max"] == max(outcome.epsilon)
     # resuming a finished run trains nothing and gives the same outcome
@@ -72,7 +72,7 @@ def test_own_data_and_model_objects_are_used_and_not_modified(tmp_path):
     with torch.no_grad():
         acc = (outcome.model(data.x_test).argmax(1) == data.y_test).float().mean().item()
     assert acc == pytest.approx(outcome.final_accuracy)
-    assert outcome.privacy["meets_budgets"] and len(outcome.epsilon) == 3
+    assert outcome.privacy.meets_budgets and len(outcome.epsilon) == 3
 
 
 def test_torch_datasets_and_per_client_test_splits():

@@ -2,7 +2,7 @@
 
     import dpfl
     outcome = dpfl.run("configs/demo.yaml", out="runs/demo")          # what `dpfl run` does, from Python
-    outcome.final_accuracy, outcome.epsilon, outcome.privacy["guarantee"]
+    outcome.final_accuracy, outcome.epsilon, outcome.privacy.guarantee
 
 The public names below are imported on first use (PEP 562), so `import dpfl` and the `dpfl` command stay
 fast; `docs/api.md` shows them at work.
@@ -19,6 +19,7 @@ __version__ = "0.1.0"  # the one place the version is written: pyproject.toml re
 _EXPORTS: dict[str, str] = {
     # running
     "run": "dpfl.api", "RunOutcome": "dpfl.api",
+    "PrivacyReport": "dpfl.results.privacy_report", "read_privacy_report": "dpfl.results.privacy_report",
     "FederatedRun": "dpfl.experiment.federated_run", "RunResult": "dpfl.experiment.federated_run",
     "build_run": "dpfl.experiment.build",
     # configuration
@@ -85,3 +86,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from dpfl.privacy.budgets import ClientBudget
     from dpfl.privacy.calibration import calibrate_noise_multiplier
     from dpfl.privacy.run_calibration import PlannedRun, calibrate_run
+    from dpfl.results.privacy_report import PrivacyReport, read_privacy_report

@@ -3,7 +3,7 @@
     import dpfl
     outcome = dpfl.run("configs/demo.yaml", overrides=["training.rounds=5"], out="runs/demo")
     outcome = dpfl.run(config_dict, data=dpfl.federated_data(per_client_tensors, test=(x, y)), model=MyNet())
-    outcome.final_accuracy, outcome.epsilon, outcome.run_dir, outcome.model
+    outcome.final_accuracy, outcome.epsilon, outcome.run_dir, outcome.model, outcome.privacy.rigorous
 
 Every run goes through the same path as the CLI: the config is validated, the run built (data, model,
 calibration) before anything is written, then executed into a run directory with checkpoints, `privacy.json`
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -32,7 +32,8 @@ from dpfl.experiment.build import build_run
 from dpfl.experiment.config import ConfigError, RunConfig, apply_overrides, load_config, validate_config
 from dpfl.experiment.run_directory import CHECKPOINT, execute, load_checkpoint
 from dpfl.models import build_model
-from dpfl.results.run_files import read_metrics, read_privacy, read_summary
+from dpfl.results.privacy_report import PrivacyReport, read_privacy_report
+from dpfl.results.run_files import read_metrics, read_summary
 
 __all__ = ["RunOutcome", "run"]
 
@@ -41,14 +42,15 @@ __all__ = ["RunOutcome", "run"]
 class RunOutcome:
     """A finished run, as its run directory records it, plus the trained model.
 
-    summary / privacy / metrics: `summary.json`, `privacy.json` and the rows of `metrics.jsonl` (formats in
-    `dpfl/results/FORMATS.md`). params: the final global parameters; model: a module holding them.
+    summary / metrics: `summary.json` and the rows of `metrics.jsonl`; privacy: `privacy.json` as a typed
+    `PrivacyReport` (its `to_dict()` is the file's content; formats in `dpfl/results/FORMATS.md`). params: the
+    final global parameters; model: a module holding them.
     """
 
     run_dir: Path
     config: RunConfig
     summary: dict[str, Any]
-    privacy: dict[str, Any]
+    privacy: PrivacyReport
     metrics: list[dict[str, Any]]
     params: dict[str, torch.Tensor]
     model: nn.Module = field(repr=False)
@@ -60,8 +62,8 @@ class RunOutcome:
     @property
     def epsilon(self) -> list[float] | None:
         """Each client's guarantee (privacy.json `clients[].epsilon_guarantee`), None for a run without one."""
-        clients = self.privacy.get("clients")
-        return [c["epsilon_guarantee"] for c in clients] if clients else None
+        clients = self.privacy.clients  # every client row of an accounted run has epsilon_guarantee (FORMATS.md)
+        return cast("list[float]", [c.epsilon_guarantee for c in clients]) if clients else None
 
 
 def run(config: RunConfig | Mapping[str, Any] | str | Path, *, data: FederatedDataset | None = None,
@@ -151,7 +153,7 @@ def _outcome(cfg: RunConfig, out: Path, template: nn.Module | None) -> RunOutcom
         for name, p in trained.named_parameters():
             p.copy_(params[name])
     trained.eval()
-    return RunOutcome(out, cfg, summary, read_privacy(out), read_metrics(out), params, trained)
+    return RunOutcome(out, cfg, summary, read_privacy_report(out), read_metrics(out), params, trained)
 
 
 def _shape_and_classes(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
