@@ -204,6 +204,8 @@ class ServerStep:
     secure: bool = False  # the server sees only secure-aggregation sums
     linear_in_updates: bool = True  # the new model is a weighted sum of the uploads (the noise statistic applies)
     asks_clients: bool = False  # clients answer `model_choice` after aggregation (its cost goes on their ledgers)
+    personalises_starts: bool = False  # `start_points` may give clients other start models than the global one
+    encodes_uploads: bool = False  # `client_payload` replaces the uploads (PFA+'s codes)
     replays_noise: bool = False  # `noise_passthrough` measures the clients' noise through the step (PFA)
     central_noise: bool = False  # the step adds the DP noise itself (central DP, or its distributed version)
     calibration_family: str | None = None  # the run_calibration family of a noise that `with_noise` can set

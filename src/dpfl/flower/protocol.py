@@ -60,15 +60,15 @@ def unsupported(run: Any) -> str | None:
 
     alg = run.algorithm
     agg, up = alg.aggregator, alg.upload
-    if getattr(agg, "secure", False) or getattr(up, "secure_sum", False):
+    if agg.secure or up.secure_sum:
         return "secure aggregation is not implemented over Flower messages"
-    if alg.personal is not None or hasattr(agg, "start_points"):
+    if alg.personal is not None or agg.personalises_starts:
         return "personal or stateful client programs (client state, personal start models) are not supported"
-    if hasattr(agg, "model_choice"):
+    if agg.asks_clients:
         return "R-DPCFL's private selection questions (clients scoring cluster models) are not supported"
-    if getattr(agg, "privileged", False):
+    if agg.privileged:
         return "oracle aggregators read the clients' noise, which a real server cannot"
-    if hasattr(agg, "client_payload"):
+    if agg.encodes_uploads:
         return "client-side encodings of the upload (PFA+) are not supported"
     if run.update_hook is not None:
         return "privacy audits (canary hooks) run in simulation only"

@@ -109,7 +109,7 @@ class DpflStrategy(Strategy):
     def plan_round(self, run: FederatedRun, r: int, ids: list[int], nodes: Mapping[int, int]) -> None:
         """What each selected client runs in round r (0-based); `configure_train` sends it."""
         upload = run.algorithm.upload
-        upload_noise = getattr(upload, "noise_multiplier", None)
+        upload_noise = upload.noise
         self._pending = [
             (nodes[i], TrainPlan(round=r, client=i, records=int(run.n_records[i]), batch_size=int(run.batch_sizes[i]),
                                  noise_multiplier=float(run.noise[i]),

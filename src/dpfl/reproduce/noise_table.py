@@ -101,7 +101,7 @@ def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHO
                        "robust_hdp": run.algorithm.aggregator}
         for m in shared:
             agg = aggregators[m]
-            if getattr(agg, "privileged", False):
+            if agg.privileged:
                 weights = agg.weights(local.view, local.channel, local.dim)
             else:
                 agg.aggregate(w, local.uploads, local.view, run.seed, 0)  # Robust-HDP's weights come from the uploads

@@ -51,6 +51,7 @@ class FedCEO(CheckpointedServerStep):
     personal_round: dict[int, int] = field(default_factory=dict, repr=False)
     last_diagnostics: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    personalises_starts = True
     linear_in_updates = False  # smoothing is not a weighted sum: no Σw²σ² noise statistic
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ class MeanRegularized(CheckpointedServerStep):
     n_clients: int
     personal: P.Params | None = field(default=None, repr=False)  # stacked [n, ...]
 
+    personalises_starts = True
     linear_in_updates = False
 
     def starts(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params:  # noqa: ARG002

@@ -73,6 +73,7 @@ class PFAPlus(CheckpointedServerStep):
     code's behaviour, for byte parity).
     """
 
+    encodes_uploads = True  # private participants send codes (`client_payload`)
     linear_in_updates = False  # private updates reach Δ̄ through a projection (no noise statistic)
 
     pfa: PFA = field(default_factory=PFA)

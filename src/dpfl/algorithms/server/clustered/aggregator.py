@@ -83,6 +83,7 @@ class ClusteredAggregator(CheckpointedServerStep):
     ifca_round1: str = "uniform"
 
     asks_clients = True  # R-DPCFL's private model selection (`question`)
+    personalises_starts = True
     linear_in_updates = False  # per-cluster means: no single weighted-sum noise statistic
 
     def __post_init__(self) -> None:

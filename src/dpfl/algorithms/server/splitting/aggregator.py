@@ -48,6 +48,7 @@ class SplittingAggregator(CheckpointedServerStep):
     server: SplittingServer | None = field(default=None, repr=False)
     last: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    personalises_starts = True
     linear_in_updates = False  # reflections of stale z: no sum_i w_i^2 sigma_i^2 noise statistic
 
     def __post_init__(self) -> None:
