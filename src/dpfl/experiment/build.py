@@ -33,9 +33,9 @@ from dpfl.data.registry import load_dataset
 from dpfl.data.errors import ChecksumError, DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
 from dpfl.data.registry import PROVIDED
+from dpfl.algorithms.registry import algorithm_spec
 from dpfl.experiment.algorithm_bundle import build_algorithm, local_program, model_facts, noisy_accounting
 from dpfl.experiment.config import (
-    ALGORITHM_PARAMS,
     PROVIDED_MODEL,
     BatchSizeChoice,
     ChoiceBudgets,
@@ -48,7 +48,6 @@ from dpfl.experiment.config import (
     UniformBudgets,
     validate_config,
 )
-from dpfl.experiment.config.vocabulary import CLUSTERED_ALGORITHMS
 from dpfl.experiment.clustered_build import build_clustered
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.models import build_model
@@ -312,9 +311,10 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
     budgets = resolve_budgets(cfg)
     noise = cfg.privacy.noise_multiplier if cfg.privacy.mechanism == "dpsgd" else None
     try:
-        if cfg.algorithm.name in CLUSTERED_ALGORITHMS:
+        spec = algorithm_spec(cfg.algorithm.name)
+        if spec.with_data:  # the clustered algorithms: their noise depends on the split
             assert budgets is not None  # dpsgd runs need budgets (the schema)
-            params = ALGORITHM_PARAMS[cfg.algorithm.name].model_validate(cfg.algorithm.params)
+            params = spec.params.model_validate(cfg.algorithm.params)
             local = local_program(cfg, model_facts(cfg, model)[0], private=True)
             algorithm, noise, _ = build_clustered(cfg, params, local, data, budgets,
                                                   [int(b) for b in resolve_batch_sizes(cfg, data)])
