@@ -11,18 +11,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+from dpfl.algorithms.registry import MECHANISMS  # what an algorithm registers it runs with
+
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "noisy_fedprox", "fedprox",
     "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
     "fedsplit", "fedpi", "fedrp", "rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl",
 )
-SPLITTING_ALGORITHMS: tuple[str, ...] = ("fedsplit", "fedpi", "fedrp")  # operator_splitting.md presets on networks
-# clustered_dpfl.md: cluster models as server state; built with the data (sizes, true clusters), calibrated per client
-CLUSTERED_ALGORITHMS: tuple[str, ...] = ("rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl")
 # Algorithms whose server needs only the (weighted) sum of the uploads: they can run with secure aggregation.
 SECURE_ALGORITHMS: tuple[str, ...] = ("fedavg", "fedprox", "dp_fedavg_local", "udp_fedavg", "dp_fedavg_central",
                                       "noisy_fedavg", "noisy_fedprox")
-MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
