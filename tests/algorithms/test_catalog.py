@@ -77,7 +77,7 @@ def test_a_factory_builds_what_the_config_builds(name):
     assert repr(built) == repr(build_algorithm(cfg))  # every stage's parameters (arrays included)
 
 
-@pytest.mark.parametrize("name", BUILT_BY_FACTORY)
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_a_factory_takes_its_params_as_keywords_with_the_schema_defaults(name):
     spec = algorithm_spec(name)
     keywords = {p.name: p for p in inspect.signature(spec.factory).parameters.values()
@@ -85,6 +85,7 @@ def test_a_factory_takes_its_params_as_keywords_with_the_schema_defaults(name):
     assert set(keywords) == set(spec.params.model_fields)
     for key, field in spec.params.model_fields.items():
         default = keywords[key].default
+        default = list(default) if isinstance(default, tuple) else default  # a list's default, immutable
         if field.is_required():
             assert default is inspect.Parameter.empty, key
         else:
@@ -115,11 +116,34 @@ def test_bad_keyword_arguments_are_refused_with_their_name():
         dpfl.algorithms.centaur(run)
 
 
+CLUSTERED = ("rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl")
+
+
 def test_the_clustered_algorithms_are_built_with_their_data():
-    assert all(algorithm_spec(n).with_data for n in ("rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local",
-                                                       "mr_mtl"))
-    with pytest.raises(AlgorithmError, match="built with their data"):
+    assert [n for n in ALGORITHMS if algorithm_spec(n).with_data] == list(CLUSTERED)
+    with pytest.raises(AlgorithmError, match="^algorithm: rdpcfl is built with its data"):
         dpfl.algorithms.rdpcfl(RunFacts(lr=0.5, clients=10, clip=1.0))
+
+
+@pytest.mark.parametrize("name", CLUSTERED)
+def test_a_clustered_factory_builds_what_the_run_builds(name):
+    """With the run's data, budgets and batch sizes, the factory gives build_run's bundle and noise."""
+    params = {"ifca_dp": {"clusters": 2}}.get(name, {})
+    cfg = validate_config({
+        "name": "clustered", "seed": 3,
+        "data": {"dataset": "digits", "clients": 7, "partition": "clustered",
+                 "clustered": {"clusters": 2, "shift": "rotation", "train_per_client": 40}},
+        "model": {"name": "logr"}, "algorithm": {"name": name, "params": params},
+        "training": {"rounds": 4, "local_epochs": 1, "batch_size": 8, "optimizer": {"lr": 0.1}},
+        "privacy": {"clip": 1.0, "budgets": 4.0}})
+    run = dpfl.build_run(cfg)
+    loss, names, _ = model_facts(cfg, None)
+    facts = RunFacts(lr=0.1, clients=7, rounds=4, clip=1.0, seed=3, loss=loss, param_names=tuple(names),
+                     data=run.data, budgets=tuple(dpfl.ClientBudget(4.0, 1e-5) for _ in range(7)),
+                     batch_sizes=(8,) * 7)
+    built = getattr(dpfl.algorithms, name)(facts, **params)
+    assert repr(built.algorithm) == repr(run.algorithm)
+    assert len(built.noise_multipliers) == 7 and all(z > 0 for z in built.noise_multipliers)
 
 
 class HalfParams(BaseModel):

@@ -80,8 +80,8 @@ def register_local_program(name: str, factory: Callable[..., Any] | None = None,
 class AlgorithmSpec:
     """One algorithm a config can name: its factory, its params model (a pydantic model) and its mechanisms.
 
-    `with_data`: the bundle depends on the data split and is built with it (the clustered algorithms), not by
-    calling `factory` with `RunFacts` alone.
+    `with_data`: the bundle depends on the data split (the clustered algorithms): its factory reads run.data,
+    budgets and batch_sizes and returns a `catalog.clustered.ClusteredBuild` (the bundle and each client's noise).
     """
 
     name: str

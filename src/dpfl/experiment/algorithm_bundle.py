@@ -5,7 +5,7 @@ off the config and the model.
     algorithm = build_algorithm(cfg, model)   # dpfl.experiment.build re-exports it
 
 A noise the config leaves unset stays None in its stage: `FederatedRun` calibrates it from the budgets. The clustered
-algorithms (R-DPCFL, IFCA-DP, ...) need their data to plan their noise and are built in `clustered_build`.
+algorithms (R-DPCFL, IFCA-DP, ...) need their data to plan their noise: `build_run` calls their factories with it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dpfl.experiment.config import PROVIDED_MODEL, ConfigError, RunConfig
 from dpfl.models import build_model, model_info
 from dpfl.privacy.fdp_run import NoisyRunAccounting
 
-__all__ = ["build_algorithm", "local_program", "model_facts", "noisy_accounting", "run_facts"]
+__all__ = ["build_algorithm", "model_facts", "noisy_accounting", "run_facts"]
 
 
 def run_facts(cfg: RunConfig, model: nn.Module | None = None) -> RunFacts:
@@ -49,7 +49,7 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         selection=Selection(sel.kind, sel.k, sel.rate), mechanism=p.mechanism, clip=p.clip, sampling=p.sampling,
         noise_multiplier=p.noise_multiplier, paper_eta_scaling=p.paper_eta_scaling,
         per_upload_amplification=p.per_upload_amplification, observer=p.observer, release=p.release,
-        smoothness_L=p.smoothness_L, honest_clients=p.honest_clients, secure_view=p.secure_aggregation)
+        smoothness_L=p.smoothness_L, honest_clients=p.honest_clients, secure_view=p.secure_aggregation, seed=cfg.seed)
 
 
 def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm:
@@ -65,15 +65,6 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
                           "algorithm")
     try:
         return spec.factory(run_facts(cfg, model), **cfg.algorithm.params)
-    except AlgorithmError as err:
-        raise ConfigError(str(err), err.key) from None
-
-
-def local_program(cfg: RunConfig, loss: str, *, private: bool, prox_mu: float = 0.0) -> LocalProgram:
-    """The configured local program (the clustered algorithms' DP-SGD)."""
-    local = _registered_local(cfg) if cfg.algorithm.local is not None else None
-    try:
-        return RunFacts(**_settings(cfg), loss=loss, local=local).local_program(private=private, prox_mu=prox_mu)
     except AlgorithmError as err:
         raise ConfigError(str(err), err.key) from None
 

@@ -29,11 +29,12 @@ BUILTINS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec("fedsplit", splitting.fedsplit, splitting.SplittingParams, splitting.MECHANISMS),
     AlgorithmSpec("fedpi", splitting.fedpi, splitting.SplittingParams, splitting.MECHANISMS),
     AlgorithmSpec("fedrp", splitting.fedrp, splitting.SplittingParams, splitting.MECHANISMS),
-    AlgorithmSpec("rdpcfl", clustered.built_with_data, clustered.RDPCFLParams, clustered.MECHANISMS, with_data=True),
-    AlgorithmSpec("ifca_dp", clustered.built_with_data, clustered.IFCAParams, clustered.MECHANISMS, with_data=True),
-    AlgorithmSpec("clustered_oracle", clustered.built_with_data, clustered.ClusteredParams, clustered.MECHANISMS,
+    # built with their data: they return a ClusteredBuild (the bundle and each client's calibrated noise)
+    AlgorithmSpec("rdpcfl", clustered.rdpcfl, clustered.RDPCFLParams, clustered.MECHANISMS, with_data=True),
+    AlgorithmSpec("ifca_dp", clustered.ifca_dp, clustered.IFCAParams, clustered.MECHANISMS, with_data=True),
+    AlgorithmSpec("clustered_oracle", clustered.clustered_oracle, clustered.ClusteredParams, clustered.MECHANISMS,
                   with_data=True),
-    AlgorithmSpec("clustered_local", clustered.built_with_data, clustered.ClusteredParams, clustered.MECHANISMS,
+    AlgorithmSpec("clustered_local", clustered.clustered_local, clustered.ClusteredParams, clustered.MECHANISMS,
                   with_data=True),
-    AlgorithmSpec("mr_mtl", clustered.built_with_data, clustered.MRMTLParams, clustered.MECHANISMS, with_data=True),
+    AlgorithmSpec("mr_mtl", clustered.mr_mtl, clustered.MRMTLParams, clustered.MECHANISMS, with_data=True),
 )

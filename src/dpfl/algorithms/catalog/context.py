@@ -20,6 +20,8 @@ from pydantic import BaseModel, ValidationError
 from dpfl.algorithms.client.program import LocalProgram, dpsgd, sgd
 from dpfl.algorithms.secure.aggregator import SecureAggregation
 from dpfl.algorithms.selection import Selection
+from dpfl.data.federated import FederatedDataset
+from dpfl.privacy.budgets import ClientBudget
 
 __all__ = ["AlgorithmError", "RunFacts", "mechanism_of", "validated"]
 
@@ -43,7 +45,8 @@ class RunFacts:
     honest_clients, secure_view (privacy.secure_aggregation) of the privacy section; loss, param_names,
     head_module and model_name of the model; secure: the secure-aggregation protocol run for real (or None).
     aggregator: an aggregator replacing the bundle's (algorithm.aggregator); local: a factory of the user's local
-    program (algorithm.local), called with the keywords of `dpfl.register_local_program`.
+    program (algorithm.local), called with the keywords of `dpfl.register_local_program`. seed (the run seed), data,
+    budgets and batch_sizes (one per client): what the clustered algorithms, built with their data, read.
     """
 
     lr: float
@@ -72,6 +75,10 @@ class RunFacts:
     secure: SecureAggregation | None = None
     aggregator: Any = None
     local: Callable[..., LocalProgram] | None = None
+    seed: int = 0
+    data: FederatedDataset | None = None
+    budgets: tuple[ClientBudget, ...] | None = None
+    batch_sizes: tuple[int, ...] | None = None
 
     @property
     def planned_cohort(self) -> int | None:
