@@ -24,14 +24,15 @@ def pytest_configure(config):
 
 @pytest.fixture
 def clean_registries():
-    """Tests that register datasets, models, losses or stages leave the process's registries as they were."""
+    """Tests that register datasets, models, losses, stages or algorithms leave the registries as they were."""
     import dpfl.algorithms.registry as stages
     import dpfl.data.registry as datasets
     import dpfl.engine.losses as losses
     import dpfl.models.registry as models
 
+    stages.algorithm_names()  # dpfl's own algorithms are loaded before the table is saved
     tables = [datasets._LOADERS, models._ENTRIES, models._BUILDERS, losses.LOSSES, stages.AGGREGATORS,
-              stages.LOCAL_PROGRAMS]
+              stages.LOCAL_PROGRAMS, stages.ALGORITHMS]
     saved = [dict(t) for t in tables]
     yield
     for table, before in zip(tables, saved, strict=True):

@@ -47,10 +47,15 @@ _EXPORTS: dict[str, str] = {
     "calibrate_noise_multiplier": "dpfl.privacy.calibration",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+# subpackages reached as attributes: dpfl.algorithms.pfa(...) is the factory of the algorithm a config names pfa
+_SUBPACKAGES = ("algorithms",)
+
+__all__ = ["__version__", *sorted(_EXPORTS), *_SUBPACKAGES]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"dpfl.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'dpfl' has no attribute {name!r}")
@@ -60,10 +65,11 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBPACKAGES))
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
+    from dpfl import algorithms
     from dpfl.algorithms.algorithm import Algorithm, central_dp_fedavg, fedavg
     from dpfl.algorithms.client.program import LocalProgram, dpsgd, sgd
     from dpfl.algorithms.registry import register_aggregator, register_local_program

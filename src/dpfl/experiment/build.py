@@ -17,6 +17,7 @@ not on this machine raises `dpfl.data.DatasetNotFoundError` unchanged (its messa
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,10 @@ from dpfl.data.registry import load_dataset
 from dpfl.data.errors import ChecksumError, DatasetNotFoundError
 from dpfl.data.federated import FederatedDataset
 from dpfl.data.registry import PROVIDED
-from dpfl.experiment.algorithm_bundle import build_algorithm, local_program, model_facts, noisy_accounting
+from dpfl.algorithms.catalog.context import AlgorithmError
+from dpfl.algorithms.registry import algorithm_spec
+from dpfl.experiment.algorithm_bundle import build_algorithm, noisy_accounting, run_facts
 from dpfl.experiment.config import (
-    ALGORITHM_PARAMS,
     PROVIDED_MODEL,
     BatchSizeChoice,
     ChoiceBudgets,
@@ -48,8 +50,6 @@ from dpfl.experiment.config import (
     UniformBudgets,
     validate_config,
 )
-from dpfl.experiment.config.vocabulary import CLUSTERED_ALGORITHMS
-from dpfl.experiment.clustered_build import build_clustered
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.models import build_model
 from dpfl.models.registry import BUILTIN_MODELS
@@ -312,12 +312,16 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
     budgets = resolve_budgets(cfg)
     noise = cfg.privacy.noise_multiplier if cfg.privacy.mechanism == "dpsgd" else None
     try:
-        if cfg.algorithm.name in CLUSTERED_ALGORITHMS:
+        spec = algorithm_spec(cfg.algorithm.name)
+        if spec.with_data:  # the clustered algorithms: their noise depends on the split
             assert budgets is not None  # dpsgd runs need budgets (the schema)
-            params = ALGORITHM_PARAMS[cfg.algorithm.name].model_validate(cfg.algorithm.params)
-            local = local_program(cfg, model_facts(cfg, model)[0], private=True)
-            algorithm, noise, _ = build_clustered(cfg, params, local, data, budgets,
-                                                  [int(b) for b in resolve_batch_sizes(cfg, data)])
+            facts = dataclasses.replace(run_facts(cfg, model), data=data, budgets=tuple(budgets),
+                                        batch_sizes=tuple(int(b) for b in resolve_batch_sizes(cfg, data)))
+            try:
+                built = spec.factory(facts, **cfg.algorithm.params)
+            except AlgorithmError as err:
+                raise ConfigError(str(err), err.key) from None
+            algorithm, noise = built.algorithm, built.noise_multipliers
         else:
             algorithm = build_algorithm(cfg, model)
     except ValueError as err:

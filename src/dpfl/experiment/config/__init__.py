@@ -40,7 +40,7 @@ Layout (one idea per module; arrows point down, no cycles):
 
 from __future__ import annotations
 
-from dpfl.experiment.config.algorithm import ALGORITHM_PARAMS, AlgorithmConfig, StageConfig
+from dpfl.experiment.config.algorithm import ALGORITHM_MECHANISMS, ALGORITHM_PARAMS, AlgorithmConfig, StageConfig
 from dpfl.experiment.config.budgets import (
     BUDGET_DISTRIBUTION_MODELS,
     Budgets,
@@ -68,7 +68,6 @@ from dpfl.experiment.config.training import (
     TrainingConfig,
 )
 from dpfl.experiment.config.vocabulary import (
-    ALGORITHM_MECHANISMS,
     ALGORITHMS,
     MECHANISM_OBSERVER,
     MECHANISM_UNIT,

@@ -1,4 +1,5 @@
-"""What every config section shares: the strict `_Section` base and the small value checks of several sections."""
+"""What every config section shares: the strict `_Section` base and the small value checks of several sections
+(`_is_number`, `_too_big`: shared with the algorithms' params, `dpfl.algorithms.catalog.validation`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from dpfl.algorithms.catalog.validation import is_number as _is_number  # noqa: F401 - for the sections
+from dpfl.algorithms.catalog.validation import too_big as _too_big  # noqa: F401 - for the sections
 from dpfl.experiment.config.errors import _fail
 
 
@@ -14,21 +17,6 @@ class _Section(BaseModel):
     """Strict (no silent type coercion), no unknown fields, no NaN/inf unless a field says so."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, revalidate_instances="always")
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _too_big(v: Any) -> bool:
-    """An integer no float can hold (above about 1.8e308): float(v) and math.isnan(v) would raise."""
-    if not isinstance(v, int) or isinstance(v, bool):
-        return False
-    try:
-        float(v)
-    except OverflowError:
-        return True
-    return False
 
 
 def _check_probs(probs: list[float] | None, values: list[Any]) -> None:

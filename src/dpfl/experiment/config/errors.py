@@ -1,7 +1,8 @@
 """Config errors as ONE line: ``<field.path>: <problem> (got <value>; allowed: <...>)``.
 
 `ConfigError` is what every config problem raises. The rest turns a pydantic `ValidationError` into that
-line: `_fail` raises a problem from inside a validator (its path relative to where the validator runs),
+line: `_fail` raises a problem from inside a validator (its path relative to where the validator runs; it lives
+with the algorithms' params, `dpfl.algorithms.catalog.validation`, which raise with it too),
 `_describe` reads one pydantic error dict (unknown fields with a close match, types in words, numeric
 ranges from the field's declared bounds), `_line` renders it and `_sub_validate` validates a nested
 model from a plain validator, keeping the nested path.
@@ -12,11 +13,15 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Annotated, Any, NoReturn, Union
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
+
+from dpfl.algorithms.catalog.validation import ERROR_TYPE as _ERROR_TYPE
+from dpfl.algorithms.catalog.validation import fail as _fail  # noqa: F401 - the sections raise with it
+from dpfl.algorithms.catalog.validation import show as _show
 
 
 class ConfigError(ValueError):
@@ -31,82 +36,10 @@ class ConfigError(ValueError):
         self.path = path
 
 
-_ERROR_TYPE = "dpfl_config"
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    """A short, single-line rendering of a value, in YAML words for null/true/false."""
-    if value is None:
-        text = "null"
-    elif value is True or value is False:
-        text = "true" if value else "false"
-    elif isinstance(value, BaseModel):
-        text = _repr_prefix(value.model_dump(), 2 * limit + 2)
-    else:
-        text = _repr_prefix(value, 2 * limit + 2)
-    text = " ".join(text.splitlines())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _repr_prefix(value: Any, at_least: int) -> str:
-    """repr(value), or its first `at_least`+ characters when longer: a YAML alias 'bomb' (a billion items
-    built from a few shared lists) or a list that contains itself renders in the time of its first items."""
-    parts, n = [], 0
-    for chunk in _repr_chunks(value, set()):
-        parts.append(chunk)
-        n += len(chunk)
-        if n > at_least:
-            break
-    return "".join(parts)
-
-
-def _repr_chunks(value: Any, open_: set[int]) -> Iterator[str]:
-    """repr(value) piece by piece; exact for the containers YAML builds (list, dict; tuple for good measure)."""
-    kind = type(value)
-    if kind not in (list, tuple, dict):
-        try:
-            yield repr(value)
-        except Exception:  # noqa: BLE001 - an exotic object (or an int of 5,000 digits) must never break the message
-            yield f"<{kind.__name__}>"
-        return
-    brackets = {list: "[]", tuple: "()", dict: "{}"}[kind]
-    if id(value) in open_:  # a container inside itself, as repr() writes it
-        yield f"{brackets[0]}...{brackets[1]}"
-        return
-    open_.add(id(value))
-    try:
-        yield brackets[0]
-        items = value.items() if kind is dict else value
-        for i, item in enumerate(items):
-            if i:
-                yield ", "
-            if kind is dict:
-                yield from _repr_chunks(item[0], open_)
-                yield ": "
-                yield from _repr_chunks(item[1], open_)
-            else:
-                yield from _repr_chunks(item, open_)
-        if kind is tuple and len(value) == 1:
-            yield ","
-        yield brackets[1]
-    finally:
-        open_.discard(id(value))
-
-
 def _allowed(names: tuple[str, ...]) -> str:
     """pydantic's wording for a Literal's values, for names known only at validation time: 'a', 'b' or 'c'."""
     quoted = [repr(n) for n in names]
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-
-
-def _fail(field: str, problem: str, got: Any = ..., allowed: str | None = None, more: int = 0) -> NoReturn:
-    """Raise a validation error for `field` (a dotted path relative to where the validator runs)."""
-    raise PydanticCustomError(
-        _ERROR_TYPE,
-        "{problem}",
-        {"problem": problem, "field": field, "got": None if got is ... else _show(got), "allowed": allowed,
-         "more": more},
-    )
 
 
 _TYPE_WORDS = {

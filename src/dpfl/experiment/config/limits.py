@@ -10,26 +10,21 @@ each field's docstring restates its own.
 
 from __future__ import annotations
 
-from typing import Any
+# the algorithms' own bounds live with their params models (MAX_LOCAL_EPOCHS: training.local_epochs too)
+from dpfl.algorithms.catalog.validation import MAX_ITERATIONS, MAX_LOCAL_EPOCHS
+from dpfl.algorithms.catalog.validation import at_most as _at_most
 
-from dpfl.experiment.config.errors import _fail
+__all__ = ["MAX_BATCH_SIZE", "MAX_CLIENTS", "MAX_CONFIG_CHARS", "MAX_DEPTH", "MAX_ITERATIONS", "MAX_LOCAL_EPOCHS",
+           "MAX_LOCAL_STEPS", "MAX_NOISE_MULTIPLIER", "MAX_NOISY_STEPS", "MAX_ROUNDS", "MIN_NOISE_MULTIPLIER",
+           "_at_most"]
 
 MAX_CLIENTS = 1_000_000  # data.clients: above the records of every dataset dpfl loads (EMNIST byclass: 697,932)
 MAX_ROUNDS = 1_000_000  # training.rounds
 MAX_LOCAL_STEPS = 1_000_000  # training.local_steps
-MAX_LOCAL_EPOCHS = 10_000  # training.local_epochs, CENTAUR's head_epochs
 MAX_BATCH_SIZE = 1_000_000  # every batch size; a batch above a client's records is its whole set
 MAX_NOISY_STEPS = 10_000_000  # rounds x local_steps of Noisy-FedAvg/FedProx: the f-DP step-size table's size
-MAX_ITERATIONS = 1_000_000  # iteration caps of server-side solvers (Robust-HDP's max_iter)
 # privacy.noise_multiplier: 0 (no noise) or within these. Outside, float64 accountants break down: the RDP
 # accountant overflows above ~1e154 and reports epsilon = 0 (!) for a Poisson-sampled z of 1e-160.
 MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER = 1e-6, 1e6
 MAX_CONFIG_CHARS = 64 * 2**20  # a config file (a list of a million budgets is ~10 MB)
 MAX_DEPTH = 32  # nesting of the config document (the deepest field, algorithm.params.step_sizes, is 5 levels)
-
-
-def _at_most(value: Any, bound: int, what: str, field: str = "") -> Any:
-    """`value` unless it exceeds `bound`; then a one-line error naming dpfl's limit (None passes)."""
-    if value is not None and value > bound:
-        _fail(field, f"above dpfl's limit of {bound} {what}", value, f"at most {bound}")
-    return value

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dpfl.experiment.config.algorithm import AlgorithmConfig
+from dpfl.experiment.config.algorithm import ALGORITHM_MECHANISMS, AlgorithmConfig
 from dpfl.experiment.config.backend import RayConfig
 from dpfl.experiment.config.base import _Section
 from dpfl.experiment.config.budgets import _BUDGETS_ALLOWED, Rhdp20Budgets, _all_unlimited, _has_unlimited
@@ -30,7 +30,6 @@ from dpfl.experiment.config.vocabulary import (
     _NOISY,
     _OBSERVER_WHY,
     _OWN_LOCAL,
-    ALGORITHM_MECHANISMS,
     MECHANISM_OBSERVER,
     MECHANISM_UNIT,
     SECURE_ALGORITHMS,

@@ -1,6 +1,7 @@
 """The config's words: algorithm and mechanism names, and what each mechanism protects from whom.
 
-`ALGORITHM_MECHANISMS` lists the mechanisms each algorithm runs with (the first is the default);
+`ALGORITHMS` lists dpfl's own algorithms (the registry, `dpfl.algorithms.registry`, holds each one's params model
+and the mechanisms it runs with, the first being the default: `config.algorithm.ALGORITHM_MECHANISMS`);
 `MECHANISM_UNIT` / `MECHANISM_OBSERVER` give the unit protected and the observer the guarantee holds
 against (the runner's Algorithm.unit / .observer, in config words). `RunConfig` resolves the declared
 threat model with these tables.
@@ -10,47 +11,17 @@ from __future__ import annotations
 
 from typing import Literal
 
+from dpfl.algorithms.registry import MECHANISMS  # what an algorithm registers it runs with
+
 ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "noisy_fedprox", "fedprox",
     "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
     "fedsplit", "fedpi", "fedrp", "rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl",
 )
-SPLITTING_ALGORITHMS: tuple[str, ...] = ("fedsplit", "fedpi", "fedrp")  # operator_splitting.md presets on networks
-# clustered_dpfl.md: cluster models as server state; built with the data (sizes, true clusters), calibrated per client
-CLUSTERED_ALGORITHMS: tuple[str, ...] = ("rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl")
 # Algorithms whose server needs only the (weighted) sum of the uploads: they can run with secure aggregation.
 SECURE_ALGORITHMS: tuple[str, ...] = ("fedavg", "fedprox", "dp_fedavg_local", "udp_fedavg", "dp_fedavg_central",
                                       "noisy_fedavg", "noisy_fedprox")
-MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")
 
-# Which privacy mechanisms each algorithm runs with; the first is the default when none is declared.
-ALGORITHM_MECHANISMS: dict[str, tuple[str, ...]] = {
-    "fedavg": ("none",),
-    "dp_fedavg_local": ("dpsgd",),
-    "dp_fedavg_central": ("central",),
-    "udp_fedavg": ("udp",),
-    "noisy_fedavg": ("param_noise",),
-    "noisy_fedprox": ("param_noise",),
-    "fedprox": ("none", "dpsgd"),
-    "weiavg": ("dpsgd",),
-    "min_eps": ("dpsgd",),
-    "max_eps": ("dpsgd",),
-    "oracle": ("dpsgd",),
-    "pfa": ("dpsgd",),
-    "pfa_plus": ("dpsgd",),
-    "robust_hdp": ("dpsgd",),
-    "fedceo": ("dpsgd", "udp"),
-    "ppsgd": ("dpsgd", "udp"),
-    "centaur": ("dpsgd", "udp"),
-    "fedsplit": ("none", "dpsgd", "udp"),
-    "fedpi": ("none", "dpsgd", "udp"),
-    "fedrp": ("none", "dpsgd", "udp"),
-    "rdpcfl": ("dpsgd",),
-    "ifca_dp": ("dpsgd",),
-    "clustered_oracle": ("dpsgd",),
-    "clustered_local": ("dpsgd",),
-    "mr_mtl": ("dpsgd",),
-}
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
     "dpsgd": "sample", "udp": "client", "central": "client", "param_noise": "sample", "none": "none",
