@@ -169,7 +169,7 @@ def test_rerunning_continues_instead_of_repeating(tiny_scale, tmp_path):
 
 
 def test_a_failing_run_is_recorded_and_the_others_go_on(tiny_scale, tmp_path, monkeypatch):
-    from dpfl.experiment import splitting_run
+    from dpfl.reproduce import splitting_solver as splitting_run
 
     real = splitting_run.run_splitting
 

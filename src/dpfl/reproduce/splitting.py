@@ -4,7 +4,7 @@ and on the reference CNN.
     dpfl reproduce splitting --scale ci --out OUT      # OUT/results.csv, results.md, plots/, runs/, logs/
 
 Convex: each setting is a config of configs/splitting/convex/ (a problem, rounds, methods, Anderson memories); every
-method runs once per Anderson memory and seed, through `dpfl.experiment.splitting_run.run_splitting` in float64. A
+method runs once per Anderson memory and seed, through `dpfl.reproduce.splitting_solver.run_splitting` in float64. A
 run's metrics (one row per round) go to OUT/runs/<setting>/<method>-aa<tau>-seed<s>.jsonl and its summary next to it;
 a run whose summary exists is not run again, so re-running the command continues where it stopped. One failing run
 is recorded (status "failed", its traceback in OUT/logs/) and the others go on.
@@ -164,7 +164,7 @@ def jobs(scale: str, **selection: Any) -> list[SplittingJob]:
 
 def run_job(job: SplittingJob, out: Path) -> dict[str, Any]:
     """Run one job (or read its summary if it finished before) and return its results.csv row."""
-    from dpfl.experiment.splitting_run import run_splitting
+    from dpfl.reproduce.splitting_solver import run_splitting
 
     metrics_path, summary_path = job.paths(out)
     fingerprint = job.fingerprint()

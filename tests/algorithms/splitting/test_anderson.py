@@ -7,7 +7,7 @@ import torch
 from dpfl.algorithms.client.local_operators import ExactLeastSquaresProx, GradientSteps
 from dpfl.algorithms.server.splitting import AndersonII, presets
 from dpfl.algorithms.server.splitting.anderson import AndersonWindow
-from dpfl.experiment.splitting_run import run_splitting
+from dpfl.reproduce.splitting_solver import run_splitting
 
 CAP = 5000
 

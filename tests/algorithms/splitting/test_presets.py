@@ -10,7 +10,7 @@ from dpfl.algorithms.server.splitting import AndersonII, presets
 from dpfl.algorithms.server.splitting.schedules import StepSchedule
 from dpfl.algorithms.selection import Selection
 from dpfl.data.synthetic import make_logistic
-from dpfl.experiment.splitting_run import run_splitting
+from dpfl.reproduce.splitting_solver import run_splitting
 
 from .closed_forms import gradient_steps, project, prox, reflect
 

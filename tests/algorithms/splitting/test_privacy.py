@@ -7,7 +7,7 @@ import torch
 from dpfl.algorithms.client.local_operators import ExactLeastSquaresProx, GradientSteps, InexactProx
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.splitting import SplittingDP, presets
-from dpfl.experiment.splitting_run import run_splitting
+from dpfl.reproduce.splitting_solver import run_splitting
 from dpfl.privacy.accountant import epsilon
 
 

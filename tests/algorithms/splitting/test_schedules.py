@@ -46,7 +46,7 @@ def test_ergodic_incremental_equals_the_batch_formula():
 def test_ergodic_runs_log_both_the_average_and_the_last_iterate(ls):
     from dpfl.algorithms.client.local_operators import ExactLeastSquaresProx
     from dpfl.algorithms.server.splitting import presets
-    from dpfl.experiment.splitting_run import run_splitting
+    from dpfl.reproduce.splitting_solver import run_splitting
 
     run = run_splitting(ls.fns, presets.fedprox(1.0 / ls.mean_eig, local=ExactLeastSquaresProx(), schedule="inv_sqrt",
                                                 ergodic=True), 20)
@@ -57,7 +57,7 @@ def test_ergodic_runs_log_both_the_average_and_the_last_iterate(ls):
 def test_the_final_model_is_the_last_reported_one(ls):
     from dpfl.algorithms.client.local_operators import ExactLeastSquaresProx
     from dpfl.algorithms.server.splitting import presets
-    from dpfl.experiment.splitting_run import run_splitting
+    from dpfl.reproduce.splitting_solver import run_splitting
 
     eta = 1.0 / ls.mean_eig
     shadow = run_splitting(ls.fns, presets.fedpi(eta, local=ExactLeastSquaresProx(), report="shadow"), 3)

@@ -1,4 +1,10 @@
-"""The round loop of the splitting family on convex problems, in float64 (operator_splitting.md §3-§9).
+"""The float64 numerical reference of the splitting family on convex problems (operator_splitting.md §3-§9).
+
+It lives with the reproduction code (`dpfl reproduce splitting`): the study compares iterates to theta* to 1e-8
+and beyond, which the neural-network engine's float32 round loop is not built for. It keeps the run's contracts:
+the same per-client `PrivacyLedger`, the same calibration (`calibrate_run`) and the same stop rules ("budget"
+before a round that would take a participant over its budget, "rounds", and the study's own "residual" and
+"diverged"). fedsplit / fedpi / fedrp on networks run in the one round loop (`dpfl.experiment.federated_run`).
 
 Convex problems have closed-form local operators (the exact least-squares prox) and are compared to theta* to
 1e-8 and beyond, so they run here on the problem's float64 tensors rather than through the neural-network
