@@ -242,7 +242,7 @@ def test_paper_eta_scaling_from_a_config_uses_the_learning_rate_and_only_for_udp
 
 def test_p1_p2_fedceo_and_udp_fedavg_report_the_same_guarantees_and_per_upload_is_the_weaker_view():
     poisson = Selection("poisson", rate=0.5)  # add/remove in both views, so the epsilons are comparable
-    reports = [run(agg, noise=3.0, selection=poisson).run().privacy
+    reports = [run(agg, noise=3.0, selection=poisson).run().privacy.to_dict()
                for agg in (FedCEO(lam=0.5, interval=2), FedAvg("uniform"))]
     for key in ("clients", "aggregate_view", "unit", "observer"):
         assert reports[0][key] == reports[1][key]
@@ -252,10 +252,11 @@ def test_p1_p2_fedceo_and_udp_fedavg_report_the_same_guarantees_and_per_upload_i
     assert max(spent) > agg["epsilon"] > 0  # one upload at σ/√K without amplification is far weaker
     assert "NOT the run's server" in agg["valid_for"]
     assert agg["relation"] == "add_remove"
-    longer = run(FedAvg("uniform"), noise=3.0, rounds=8, selection=poisson).run().privacy["aggregate_view"]["epsilon"]
-    noisier = run(FedAvg("uniform"), noise=4.0, selection=poisson).run().privacy["aggregate_view"]["epsilon"]
+    longer = run(FedAvg("uniform"), noise=3.0, rounds=8, selection=poisson).run().privacy.extra["aggregate_view"]
+    noisier = run(FedAvg("uniform"), noise=4.0, selection=poisson).run().privacy.extra["aggregate_view"]
+    longer, noisier = longer["epsilon"], noisier["epsilon"]
     assert noisier < agg["epsilon"] < longer
-    fixed = run(FedAvg("uniform"), noise=3.0).run().privacy["aggregate_view"]
+    fixed = run(FedAvg("uniform"), noise=3.0).run().privacy.extra["aggregate_view"]
     assert fixed["relation"] == "replace_one"  # the exact event of the fixed-size sampling that ran
     assert "population" not in fixed  # nobody retired: the planned population is the one that ran
 
@@ -269,7 +270,7 @@ def test_the_aggregate_view_after_retirements_is_charged_at_the_smaller_populati
     result = FederatedRun(toy(), model(), algorithm(FedAvg("uniform")), rounds=6, batch_sizes=8, budgets=budgets,
                           seed=4).run()
     assert not {4, 5} & {i for row in result.history[2:] for i in row["selected"]}  # retired after their first rounds
-    view = result.privacy["aggregate_view"]
+    view = result.privacy.extra["aggregate_view"]
     up, sel = ClippedNoisyUpdate(1.0, 0.5, cohort=3), Selection("fixed", k=3)
     at = {n: guarantee(up.aggregate_event(sel, n, 6), 1e-5, "rdp", unit="client").epsilon for n in (4, 6)}
     assert view["sample_rate"] == 0.75 and view["epsilon"] == pytest.approx(at[4], rel=1e-12)
@@ -296,7 +297,7 @@ def test_p4_dpsgd_mode_reports_per_participation_and_composed_epsilons_and_no_us
     alg = Algorithm("fedceo", dpsgd(0.1, 1.0, steps=3, momentum=0.5), Selection("fixed", k=3), FullUpdate(),
                     FedCEO(lam=0.5, interval=2))
     privacy = FederatedRun(toy(), model(), alg, rounds=4, batch_sizes=8, budgets=ClientBudget(float("inf"), 1e-5),
-                           noise_multipliers=1.2, seed=4).run().privacy
+                           noise_multipliers=1.2, seed=4).run().privacy.to_dict()
     spent = [c["epsilon_spent"] for c in privacy["clients"]]
     assert privacy["user_level"] is None and "sample-level" in privacy["user_level_note"]
     assert (privacy["eps_total_max"] == max(spent)
@@ -321,16 +322,16 @@ def test_per_upload_amplification_charges_everyone_every_round_and_is_labelled_a
     per_round = sampled_gaussian_event(upload.upload_multiplier, sampling="poisson", sample_rate=0.25)
     expected = epsilon(SelfComposedDpEvent(per_round, 4), 1e-5)
     assert all(e == pytest.approx(expected, rel=1e-9) for e in result.spent().values())  # participants or not
-    assert "ASSUMED" in result.privacy["per_upload_amplification"]
-    assert "amplified by client sampling under an ASSUMPTION" in result.privacy["guarantee"]["source"]
+    assert "ASSUMED" in result.privacy.per_upload_amplification
+    assert "amplified by client sampling under an ASSUMPTION" in result.privacy.guarantee.source
     from dpfl.results.report import _privacy_lines
 
     assert any("Per-upload amplification (the epsilons below depend on it):** ASSUMED" in line
-               for line in _privacy_lines(result.privacy, result.history, complete=True))
+               for line in _privacy_lines(result.privacy.to_dict(), result.history, complete=True))
     plain = build_run(load_config("configs/digits_udp.yaml", poisson)).run()
-    assert "ASSUMPTION" not in plain.privacy["guarantee"]["source"]
+    assert "ASSUMPTION" not in plain.privacy.guarantee.source
     took_part = [i for i, e in plain.spent().items() if e > 0]
     assert took_part and all(plain.spent()[i] > expected for i in took_part)  # no amplification: weaker
-    assert "per_upload_amplification" not in plain.privacy
+    assert "per_upload_amplification" not in plain.privacy.key_order
     with pytest.raises(ConfigError, match="per_upload_amplification: needs Poisson client selection"):
         build_run(load_config("configs/digits_udp.yaml", ["privacy.per_upload_amplification=true"]))

@@ -94,8 +94,8 @@ def test_personal_accuracy_is_logged_and_resume_is_exact():
 
 def test_p1_ppsgd_reports_the_guarantee_of_udp_fedavg():
     poisson = Selection("poisson", rate=0.6)
-    a = ppsgd_run(rounds=3, noise=2.0, clip=1.0, selection=poisson).run().privacy
-    b = ppsgd_run(rounds=3, noise=2.0, clip=1.0, selection=poisson, personal=False).run().privacy
+    a = ppsgd_run(rounds=3, noise=2.0, clip=1.0, selection=poisson).run().privacy.to_dict()
+    b = ppsgd_run(rounds=3, noise=2.0, clip=1.0, selection=poisson, personal=False).run().privacy.to_dict()
     assert a["clients"] == b["clients"] and a["aggregate_view"] == b["aggregate_view"]
 
 

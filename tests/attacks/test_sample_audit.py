@@ -84,7 +84,7 @@ def test_honest_dpsgd_never_audits_above_its_epsilon_and_reports_the_ledgers(mon
     assert out["confidence"] == 0.95 and out["delta"] == 1e-5 and out["rounds_run"] == 100
     # the canaries were ordinary records of the run: the accountant saw each client's actual count (sample rate b/n_i)
     records, included = _expected_records(cfg, CANARIES)
-    rows = seen["result"].privacy["clients"]
+    rows = [c.to_dict() for c in seen["result"].privacy.clients]
     assert [r["records"] for r in rows] == records.tolist() == out["records"]
     assert seen["run"].pooled.sizes.tolist() == records.tolist() and out["included"] == int(included.sum())
     # ... and epsilon_reported is the ledger's for that run (calibrated to the budget: 1 up to the bisection)
@@ -141,7 +141,7 @@ def test_replace_one_claims_get_a_filler_for_every_excluded_canary(monkeypatch, 
                       clients=4, model={"name": "logr"}, training=training)
     out = audit_sample_level(cfg, canaries=40)
     assert out["relation"] == "replace_one" and out["records"] == (build_data(cfg).train_sizes + 10).tolist()
-    rows = seen["result"].privacy["clients"]
+    rows = [c.to_dict() for c in seen["result"].privacy.clients]
     _, included = _expected_records(cfg, 40)
     holders = set((np.flatnonzero(included) % 4).tolist())
     # the run's guarantee (Noisy-FedAvg: the f-DP headline, below the ledger's RDP composition) of the canary holders

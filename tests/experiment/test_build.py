@@ -74,7 +74,7 @@ def test_digits_udp_builds_and_runs_two_rounds():
     assert (up.clip, up.cohort) == (1.0, 20) and up.upload_multiplier == pytest.approx(1.0)
     assert run.algorithm.unit == "client" and not run.algorithm.local.private
     result = run.run(checkpoint_every=cfg.checkpoint.every)
-    assert len(result.history) == 2 and result.privacy["unit"] == "client"
+    assert len(result.history) == 2 and result.privacy.unit == "client"
     assert all(0 < e <= 40.0 for e in result.spent().values())
 
 
@@ -238,7 +238,7 @@ def test_max_eps_must_be_allowed_explicitly_and_is_tagged():
     run = build_run(variant(*HDP, "algorithm.name=max_eps", "algorithm.params={epsilon: 10.0}",
                             "privacy.allow_budget_violation=true"))
     assert run.calibrate_to == 10.0
-    assert not run.run().privacy["meets_budgets"]
+    assert not run.run().privacy.meets_budgets
 
 
 def test_misreport_and_heuristic_options():

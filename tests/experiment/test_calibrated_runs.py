@@ -35,20 +35,20 @@ def participations(history, n):
 def test_expected_participation_retires_lucky_clients_and_worst_case_never_stops_early():
     expected = build_run(config()).run()
     counts = participations(expected.history, 10)
-    assert expected.privacy["noise_calibration"]["participation"] == "expected"
+    assert expected.privacy.noise_calibration["participation"] == "expected"
     # planned for 12 x 3/10 = 3.6 rounds: a client drawn more often than its noise allows is retired,
     # and the run stops when fewer than k = 3 remain eligible
     assert expected.stop_reason == "budget" and len(expected.history) < 12
-    assert expected.privacy["meets_budgets"] and max(expected.spent().values()) <= 1.0 * (1 + 1e-9)
+    assert expected.privacy.meets_budgets and max(expected.spent().values()) <= 1.0 * (1 + 1e-9)
     assert counts.max() <= 4
 
     worst_run = build_run(config(privacy__participation="worst_case"))
     worst = worst_run.run()
     assert worst.stop_reason == "rounds" and len(worst.history) == 12
-    assert worst.privacy["noise_calibration"]["participation"] == "worst_case"
+    assert worst.privacy.noise_calibration["participation"] == "worst_case"
     assert (worst_run.noise > expected.noise_multipliers).all()  # planned for 12 participations instead of 3.6
     assert max(worst.spent().values()) < 1.0  # nobody came near its budget: no retirement was possible
-    assert worst.privacy["meets_budgets"]
+    assert worst.privacy.meets_budgets
 
 
 def test_noisy_fedavg_sigma_is_calibrated_to_the_smallest_budget_and_spends_it_exactly():
@@ -63,9 +63,9 @@ def test_noisy_fedavg_sigma_is_calibrated_to_the_smallest_budget_and_spends_it_e
     spent = result.spent()
     # everyone takes every round: the common sigma spends exactly the smallest budget (exact GDP ledger)
     assert all(v == pytest.approx(2.0, rel=1e-5) and v <= 2.0 for v in spent.values())
-    assert result.privacy["fdp"]["params"]["sigma"] == sigma
-    assert result.privacy["noise_calibration"]["mechanism"] == "param_noise"
-    assert [c["epsilon_guarantee"] for c in result.privacy["clients"]] == pytest.approx([2.0] * 10, rel=1e-5)
+    assert result.privacy.extra["fdp"]["params"]["sigma"] == sigma
+    assert result.privacy.noise_calibration["mechanism"] == "param_noise"
+    assert [c.epsilon_guarantee for c in result.privacy.clients] == pytest.approx([2.0] * 10, rel=1e-5)
 
 
 def test_udp_noise_is_calibrated_per_participation():
@@ -74,5 +74,5 @@ def test_udp_noise_is_calibrated_per_participation():
     run = build_run(cfg)
     assert run.algorithm.upload.noise_multiplier > 0 and run.calibrated.mechanism == "udp"
     result = run.run()
-    assert result.privacy["meets_budgets"] and max(result.spent().values()) <= 3.0 * (1 + 1e-9)
-    assert result.privacy["noise_calibration"]["planned_participations_max"] == pytest.approx(6.0)
+    assert result.privacy.meets_budgets and max(result.spent().values()) <= 3.0 * (1 + 1e-9)
+    assert result.privacy.noise_calibration["planned_participations_max"] == pytest.approx(6.0)

@@ -38,6 +38,6 @@ def test_d4_every_method_runs_end_to_end_with_finite_metrics(method):
     if method == "fedavg":
         assert result.final_accuracy > 0.3  # chance is 0.1 on 10 balanced classes
     else:
-        assert result.privacy["unit"] == "sample" and all(math.isfinite(e) for e in result.spent().values())
+        assert result.privacy.unit == "sample" and all(math.isfinite(e) for e in result.spent().values())
     if method in ("ppsgd", "centaur", "fedceo", "fedceo_theta1"):
         assert any("acc_personal" in row for row in result.history)

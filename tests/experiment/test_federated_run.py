@@ -91,7 +91,7 @@ def test_central_dp_fedavg_charges_every_client_in_the_population_each_round():
     expected = epsilon(SelfComposedDpEvent(sel.client_level_event(1.5, 6), 4), 1e-5)
     for c in range(6):
         assert result.spent()[c] == pytest.approx(expected, rel=1e-9)
-    assert result.privacy["unit"] == "client" and "trusted" in result.privacy["observer"]
+    assert result.privacy.unit == "client" and "trusted" in result.privacy.observer
 
 
 def test_unaccounted_mechanism_reports_no_epsilon():
@@ -99,7 +99,7 @@ def test_unaccounted_mechanism_reports_no_epsilon():
     alg = Algorithm("noisy", sgd(0.1, steps=2), upload=UnaccountedNoise(0.01))
     result = FederatedRun(data, linear_model(), alg, rounds=2, batch_sizes=8, budgets=ClientBudget(1.0, 1e-5)).run()
     assert result.ledger is None and "epsilon" not in result.history[-1]
-    assert "no guarantee" in result.privacy["warning"]
+    assert "no guarantee" in result.privacy.warning
 
 
 def test_private_run_without_budgets_is_refused():
@@ -237,7 +237,7 @@ def test_weiavg_weights_follow_reported_epsilons_and_a_liar_gets_more_weight():
     assert lying.history[0]["weights"] == pytest.approx([10 / 24, 2 / 24, 4 / 24, 8 / 24])
     # the liar's noise and spent epsilon are those of its true budget
     assert lying.spent() == honest.spent()
-    assert lying.privacy["clients"][0]["epsilon_reported"] == 10.0
+    assert lying.privacy.clients[0].epsilon_reported == 10.0
     # FedAvg ignores the reports entirely: bit-identical models with and without the lie
     a, b = _hetero_run().run(), _hetero_run(misreport={0: 10.0}).run()
     assert all(torch.equal(a.params[n], b.params[n]) for n in a.params)
@@ -247,7 +247,7 @@ def test_minimum_epsilon_target_meets_every_budget():
     run = _hetero_run(calibrate_to="min")
     assert len(set(np.round(run.noise, 9))) == 1  # everyone the same noise
     result = run.run()
-    assert result.privacy["meets_budgets"] and result.privacy["calibrated_to"] == "min"
+    assert result.privacy.meets_budgets and result.privacy.calibrated_to == "min"
     assert max(result.spent().values()) <= 1.0
 
 
@@ -255,8 +255,8 @@ def test_maximum_epsilon_target_is_refused_unless_labelled_non_private():
     with pytest.raises(ValueError, match="allow_budget_violation"):
         _hetero_run(calibrate_to="max")
     result = _hetero_run(calibrate_to="max", allow_budget_violation=True).run()
-    assert not result.privacy["meets_budgets"]
-    assert "NOT PRIVATE AS PROMISED" in result.privacy["warning"]
+    assert not result.privacy.meets_budgets
+    assert "NOT PRIVATE AS PROMISED" in result.privacy.warning
     assert result.spent()[0] > 1.0  # reported truthfully, above the budget
     assert result.spent()[3] <= 8.0
 
@@ -272,7 +272,7 @@ def test_noise_statistics_are_logged_and_the_oracle_minimises_the_analytic_one()
     oracle_run = FederatedRun(toy_federation(), linear_model(), oracle_alg, rounds=2, batch_sizes=8,
                               budgets=run.budgets.tolist(), seed=1)
     oracle_result = oracle_run.run()
-    assert oracle_result.privacy["oracle"] and not _hetero_run().run().privacy["oracle"]
+    assert oracle_result.privacy.oracle and not _hetero_run().run().privacy.oracle
     rows["oracle"] = oracle_result.history[0]
     for row in rows.values():
         assert row["noise_stat_empirical"] > 0 and len(row["weights"]) == 4
@@ -300,14 +300,13 @@ def test_pfa_heuristic_calibration_is_labelled_and_reports_the_real_epsilon():
         assert run.noise[i] == pytest.approx(10 * (8 / 60) * np.sqrt(6 * np.log10(1e5)) / b)
     result = run.run()
     assert len(result.history) == 2 and result.stop_reason == "rounds"
-    assert "NOT a DP guarantee" in result.privacy["heuristic"]
-    for c, b in zip(result.privacy["clients"], (1.0, 2.0, 4.0, 8.0), strict=True):
-        assert c["epsilon_heuristic"] == pytest.approx(b)
-        expected = epsilon(SelfComposedDpEvent(dpsgd_event(c["noise_multiplier"], 3, sampling="poisson",
+    assert "NOT a DP guarantee" in result.privacy.heuristic
+    for c, b in zip(result.privacy.clients, (1.0, 2.0, 4.0, 8.0), strict=True):
+        assert c.epsilon_heuristic == pytest.approx(b)
+        expected = epsilon(SelfComposedDpEvent(dpsgd_event(c.noise_multiplier, 3, sampling="poisson",
                                                            sample_rate=8 / 60), 2), 1e-5)
-        assert c["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
-    assert result.privacy["meets_budgets"] == all(c["epsilon_spent"] <= c["epsilon_budget"]
-                                                  for c in result.privacy["clients"])
+        assert c.epsilon_spent == pytest.approx(expected, rel=1e-9)
+    assert result.privacy.meets_budgets == all(c.epsilon_spent <= c.epsilon_budget for c in result.privacy.clients)
 
 
 def test_remote_clients_may_not_take_more_local_steps_than_the_ledger_charged():
@@ -334,7 +333,7 @@ def test_remote_clients_may_not_take_more_local_steps_than_the_ledger_charged():
         fed.remote_clients = Nodes(extra)
         return fed.run()
 
-    assert np.isfinite(run(0).privacy["clients"][0]["epsilon_spent"])
+    assert np.isfinite(run(0).privacy.clients[0].epsilon_spent)
     assert run(-1).stop_reason == "rounds"  # fewer steps than charged: conservative, allowed
     with pytest.raises(ValueError, match=r"more local steps than the ledger charged \(\(client, reported, planned\): "
                                          r"\[\(3, "):

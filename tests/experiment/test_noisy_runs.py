@@ -45,7 +45,7 @@ def test_privacy_json_composition_equals_the_accountant_on_the_realised_schedule
     cfg = config(privacy={"clip": 1.0, "accountant": accountant}) if accountant == "rdp" else config()
     assert cfg.privacy.accountant == accountant  # gdp is the default for noisy runs
     result = build_run(cfg).run()
-    fdp = result.privacy["fdp"]
+    fdp = result.privacy.extra["fdp"]
     ref = fdp_report(algo="fedavg", schedule="stagewise", eta=0.1, K=2, V=1.0, sigma=0.5, m=4, rounds=[3])
     assert fdp["view"] == "upload" and fdp["headline"] == COMPOSITION
     for c in fdp["clients"]:
@@ -56,15 +56,15 @@ def test_privacy_json_composition_equals_the_accountant_on_the_realised_schedule
     ledger = epsilon(ComposedDpEvent([GaussianDpEvent(0.5 / s) for s in shifts]), 1e-5, accountant)
     assert result.spent()[0] == pytest.approx(ledger, rel=1e-9)
     exact = fdp["epsilon_max"]["1e-05"]
-    guarantee = result.privacy["guarantee"]
-    assert guarantee["epsilon_max"] == exact and "composition" in guarantee["source"]
-    assert ([c["epsilon_guarantee"] for c in result.privacy["clients"]]
+    guarantee = result.privacy.guarantee
+    assert guarantee.epsilon_max == exact and "composition" in guarantee.source
+    assert ([c.epsilon_guarantee for c in result.privacy.clients]
             == [c["epsilon"]["1e-05"] for c in fdp["clients"]])
     if accountant == "gdp":
-        assert ledger == pytest.approx(exact, rel=1e-9) and guarantee["other_epsilons"] == []
+        assert ledger == pytest.approx(exact, rel=1e-9) and guarantee.other_epsilons == []
     else:
         assert ledger > exact
-        (other,) = guarantee["other_epsilons"]
+        (other,) = guarantee.other_epsilons
         assert other["field"] == "clients[].epsilon_spent" and "not exact" in other["why_it_differs"]
     assert fdp["paper_claimed"] is None  # no L: the paper's formulas cannot be evaluated
 
@@ -92,7 +92,7 @@ def test_noisy_fedprox_takes_alpha_after_clipping_and_the_aggregate_final_view_g
     assert cfg.privacy.observer == "aggregate"
     run = build_run(cfg)
     assert run.algorithm.local.spec.prox_mu == 2.0 and "averaged models" in run.algorithm.observer
-    fdp = run.run().privacy["fdp"]
+    fdp = run.run().privacy.extra["fdp"]
     acc = noisy_accounting(cfg)
     ref = fdp_report(algo="fedprox", schedule="custom", eta=0.1, K=2, V=1.0, sigma=0.5, m=4, rounds=[3], L=1.0,
                      alpha=2.0, view="aggregate", release="final", eta_array=acc.step_sizes)
@@ -108,15 +108,15 @@ def test_budgets_stop_the_run_and_cohorts_charge_only_participants():
     eps = [epsilon(ComposedDpEvent([GaussianDpEvent(1 / per_round)] * k), 1e-5, "gdp") for k in (2, 3)]
     cfg = config(algorithm__params={"std": 0.5}, training__rounds=5, privacy={"clip": 1.0, "budgets": sum(eps) / 2})
     result = build_run(cfg).run()
-    assert result.stop_reason == "budget" and len(result.history) == 2 and result.privacy["meets_budgets"]
-    assert result.privacy["fdp"]["mu_max"] == pytest.approx(math.sqrt(2) * per_round)
+    assert result.stop_reason == "budget" and len(result.history) == 2 and result.privacy.meets_budgets
+    assert result.privacy.extra["fdp"]["mu_max"] == pytest.approx(math.sqrt(2) * per_round)
 
     fixed = build_run(config(algorithm__params={"std": 0.5}, training__rounds=6,
                              training__selection={"kind": "fixed", "k": 2})).run()
     counts = np.zeros(4, int)
     for row in fixed.history:
         counts[row["selected"]] += 1
-    for c in fixed.privacy["fdp"]["clients"]:
+    for c in fixed.privacy.extra["fdp"]["clients"]:
         assert c["rounds_participated"] == counts[c["client"]]
         assert c["mu"] == pytest.approx(math.sqrt(counts[c["client"]]) * per_round, rel=1e-12)
 
@@ -134,9 +134,9 @@ def test_aggregate_view_retirement_rechecks_the_smaller_cohort():
     result = build_run(cfg).run()
     # round 3: client 0 retires; with 3 left, client 1's event no longer fits, so it retires too
     assert [len(r["selected"]) for r in result.history] == [4, 4, 2, 2]
-    assert result.privacy["fdp"]["uploads_averaged"] == [4, 4, 2, 2]
-    assert result.privacy["meets_budgets"]
-    others = result.privacy["fdp"]["clients"][2]
+    assert result.privacy.extra["fdp"]["uploads_averaged"] == [4, 4, 2, 2]
+    assert result.privacy.meets_budgets
+    others = result.privacy.extra["fdp"]["clients"][2]
     assert others["mu"] == pytest.approx(math.sqrt(2 * mu_at(4) ** 2 + 2 * mu_at(2) ** 2), rel=1e-12)
 
 

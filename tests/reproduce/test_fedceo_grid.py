@@ -348,7 +348,7 @@ def test_udp_variant_runs_every_method_with_client_level_accounting():
                                                       *next(m for m in grid.setting(job.setting).methods
                                                             if m.name == job.method).overrides, *tiny])
         result = build_run(cfg).run()
-        assert result.privacy["unit"] == "client" and len(result.history) == 5
+        assert result.privacy.unit == "client" and len(result.history) == 5
         eps[job.method] = max(result.spent().values())
     assert len(set(eps.values())) == 1, eps
 

@@ -101,7 +101,7 @@ def audit_client_level(cfg: RunConfig, canaries: int = 200, confidence: float = 
     result = run.run()
     change = (P.flatten(result.params, leading=0) - P.flatten(start, leading=0)).to(torch.float64)
     scores = (directions @ change / max(float(change.norm()), 1e-300)).numpy()
-    rows = [c for c in result.privacy.get("clients") or [] if c["client"] >= n]
+    rows = [c.to_dict() for c in result.privacy.clients if c.client >= n]
     reported, delta = reported_claim(rows if run.algorithm.unit is not None else [])
     bound = lower_bound(scores, included, delta, confidence)
     return {**bound.to_dict(), "epsilon_reported": reported, "unit": "client", "statistic": STATISTIC,

@@ -215,7 +215,7 @@ def audit_sample_level(cfg: RunConfig, canaries: int = 200, confidence: float = 
     loss = local.spec.loss
     result = run.run()
     scores = canary_scores(run.model, result.params, canary.x, canary.y, loss)
-    rows = result.privacy.get("clients") or []
+    rows = [c.to_dict() for c in result.privacy.clients]
     holders = canary.holders()
     rows = [c for c in rows if c["client"] in holders] or rows  # no canary included: the run's largest
     reported, delta = reported_claim(rows if unit is not None else [])

@@ -45,6 +45,7 @@ from dpfl.experiment.run_records import INITIAL, LocalRound, RemoteRound, RunRes
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun
+from dpfl.results.privacy_report import PrivacyReport
 from dpfl.seeding import Purpose, numpy_generator
 
 __all__ = ["FLOAT_BYTES", "REDRAWS", "FederatedRun", "LocalRound", "RemoteRound", "RunResult", "RunState",
@@ -212,8 +213,8 @@ class FederatedRun:
         stop_reason = stop_reason or "rounds"
         if on_checkpoint is not None:
             on_checkpoint(self._state(r, w, retired, history, stop_reason, states))
-        return RunResult(w, history, self.ledger, self.noise, stop_reason,
-                         self.privacy_summary(stop_reason, r, history, retired=retired))
+        return RunResult(w, history, self.ledger, self.noise, stop_reason, PrivacyReport.from_dict(
+            self.privacy_summary(stop_reason, r, history, retired=retired)))
 
     def _stage_states(self, state: RunState) -> StageStates:
         """The server step's and the upload mechanism's states at `state`: their `init` for a fresh run, the

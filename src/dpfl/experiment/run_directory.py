@@ -419,7 +419,7 @@ def _copy_held(src: Path, summary: dict[str, Any], cfg: RunConfig, out: Path) ->
 
 # ---------------------------------------------------------------------------------------- the end
 def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, seconds: float) -> dict[str, Any]:
-    privacy = dict(result.privacy)
+    privacy = result.privacy.to_dict()
     if result.ledger is not None:
         privacy["ledger"] = result.ledger.to_dict()
     write_json_atomic(out / PRIVACY, privacy)
@@ -456,9 +456,9 @@ def _best(history: list[dict[str, Any]], key: str) -> tuple[int | None, float | 
 
 def _guarantee_max(result: RunResult) -> float | None:
     """The run's one epsilon (privacy.json `guarantee`): the largest client guarantee, None if not accounted."""
-    guarantee = result.privacy.get("guarantee")
+    guarantee = result.privacy.guarantee
     if guarantee is not None:
-        return guarantee["epsilon_max"]
+        return guarantee.epsilon_max
     return max(result.spent().values()) if result.ledger is not None else None
 
 

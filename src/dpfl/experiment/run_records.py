@@ -16,6 +16,7 @@ from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.view import ServerView
 from dpfl.engine import params as P
 from dpfl.privacy.ledger import PrivacyLedger
+from dpfl.results.privacy_report import PrivacyReport
 
 
 def plain_row(value: Any) -> Any:
@@ -102,7 +103,7 @@ class RunResult:
     ledger: PrivacyLedger | None
     noise_multipliers: np.ndarray
     stop_reason: str
-    privacy: dict[str, Any] = field(default_factory=dict)
+    privacy: PrivacyReport = field(default_factory=PrivacyReport)  # privacy.json's content, typed
 
     @property
     def final_accuracy(self) -> float | None:

@@ -218,7 +218,7 @@ def test_one_cluster_found_degrades_to_global_and_says_so(blobs):
     assert not any(isinstance(e.event, dpa.ZCDpEvent)
                    for e in result.ledger.entries(0))  # nothing chosen, nothing spent
     assert result.ledger.spent(0) < plan.planned_epsilon
-    assert "degraded_to_global" in result.privacy["stage"]
+    assert "degraded_to_global" in result.privacy.extra["stage"]
 
 
 @pytest.mark.parametrize("algorithm", [{"name": "rdpcfl", "params": {"clusters": 3}},

@@ -92,8 +92,8 @@ def test_distributed_run_with_everyone_spends_exactly_what_central_spends_and_sa
     expected = epsilon(SelfComposedDpEvent(sel.client_level_event(1.5, 6), 3), 1e-5)  # plain Gaussian, no sampling
     assert distributed.spent() == pytest.approx(central.spent())
     assert list(central.spent().values()) == pytest.approx([expected] * 6, rel=1e-9)
-    assert "server included" in distributed.privacy["observer"] and "trusted" in central.privacy["observer"]
-    assert "UNACCOUNTED" in distributed.privacy["secure_aggregation"]["discretisation"]
+    assert "server included" in distributed.privacy.observer and "trusted" in central.privacy.observer
+    assert "UNACCOUNTED" in distributed.privacy.extra["secure_aggregation"]["discretisation"]
     assert all(row["secagg_included"] == 5 and row["secagg_dropped"] == 1 for row in distributed.history)
 
 
@@ -110,7 +110,7 @@ def test_udp_with_secure_aggregation_charges_each_participation_the_gaussian_of_
     for c, p in parts.items():  # one Gaussian at sigma per participation: no amplification against the server
         want = epsilon(SelfComposedDpEvent(GaussianDpEvent(sigma), p), 1e-5) if p else 0.0
         assert result.spent()[c] == pytest.approx(want, rel=1e-9)
-    assert "knows who took part" in result.privacy["observer"]
+    assert "knows who took part" in result.privacy.observer
     assert alg.upload.upload_multiplier == pytest.approx(sigma / math.sqrt(t))  # each share; >= t shares per sum
 
 
@@ -158,7 +158,7 @@ def test_secure_fedavg_config_builds_and_runs_like_fedavg(tmp_path):
     runs = [build_run(validate_config(c)).run() for c in (base, plain)]
     secure, fedavg = runs
     assert secure.final_accuracy == pytest.approx(fedavg.final_accuracy, abs=1e-9)
-    assert "secure_aggregation" in secure.privacy
+    assert "secure_aggregation" in secure.privacy.key_order
 
 
 NOISY = Path(__file__).resolve().parents[3] / "configs" / "fdp" / "digits_noisy_fedavg.yaml"
@@ -174,8 +174,8 @@ def test_noisy_fedavg_with_real_secure_aggregation_matches_the_simulated_aggrega
     assert real.privacy.secure_aggregation and real.privacy.observer == "aggregate"
     a, b = build_run(real).run(), build_run(assumed).run()
     assert a.final_accuracy == pytest.approx(b.final_accuracy, abs=1e-9)
-    assert a.privacy["fdp"]["mu_max"] == pytest.approx(b.privacy["fdp"]["mu_max"])
-    assert "secure_aggregation" in a.privacy and "secure_aggregation" not in b.privacy
+    assert a.privacy.extra["fdp"]["mu_max"] == pytest.approx(b.privacy.extra["fdp"]["mu_max"])
+    assert "secure_aggregation" in a.privacy.key_order and "secure_aggregation" not in b.privacy.key_order
     with pytest.raises(ConfigError, match="privacy.secure_aggregation"):
         load_config(NOISY, ["secure_aggregation={}",
                                                             "privacy.secure_aggregation=false"])
