@@ -16,6 +16,7 @@ from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import RoundInputs
 from unaccounted_stage import UnaccountedNoise
 
 
@@ -158,3 +159,45 @@ def test_round_specs_may_change_only_the_learning_rate_and_the_proximal_weight()
         replace(program, round_specs=(replace(program.spec, momentum=0.9),))
     with pytest.raises(ValueError, match="at least one"):
         replace(program, round_specs=())
+
+
+# ---- the stage contracts (dpfl.algorithms.stages) -------------------------------------------------------------
+def test_an_algorithm_refuses_stages_that_keep_no_contract():
+    from dpfl.algorithms.stages import AggregateFunction
+
+    with pytest.raises(TypeError, match="upload stage must be a dpfl.UploadMechanism, got object"):
+        Algorithm("x", sgd(0.1, steps=1), upload=object())
+    with pytest.raises(TypeError, match="must subclass dpfl.ServerStep or have aggregate"):
+        Algorithm("x", sgd(0.1, steps=1), aggregator=object())
+
+    class Plain:  # a user's aggregator written without the contract
+        def aggregate(self, global_params, uploads, view, seed, round_):
+            return {n: w + uploads[n].sum(0) for n, w in global_params.items()}
+
+    wrapped = Algorithm("x", sgd(0.1, steps=1), aggregator=Plain()).aggregator
+    assert isinstance(wrapped, AggregateFunction)
+    out = wrapped.update(None, {"w": torch.zeros(2)}, {"w": torch.ones(3, 2)},
+                         RoundInputs(ServerView.simple([1, 1, 1]), 0, 0))
+    assert torch.equal(out.params["w"], torch.full((2,), 3.0)) and out.state is None and out.metrics == {}
+
+
+def test_a_checkpointed_step_depends_only_on_the_state_passed_in():
+    """MR-MTL keeps its personal models in attributes behind CheckpointedServerStep: replaying round 1 from round 1's
+    state gives round 1's result again after the step has moved on (an attribute-held step without the contract
+    would continue from round 2's models)."""
+    from dpfl.algorithms.server.mean_regularized import MeanRegularized
+
+    step, w, ids = MeanRegularized(n_clients=3), {"w": torch.zeros(2)}, [0, 1, 2]
+    view, uploads = ServerView.simple([10, 10, 10]), {"w": torch.ones(3, 2)}
+
+    def round_(state, params, r):
+        starts, state = step.start_points(state, params, ids, r)
+        return step.update(state, params, uploads, RoundInputs(view, 0, r, starts=starts))
+
+    initial = step.init(w)
+    first = round_(initial, w, 0)
+    second = round_(first.state, first.params, 1)
+    again = round_(initial, w, 0)
+    assert torch.equal(first.params["w"], torch.ones(2)) and torch.equal(second.params["w"], torch.full((2,), 2.0))
+    assert torch.equal(again.params["w"], first.params["w"])
+    assert torch.equal(again.state["personal"]["w"], first.state["personal"]["w"])
