@@ -201,3 +201,9 @@ def test_a_checkpointed_step_depends_only_on_the_state_passed_in():
     assert torch.equal(first.params["w"], torch.ones(2)) and torch.equal(second.params["w"], torch.full((2,), 2.0))
     assert torch.equal(again.params["w"], first.params["w"])
     assert torch.equal(again.state["personal"]["w"], first.state["personal"]["w"])
+    # a resumed run restores the state before any round: the step's read-only views describe it at once
+    fresh = MeanRegularized(n_clients=3)
+    fresh.init(w)
+    assert fresh.personal_models() == {}
+    fresh.restore(second.state)
+    assert all(torch.equal(m["w"], torch.full((2,), 2.0)) for m in fresh.personal_models().values())

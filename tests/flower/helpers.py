@@ -20,7 +20,7 @@ def reference(config: Path = CONFIG) -> dict[str, Any]:
 
     result = build_run(load_config(config)).run()
     return {"accuracy": result.final_accuracy, "spent": result.spent(),
-            "privacy": json.loads(json.dumps(result.privacy)), "history": result.history}
+            "privacy": result.privacy.to_dict(), "history": result.history}
 
 
 def assert_same_run(out: Path, ref: dict[str, Any], *, shared_seed: bool = True) -> None:

@@ -223,6 +223,11 @@ class ServerStep:
         """The step's state before round 1, given the initial global parameters (None: stateless)."""
         return None
 
+    def restore(self, state: Any) -> Any:
+        """A resumed run's checkpointed state, made the step's current one: read-only views (`privacy_notes`,
+        `personal_models`) then describe it even before the next round (or when no round is left)."""
+        return state
+
     def update(self, state: Any, params: P.Params, uploads: Any, inputs: RoundInputs) -> ServerUpdate:
         """The round's step from `state`: new global parameters, new state, metrics."""
         return ServerUpdate(self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_), state, {})
@@ -318,6 +323,11 @@ class CheckpointedServerStep(ServerStep):
     def init(self, params: P.Params) -> Any:
         self.load_state_dict(None)
         return self._issue()
+
+    def restore(self, state: Any) -> Any:
+        self.load_state_dict(state)
+        object.__setattr__(self, "_issued", state)
+        return state
 
     def update(self, state: Any, params: P.Params, uploads: Any, inputs: RoundInputs) -> ServerUpdate:
         self._use(state)

@@ -226,7 +226,7 @@ class FederatedRun:
         if mechanism is not None and state.mechanism_state is None:
             raise ValueError(f"the state after round {state.round} has no state for the upload mechanism "
                              f"({alg.upload.describe()}); it cannot resume this run")
-        return StageStates(state.aggregator_state, state.mechanism_state)
+        return StageStates(alg.aggregator.restore(state.aggregator_state), state.mechanism_state)
 
     def _rounds(self, w: P.Params, r: int, retired: set[int], history: list[dict[str, Any]], stop_reason: str | None,
                 states: StageStates, on_round: Callable[[dict[str, Any]], None] | None,
