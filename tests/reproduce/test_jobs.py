@@ -212,6 +212,17 @@ def test_a_method_whose_algorithm_is_missing_is_left_out_with_a_note():
                    methods=["future"])
 
 
+def test_a_method_whose_algorithm_the_user_registered_is_in_the_grid(clean_registries):
+    """The grid knows algorithms by the registry the configs resolve through, so a user's algorithm is one too."""
+    from dpfl.algorithms.catalog.fedavg import FedAvgParams, dp_fedavg_local
+    from dpfl.algorithms.registry import register_algorithm
+
+    method = Method("mine", "my_fedavg", ("algorithm={name: my_fedavg}",))
+    assert not method.available
+    register_algorithm("my_fedavg", dp_fedavg_local, params=FedAvgParams)
+    assert method.available
+
+
 def test_mnist_settings_are_in_the_grid_when_asked_for():
     grid = robust_hdp.grid("full", datasets=["fashion_mnist", "mnist"], seeds=1)
     assert {j.config.data.dataset for j in grid.jobs if j.setting.startswith("mnist-")} == {"mnist"}

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dpfl.experiment.config import ALGORITHMS, RunConfig, apply_overrides, load_config, parse_yaml, validate_config
+from dpfl.algorithms.registry import algorithm_names
+from dpfl.experiment.config import RunConfig, apply_overrides, load_config, parse_yaml, validate_config
 
 __all__ = [
     "Grid",
@@ -58,7 +59,7 @@ class Method:
 
     @property
     def available(self) -> bool:
-        return self.algorithm in ALGORITHMS
+        return self.algorithm in algorithm_names()  # dpfl's own and the user's registered ones
 
 
 @dataclass(frozen=True)
