@@ -169,6 +169,11 @@ def test_a_registered_aggregator_is_the_one_that_aggregates(tmp_path):
     central["algorithm"]["name"] = "dp_fedavg_central"
     with pytest.raises(dpfl.ConfigError, match="the aggregation is part of the mechanism"):
         dpfl.validate_config(central)
+    dpfl.register_aggregator("not_a_step", lambda: object())
+    with pytest.raises(dpfl.ConfigError, match="algorithm.aggregator: 'not_a_step' returned no server step: a server "
+                                               "step must subclass dpfl.ServerStep"):
+        dpfl.run(registered_config(aggregator={"name": "not_a_step"}), out=tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
 
 
 @pytest.mark.parametrize("factory, message", [

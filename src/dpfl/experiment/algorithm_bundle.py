@@ -22,6 +22,7 @@ from dpfl.algorithms.registry import AGGREGATORS, LOCAL_PROGRAMS, algorithm_spec
 from dpfl.algorithms.secure.aggregator import SecureAggregation
 from dpfl.algorithms.secure.protocol import default_threshold
 from dpfl.algorithms.selection import Selection
+from dpfl.algorithms.stages import ServerStep, as_server_step
 from dpfl.experiment.config import PROVIDED_MODEL, ConfigError, RunConfig
 from dpfl.models import build_model, model_info
 from dpfl.privacy.fdp_run import NoisyRunAccounting
@@ -120,18 +121,18 @@ def _registered_local(cfg: RunConfig) -> Any:
     return build
 
 
-def _registered_aggregator(cfg: RunConfig) -> Any:
-    """A user-registered aggregator (post-processing of what the server received)."""
+def _registered_aggregator(cfg: RunConfig) -> ServerStep:
+    """A user-registered aggregator (post-processing of what the server received), as a server step."""
     stage, where = cfg.algorithm.aggregator, "algorithm.aggregator"
     assert stage is not None
     try:
         aggregator = AGGREGATORS[stage.name](**stage.params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: aggregator {stage.name!r} could not be built: {err}", where) from None
-    if not callable(getattr(aggregator, "aggregate", None)):
-        raise ConfigError(f"{where}: {stage.name!r} must return an object with aggregate(global_params, uploads, "
-                          f"view, seed, round_), got {type(aggregator).__name__}", where)
-    return aggregator
+    try:
+        return as_server_step(aggregator)
+    except TypeError as err:
+        raise ConfigError(f"{where}: {stage.name!r} returned no server step: {err}", where) from None
 
 
 def _secure_protocol(cfg: RunConfig) -> SecureAggregation:

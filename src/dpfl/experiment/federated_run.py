@@ -41,7 +41,8 @@ from dpfl.experiment import privacy_report, round_diagnostics, run_evaluation
 from dpfl.experiment.client_round import train_phases
 from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_noise, per_client, planned_run,
                                             reported_epsilons)
-from dpfl.experiment.run_records import INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates, plain_row
+from dpfl.experiment.run_records import (INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates,
+                                        mechanism_state_problem, plain_row)
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun
@@ -220,12 +221,11 @@ class FederatedRun:
         """The server step's and the upload mechanism's states at `state`: their `init` for a fresh run, the
         checkpointed ones for a resumed run."""
         alg = self.algorithm
-        server, mechanism = alg.aggregator.init(state.params), alg.upload.init()
         if state.round == 0:
-            return StageStates(server, mechanism)
-        if mechanism is not None and state.mechanism_state is None:
-            raise ValueError(f"the state after round {state.round} has no state for the upload mechanism "
-                             f"({alg.upload.describe()}); it cannot resume this run")
+            return StageStates(alg.aggregator.init(state.params), alg.upload.init())
+        problem = mechanism_state_problem(alg.upload, state.mechanism_state)
+        if problem is not None:
+            raise ValueError(f"the state after round {state.round} {problem}; it cannot resume this run")
         return StageStates(alg.aggregator.restore(state.aggregator_state), state.mechanism_state)
 
     def _rounds(self, w: P.Params, r: int, retired: set[int], history: list[dict[str, Any]], stop_reason: str | None,

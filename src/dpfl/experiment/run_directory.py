@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.algorithms.stages import CheckpointedServerStep, ServerStep, UploadMechanism
+from dpfl.algorithms.stages import CheckpointedServerStep, ServerStep
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
+from dpfl.experiment.run_records import mechanism_state_problem
 from dpfl.experiment.run_lock import LOCK_FILE, hold_run_directory, run_held
 from dpfl.results.environment import ENVIRONMENT_FILE, read_environment, record_environment
 from dpfl.results.report import write_report
@@ -266,7 +267,9 @@ def _check_state(data: dict[str, Any], run: FederatedRun, out: Path, fingerprint
         raise _not_this_run(out, "its stop reason is not a string")
     _check_ledger(data["ledger"], run, out)
     _check_component_state(run.algorithm.aggregator, data.get("aggregator_state"), "aggregator", out)
-    _check_mechanism_state(run.algorithm.upload, data.get("mechanism_state"), out)
+    problem = mechanism_state_problem(run.algorithm.upload, data.get("mechanism_state"))
+    if problem is not None:
+        raise _not_this_run(out, f"it {problem}")
     personal = run.algorithm.personal
     if personal is not None:
         _check_component_state(personal, data.get("client_state"), "client", out)
@@ -308,15 +311,6 @@ def _check_component_state(component: Any, state: Any, what: str, out: Path) -> 
     except Exception as e:  # noqa: BLE001 - KeyError, TypeError, ... from another algorithm's state
         raise _not_this_run(out, f"its {what} state does not fit {type(component).__name__} "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:100]})") from None
-
-
-def _check_mechanism_state(mechanism: UploadMechanism, state: Any, out: Path) -> None:
-    """A stateful upload mechanism needs its checkpointed state; a stateless one has none."""
-    stateful = mechanism.init() is not None
-    if state is not None and not stateful:
-        raise _not_this_run(out, "it holds upload-mechanism state, this algorithm's mechanism keeps none")
-    if state is None and stateful:
-        raise _not_this_run(out, f"it holds no state for the upload mechanism ({mechanism.describe()})")
 
 
 def _check_metrics(out: Path, state: RunState | None) -> None:

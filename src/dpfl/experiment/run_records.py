@@ -14,6 +14,7 @@ import numpy as np
 
 from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import UploadMechanism
 from dpfl.engine import params as P
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.results.privacy_report import PrivacyReport
@@ -43,6 +44,17 @@ class StageStates(NamedTuple):
 
     server: Any
     mechanism: Any
+
+
+def mechanism_state_problem(mechanism: UploadMechanism, state: Any) -> str | None:
+    """Why `state` cannot be the checkpointed state of `mechanism` (a stateful mechanism needs its state, a
+    stateless one has none), or None: the one check of a resumed run's and of a run directory's checkpoint."""
+    stateful = mechanism.init() is not None
+    if state is None and stateful:
+        return f"holds no state for the upload mechanism ({mechanism.describe()})"
+    if state is not None and not stateful:
+        return "holds upload-mechanism state, and this algorithm's mechanism keeps none"
+    return None
 
 
 @dataclass

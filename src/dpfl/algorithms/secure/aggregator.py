@@ -96,8 +96,23 @@ def _reveal(protocol: SecureAggregation, rows: dict[int, np.ndarray], seed: int,
                           "secagg_client_seconds_max": result.seconds.get("client_max", 0.0)}
 
 
+class SecureSumStep(ServerStep):
+    """A server step that sees only the protocol's revealed sums (`protocol`, a `SecureAggregation`): what the secure
+    steps share. `update` is theirs; `aggregate` is its stateless form."""
+
+    protocol: SecureAggregation
+    secure = True
+
+    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
+                  round_: int) -> P.Params:
+        return self.update(None, global_params, uploads, RoundInputs(view, seed, round_)).params
+
+    def protocol_description(self) -> dict[str, Any]:
+        return self.protocol.describe()
+
+
 @dataclass(frozen=True)
-class SecureFedAvg(ServerStep):
+class SecureFedAvg(SecureSumStep):
     """w <- w + server_lr * (secure sum of p_i Δ_i) / (sum of p_i over the clients in the sum).
 
     p_i = 1 (`uniform`) or the record count (`samples`, summed in one extra secure coordinate). Clients that drop
@@ -107,7 +122,6 @@ class SecureFedAvg(ServerStep):
     protocol: SecureAggregation = field(default_factory=SecureAggregation)
     weighting: str = "uniform"
     server_lr: float = 1.0
-    secure = True
 
     def __post_init__(self) -> None:
         if self.weighting not in ("uniform", "samples"):
@@ -123,16 +137,9 @@ class SecureFedAvg(ServerStep):
         mean = torch.from_numpy(total[:-1] / total[-1]).to(torch.float32)
         return ServerUpdate(P.axpy(self.server_lr, P.unflatten(mean, params, leading=0), params), state, metrics)
 
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
-                  round_: int) -> P.Params:
-        return self.update(None, global_params, uploads, RoundInputs(view, seed, round_)).params
-
-    def protocol_description(self) -> dict[str, Any]:
-        return self.protocol.describe()
-
 
 @dataclass(frozen=True)
-class DistributedDPFedAvg(CentralDPFedAvg):
+class DistributedDPFedAvg(SecureSumStep, CentralDPFedAvg):
     """Central DP-FedAvg's mechanism with the noise made by the clients and the sum made by secure aggregation.
 
     Client i uploads clip_S(Δ_i) + N(0, z^2 S^2 / t) through the protocol; the server divides the revealed sum by
@@ -140,7 +147,6 @@ class DistributedDPFedAvg(CentralDPFedAvg):
     """
 
     protocol: SecureAggregation = field(default_factory=SecureAggregation)
-    secure = True
 
     def clients_stage(self, cohort: int) -> ClippedNoisyUpdate:
         """What each client does: clip to S and add its share N(0, z^2 S^2 / t), the udp upload stage split over t."""
@@ -161,10 +167,3 @@ class DistributedDPFedAvg(CentralDPFedAvg):
         metrics["secagg_noise_share_std"] = self.share_std(len(ids))
         update = torch.from_numpy(total / view.expected_clients).to(torch.float32)
         return ServerUpdate(P.axpy(self.server_lr, P.unflatten(update, params, leading=0), params), state, metrics)
-
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
-                  round_: int) -> P.Params:
-        return self.update(None, global_params, uploads, RoundInputs(view, seed, round_)).params
-
-    def protocol_description(self) -> dict[str, Any]:
-        return self.protocol.describe()
