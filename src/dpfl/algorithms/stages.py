@@ -34,8 +34,55 @@ if TYPE_CHECKING:
     from dpfl.algorithms.server.oracle import NoiseChannel
     from dpfl.algorithms.server.view import ServerView
 
-__all__ = ["AggregateFunction", "CheckpointedServerStep", "ClientState", "MechanismChain", "MechanismRelease",
-           "RoundInputs", "ServerStep", "ServerUpdate", "UploadMechanism", "as_server_step"]
+__all__ = ["AggregateFunction", "CheckpointedServerStep", "ClientState", "LocalInputs", "LocalOutput",
+           "MechanismChain", "MechanismRelease", "RoundAborted", "RoundInputs", "ServerStep", "ServerUpdate",
+           "UploadMechanism", "as_server_step"]
+
+
+# ---- the local program ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalInputs:
+    """What the selected clients' local program runs on in one round.
+
+    `start`: the model the clients start from (the global one, or each client's own `[K, ...]` when `stacked`);
+    `broadcast`: what the server step's `broadcast` sent instead of the model in the clear (MP-DP's perturbed model),
+    else None. `model`, `backend`, `data` (the clients' records, `PooledData`), `plans_for` (phase -> the clients'
+    `ClientPlan`s) and `max_elements` are the engine's, for programs it trains; `global_model` is the server's model
+    (the anchor of a proximal term).
+    """
+
+    clients: Sequence[int]
+    start: P.Params
+    stacked: bool
+    seed: int
+    round_: int
+    global_model: P.Params
+    data: Any
+    model: Any = None
+    backend: Any = None
+    plans_for: Any = None
+    max_elements: int = 0
+    broadcast: Any = None
+
+
+class LocalOutput(NamedTuple):
+    """The clients' updates (what the upload mechanism receives: `[K, ...]` model deltas for training programs),
+    the local steps each took, the squared norm of each one's DP-SGD noise (diagnostics) and the round's metrics."""
+
+    updates: Any
+    steps: list[int]
+    noise_sq_norm: list[float]
+    metrics: dict[str, Any]
+
+
+class RoundAborted(RuntimeError):
+    """The upload protocol discarded the round (clients left after agreeing on keys, and their peers' noise cannot
+    be removed): the loop runs the round again with a fresh broadcast, as its next attempt. `uploaded`: the clients
+    whose uploads the discarded attempt received (their cost is charged all the same)."""
+
+    def __init__(self, message: str, uploaded: Sequence[int]) -> None:
+        super().__init__(message)
+        self.uploaded = tuple(int(k) for k in uploaded)
 
 
 # ---- upload mechanisms ----------------------------------------------------------------------------------------
@@ -205,6 +252,7 @@ class ServerStep:
     linear_in_updates: bool = True  # the new model is a weighted sum of the uploads (the noise statistic applies)
     asks_clients: bool = False  # clients answer `model_choice` after aggregation (its cost goes on their ledgers)
     personalises_starts: bool = False  # `start_points` may give clients other start models than the global one
+    encodes_broadcast: bool = False  # `broadcast` sends the clients an encoded model instead of the global one
     encodes_uploads: bool = False  # `client_payload` replaces the uploads (PFA+'s codes)
     replays_noise: bool = False  # `noise_passthrough` measures the clients' noise through the step (PFA)
     central_noise: bool = False  # the step adds the DP noise itself (central DP, or its distributed version)
@@ -256,6 +304,13 @@ class ServerStep:
         """Each client's start model `[K, ...]` and the step's state after choosing them (None: the global model)."""
         return None, state
 
+    def broadcast(self, state: Any, global_params: P.Params, clients: Sequence[int], seed: int, round_: int,
+                  attempt: int = 0) -> tuple[Any, Any]:
+        """What the clients receive instead of the model in the clear (MP-DP's perturbed model), and the state after
+        drawing it (its secrets stay in the state, never in the broadcast); `attempt` counts the re-runs of a round
+        the upload protocol discarded. (None, state): the clients receive the global model (or `start_points`)."""
+        return None, state
+
     def client_payload(self, uploads: P.Params, view: ServerView, seed: int = 0) -> Any:
         """What the clients send instead of their uploads where the broadcast asks for it (PFA+: codes); None: the
         uploads themselves."""
@@ -274,8 +329,9 @@ class ServerStep:
         """client -> its personal model, after the last update (FedCEO, clusters); {} for a global-model step."""
         return {}
 
-    def privacy_notes(self) -> dict[str, Any] | None:
-        """privacy.json's `stage` block: releases of the step's own (R-DPCFL's private selections), or None."""
+    def privacy_notes(self, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
+        """privacy.json's `stage` block: releases of the step's own (R-DPCFL's private selections), or a guarantee
+        the step states from the rounds run (`history`, their metrics rows: MP-DP's nominal one), or None."""
         return None
 
     def protocol_description(self) -> dict[str, Any] | None:

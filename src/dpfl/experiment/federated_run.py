@@ -30,7 +30,7 @@ from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.pfa import NoPublicClients
 from dpfl.algorithms.server.stop import StopTraining
 from dpfl.algorithms.server.view import ServerView
-from dpfl.algorithms.stages import RoundInputs
+from dpfl.algorithms.stages import LocalInputs, RoundAborted, RoundInputs
 from dpfl.engine import params as P
 from dpfl.engine.allocator import tune_malloc
 from dpfl.engine.backends.base import Backend
@@ -38,7 +38,6 @@ from dpfl.engine.backends.local import LocalBackend
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, ClientPlan
 from dpfl.engine.pooled import PooledData
 from dpfl.experiment import privacy_report, round_diagnostics, run_evaluation
-from dpfl.experiment.client_round import train_phases
 from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_noise, per_client, planned_run,
                                             reported_epsilons)
 from dpfl.experiment.run_records import (INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates,
@@ -53,6 +52,7 @@ __all__ = ["FLOAT_BYTES", "REDRAWS", "FederatedRun", "LocalRound", "RemoteRound"
            "plain_row"]
 
 REDRAWS = 50  # draws of a round's sample before giving up on a public participant (spec §4.2)
+MAX_ATTEMPTS = 6  # runs of a round the upload protocol discards (`RoundAborted`) before the run fails
 FLOAT_BYTES = 4
 
 
@@ -129,7 +129,7 @@ class FederatedRun:
             raise ValueError("every batch size must be >= 1")
         self.budgets = per_client(budgets, n, "budgets", None) if budgets is not None else None
         private = algorithm.unit is not None and algorithm.accounted
-        if algorithm.unit is not None and self.budgets is None:
+        if private and self.budgets is None:
             raise ValueError(f"algorithm {algorithm.name!r} is private ({algorithm.unit}-level): give budgets")
         self.eps_reported = reported_epsilons(self.budgets, n, misreport or {})
         # a server step fitted to population-level facts (PFA's public/private split); most steps are unchanged
@@ -290,11 +290,13 @@ class FederatedRun:
             starts, server_state = server.start_points(server_state, w, ids, r)  # personalised starts (FedCEO)
             if alg.personal is not None:  # w + the clients' own local parts (PPSGD)
                 starts = alg.personal.start_points(w, ids, r)
-            local = self.local_round(r, w, selected, expected, starts=starts, mechanism_state=mechanism_state)
+            local, server_state, discarded = self._attempts(r, w, selected, expected, starts,
+                                                            StageStates(server_state, mechanism_state))
             uploads, view, channel = local.uploads, local.view, local.channel
             mechanism_state = local.mechanism_state
-            bytes_up = [alg.upload.bytes_per_upload(P.num_parameters(uploads, leading=1))] * len(selected)
-            bytes_down = [FLOAT_BYTES * dim] * len(selected)  # the global model
+            shared = dim if alg.personal is None else P.num_parameters(uploads, leading=1)  # PPSGD: the shared part
+            bytes_up = [alg.upload.bytes_per_upload(shared)] * len(selected)
+            bytes_down = [sum(t.numel() * t.element_size() for t in w.values())] * len(selected)  # the global model
             payload = server.client_payload(uploads, view, self.seed)
             if payload is not None:  # clients send what the broadcast asks for (PFA+: k-dim codes)
                 uploads = payload
@@ -317,6 +319,8 @@ class FederatedRun:
             diagnostics.update({"bytes_up": bytes_up, "bytes_down": bytes_down})
             if payload is not None:
                 diagnostics["traffic"] = traffic
+            if discarded:  # attempts the upload protocol discarded, and who had uploaded in each
+                diagnostics["discarded_attempts"] = discarded
         elif alg.central:  # nobody drawn: the server still releases a noised (empty) sum
             empty = {n: t.unsqueeze(0)[:0] for n, t in w.items()}
             step = server.update(server_state, w, empty, RoundInputs(self._view(selected, expected), self.seed, r))
@@ -331,6 +335,25 @@ class FederatedRun:
         row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0,
                         time.process_time() - cpu0, diagnostics)
         return new_w, {**row, **diagnostics}, StageStates(server_state, mechanism_state)
+
+    def _attempts(self, r: int, w: P.Params, selected: np.ndarray, expected: float, starts: P.Params | None,
+                  states: StageStates) -> tuple[LocalRound, Any, list[list[int]]]:
+        """Round r's broadcast, local programs and uploads: again, with a fresh broadcast, while the upload protocol
+        discards the round (`RoundAborted`), at most MAX_ATTEMPTS times. Returns the round, the server step's state
+        after its broadcast, and the clients that had uploaded in each discarded attempt."""
+        ids = [int(i) for i in selected]
+        discarded: list[list[int]] = []
+        for attempt in range(MAX_ATTEMPTS):
+            broadcast, server_state = self.algorithm.aggregator.broadcast(states.server, w, ids, self.seed, r, attempt)
+            try:
+                local = self.local_round(r, w, selected, expected, starts=starts, mechanism_state=states.mechanism,
+                                         broadcast=broadcast)
+                return local, server_state, discarded
+            except RoundAborted as aborted:
+                discarded.append(list(aborted.uploaded))
+                if attempt == MAX_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _private_choices(self, choice: Any, r: int) -> dict[int, int]:
         """Each asked client scores the broadcast models on its own training data and reports the exponential
@@ -428,12 +451,14 @@ class FederatedRun:
         return w, self.local_round(0, w, selected, self.algorithm.selection.expected_count(self.n_clients))
 
     def local_round(self, r: int, w: P.Params, selected: np.ndarray, expected: float,
-                    starts: P.Params | None = None, mechanism_state: Any = INITIAL) -> LocalRound:
+                    starts: P.Params | None = None, mechanism_state: Any = INITIAL,
+                    broadcast: Any = None) -> LocalRound:
         """Round r's local training of `selected` from `w`: their uploads, the server's view, the noise facts.
 
         `starts` (stacked `[K, ...]`) gives each client its own start model instead of `w`; updates are
-        then relative to it. Public so that diagnostics (e.g. the round-1 noise statistic of several
-        aggregators on the same uploads) can reuse exactly the engine's round; it records nothing in the ledger.
+        then relative to it. `broadcast`: an encoded model the server step sent instead (MP-DP's). Public so that
+        diagnostics (e.g. the round-1 noise statistic of several aggregators on the same uploads) can reuse exactly
+        the engine's round; it records nothing in the ledger.
         `mechanism_state`: the upload mechanism's state before the round (its `init()` by default).
         """
         alg = self.algorithm
@@ -442,10 +467,10 @@ class FederatedRun:
         ids = [int(i) for i in selected]
         if self.remote_clients is not None:  # the clients train on their own machines (a Flower federation)
             if (starts is not None or alg.personal is not None or self.update_hook is not None
-                    or mechanism_state is not None):
+                    or mechanism_state is not None or broadcast is not None):
                 raise ValueError(f"algorithm {alg.name!r}: remote clients run stateless local programs and upload "
                                  "mechanisms from the global model only (no personal starts, client state, mechanism "
-                                 "state or audit hook)")
+                                 "state, encoded broadcast or audit hook)")
             remote = self.remote_clients.round(self, r, w, ids)
             planned = [self.events.steps(i, r) for i in ids]
             over = [(i, int(s), p) for i, s, p in zip(ids, remote.steps, planned, strict=True) if int(s) > p]
@@ -454,20 +479,18 @@ class FederatedRun:
                                  f"((client, reported, planned): {over[:5]}); the accounting would not cover the run")
             return LocalRound(remote.uploads, self._view(selected, expected), self._channel(selected, remote.steps),
                               remote.noise_sq_norm, P.num_parameters(w), mechanism_state)
-        trained = train_phases(
-            alg, self.model, self.backend, self.pooled,
-            lambda phase: self._plans(phase, selected, r),
-            starts if starts is not None else w, stacked=starts is not None, seed=self.seed, round_=r,
-            max_elements=self.max_elements, global_model=w)
-        current = trained.params
-        deltas = P.sub(current, starts if starts is not None else P.broadcast(w, len(selected)))
+        out = alg.local.run(LocalInputs(
+            ids, starts if starts is not None else w, starts is not None, self.seed, r, w, self.pooled,
+            model=self.model, backend=self.backend, plans_for=lambda phase: self._plans(phase, selected, r),
+            max_elements=self.max_elements, broadcast=broadcast))
+        deltas = out.updates
         if alg.personal is not None:  # keep the local part on the client; the rest is the shared update
             deltas = alg.personal.shared_update(deltas, ids)
         if self.update_hook is not None:
             deltas = self.update_hook(ids, deltas, r)
         released = alg.upload.release(mechanism_state, deltas, ids, self.seed, r)
-        return LocalRound(released.uploads, self._view(selected, expected), self._channel(selected, trained.steps),
-                          trained.noise_sq_norm, P.num_parameters(w), released.state, released.metrics)
+        return LocalRound(released.uploads, self._view(selected, expected), self._channel(selected, out.steps),
+                          out.noise_sq_norm, P.num_parameters(w), released.state, {**out.metrics, **released.metrics})
 
     def _plans(self, program: Any, selected: Sequence[int], r: int) -> list[ClientPlan]:
         """What each selected client runs in round r under `program` (one phase of the local program)."""

@@ -1,10 +1,11 @@
-"""The round loop of MP-DP and its baselines (spec bidirectional.md §6, §8, §9, §11), in float64.
+"""MP-DP and its baselines (spec bidirectional.md §6, §8, §9, §11) as runs of the one round loop, in float64.
 
 Every method runs on the same IID shards, the same initial model, the same per-round batches and the same number
-of FedSGD rounds. The model (an MLP, a CNN or a norm-free tied-residual ResNet) is trained with MSE on one-hot
-targets (the loss MP-DP's recovery is exact for). Privacy: MP-DP and MP-DP-Naive report NOMINAL per-round
-guarantees and their per-client composition (never entered in dpfl's accountant: spec §8.6); MP-CDP's Gaussian
-rounds go through dpfl's RDP accountant.
+of FedSGD rounds: `mpdp_run` builds the `FederatedRun` (the stages are dpfl.algorithms.catalog.mpdp's), `run_mpdp`
+runs it and restates its result in the comparison's terms. The model (an MLP, a CNN or a norm-free tied-residual
+ResNet) is trained with MSE on one-hot targets (the loss MP-DP's recovery is exact for). Privacy: MP-DP and
+MP-DP-Naive report NOMINAL per-round guarantees and their per-client composition (never entered in dpfl's
+accountant: spec §8.6); MP-CDP's Gaussian rounds are composed by dpfl's RDP accountant.
 """
 
 from __future__ import annotations
@@ -12,30 +13,26 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import nn
-from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 
-from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, perturbed_round, plain_round
-from dpfl.algorithms.secure.mpdp.ddp import MissingPeersError
-from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, round_generator
-from dpfl.algorithms.secure.mpdp.privacy import NOMINAL_LABEL, composed, min_sigma_delta, solve_sigma_eta
+from dpfl.algorithms.catalog.context import RunFacts
+from dpfl.algorithms.catalog.mpdp import PARAMS, fedsgd, mp_cdp, mpdp, mpdp_naive, tp_smc
+from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings
+from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan
 from dpfl.algorithms.secure.mpdp.residual import norm_free_resnet
+from dpfl.algorithms.secure.mpdp.server_steps import client_view
+from dpfl.algorithms.secure.mpdp.settings import method_settings
 from dpfl.algorithms.secure.mpdp.views import ClientView
-from dpfl.algorithms.secure.threshold_paillier import keygen
-from dpfl.algorithms.secure.tpsmc import tpsmc_round
 from dpfl.data import load_dataset
 from dpfl.data.catalog import FILE_BACKED
+from dpfl.data.federated import ClientData, FederatedDataset
+from dpfl.experiment.federated_run import FederatedRun, RunState
 from dpfl.experiment.mpdp_config import MPDPConfig
-from dpfl.privacy.accountant import epsilon as accountant_epsilon
-from dpfl.privacy.analytic_gaussian import analytic_gaussian_sigma
-from dpfl.seeding import Purpose, derive_seed, numpy_generator, torch_generator
-
-MAX_RETRIES = 5  # re-runs of a round discarded for missing peers (dropout_policy abort)
+from dpfl.seeding import Purpose, numpy_generator, torch_generator
 
 
 class ClientAttacks(Protocol):
@@ -122,89 +119,67 @@ def model_plan(cfg: MPDPConfig, input_shape: tuple[int, ...], n_classes: int) ->
     return FactorPlan.from_module(net, input_shape)
 
 
-class BatchStream:
-    """Per-client batches drawn without replacement from the shard; an epoch is ceil(|D_k| / b) rounds."""
-
-    def __init__(self, shards: list[tuple[torch.Tensor, torch.Tensor]], batch: int, seed: int) -> None:
-        self.shards, self.batch, self.seed = shards, batch, seed
-        self._orders: dict[tuple[int, int], np.ndarray] = {}
-
-    def get(self, k: int, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.shards[k]
-        per_epoch = math.ceil(len(x) / self.batch)
-        epoch, pos = divmod(round_, per_epoch)
-        if (k, epoch) not in self._orders:
-            self._orders = {key: v for key, v in self._orders.items() if key[0] != k}
-            self._orders[(k, epoch)] = numpy_generator(self.seed, Purpose.BATCH, epoch, k).permutation(len(x))
-        idx = self._orders[(k, epoch)][pos * self.batch:(pos + 1) * self.batch]
-        return x[idx], y[idx]
-
-
-def simulated_dropouts(cfg: MPDPConfig, round_: int, attempt: int) -> set[int]:
-    """floor(dropout x K) clients, drawn from the run seed (independently of the data), leave after key agreement."""
-    n = int(cfg.dropout * cfg.clients)
-    if n == 0:
-        return set()
-    rng = numpy_generator(cfg.seed, Purpose.SECAGG, round_, attempt)
-    return {int(c) for c in rng.choice(cfg.clients, n, replace=False)}
+def mpdp_network(cfg: MPDPConfig, input_shape: tuple[int, ...], n_classes: int) -> nn.Sequential:
+    """The config's network as a float64 module with MP-DP's initial weights (`initial_weights`)."""
+    plan = model_plan(cfg, input_shape, n_classes)
+    if cfg.model == "mlp":
+        sizes = (math.prod(input_shape), *cfg.hidden, n_classes)
+        mods: list[nn.Module] = []
+        for i in range(1, len(sizes)):
+            mods += [nn.Linear(sizes[i - 1], sizes[i], bias=cfg.bias), nn.ReLU()]
+        net = nn.Sequential(*mods[:-1])
+    else:
+        c, h, _ = input_shape
+        net = (norm_free_resnet(c, h, n_classes, tuple(cfg.widths), cfg.blocks, cfg.bias) if cfg.model == "resnet"
+               else _digits_cnn(input_shape, n_classes, cfg.bias))
+    net = net.to(torch.float64)
+    with torch.no_grad():
+        for param, value in zip(net.parameters(), initial_weights(plan, cfg.seed), strict=True):
+            param.copy_(value)
+    return net
 
 
-def _central_gaussian(cfg: MPDPConfig) -> tuple[float, dict[str, Any]]:
-    """MP-CDP's and TP-SMC's one Gaussian per round: σ from the analytic calibration at the per-round (ε, δ), and
-    the privacy fields of its RDP-accounted composition over the run."""
-    sigma = analytic_gaussian_sigma(cfg.epsilon, cfg.delta)
-    total = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(sigma), cfg.rounds), cfg.delta, "rdp")
-    return sigma, {"per_round_epsilon": cfg.epsilon, "delta": cfg.delta, "sigma_cdp": sigma, "accountant": "rdp",
-                   "in_ledger": True, "event": f"SelfComposed(Gaussian({sigma:.6g}), {cfg.rounds})",
-                   "epsilon_total": total}
+def _digits_cnn(input_shape: tuple[int, ...], n_classes: int, bias: bool) -> nn.Sequential:
+    """Spec §11's ci_digits_cnn: conv(8)-maxpool-conv(16)-linear."""
+    c, h, w = input_shape
+    return nn.Sequential(nn.Conv2d(c, 8, 3, padding=1, bias=bias), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1, bias=bias), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(16 * (h // 2) * (w // 2), n_classes, bias=bias))
+
+
+def federated_data(arrays: FederatedArrays) -> FederatedDataset:
+    """`arrays` as a FederatedDataset: each shard one client's training records (labels, not one-hot)."""
+    empty = arrays.x_test[:0]
+    clients = [ClientData(x, y.argmax(1), empty, arrays.y_test[:0]) for x, y in arrays.shards]
+    return FederatedDataset(clients, arrays.x_test, arrays.y_test, arrays.n_classes,
+                            tuple(arrays.shards[0][0].shape[1:]), {"partition": "iid_equal"})
+
+
+FACTORIES = {"mpdp": mpdp, "mpdp_naive": mpdp_naive, "mp_cdp": mp_cdp, "tp_smc": tp_smc, "fedavg": fedsgd}
 
 
 def noise_settings(cfg: MPDPConfig, method: str) -> tuple[RoundSettings, dict[str, Any]]:
-    """The round settings of `method` and its privacy block (per-round calibration)."""
-    K, eps, delta = cfg.clients, cfg.epsilon, cfg.delta
-    common = dict(method=method, lr=cfg.lr, S=cfg.sensitivity, clip=cfg.clip, clip_mode=cfg.clip_mode,
-                  graph=cfg.graph, n=cfg.n, mask_scale=cfg.mask_scale,
-                  run_id=f"dpfl/mpdp/{cfg.name}/{cfg.seed}".encode(), mask_corrections=cfg.mask_corrections,
-                  noise_family=cfg.noise_family, delta=cfg.delta, dropout_policy=cfg.dropout_policy)
-    if method == "mpdp":
-        sigma_delta = cfg.sigma_delta_factor * min_sigma_delta(eps, delta, K, cfg.graph, cfg.n, cfg.mode)
-        plan = solve_sigma_eta(eps, delta, K, sigma_delta, cfg.graph, cfg.n, cfg.mode)
-        info = {"guarantee": "nominal", "label": plan.label, "theorem": plan.theorem, "per_round_epsilon": eps,
-                "delta": delta, "sigma_eta": plan.sigma_eta, "sigma_delta": sigma_delta,
-                "aggregate_std": plan.sigma_eta / math.sqrt(K), "stamps": list(plan.stamps),
-                "accountant": None, "in_ledger": False}
-        return RoundSettings(sigma_eta=plan.sigma_eta, sigma_delta=sigma_delta, **common), info
-    if method == "mpdp_naive":
-        sigma = analytic_gaussian_sigma(eps, delta)
-        info = {"guarantee": "nominal", "label": f"{NOMINAL_LABEL}; each upload calibrated as an (ε, δ)-LDP Gaussian "
-                "mechanism, but the server's recovered noise R∘η is not Gaussian (variance 1.5 S² σ²)",
-                "per_round_epsilon": eps, "delta": delta, "sigma": sigma, "accountant": None, "in_ledger": False}
-        return RoundSettings(sigma_naive=sigma, **common), info
-    if method == "tp_smc":
-        sigma, accounted = _central_gaussian(cfg)
-        h = cfg.tpsmc_honest or K
-        threshold = cfg.tpsmc_threshold or K // 2 + 1
-        info = {"guarantee": f"accounted, ASSUMING at least h = {h} of the {K} clients are honest (add their noise) "
-                f"and fewer than {threshold} collude to decrypt; observer = the aggregator, which sees only the noisy "
-                "sum (the models are broadcast in plaintext)",
-                **accounted, "honest": h, "threshold": threshold,
-                "client_noise_std": cfg.sensitivity * sigma / math.sqrt(h),
-                "not_simulated": "zero-knowledge proofs of correct partial decryption; distributed key generation "
-                                 "(a dealer makes the keys)",
-                "key_bits": cfg.tpsmc_key_bits, "fraction_bits": cfg.tpsmc_fraction_bits, "packing": cfg.tpsmc_packing}
-        return RoundSettings(sigma_cdp=sigma, **common), info
-    if method == "mp_cdp":
-        sigma, accounted = _central_gaussian(cfg)
-        info = {"guarantee": "accounted (trusted server: observer = anyone who sees the global models)", **accounted}
-        return RoundSettings(sigma_cdp=sigma, **common), info
-    return RoundSettings(**common), {"guarantee": "none (non-private reference)", "in_ledger": False}
+    """The round settings of `method` and its per-round privacy block (`settings.method_settings`)."""
+    params = cfg.model_copy()
+    return method_settings(method, params, clients=cfg.clients, lr=cfg.lr, clip=cfg.clip, rounds=cfg.rounds,
+                           run_id=f"dpfl/mpdp/{cfg.name}/{cfg.seed}".encode())
 
 
-def evaluate(weights: list[torch.Tensor], arrays: FederatedArrays,
-             plan: FactorPlan | None = None) -> tuple[float, float]:
-    out, _ = forward(weights, None, arrays.x_test, plan)
-    target = torch.nn.functional.one_hot(arrays.y_test, arrays.n_classes).to(torch.float64)
-    return float((out.argmax(1) == arrays.y_test).double().mean()), float(0.5 * ((out - target) ** 2).sum(1).mean())
+def mpdp_run(cfg: MPDPConfig, method: str, arrays: FederatedArrays,
+             drop: Callable[[int, int], set[int]] | None = None,
+             on_broadcast: Callable[[ClientPayload, list[torch.Tensor]], Any] | None = None) -> FederatedRun:
+    """`method` on cfg's data as a run of the one round loop (`drop`, `on_broadcast`: as `run_mpdp`'s)."""
+    data = federated_data(arrays)
+    model = mpdp_network(cfg, data.input_shape, data.n_classes)
+    facts = RunFacts(lr=cfg.lr, clients=cfg.clients, rounds=cfg.rounds, clip=cfg.clip, loss="mse_onehot",
+                     seed=cfg.seed, model=model, input_shape=data.input_shape, run_name=cfg.name)
+    algorithm = FACTORIES[method](facts, **{k: getattr(cfg, k) for k in PARAMS})
+    if drop is not None:
+        algorithm = replace(algorithm, upload=replace(algorithm.upload, drop=drop))
+    if on_broadcast is not None:
+        algorithm = replace(algorithm, aggregator=replace(algorithm.aggregator, on_broadcast=on_broadcast))
+    return FederatedRun(data, model, algorithm, rounds=cfg.rounds, batch_sizes=cfg.batch_size, seed=cfg.seed,
+                        eval_every=cfg.eval_every)
 
 
 def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = None,
@@ -213,109 +188,37 @@ def run_mpdp(cfg: MPDPConfig, method: str, *, arrays: FederatedArrays | None = N
              progress: Callable[[str], None] | None = None,
              client_attacks: ClientAttacks | None = None) -> MPDPResult:
     """One run of `method` on cfg's data. `drop(round, attempt)`: clients that leave after key agreement (tests).
+    `on_broadcast(payload, true weights)`: what the clients receive each round, next to the true model (tests).
     `client_attacks` measures what a curious client learns from the last model it received (the spec's §10 attacks;
     `dpfl.evaluate.mpdp_attacks.client_attacks`, supplied by the caller so that this layer imports no attack); its
     result goes into the run's privacy record."""
     arrays = arrays if arrays is not None else federated_arrays(cfg)
-    plan = model_plan(cfg, tuple(arrays.shards[0][0].shape[1:]), arrays.n_classes)
-    weights = initial_weights(plan, cfg.seed)
-    settings, privacy = noise_settings(cfg, method)
-    batches = BatchStream(arrays.shards, cfg.batch_size, cfg.seed)
-    history: list[dict[str, Any]] = []
-    noise_gen = torch_generator(cfg.seed, Purpose.SERVER_NOISE)
-    participations = [0] * cfg.clients
-    keys = None
-    if method == "tp_smc":  # a dealer's threshold keys, once per run; the shares go to the clients
-        keys = keygen(cfg.tpsmc_key_bits, cfg.clients, privacy["threshold"])
-    violations = uploads = 0
-    discarded = 0
-    audits: list[dict[str, Any]] = []
-    reduced: list[int] = []
-    last: list[ClientPayload] = []
+    run = mpdp_run(cfg, method, arrays, drop, on_broadcast)
+    final: list[RunState] = []
 
-    def broadcast(payload: ClientPayload, true_weights: list[torch.Tensor]) -> None:
-        last[:] = [payload]
-        if on_broadcast is not None:
-            on_broadcast(payload, true_weights)
+    def on_round(row: dict[str, Any]) -> None:
+        if progress is not None and "test_accuracy" in row:
+            progress(f"{cfg.name} {method} round {row['round']}/{cfg.rounds}: accuracy {row['test_accuracy']:.3f}")
 
     t_start = time.perf_counter()
-    for r in range(cfg.rounds):
-        batch = {k: batches.get(k, r) for k in range(cfg.clients)}
-        t0 = time.perf_counter()
-        for attempt in range(MAX_RETRIES + 1):
-            try:
-                if method in ("mpdp", "mpdp_naive"):
-                    secret_gen = round_generator(derive_seed(cfg.seed, Purpose.SERVER_NOISE, r, attempt)
-                                                 if cfg.reproducible_secrets else None)
-                    seeds = {k: derive_seed(cfg.seed, Purpose.NOISE, r, k, attempt) for k in batch}
-                    gone = drop(r, attempt) if drop is not None else simulated_dropouts(cfg, r, attempt)
-                    out = perturbed_round(weights, plan, batch, settings, r, secret_gen, seeds, gone, broadcast)
-                elif method == "tp_smc":
-                    noise = {k: torch_generator(cfg.seed, Purpose.NOISE, r, k) for k in batch}
-                    out = tpsmc_round(weights, batch, settings, keys, cfg.tpsmc_fraction_bits, privacy["honest"],
-                                      noise, plan, packing=cfg.tpsmc_packing)
-                else:
-                    out = plain_round(weights, batch, settings, noise_gen, plan)
-                break
-            except MissingPeersError as e:  # discarded; the clients that uploaded are still charged
-                discarded += 1
-                for k in set(batch) - set(e.missing):
-                    participations[k] += 1
-                if attempt == MAX_RETRIES:
-                    raise
-        seconds = time.perf_counter() - t0
-        weights = out.weights
-        for k in batch:
-            participations[k] += 1
-        violations += out.violations
-        uploads += out.uploads
-        row: dict[str, Any] = {"round": r + 1, "seconds": seconds,
-                               **{f"{k}_seconds": v for k, v in out.seconds.items()},
-                               "upload_bytes": out.upload_bytes, "violations": out.violations}
-        if out.recovery_ratio is not None:
-            row["recovery_ratio"] = out.recovery_ratio
-        if out.reduced_protection:
-            row["reduced_protection"] = out.reduced_protection
-            reduced.append(r + 1)
-        if out.audit is not None:
-            row["epsilon_conditional"] = out.audit["epsilon_conditional"]
-            row["min_R"] = out.audit["R_quantiles"]["min"]
-            audits.append(out.audit)
-        if (r + 1) % cfg.eval_every == 0 or r + 1 == cfg.rounds:
-            row["test_accuracy"], row["test_loss"] = evaluate(weights, arrays, plan)
-            if progress is not None:
-                progress(f"{cfg.name} {method} round {r + 1}/{cfg.rounds}: accuracy {row['test_accuracy']:.3f}")
-        history.append(row)
-    privacy["violation_rate"] = violations / max(uploads, 1) if method != "fedavg" else None
-    privacy["discarded_rounds"] = discarded
-    if reduced:
-        privacy["reduced_protection_rounds"] = reduced
-        privacy["reduced_protection"] = ("in these rounds clients dropped after key agreement and the server rebuilt "
-                                         "their pairwise noise from the survivors' key shares: their neighbours' "
-                                         "uploads had less pairwise noise than the calculator assumed")
-    if method in ("mpdp", "mpdp_naive") and cfg.clip_mode != "perturbed_joint":
-        privacy["label"] += (f"; clip_mode {cfg.clip_mode}: the upload (the perturbed gradient at Ŵ) is not bounded "
-                             "by S, so this ε does NOT hold towards the server (the raw upload can be inverted; "
-                             "docs/secure.md)")
-    if method in ("mpdp", "mpdp_naive") and not (method == "mpdp" and cfg.mask_corrections):
-        privacy["label"] += ("; Ψ and Φ are uploaded without noise (W2): the server can reconstruct a client's "
-                             "records from Φ (measured, docs/secure.md); mask_corrections hides them")
-    if method == "mpdp":
-        privacy["hardening"] = {"mask_corrections": cfg.mask_corrections, "noise_family": cfg.noise_family,
-                                "clip_mode": cfg.clip_mode}
-    if audits:
-        privacy["conditional_audit"] = {"epsilon_conditional_max": max(a["epsilon_conditional"] for a in audits),
-                                        "min_R_min": min(a["R_quantiles"]["min"] for a in audits),
-                                        "label": audits[0]["label"]}
-    if method in ("mpdp", "mpdp_naive"):
-        per_client = [composed(cfg.epsilon, cfg.delta, p) for p in participations]
-        privacy["per_client"] = [{"client": k, **c} for k, c in enumerate(per_client)]
-        privacy["composed_epsilon_max"] = max(c["composed"]["epsilon"] for c in per_client)
+    result = run.run(on_round, on_checkpoint=final.append, checkpoint_every=cfg.rounds)
+    weights = list(result.params.values())
+    plan = model_plan(cfg, tuple(arrays.shards[0][0].shape[1:]), arrays.n_classes)
+    history = [mpdp_row(row) for row in result.history]
+    privacy = dict(result.privacy.to_dict()["stage"])
+    view = client_view(final[-1].aggregator_state, plan) if method in ("mpdp", "mpdp_naive") else None
     if client_attacks is not None:
-        privacy.update(client_attacks(arrays, cfg.seed, view=ClientView(last[0])) if last
+        privacy.update(client_attacks(arrays, cfg.seed, view=ClientView(view)) if view is not None
                        else client_attacks(arrays, cfg.seed, weights=weights, plan=plan))
     summary = summarize(cfg, method, history, privacy, time.perf_counter() - t_start)
     return MPDPResult(method, history, privacy, summary, weights, plan)
+
+
+def mpdp_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row of the one loop in the comparison's terms: the upload's size per client."""
+    out = dict(row)
+    out["upload_bytes"] = row["uplink_bytes"] // max(len(row["selected"]), 1)
+    return out
 
 
 def summarize(cfg: MPDPConfig, method: str, history: list[dict[str, Any]], privacy: dict[str, Any],

@@ -89,8 +89,8 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
             "ASSUMED: the server cannot tell which clients took part (Poisson client sampling hidden from it), "
             "so each upload's σ/√K is amplified by the sampling rate. A server that receives the individual "
             "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
-    notes = alg.aggregator.privacy_notes()
-    if notes is not None:  # a stage with releases of its own (R-DPCFL's private selections)
+    notes = alg.aggregator.privacy_notes([dict(row) for row in history])
+    if notes is not None:  # a stage with releases of its own (R-DPCFL's private selections), MP-DP's guarantee
         out["stage"] = notes
     if "clients" in out:
         out["guarantee"] = run_guarantee(out, run.budgets, run.accountant, alg)

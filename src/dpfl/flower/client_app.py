@@ -1,10 +1,10 @@
 """The ClientApp: one SuperNode = one dpfl client, which trains on its own records and returns its upload.
 
 `client_upload` is the whole computation (testable without Flower's runtime); it repeats the clients' side of
-`FederatedRun.local_round` for one client: `train_phases` with the client's plan keyed by its run-wide id, then
-`end - w`, then the upload stage (`alg.upload.apply`). With the run seed (shared-seed, testing only) the node draws
-exactly the batches and noise the simulation draws for that client; by default it draws them from its own secret
-seed (node config `seed`, else `secrets.randbits`), which the server never learns.
+`FederatedRun.local_round` for one client: the local program's `run` with the client's plan keyed by its run-wide
+id (its update `end - w`), then the upload stage (`alg.upload.apply`). With the run seed (shared-seed, testing
+only) the node draws exactly the batches and noise the simulation draws for that client; by default it draws them
+from its own secret seed (node config `seed`, else `secrets.randbits`), which the server never learns.
 
 Demo simplification: the node derives its partition from the config's public dataset (`build_data`, then client
 `partition-id` of the split); a real node would load its own records instead.
@@ -31,7 +31,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from dpfl.engine import params as P  # noqa: E402
 from dpfl.engine.backends.local import LocalBackend  # noqa: E402
 from dpfl.engine.pooled import PooledData  # noqa: E402
-from dpfl.experiment.client_round import train_phases  # noqa: E402
+from dpfl.algorithms.stages import LocalInputs  # noqa: E402
 from dpfl.flower.arrays import from_record, to_record  # noqa: E402
 from dpfl.flower.protocol import FACTS, GLOBAL, NODE, PARTITION_ID, PLAN, UPLOAD, TrainPlan  # noqa: E402
 
@@ -86,14 +86,12 @@ def client_upload(side: ClientSide, plan: TrainPlan, w: P.Params, seed: int) -> 
     alg, cid, r = side.algorithm, plan.client, plan.round
     upload_stage = alg.upload.with_noise(plan.upload_noise) if plan.upload_noise >= 0 else alg.upload
     own = PooledData.from_clients([side.x], [side.y])
-    trained = train_phases(
-        alg, side.model, LocalBackend(), own,
-        lambda phase: [replace(phase.plan(cid, plan.records, plan.batch_size, plan.noise_multiplier, r),
-                               client=0, key=cid)],
-        w, stacked=False, seed=seed, round_=r, max_elements=plan.max_elements, global_model=w)
-    deltas = P.sub(trained.params, P.broadcast(w, 1))
-    upload = upload_stage.apply(deltas, [cid], seed, r)
-    return upload, int(trained.steps[0]), float(trained.noise_sq_norm[0])
+    out = alg.local.run(LocalInputs(
+        [cid], w, False, seed, r, w, own, model=side.model, backend=LocalBackend(), max_elements=plan.max_elements,
+        plans_for=lambda phase: [replace(phase.plan(cid, plan.records, plan.batch_size, plan.noise_multiplier, r),
+                                         client=0, key=cid)]))
+    upload = upload_stage.apply(out.updates, [cid], seed, r)
+    return upload, int(out.steps[0]), float(out.noise_sq_norm[0])
 
 
 def client_app(shared_seed: bool | None = None) -> ClientApp:

@@ -3,7 +3,8 @@ mechanisms, the first being the default). `dpfl.algorithms.registry` loads this 
 
 from __future__ import annotations
 
-from dpfl.algorithms.catalog import clustered, fedavg, fedceo, noisy, pfa, personal, robust_hdp, splitting, weighted
+from dpfl.algorithms.catalog import (clustered, fedavg, fedceo, mpdp, noisy, pfa, personal, robust_hdp, splitting,
+                                     weighted)
 from dpfl.algorithms.registry import AlgorithmSpec
 
 __all__ = ["BUILTINS"]
@@ -37,4 +38,10 @@ BUILTINS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec("clustered_local", clustered.clustered_local, clustered.ClusteredParams, clustered.MECHANISMS,
                   with_data=True),
     AlgorithmSpec("mr_mtl", clustered.mr_mtl, clustered.MRMTLParams, clustered.MECHANISMS, with_data=True),
+    # MP-DP and its baselines: FedSGD in float64 on the run's network (they read the built model)
+    AlgorithmSpec("mpdp", mpdp.mpdp, mpdp.MPDPParams, ("mpdp",)),
+    AlgorithmSpec("mpdp_naive", mpdp.mpdp_naive, mpdp.MPDPParams, ("mpdp",)),
+    AlgorithmSpec("mp_cdp", mpdp.mp_cdp, mpdp.MPDPParams, ("mpdp",)),
+    AlgorithmSpec("tp_smc", mpdp.tp_smc, mpdp.MPDPParams, ("mpdp",)),
+    AlgorithmSpec("fedsgd", mpdp.fedsgd, mpdp.MPDPParams, ("none",)),
 )

@@ -46,7 +46,9 @@ class RunFacts:
     head_module and model_name of the model; secure: the secure-aggregation protocol run for real (or None).
     aggregator: an aggregator replacing the bundle's (algorithm.aggregator); local: a factory of the user's local
     program (algorithm.local), called with the keywords of `dpfl.register_local_program`. seed (the run seed), data,
-    budgets and batch_sizes (one per client): what the clustered algorithms, built with their data, read.
+    budgets and batch_sizes (one per client): what the clustered algorithms, built with their data, read. model (the
+    built network), input_shape (one record's shape, without the batch axis) and run_name: what MP-DP and its
+    baselines read (MP-DP perturbs the network; the run name keys its pairwise noise).
     """
 
     lr: float
@@ -79,6 +81,9 @@ class RunFacts:
     data: FederatedDataset | None = None
     budgets: tuple[ClientBudget, ...] | None = None
     batch_sizes: tuple[int, ...] | None = None
+    model: Any = None
+    input_shape: tuple[int, ...] | None = None
+    run_name: str = "run"
 
     @property
     def planned_cohort(self) -> int | None:

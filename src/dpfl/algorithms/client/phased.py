@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from dp_accounting import ComposedDpEvent, DpEvent
 
+from dpfl.algorithms.client.engine_round import train_on_engine
 from dpfl.algorithms.client.program import LocalProgram
+from dpfl.algorithms.stages import LocalInputs, LocalOutput
 from dpfl.engine.local_training import LocalSpec
 
 
@@ -41,6 +43,10 @@ class PhasedProgram:
     @property
     def sampling(self) -> str:
         return self.phases[-1].sampling
+
+    def run(self, inputs: LocalInputs) -> LocalOutput:
+        """The selected clients' round: the engine trains every phase in turn (`engine_round.train_on_engine`)."""
+        return train_on_engine(self, inputs)
 
     def batch_for(self, n_records: int, batch_size: int, round_: int) -> int:  # noqa: ARG002
         """The client's batch size in every round (phased programs schedule none)."""

@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from dp_accounting import DpEvent
 
+from dpfl.algorithms.client.engine_round import train_on_engine
+from dpfl.algorithms.stages import LocalInputs, LocalOutput
 from dpfl.engine.local_training import ClientPlan, LocalSpec
 from dpfl.privacy.events import dpsgd_event
 
@@ -116,6 +118,10 @@ class LocalProgram:
     @property
     def sampling(self) -> str:
         return self.spec.sampling
+
+    def run(self, inputs: LocalInputs) -> LocalOutput:
+        """The selected clients' round: the engine trains them (`engine_round.train_on_engine`)."""
+        return train_on_engine(self, inputs)
 
 
 def sgd(lr: float, *, steps: int | None = None, epochs: float | None = None, loss: str = "cross_entropy",

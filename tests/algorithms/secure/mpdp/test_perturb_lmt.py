@@ -78,7 +78,7 @@ def test_secrets_are_fresh_each_round_and_absent_from_the_payload():  # T8
     blob = pickle.dumps(p1)
     for secret in s1.r + s1.s + (s1.gamma, s1.r_a, s1.mask):
         assert secret.numpy().tobytes() not in blob
-    assert set(vars(p1)) == {"odd", "transitional", "sizes", "round_id", "plan", "shortcuts"}
+    assert set(vars(p1)) == {"odd", "transitional", "sizes", "round_id", "plan", "shortcuts", "attempt"}
 
 
 def test_mask_scale_is_honoured():  # T9

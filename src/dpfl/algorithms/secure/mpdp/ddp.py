@@ -17,6 +17,7 @@ import numpy as np
 from dpfl.algorithms.secure import prg
 from dpfl.algorithms.secure.keys import KeyPair, edge_info, round_salt
 from dpfl.algorithms.secure.mpdp.dn import dn_star_abs, dn_star_abs_from_uniforms
+from dpfl.algorithms.stages import RoundAborted
 
 EDGE_INFO = b"dpfl/mpdp/v1/edge"
 DELTA_STREAM, CORRECTION_MASK_STREAM, BIAS_FACTOR_STREAM = 1, 2, 3
@@ -67,13 +68,17 @@ def edge_noise(seed: bytes, layout: NoiseLayout, scale: float) -> np.ndarray:
     return out
 
 
-class MissingPeersError(RuntimeError):
-    """A client that agreed on edges did not upload: its neighbours' Δ do not cancel, so the round is discarded."""
+class MissingPeersError(RoundAborted):
+    """A client that agreed on edges did not upload: its neighbours' Δ do not cancel, so the round is discarded (the
+    round loop runs it again with a fresh broadcast and fresh keys). `uploaded`: the clients whose uploads arrived
+    (they are charged all the same)."""
 
-    def __init__(self, round_: int, missing: Iterable[int], affected: Iterable[int]) -> None:
+    def __init__(self, round_: int, missing: Iterable[int], affected: Iterable[int],
+                 uploaded: Iterable[int] = ()) -> None:
         self.round, self.missing, self.affected = round_, sorted(missing), sorted(affected)
         super().__init__(f"round {round_}: client(s) {self.missing} did not upload; the pairwise noise of their "
-                         f"neighbours {self.affected} does not cancel, so the round was discarded (no update applied)")
+                         f"neighbours {self.affected} does not cancel, so the round was discarded (no update applied)",
+                         sorted(uploaded))
 
 
 def sample_graph(clients: list[int], kind: str, n: int | None = None,

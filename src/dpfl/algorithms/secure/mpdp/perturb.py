@@ -291,6 +291,7 @@ class ClientPayload:
     round_id: int
     plan: FactorPlan | None = None
     shortcuts: tuple[torch.Tensor, ...] = ()
+    attempt: int = 0  # which run of the round (a round the upload protocol discarded is run again)
 
 
 def draw_secrets(plan: FactorPlan, gen: np.random.Generator, mask_scale: float = 1.0) -> ServerSecrets:

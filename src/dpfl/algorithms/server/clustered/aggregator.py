@@ -214,7 +214,7 @@ class ClusteredAggregator(CheckpointedServerStep):
             out["clusters"] = [m for _, m in sorted(self.current().items())]
         return out
 
-    def privacy_notes(self) -> dict[str, Any]:
+    def privacy_notes(self, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:  # noqa: ARG002
         """What the privacy report adds for this stage: the selections are releases too (clustered_dpfl.md §1)."""
         notes: dict[str, Any] = {
             "releases": "every upload (DP-SGD, sample level)"

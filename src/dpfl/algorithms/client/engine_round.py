@@ -1,8 +1,7 @@
-"""The clients' side of a round: the local program's phases, then nothing else leaves the client but the upload.
+"""A training local program's round on the engine: its phases, one after another, from the broadcast model.
 
-Shared by the in-process round (`FederatedRun.local_round`, whichever backend trains) and a Flower ClientApp
-that holds one client's records, so both compute the same thing: the same plans, the same phase seeds, the
-same upload stage.
+Shared by the in-process round (`LocalProgram.run`, whichever backend trains) and a Flower ClientApp that holds one
+client's records, so both compute the same thing: the same plans, the same phase seeds, the same upload stage.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpfl.algorithms.stages import LocalInputs, LocalOutput
 from dpfl.engine import params as P
 from dpfl.engine.backends.base import Backend
 from dpfl.engine.local_training import ClientPlan
@@ -33,10 +33,10 @@ class Trained:
     noise_sq_norm: list[float]  # ||sum_t xi_t||^2 of each client's DP-SGD noise (diagnostics only)
 
 
-def train_phases(algorithm: Any, model: nn.Module, backend: Backend, data: PooledData,
+def train_phases(program: Any, model: nn.Module, backend: Backend, data: PooledData,
                  plans_for: Callable[[Any], Sequence[ClientPlan]], start: Mapping[str, torch.Tensor], *,
                  stacked: bool, seed: int, round_: int, max_elements: int, global_model: P.Params) -> Trained:
-    """Run every phase of `algorithm.local` (CENTAUR: head, then body; one phase otherwise) from `start`.
+    """Run every phase of `program` (CENTAUR: head, then body; one phase otherwise) from `start`.
 
     plans_for(phase) gives the phase's plans; each later phase starts where the previous one ended and draws
     fresh batches and noise. `global_model` is the anchor of a phase whose prox term pulls to the server's model.
@@ -44,7 +44,7 @@ def train_phases(algorithm: Any, model: nn.Module, backend: Backend, data: Poole
     current, is_stacked = start, stacked
     steps: np.ndarray | None = None
     noise_sq: np.ndarray | None = None
-    for index, phase in enumerate(algorithm.local.phases):
+    for index, phase in enumerate(program.phases):
         plans = plans_for(phase)
         phase_seed = seed if index == 0 else derive_seed(seed, PHASE_KEY, index)
         spec = phase.spec_at(round_)
@@ -56,3 +56,16 @@ def train_phases(algorithm: Any, model: nn.Module, backend: Backend, data: Poole
         noise_sq = np.array(res.noise_sq_norm) + (0.0 if noise_sq is None else noise_sq)
     assert steps is not None and noise_sq is not None
     return Trained(current, steps.tolist(), noise_sq.tolist())
+
+
+def train_on_engine(program: Any, inputs: LocalInputs) -> LocalOutput:
+    """The round of a training program: the engine trains the clients from `inputs.start`; their updates are the
+    end models minus the start models."""
+    if inputs.broadcast is not None:
+        raise ValueError("this local program trains the model it receives; the server step broadcast an encoded "
+                         "model instead (an algorithm pairs such a step with its own local program)")
+    trained = train_phases(program, inputs.model, inputs.backend, inputs.data, inputs.plans_for, inputs.start,
+                           stacked=inputs.stacked, seed=inputs.seed, round_=inputs.round_,
+                           max_elements=inputs.max_elements, global_model=inputs.global_model)
+    start = inputs.start if inputs.stacked else P.broadcast(inputs.start, len(inputs.clients))
+    return LocalOutput(P.sub(trained.params, start), trained.steps, trained.noise_sq_norm, {})
