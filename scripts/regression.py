@@ -8,7 +8,7 @@ scale, run with each checkout's dpfl, then compared field by field (docs/develop
     python scripts/regression.py compare REV_A REV_B OUT [--only ...] [--workers N] [--rtol 0] [--keep]
 
 The jobs (`jobs_of`): every YAML under TREE/configs/, its kind read from its content (`config_job`):
-- an MP-DP config (`scheme: mpdp`): `dpfl run CONFIG --set rounds=2`;
+- an MP-DP config in the old flat schema (`scheme: mpdp`, trees before issue 64): `dpfl run CONFIG --set rounds=2`;
 - a run config (data/model sections): `dpfl run CONFIG --set training.rounds=2`, unless its header shows it is meant
   for `dpfl attack invert` / `dpfl audit` (and not for `dpfl run`): then that command as the header writes it;
   a run refused for too few rounds, whose one-line error names its shortest setting (R-DPCFL: ">= 3"), runs again

@@ -214,3 +214,21 @@ def test_as_many_clients_as_records_and_explicit_empty_sizes_still_work():
 def test_bad_n_clients(n_clients):
     with pytest.raises(ValueError, match="n_clients must be an int >= 1"):
         FederatedDataset.from_arrays(_indexed(), n_clients)
+
+
+def test_features_follow_a_float64_network_and_labels_stay():
+    """A float64 network (MP-DP's) reads float64 records: `with_feature_dtype` casts every client's and the test
+    set's features exactly and leaves the labels; a dataset already in that dtype is returned as is."""
+    import torch
+
+    from dpfl.data.federated import ClientData, FederatedDataset
+
+    x = torch.rand(6, 2, dtype=torch.float32)
+    y = torch.tensor([0, 1, 0, 1, 1, 0])
+    data = FederatedDataset([ClientData(x[:3], y[:3], x[3:4], y[3:4]), ClientData(x[4:], y[4:], x[:0], y[:0])],
+                            x, y, 2, (2,))
+    wide = data.with_feature_dtype(torch.float64)
+    assert wide.x_test.dtype == torch.float64 and torch.equal(wide.x_test, x.double())
+    assert all(c.x_train.dtype == torch.float64 and c.x_test.dtype == torch.float64 for c in wide.clients)
+    assert wide.clients[0].y_train is data.clients[0].y_train
+    assert data.with_feature_dtype(torch.float32) is data and wide.with_feature_dtype(torch.float64) is wide

@@ -162,3 +162,20 @@ def test_dirichlet_quota_renormalises_when_a_class_runs_out_and_checks_sizes():
         dirichlet_quota(labels, 2, 0.1, 60)
     with pytest.raises(ValueError, match="alpha"):
         dirichlet_quota(labels, 2, 0.0, 10)
+
+
+def test_iid_equal_gives_equal_shards_of_one_permutation_in_its_order():
+    """MP-DP's comparison split (spec bidirectional.md §11): shard k is positions k m .. (k + 1) m - 1 of one seeded
+    permutation, unsorted (FedSGD draws batches by position), the remainder left out."""
+    from dpfl.data.partition import iid_equal
+    from dpfl.seeding import Purpose, numpy_generator
+
+    parts = iid_equal(103, 5, 7)
+    perm = numpy_generator(7, Purpose.PARTITION).permutation(103)
+    assert [len(p) for p in parts] == [20] * 5
+    for k, part in enumerate(parts):
+        assert part.tolist() == perm[k * 20:(k + 1) * 20].tolist()
+    assert any(part.tolist() != sorted(part.tolist()) for part in parts)  # the order is the permutation's
+    assert [len(p) for p in iid_equal(103, 5, 7, per_client=3)] == [3] * 5
+    with pytest.raises(ValueError, match="exceed the 103 records"):
+        iid_equal(103, 5, 7, per_client=21)

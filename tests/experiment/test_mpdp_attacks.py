@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dpfl.evaluate.mpdp_attacks import client_attacks, membership_report
-from dpfl.experiment.mpdp_config import MPDPConfig
+from dpfl.experiment.config.legacy_mpdp import MPDPConfig
 from dpfl.experiment.mpdp_run import FederatedArrays, federated_arrays, run_mpdp
 
 C = 4
@@ -95,7 +95,8 @@ def test_a_run_without_the_attack_callback_records_no_attack(digits):
 
 
 def test_the_server_view_recovers_each_clients_true_gradient_without_noise(digits):  # Eq. (18) with η = Δ = 0
-    from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, perturbed_round, true_gradient
+    from dpfl.algorithms.secure.mpdp.algorithm import perturbed_round, true_gradient
+    from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
     from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, recover, round_generator
     from dpfl.experiment.mpdp_run import initial_weights
 

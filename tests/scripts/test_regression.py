@@ -249,7 +249,7 @@ def test_list_names_every_yaml_under_configs_exactly_once(reg, real_info):
         assert isinstance(e, reg.Job) or e.reason
     by_name = {e.name: e for e in entries}
     assert by_name["config/demo"].args == ["run", "configs/demo.yaml", "--set", "training.rounds=2"]
-    assert by_name["config/mpdp/ci_digits_mlp"].args[-2:] == ["--set", "rounds=2"]
+    assert by_name["config/mpdp/ci_digits_mlp"].args[-2:] == ["--set", "training.rounds=2"]  # a run config now
     assert by_name["config/attacks/digits_cnn"].args == ["attack", "invert", "configs/attacks/digits_cnn.yaml",
                                                          "--batch", "8"]
     assert "run by job reproduce/splitting" in by_name["config/splitting/convex/ls_heterogeneous"].reason

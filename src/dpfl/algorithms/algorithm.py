@@ -53,11 +53,12 @@ class Algorithm:
     def observer(self) -> str:
         """Who the guarantee holds against."""
         secure = self.aggregator.secure
-        if self.central and secure:
+        central = self.central or self.aggregator.central_noise  # the server step adds (or decrypts) the noise
+        if central and secure:
             return ("anyone who sees the global models, the server included: it sees only the secure-aggregation sum "
                     "of the clients' clipped, noised updates (honest-but-curious server; colluding clients can remove "
                     "their own noise shares, see docs/secure.md)")
-        if self.central:
+        if central:
             return "anyone who sees the global models (the server is trusted: it sees individual updates)"
         if secure and self.upload.secure_sum:
             return ("the server and anyone who sees the global models: the server sees only secure-aggregation sums "
@@ -78,7 +79,7 @@ class Algorithm:
         if self.local.private:
             parts.append(f"DP-SGD ({self.local.sampling} sampling, per-sample clip {self.local.spec.clip})")
         if self.upload.unit:
-            label = "" if self.upload.accounted else " (NOT accounted: no epsilon is computed for it)"
+            label = "" if self.upload.accounted else self.upload.unaccounted_label
             parts.append(f"{self.upload.describe()}{label}")
         if self.central and self.aggregator.secure:
             parts.append(f"distributed Gaussian: each client clips its update to {self.aggregator.clip} and adds its "

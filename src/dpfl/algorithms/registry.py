@@ -43,7 +43,9 @@ from typing import Any
 __all__ = ["AGGREGATORS", "ALGORITHMS", "LOCAL_PROGRAMS", "AlgorithmSpec", "algorithm_names", "algorithm_spec",
            "register_aggregator", "register_algorithm", "register_local_program"]
 
-MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "none")  # the config's privacy.mechanism
+# the config's privacy.mechanism; mpdp / mpdp_central: MP-DP's family, whose methods state their own per-round
+# guarantee (privacy.json's `stage` block: nominal for MP-DP, never in the ledger)
+MECHANISMS: tuple[str, ...] = ("dpsgd", "udp", "central", "param_noise", "mpdp", "mpdp_central", "none")
 
 AGGREGATORS: dict[str, Callable[..., Any]] = {}
 LOCAL_PROGRAMS: dict[str, Callable[..., Any]] = {}

@@ -107,6 +107,8 @@ class UploadMechanism:
     hidden_sampling: bool = False  # charges every client every round (`round_event`) instead of participations
     secure_sum: bool = False  # the server sees only secure-aggregation sums of the uploads
     calibration_family: str | None = None  # the run_calibration family of a noise that `with_noise` can set
+    # what the report says of a mechanism that is not `accounted`
+    unaccounted_label: str = " (NOT accounted: no epsilon is computed for it)"
 
     # -- explicit state ---------------------------------------------------------------------------------------
     def init(self) -> Any:

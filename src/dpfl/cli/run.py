@@ -40,7 +40,16 @@ def _run_with_progress(cfg, out: Path, resume: bool) -> dict[str, Any]:
             if pace is not None and (line := pace.line(row)):
                 errors.print(f"{cfg.name}: {line}, {acc}{eps}", markup=False, highlight=False)
 
-        return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start)
+        return execute(cfg, out, resume=resume, on_round=on_round, on_start=on_start, measure=_measure(cfg))
+
+
+def _measure(cfg) -> Any:  # noqa: ANN001
+    """What is measured on a finished run for privacy.json: a curious client's attacks on MP-DP's family (spec
+    bidirectional.md §10); nothing for the others."""
+    from dpfl.algorithms.catalog.mpdp import METHODS
+    from dpfl.evaluate.mpdp_attacks import measure_client_attacks
+
+    return measure_client_attacks if cfg.algorithm.name in METHODS else None
 
 
 def _import_plugins(modules: list[str]) -> None:
@@ -68,22 +77,15 @@ def run(
                          "datasets, models, losses, aggregators and local programs it registers can be named in the "
                          "config.")] = None,
 ) -> None:
-    """Run a federated experiment described by a YAML config (an MP-DP config, `scheme: mpdp`, runs its `method`)."""
+    """Run a federated experiment described by a YAML config (an MP-DP config in the old flat schema, `scheme: mpdp`,
+    is converted, with a one-line note)."""
     from dpfl.experiment.config import load_config
-    from dpfl.experiment.mpdp_directory import is_mpdp_config
     from dpfl.results.outcome import print_outcome
 
     try:
-        if config.is_file() and is_mpdp_config(config):
-            if resume:
-                raise UserError("--resume: MP-DP runs keep no checkpoints (the server's secrets are per round); "
-                                "re-run into a new --out")
-            if import_:
-                raise UserError("--import: MP-DP configs name their data and network directly")
-            _run_mpdp(config, list(set_ or []), out)
-            return
         _import_plugins(import_ or [])
-        cfg = load_config(config, list(set_ or []))
+        cfg = load_config(config, list(set_ or []),
+                          notice=lambda line: errors.print(line, markup=False, highlight=False))
         out = out or Path("runs") / cfg.name
         summary = _run_with_progress(cfg, out, resume)
         print_outcome(out, console, summary)
@@ -92,28 +94,6 @@ def run(
     except BackendError as e:  # workers lost twice in a round: the run keeps its last checkpoint
         fail(f"{e}; continue from the last checkpoint with: dpfl run {config} --resume"
              + (f" --out {out}" if out is not None else ""))
-
-
-def _run_mpdp(config: Path, sets: list[str], out: Optional[Path]) -> None:
-    """An MP-DP run (`dpfl.experiment.mpdp_directory`): flat `--set field=value` overrides, then the outcome."""
-    import yaml
-
-    from dpfl.evaluate.mpdp_attacks import client_attacks
-    from dpfl.experiment.mpdp_config import load_mpdp_config
-    from dpfl.experiment.mpdp_directory import execute_mpdp
-    from dpfl.results.mpdp_outcome import print_mpdp_outcome
-
-    overrides: dict[str, Any] = {}
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"--set {item!r}: expected field=value")
-        overrides[key.strip()] = yaml.safe_load(value)
-    cfg = load_mpdp_config(config, **overrides)
-    out = out or Path("runs") / cfg.name
-    summary = execute_mpdp(cfg, out, progress=lambda line: errors.print(line, markup=False, highlight=False),
-                           client_attacks=client_attacks)
-    print_mpdp_outcome(out, console, summary)
 
 
 def demo(out: Annotated[Optional[Path], typer.Option(help="Run directory (default runs/demo-<time>).")] = None) -> None:

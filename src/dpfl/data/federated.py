@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from dpfl.data.arrays import ArrayDataset
-from dpfl.data.partition import dirichlet, dirichlet_quota, iid, label_shards
+from dpfl.data.partition import dirichlet, dirichlet_quota, iid, iid_equal, label_shards
 from dpfl.data.splits import stratified_split
 from dpfl.seeding import Purpose, numpy_generator
 
-PARTITIONS = ("iid", "shards", "dirichlet", "dirichlet_quota")
+PARTITIONS = ("iid", "shards", "dirichlet", "dirichlet_quota", "iid_equal")
 
 
 def _empty_like_rows(x: torch.Tensor) -> torch.Tensor:
@@ -105,6 +105,18 @@ class FederatedDataset:
             [np.bincount(c.y_train.numpy(), minlength=self.n_classes) for c in self.clients]
         ).astype(np.int64)
 
+    def with_feature_dtype(self, dtype: torch.dtype) -> FederatedDataset:
+        """This dataset with floating-point features in `dtype` (a float64 network reads float64 records; a float32
+        record converts exactly); itself if they already are, or if the features are not floating point."""
+        xs = [self.x_test, *(t for c in self.clients for t in (c.x_train, c.x_test, c.x_val))]
+        if not dtype.is_floating_point or all(t is None or not t.is_floating_point() or t.dtype == dtype for t in xs):
+            return self
+        cast = lambda t: t.to(dtype) if t is not None and t.is_floating_point() else t  # noqa: E731
+        clients = [ClientData(cast(c.x_train), c.y_train, cast(c.x_test), c.y_test, cast(c.x_val), c.y_val)
+                   for c in self.clients]
+        return FederatedDataset(clients, cast(self.x_test), self.y_test, self.n_classes, self.input_shape,
+                                dict(self.info))
+
     @classmethod
     def from_arrays(
         cls,
@@ -127,13 +139,15 @@ class FederatedDataset:
         ``client_test_fraction`` then holds out a stratified share of each client's data as its
         local test set, and ``client_val_fraction`` (of the client's whole share, e.g. 0.1 and 0.1 for the
         80/10/10 split) a stratified validation set from what remains. ``sizes`` applies to iid only, ``alpha`` to
-        dirichlet and dirichlet_quota, ``shards_per_client`` to shards; ``samples_per_client`` (dirichlet_quota only)
-        is each client's quota, default floor(train samples / clients).
+        dirichlet and dirichlet_quota, ``shards_per_client`` to shards; ``samples_per_client`` (dirichlet_quota and
+        iid_equal) is each client's quota, default floor(train samples / clients). iid_equal (MP-DP's comparison):
+        equal shards of one permutation, each in the permutation's order.
         """
         if partition not in PARTITIONS:
             raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
-        if samples_per_client is not None and partition != "dirichlet_quota":
-            raise ValueError(f"samples_per_client applies to partition='dirichlet_quota' only, got {partition!r}")
+        if samples_per_client is not None and partition not in ("dirichlet_quota", "iid_equal"):
+            raise ValueError("samples_per_client applies to partitions 'dirichlet_quota' and 'iid_equal' only, got "
+                             f"{partition!r}")
         if sizes is not None and partition != "iid":
             raise ValueError(f"sizes applies to partition='iid' only, got partition={partition!r}")
         if not 0.0 <= client_test_fraction < 1.0:
@@ -166,6 +180,8 @@ class FederatedDataset:
         rng = numpy_generator(seed, Purpose.PARTITION)
         if partition == "iid":
             parts = iid(len(pool), n_clients, rng, sizes=sizes)
+        elif partition == "iid_equal":
+            parts = iid_equal(len(pool), n_clients, rng, samples_per_client)
         elif partition == "shards":
             parts = label_shards(labels, n_clients, shards_per_client, rng)
         elif partition == "dirichlet_quota":
@@ -200,6 +216,8 @@ class FederatedDataset:
         )
         if client_val_fraction:
             info["client_val_fraction"] = client_val_fraction
+        if partition == "iid_equal" and samples_per_client is not None:
+            info["samples_per_client"] = int(samples_per_client)
         if partition == "dirichlet":
             info["alpha"] = alpha
         elif partition == "shards":

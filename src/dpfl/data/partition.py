@@ -1,9 +1,10 @@
-"""Split sample indices among clients: iid, label shards (McMahan et al.), Dirichlet label skew.
+"""Split sample indices among clients: iid, label shards (McMahan et al.), Dirichlet label skew, and the equal IID
+shards of MP-DP's comparison.
 
-Each partitioner returns one sorted int64 index array per client. The arrays are disjoint; iid
-with default sizes, shards and dirichlet cover every index, iid with explicit sizes covers
-``sum(sizes)`` of them. ``rng`` is a numpy Generator or an int seed (turned into dpfl's
-PARTITION stream), so the same seed gives the same split everywhere.
+Each partitioner returns one sorted int64 index array per client (`iid_equal` keeps its permutation's order). The
+arrays are disjoint; iid with default sizes, shards and dirichlet cover every index, iid with explicit sizes covers
+``sum(sizes)`` of them. ``rng`` is a numpy Generator or an int seed (turned into dpfl's PARTITION stream), so the
+same seed gives the same split everywhere.
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ def iid(n: int, n_clients: int, rng: RngLike = None, sizes: Sequence[int] | None
     perm = gen.permutation(n)
     bounds = np.concatenate([[0], np.cumsum(counts)])
     return [np.sort(perm[bounds[i] : bounds[i + 1]]).astype(np.int64) for i in range(n_clients)]
+
+
+def iid_equal(n: int, n_clients: int, rng: RngLike = None, per_client: int | None = None) -> list[np.ndarray]:
+    """Equal IID shards of one seeded permutation: client k holds its positions k m .. (k + 1) m - 1, m = `per_client`
+    or floor(n / n_clients); the rest is left out. MP-DP's comparison runs on this split (spec bidirectional.md §11).
+    Each shard keeps the permutation's order, not sorted: FedSGD draws its batches by position in the shard."""
+    _check_int("n", n, 0)
+    _check_int("n_clients", n_clients, 1)
+    per = n // n_clients if per_client is None else per_client
+    _check_int("per_client", per, 1)
+    if per * n_clients > n:
+        raise ValueError(f"{n_clients} clients x {per} records exceed the {n} records")
+    perm = _generator(rng).permutation(n)
+    return [perm[k * per:(k + 1) * per].astype(np.int64) for k in range(n_clients)]
 
 
 def label_shards(

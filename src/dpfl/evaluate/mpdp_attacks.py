@@ -25,7 +25,8 @@ from dpfl.seeding import Purpose, numpy_generator
 if TYPE_CHECKING:
     from dpfl.experiment.mpdp_run import FederatedArrays
 
-__all__ = ["KEPT_METRICS", "client_attacks", "demasking_report", "membership_report"]
+__all__ = ["KEPT_METRICS", "client_attacks", "comparison_arrays", "demasking_report", "measure_client_attacks",
+           "membership_report"]
 
 KEPT_METRICS = ("asr", "auc", "tpr_at_1fpr", "threshold_protocol", "n_members", "n_nonmembers")
 
@@ -90,3 +91,26 @@ def client_attacks(arrays: FederatedArrays, seed: int, *, view: ClientView | Non
                                      "adaptive: client 0's demasked network)",
                            "plain": membership_report(lambda x: view.outputs(x)[0], arrays, seed),
                            "adaptive": membership_report(lambda x: attack.predict(x, view), arrays, seed)}}
+
+
+def comparison_arrays(data: Any) -> FederatedArrays:
+    """A run's FederatedDataset as the attacks read it: each client's records with one-hot labels, the test set."""
+    from dpfl.experiment.mpdp_run import FederatedArrays
+
+    shards = [(c.x_train, torch.nn.functional.one_hot(c.y_train.long(), data.n_classes).to(torch.float64))
+              for c in data.clients]
+    return FederatedArrays(shards, data.x_test, data.y_test.long(), data.n_classes, tuple(data.input_shape))
+
+
+def measure_client_attacks(run: Any, result: Any) -> dict[str, Any]:
+    """`client_attacks` on a finished run of MP-DP's family (`dpfl.experiment.run_directory.execute`'s `measure`):
+    on the last perturbed model the clients received (the server step's state) for mpdp*, else on the final global
+    model."""
+    from dpfl.algorithms.secure.mpdp.server_steps import client_view
+
+    plan = run.algorithm.local.network
+    view = client_view(result.states.server, plan) if run.algorithm.aggregator.encodes_broadcast else None
+    arrays = comparison_arrays(run.data)
+    if view is not None:
+        return client_attacks(arrays, run.seed, view=ClientView(view))
+    return client_attacks(arrays, run.seed, weights=list(result.params.values()), plan=plan)

@@ -21,20 +21,23 @@ client 0's upload (every one is attacked; the strongest counts, since a server u
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from dpfl.algorithms.secure.mpdp.algorithm import clipped, perturbed_round, true_gradient
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, forward, recover, round_generator
 from dpfl.evaluate.probe import Probe, invert_probe, private_classes, shared_extractor
-from dpfl.experiment.mpdp_config import MPDPConfig
-from dpfl.experiment.mpdp_run import FederatedArrays, noise_settings
 from dpfl.seeding import Purpose, derive_seed
 
-__all__ = ["BATCHES", "TARGETS", "AlphaNetwork", "PerturbedNetwork", "PlanNetwork", "inversion_report", "masked",
-           "probe_targets"]
+if TYPE_CHECKING:
+    from dpfl.experiment.mpdp_run import FederatedArrays
+
+__all__ = ["BATCHES", "TARGETS", "AlphaNetwork", "PerturbedNetwork", "PlanNetwork", "ProbeSetting", "inversion_report",
+           "masked", "probe_targets"]
 
 BATCHES = (1, 8)  # the spec's probe batch sizes
 PROBE_ROUND = 10**6  # the probe round's index in the seeds: never one of the run's rounds
@@ -101,14 +104,34 @@ def _probe_records(arrays: FederatedArrays, batch: int) -> tuple[torch.Tensor, t
     return x[pick], onehot[pick]
 
 
-def probe_targets(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], plan: FactorPlan,
+@dataclass(frozen=True)
+class ProbeSetting:
+    """What the probe round needs of the run: its method's round settings (`settings.method`: mpdp, mpdp_naive,
+    mp_cdp, fedavg or tp_smc), its seed, and each client's batch size."""
+
+    settings: RoundSettings
+    seed: int
+    batch_size: int
+
+    @classmethod
+    def of(cls, run: Any) -> ProbeSetting:
+        """A FederatedRun of MP-DP's family."""
+        return cls(run.algorithm.aggregator.settings, run.seed, int(run.batch_sizes[0]))
+
+
+def _reads_vectors(plan: FactorPlan) -> bool:
+    """Whether the network's first layer is linear: the attacks' images are then flattened for it."""
+    return plan.layer_specs[0].kind == "linear"
+
+
+def probe_targets(probe: ProbeSetting, weights: list[torch.Tensor], plan: FactorPlan,
                   arrays: FederatedArrays, x: torch.Tensor, y: torch.Tensor
                   ) -> dict[str, tuple[nn.Module, list[torch.Tensor], torch.Tensor]]:
     """What the server can invert from client 0's upload in a probe round at `weights`, by view (TARGETS): the
     network the dummy gradients are taken on, the target gradient, and the labels its loss uses."""
     labels = y.argmax(1)
-    settings, _ = noise_settings(cfg, method)
-    flatten = cfg.model == "mlp"
+    settings, method = probe.settings, probe.settings.method
+    flatten = _reads_vectors(plan)
     if method in ("fedavg", "mp_cdp"):
         g = true_gradient(weights, x, y, plan)
         if method == "mp_cdp":
@@ -123,32 +146,33 @@ def probe_targets(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], pla
             seen["recovered"] = recover(upload, psi, phi, sec)
 
     batches = {0: (x, y)}
-    for k in range(1, cfg.clients):
+    for k in range(1, len(arrays.shards)):
         bx, by = arrays.shards[k]
-        batches[k] = (bx[:cfg.batch_size], by[:cfg.batch_size])
-    secret_gen = round_generator(derive_seed(cfg.seed, Purpose.SERVER_NOISE, PROBE_ROUND))
-    seeds = {k: derive_seed(cfg.seed, Purpose.NOISE, PROBE_ROUND, k) for k in batches}
+        batches[k] = (bx[:probe.batch_size], by[:probe.batch_size])
+    secret_gen = round_generator(derive_seed(probe.seed, Purpose.SERVER_NOISE, PROBE_ROUND))
+    seeds = {k: derive_seed(probe.seed, Purpose.NOISE, PROBE_ROUND, k) for k in batches}
     perturbed_round(weights, plan, batches, settings, PROBE_ROUND, secret_gen, seeds, on_upload=server_view,
                     on_broadcast=lambda payload, _: seen.setdefault("payload", payload))
     views = {"upload_at_w_hat": (PerturbedNetwork(seen["payload"], flatten), seen["upload"], labels)}
-    if not masked(cfg, method):  # with Ψ, Φ masked neither the recovered gradient nor Φ_k can be read
+    if not masked(settings):  # with Ψ, Φ masked neither the recovered gradient nor Φ_k can be read
         views["recovered"] = (PlanNetwork(weights, plan, flatten), seen["recovered"], labels)
         views["phi"] = (AlphaNetwork(seen["payload"], flatten), seen["phi"], torch.zeros_like(labels))  # W2
     return views
 
 
-def masked(cfg: MPDPConfig, method: str) -> bool:
-    return method == "mpdp" and cfg.mask_corrections
+def masked(settings: RoundSettings) -> bool:
+    """Whether MP-DP's clients mask Ψ and Φ (mask_corrections): the server then reads only their sums."""
+    return settings.method == "mpdp" and settings.mask_corrections
 
 
-def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], plan: FactorPlan,
+def inversion_report(probe: ProbeSetting, weights: list[torch.Tensor], plan: FactorPlan,
                      arrays: FederatedArrays, *, steps: int = 200, extractors: dict[Any, nn.Module] | None = None,
                      batches: tuple[int, ...] = BATCHES) -> dict[str, Any]:
     """DLG and Inverting Gradients on every view the server has of the probe upload, per probe batch size: PSNR
     (dB, higher = more leakage), image MSE, feature MSE, and the strongest (view, attack)'s PSNR: the server
     uses whichever works. `extractors`: a cache of the public feature extractors (`shared_extractor`), which depend
     only on the public records and the seed: a study passes one dict to all its runs and trains each once."""
-    if method == "tp_smc":
+    if probe.settings.method == "tp_smc":
         return {"skipped": "TP-SMC: the server never sees a client's upload in the clear, only the threshold-decrypted "
                            "noisy sum of all K (spec §10 names no inversion target for it)"}
     if len(arrays.image_shape) != 3:
@@ -166,16 +190,16 @@ def inversion_report(cfg: MPDPConfig, method: str, weights: list[torch.Tensor], 
         x, y = records
         images = x.reshape(b, *arrays.image_shape)
         views: dict[str, Any] = {}
-        for view, (model, gradient, labels) in probe_targets(cfg, method, weights, plan, arrays, x, y).items():
+        for view, (model, gradient, labels) in probe_targets(probe, weights, plan, arrays, x, y).items():
             if all(float(g.abs().max()) == 0.0 for g in gradient):
                 views[view] = {"target": TARGETS[view], "skipped": "the probe gradient is exactly zero (no unit of "
                                "the model is active on these records): there is nothing to invert"}
                 continue
-            probe = Probe(model, gradient, images, labels, "mse_onehot", None, "the server", public_records,
-                          arrays.n_classes)
+            target = Probe(model, gradient, images, labels, "mse_onehot", None, "the server", public_records,
+                           arrays.n_classes)
             if extractor is None:
-                extractor = shared_extractor(probe, cfg.seed, extractors)
-            attacks = invert_probe(probe, steps=steps, seed=cfg.seed, extractor=extractor)
+                extractor = shared_extractor(target, probe.seed, extractors)
+            attacks = invert_probe(target, steps=steps, seed=probe.seed, extractor=extractor)
             views[view] = {"target": TARGETS[view],
                            "attacks": {name: {k: v for k, v in r.items() if k != "reconstruction"}
                                        for name, r in attacks.items()}}

@@ -30,12 +30,14 @@ from dpfl.privacy.fdp_run import NoisyRunAccounting
 __all__ = ["build_algorithm", "model_facts", "noisy_accounting", "run_facts"]
 
 
-def run_facts(cfg: RunConfig, model: nn.Module | None = None) -> RunFacts:
+def run_facts(cfg: RunConfig, model: nn.Module | None = None,
+              input_shape: tuple[int, ...] | None = None) -> RunFacts:
     """What the algorithm's factory needs of the run: the config's training and privacy settings, the model's loss
-    and parameter names (`model_facts`), the user's registered stages and the secure-aggregation protocol."""
+    and parameter names (`model_facts`), the built model and one record's shape (MP-DP perturbs the network), the
+    user's registered stages and the secure-aggregation protocol."""
     loss, names, head = model_facts(cfg, model)
     return RunFacts(**_settings(cfg), loss=loss, param_names=tuple(names), head_module=head,
-                    model_name=cfg.model.name,
+                    model_name=cfg.model.name, model=model, input_shape=input_shape, run_name=cfg.name,
                     secure=_secure_protocol(cfg) if cfg.secure_aggregation is not None else None,
                     aggregator=_registered_aggregator(cfg) if cfg.algorithm.aggregator is not None else None,
                     local=_registered_local(cfg) if cfg.algorithm.local is not None else None)
@@ -53,10 +55,12 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         smoothness_L=p.smoothness_L, honest_clients=p.honest_clients, secure_view=p.secure_aggregation, seed=cfg.seed)
 
 
-def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm:
+def build_algorithm(cfg: RunConfig, model: nn.Module | None = None,
+                    input_shape: tuple[int, ...] | None = None) -> Algorithm:
     """The algorithm bundle named by `cfg.algorithm`, with the stages its privacy mechanism needs.
 
     `model`: the run's built model (its loss and parameter names); default: the registry's facts of `cfg.model`.
+    `input_shape`: one record's shape (the MP-DP family reads it with the model).
     A noise the config leaves unset stays None in its stage: `FederatedRun` calibrates it from the budgets.
     """
     name = cfg.algorithm.name
@@ -65,7 +69,7 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None) -> Algorithm
         raise ConfigError(f"algorithm: {name} is built with its data (build_run): its noise depends on the split",
                           "algorithm")
     try:
-        return spec.factory(run_facts(cfg, model), **cfg.algorithm.params)
+        return spec.factory(run_facts(cfg, model, input_shape), **cfg.algorithm.params)
     except AlgorithmError as err:
         raise ConfigError(str(err), err.key) from None
 

@@ -124,7 +124,7 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
         kw["alpha"] = d.alpha
     elif d.partition == "shards":
         kw["shards_per_client"] = d.shards_per_client
-    if d.samples_per_client is not None:  # the schema allows it with dirichlet_quota only
+    if d.samples_per_client is not None:  # the schema allows it with dirichlet_quota and iid_equal only
         kw["samples_per_client"] = d.samples_per_client
     try:
         if d.partition == "clustered":
@@ -307,6 +307,7 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
                                 **cfg.model.options)
         except (ValueError, TypeError) as err:
             raise ConfigError(f"model: {err}", "model") from None
+    data = data.with_feature_dtype(next(model.parameters()).dtype)  # a float64 network (MP-DP's) reads float64
     check_model_contract(model, data, user=model_is_users(cfg))
     refuse_unaccounted_buffers(cfg, model)
     budgets = resolve_budgets(cfg)
@@ -323,7 +324,7 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
                 raise ConfigError(str(err), err.key) from None
             algorithm, noise = built.algorithm, built.noise_multipliers
         else:
-            algorithm = build_algorithm(cfg, model)
+            algorithm = build_algorithm(cfg, model, tuple(data.input_shape))
     except ValueError as err:
         if isinstance(err, ConfigError):
             raise

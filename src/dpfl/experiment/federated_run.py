@@ -215,7 +215,7 @@ class FederatedRun:
         if on_checkpoint is not None:
             on_checkpoint(self._state(r, w, retired, history, stop_reason, states))
         return RunResult(w, history, self.ledger, self.noise, stop_reason, PrivacyReport.from_dict(
-            self.privacy_summary(stop_reason, r, history, retired=retired)))
+            self.privacy_summary(stop_reason, r, history, retired=retired)), states)
 
     def _stage_states(self, state: RunState) -> StageStates:
         """The server step's and the upload mechanism's states at `state`: their `init` for a fresh run, the

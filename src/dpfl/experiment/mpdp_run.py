@@ -21,7 +21,7 @@ from torch import nn
 
 from dpfl.algorithms.catalog.context import RunFacts
 from dpfl.algorithms.catalog.mpdp import PARAMS, fedsgd, mp_cdp, mpdp, mpdp_naive, tp_smc
-from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan
 from dpfl.algorithms.secure.mpdp.residual import norm_free_resnet
 from dpfl.algorithms.secure.mpdp.server_steps import client_view
@@ -31,7 +31,7 @@ from dpfl.data import load_dataset
 from dpfl.data.catalog import FILE_BACKED
 from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.experiment.federated_run import FederatedRun, RunState
-from dpfl.experiment.mpdp_config import MPDPConfig
+from dpfl.experiment.config.legacy_mpdp import MPDPConfig
 from dpfl.seeding import Purpose, numpy_generator, torch_generator
 
 
@@ -171,7 +171,7 @@ def mpdp_run(cfg: MPDPConfig, method: str, arrays: FederatedArrays,
     """`method` on cfg's data as a run of the one round loop (`drop`, `on_broadcast`: as `run_mpdp`'s)."""
     data = federated_data(arrays)
     model = mpdp_network(cfg, data.input_shape, data.n_classes)
-    facts = RunFacts(lr=cfg.lr, clients=cfg.clients, rounds=cfg.rounds, clip=cfg.clip, loss="mse_onehot",
+    facts = RunFacts(lr=cfg.lr, clients=cfg.clients, rounds=cfg.rounds, local_steps=1, clip=cfg.clip, loss="mse_onehot",
                      seed=cfg.seed, model=model, input_shape=data.input_shape, run_name=cfg.name)
     algorithm = FACTORIES[method](facts, **{k: getattr(cfg, k) for k in PARAMS})
     if drop is not None:

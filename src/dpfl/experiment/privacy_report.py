@@ -47,8 +47,11 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
     protocol = alg.aggregator.protocol_description()
     if alg.aggregator.secure and protocol is not None:
         out["secure_aggregation"] = protocol
+    notes = alg.aggregator.privacy_notes([dict(row) for row in history])
     if alg.unit is not None and run.ledger is None:
-        out["warning"] = "a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported"
+        out["warning"] = ("no epsilon in dpfl's per-client ledger: the method states its own guarantee in `stage` "
+                          "(read its `guarantee` and `label`)" if notes is not None and "guarantee" in notes else
+                          "a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported")
     if run.ledger is not None and run.budgets is not None:
         spent = run.ledger.spent_all()
         out["clients"] = [
@@ -89,7 +92,6 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
             "ASSUMED: the server cannot tell which clients took part (Poisson client sampling hidden from it), "
             "so each upload's σ/√K is amplified by the sampling rate. A server that receives the individual "
             "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
-    notes = alg.aggregator.privacy_notes([dict(row) for row in history])
     if notes is not None:  # a stage with releases of its own (R-DPCFL's private selections), MP-DP's guarantee
         out["stage"] = notes
     if "clients" in out:

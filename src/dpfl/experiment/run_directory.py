@@ -62,13 +62,19 @@ class RunDirectoryOccupied(RunDirectoryError):
     """A new run (or a copy) was to start in a directory that already holds one (`is_occupied`)."""
 
 
+Measure = Callable[[FederatedRun, RunResult], dict[str, Any]]
+
+
 def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
             on_round: Callable[[dict[str, Any]], None] | None = None,
             on_start: Callable[[FederatedRun, int], None] | None = None,
-            build: Callable[[], FederatedRun] | None = None) -> dict[str, Any]:
+            build: Callable[[], FederatedRun] | None = None,
+            measure: Measure | None = None) -> dict[str, Any]:
     """Run `cfg` into `out` (or continue it with `resume`) and return the summary.
 
     `build` makes the FederatedRun (default `build_run(cfg)`; `dpfl.run` passes the user's data and model objects).
+    `measure(run, result)`: blocks added to privacy.json after the last round, before the summary is written (the
+    attacks of `dpfl.evaluate` on the final models: what a curious client of an MP-DP run learns).
     """
     out = Path(out)
     build = build or (lambda: build_run(cfg))
@@ -80,12 +86,12 @@ def execute(cfg: RunConfig, out: Path, *, resume: bool = False,
     elif not out.is_dir():
         _inspect(cfg, out)  # raises: nothing to resume
     with hold_run_directory(out):  # another process writing here is refused before anything is read or written
-        return _execute_held(cfg, out, run, build, on_round, on_start)
+        return _execute_held(cfg, out, run, build, on_round, on_start, measure)
 
 
 def _execute_held(cfg: RunConfig, out: Path, run: FederatedRun | None, build: Callable[[], FederatedRun],
                   on_round: Callable[[dict[str, Any]], None] | None,
-                  on_start: Callable[[FederatedRun, int], None] | None) -> dict[str, Any]:
+                  on_start: Callable[[FederatedRun, int], None] | None, measure: Measure | None) -> dict[str, Any]:
     """`execute` with the directory's lock held: resume when `run` is None, else start `run` afresh."""
     if run is None:
         found = _inspect(cfg, out)  # reads and checks every file; changes nothing
@@ -120,7 +126,7 @@ def _execute_held(cfg: RunConfig, out: Path, run: FederatedRun | None, build: Ca
 
     result = run.run(record, state=state, on_checkpoint=lambda s: _save_checkpoint(out / CHECKPOINT, s, fingerprint),
                      checkpoint_every=cfg.checkpoint.every)
-    return _finish(cfg, out, run, result, time.perf_counter() - started)
+    return _finish(cfg, out, run, result, time.perf_counter() - started, measure)
 
 
 # ---------------------------------------------------------------------------------------- fresh runs
@@ -412,10 +418,13 @@ def _copy_held(src: Path, summary: dict[str, Any], cfg: RunConfig, out: Path) ->
 
 
 # ---------------------------------------------------------------------------------------- the end
-def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, seconds: float) -> dict[str, Any]:
+def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, seconds: float,
+            measure: Measure | None = None) -> dict[str, Any]:
     privacy = result.privacy.to_dict()
     if result.ledger is not None:
         privacy["ledger"] = result.ledger.to_dict()
+    if measure is not None:
+        privacy.update(measure(run, result))
     write_json_atomic(out / PRIVACY, privacy)
     best_round, best = _best(result.history, "test_accuracy")
     validated = [row["val_accuracy"] for row in result.history if row.get("val_accuracy") is not None]

@@ -108,7 +108,8 @@ class RemoteRound:
 
 @dataclass
 class RunResult:
-    """What a run produced: the final global model, one metrics row per round, and the ledger."""
+    """What a run produced: the final global model, one metrics row per round, the ledger, and the stages' states
+    after the last round (MP-DP's server step holds the last model its clients received)."""
 
     params: P.Params
     history: list[dict[str, Any]]
@@ -116,6 +117,7 @@ class RunResult:
     noise_multipliers: np.ndarray
     stop_reason: str
     privacy: PrivacyReport = field(default_factory=PrivacyReport)  # privacy.json's content, typed
+    states: StageStates | None = None
 
     @property
     def final_accuracy(self) -> float | None:

@@ -38,10 +38,11 @@ psnr_b1 and psnr_b8 (gradient inversion by the server of client 0's probe upload
 and 8, the strongest of DLG and Inverting Gradients on every view the server has, in dB, higher = more leakage;
 psnr_b*_recovered, psnr_b*_upload and psnr_b*_phi: mpdp*'s views, the Eq. (18) recovered gradient matched at W, the
 raw upload matched at Ŵ, and the noise-free correction term Φ_k (W2): evaluate/mpdp_inversion.py),
-status, run_dir. Every run directory has config.yaml (the config it ran, written first), metrics.jsonl, privacy.json
-(every attack's ASR, AUC and TPR at 1% FPR) and summary.json (written last). A re-run skips the finished runs of the
-same config and inversion steps, runs the unfinished ones from the start (MP-DP runs do not resume), and refuses,
-before running anything, a directory that holds another config: one --out, one experiment. `--only-seeds` spreads a
+status, run_dir. Every job is an ordinary run directory of the one round loop (`run_directory.execute`: config.yaml,
+metrics.jsonl, checkpoint.pt, privacy.json with every attack's ASR, AUC and TPR at 1% FPR, summary.json) plus
+comparison.json, the job's results.csv row, written last. A re-run skips the finished jobs of the same config and
+inversion steps, resumes the unfinished ones from their last checkpoint, and refuses, before running anything, a
+directory that holds another config: one --out, one experiment. `--only-seeds` spreads a
 grid's seeds over sessions or machines; `--tables-only` writes the tables of the finished runs and trains nothing.
 Two invocations may share an --out, and `--workers N` starts N processes that do: a job's directory is locked while
 it runs (`dpfl.experiment.run_lock`), and a job another process is running is skipped, its row left to that process
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,25 +61,27 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dpfl.data.errors import DatasetNotFoundError
-from dpfl.experiment.mpdp_config import MPDPConfig, load_mpdp_config
-from dpfl.experiment.mpdp_directory import write_run_files
-from dpfl.evaluate.mpdp_attacks import client_attacks
-from dpfl.evaluate.mpdp_inversion import inversion_report
-from dpfl.experiment.mpdp_run import federated_arrays, run_mpdp
-from dpfl.experiment.run_lock import RunDirectoryBusy, lock_holder, run_held
+from dpfl.evaluate.mpdp_attacks import comparison_arrays, measure_client_attacks
+from dpfl.evaluate.mpdp_inversion import ProbeSetting, inversion_report
+from dpfl.experiment.build import build_data, build_run
+from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
+from dpfl.experiment.config.overrides import apply_overrides
+from dpfl.experiment.federated_run import FederatedRun
+from dpfl.experiment.run_directory import CHECKPOINT, CONFIG, PRIVACY, execute, load_checkpoint
+from dpfl.experiment.run_lock import RunDirectoryBusy, hold_run_directory, lock_holder
 from dpfl.reproduce.jobs import GridError, check_planned, config_dir, select_names
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
 from dpfl.reproduce.tables import csv_text, md_table, mean_std
 from dpfl.reproduce.workers import rows_in_workers
 from dpfl.results.environment import computed_and_written, run_environments
 from dpfl.results.formatting import or_na
-from dpfl.results.run_files import write_json_atomic, write_text_atomic
+from dpfl.results.run_files import read_metrics, write_json_atomic, write_text_atomic
 
 METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 OPTIONAL_METHODS = ("tp_smc",)  # run only when --methods names them (slow: homomorphic encryption every round)
+ALGORITHM = {"mpdp_oracle_clip": "mpdp", "fedavg": "fedsgd"}  # a method's algorithm, where the names differ
+COMPARISON = "comparison.json"  # a job's results.csv row, written last
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
            "upload_bytes", "violation_rate", "epsilon_composed", "epsilon_label", "perturbed_accuracy",
            "demasked_accuracy", "mia_asr", "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered",
@@ -101,42 +105,42 @@ SKIPPED = {
 }
 
 
+def with_fields(cfg: RunConfig, *overrides: str) -> RunConfig:
+    """`cfg` with `FIELD.PATH=VALUE` overrides, validated again."""
+    return validate_config(apply_overrides(config_to_dict(cfg), overrides))
+
+
 @dataclass(frozen=True)
 class MPDPJob:
     setting: str
     method: str
     seed: int
-    config: MPDPConfig
+    config: RunConfig  # the setting's config at this job's seed and epsilon
 
     def directory(self, out: Path) -> Path:
         return out / "runs" / self.setting / f"{self.method}-seed{self.seed}"
 
-    def run_config(self) -> MPDPConfig:
-        """The config this job runs, as its config.yaml records it: its method, and for mpdp_oracle_clip MP-DP with
-        the simulation-only clip of the true gradient."""
-        if self.method == "mpdp_oracle_clip":
-            return self.config.model_copy(update={"method": "mpdp", "clip_mode": "oracle_true"})
-        return self.config.model_copy(update={"method": self.method})
-
-
-def _config_text(cfg: MPDPConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    def run_config(self) -> RunConfig:
+        """The config this job runs, as its config.yaml records it: its method's algorithm, and for
+        mpdp_oracle_clip MP-DP with the simulation-only clip of the true gradient."""
+        extra = ("algorithm.params.clip_mode=oracle_true",) if self.method == "mpdp_oracle_clip" else ()
+        return with_fields(self.config, f"algorithm.name={ALGORITHM.get(self.method, self.method)}", *extra)
 
 
 def job_state(job: MPDPJob, out: Path, inversion_steps: int) -> tuple[str, str]:
-    """(state, why) of a job's directory: new, finished, partial (to run again from the start) or config differs."""
+    """(state, why) of a job's directory: new, finished, partial (resumed) or config differs."""
     d = job.directory(out)
-    config_path, summary_path = d / "config.yaml", d / "summary.json"
+    config_path, row_path = d / CONFIG, d / COMPARISON
     if not config_path.is_file():
-        if summary_path.is_file():
+        if (d / "summary.json").is_file():
             return DIFFERS, "it was made before dpfl saved each run's config.yaml, so its config cannot be checked"
         return NEW, ""
-    saved, wanted = config_path.read_text(encoding="utf-8"), _config_text(job.run_config())
+    saved, wanted = config_path.read_text(encoding="utf-8"), config_to_yaml(job.run_config())
     if saved != wanted:
         return DIFFERS, first_difference(saved, wanted)
-    if not summary_path.is_file():
+    if not row_path.is_file():
         return PARTIAL, ""
-    steps = json.loads(summary_path.read_text(encoding="utf-8")).get("inversion_steps")
+    steps = json.loads(row_path.read_text(encoding="utf-8")).get("inversion_steps")
     if steps != inversion_steps:
         return DIFFERS, f"saved inversion_steps {steps}, this job {inversion_steps}"
     return FINISHED, ""
@@ -154,7 +158,7 @@ def check_directories(todo: Sequence[MPDPJob], out: Path, inversion_steps: int) 
     return states
 
 
-def _setting_name(cfg: MPDPConfig, eps: float, several: bool) -> str:
+def _setting_name(cfg: RunConfig, eps: float, several: bool) -> str:
     return f"{cfg.name}-eps{eps:g}" if several else cfg.name
 
 
@@ -173,16 +177,16 @@ def jobs(scale: str, seeds: int | None = None, methods: Sequence[str] | None = N
     skipped = dict(SKIPPED[scale])
     out: list[MPDPJob] = []
     for filename, epsilons, *only in SCALES[scale]["configs"]:  # an optional third entry: the config's methods
-        base = load_mpdp_config(config_dir("mpdp") / filename, **({"rounds": rounds} if rounds else {}))
+        base = load_config(config_dir("mpdp") / filename, [f"training.rounds={rounds}"] if rounds else [])
         try:
-            federated_arrays(base)
+            build_data(base)
         except DatasetNotFoundError as e:
-            skipped[base.name] = f"dataset {base.dataset!r} not found locally ({str(e).splitlines()[0]})"
+            skipped[base.name] = f"dataset {base.data.dataset!r} not found locally ({str(e).splitlines()[0]})"
             continue
         for eps in epsilons:
             setting = _setting_name(base, eps, len(epsilons) > 1)
             for seed in range(n_seeds):
-                cfg = base.model_copy(update={"epsilon": eps, "seed": seed})
+                cfg = with_fields(base, f"algorithm.params.epsilon={eps!r}", f"seed={seed}")
                 for method in (m for m in wanted if not only or m in only[0]):
                     if method == "fedavg" and eps != epsilons[0]:
                         continue  # no epsilon: once per config and seed
@@ -206,40 +210,88 @@ def inversion_columns(inversion: dict[str, Any]) -> dict[str, float | None]:
     return row
 
 
+CLIENT_SECONDS = {"mpdp": ("lmt_seconds", "ddp_seconds"), "mpdp_naive": ("lmt_seconds", "ddp_seconds"),
+                  "tp_smc": ("client_seconds", "encrypt_seconds")}
+SERVER_SECONDS = {"mpdp": ("server_seconds", "upload_sum_seconds", "recover_update_seconds"),
+                  "mpdp_naive": ("server_seconds", "upload_sum_seconds", "recover_update_seconds"),
+                  "tp_smc": ("decrypt_seconds",)}
+
+
+def comparison_row(cfg: RunConfig, history: list[dict[str, Any]], privacy: dict[str, Any],
+                   seconds: float) -> dict[str, Any]:
+    """The comparison's numbers of one finished run (results.csv's columns): final accuracy, times per round,
+    upload size, violation rate, the composed epsilon and its label, and what the client attacks found."""
+    method = ALGORITHM_METHOD.get(cfg.algorithm.name, cfg.algorithm.name)
+    stage = privacy.get("stage", {})
+    membership = privacy.get("membership", {})
+    rounds = len(history)
+    per_round = lambda keys: sum(row.get(k, 0.0) for row in history for k in keys) / rounds  # noqa: E731
+    final = history[-1]
+    return {"setting": cfg.name, "method": method, "seed": cfg.seed,
+            "epsilon": None if method == "fedavg" else cfg.algorithm.params["epsilon"],
+            "accuracy": final.get("test_accuracy"), "round_seconds": sum(r["seconds"] for r in history) / rounds,
+            "server_seconds": per_round(SERVER_SECONDS.get(method, ())),
+            "client_seconds": per_round(CLIENT_SECONDS.get(method, ("client_seconds",))) / cfg.data.clients,
+            "upload_bytes": final["uplink_bytes"] // max(len(final["selected"]), 1),
+            "violation_rate": stage.get("violation_rate"),
+            "epsilon_composed": stage.get("composed_epsilon_max", stage.get("epsilon_total")),
+            "demasked_accuracy": privacy.get("model_hiding", {}).get("demasked_accuracy"),
+            "perturbed_accuracy": privacy.get("model_hiding", {}).get("perturbed_accuracy"),
+            "mia_asr": membership.get("plain", {}).get("asr"), "mia_auc": membership.get("plain", {}).get("auc"),
+            "mia_asr_adaptive": membership.get("adaptive", {}).get("asr"),
+            "epsilon_label": stage.get("label", stage.get("guarantee")), "rounds": rounds, "seconds": seconds}
+
+
+ALGORITHM_METHOD = {"fedsgd": "fedavg"}  # the comparison's name of an algorithm, where they differ
+
+
 def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS,
             extractors: dict[Any, Any] | None = None) -> dict[str, Any]:
-    """Runs one job into its directory (skipped if summary.json exists) and returns its results.csv row.
+    """Runs one job into its directory (resuming it; skipped if finished) and returns its results.csv row.
     `inversion_steps`: per attack and probe batch; 0 skips the inversion (recorded as skipped). `extractors`: the
-    study's cache of public feature extractors (`shared_extractor`), shared by its jobs."""
+    study's cache of public feature extractors (`shared_extractor`), shared by its jobs. Another process running
+    the job: RunDirectoryBusy, nothing written."""
     d = job.directory(out)
-
-    def finished() -> dict[str, Any] | None:
-        done = check_directories([job], out, inversion_steps)[0] == FINISHED
-        return json.loads((d / "summary.json").read_text()) if done else None
-
-    # another worker on this --out running the job: RunDirectoryBusy, nothing written
-    return run_held(d, finished, lambda: _run_job_held(job, out, inversion_steps, extractors))
-
-
-def _run_job_held(job: MPDPJob, out: Path, inversion_steps: int, extractors: dict[Any, Any] | None) -> dict[str, Any]:
-    d, cfg = job.directory(out), job.run_config()
-    write_text_atomic(d / "config.yaml", _config_text(cfg))
+    state = check_directories([job], out, inversion_steps)[0]
+    if state == FINISHED:
+        return json.loads((d / COMPARISON).read_text())
+    cfg = job.run_config()
+    built: list[FederatedRun] = []
+    started = time.perf_counter()
     try:
-        arrays = federated_arrays(cfg)
-        result = run_mpdp(cfg, cfg.method, arrays=arrays, client_attacks=client_attacks)
-        inversion = (inversion_report(cfg, cfg.method, result.weights, result.plan, arrays, steps=inversion_steps,
-                                      extractors=extractors)
-                     if inversion_steps > 0 else {"skipped": "--inversion-steps 0"})
-        result.privacy["inversion"] = inversion
+        execute(cfg, d, resume=state == PARTIAL, measure=measure_client_attacks,
+                on_start=lambda run, done: built.append(run))
+        with hold_run_directory(d):  # attacks of the server and the row, once
+            if (d / COMPARISON).is_file():  # another process finished it meanwhile
+                return json.loads((d / COMPARISON).read_text())
+            return _finish_job(job, out, cfg, built[0] if built else build_run(cfg), inversion_steps, extractors,
+                               time.perf_counter() - started)
+    except RunDirectoryBusy:
+        raise
     except Exception as e:  # noqa: BLE001 - a failed run is a row with its message; the study goes on
+        d.mkdir(parents=True, exist_ok=True)
         (d / "error.txt").write_text(traceback.format_exc())
         return {"setting": job.setting, "method": job.method, "seed": job.seed, "status": f"failed: {e}",
                 "run_dir": str(d)}
-    write_run_files(d, result)
-    row = {**{k: result.summary.get(k) for k in COLUMNS}, "setting": job.setting, "method": job.method,
-           **inversion_columns(inversion),
-           "status": "ok", "run_dir": str(d.relative_to(out)), "inversion_steps": inversion_steps}
-    write_json_atomic(d / "summary.json", row)
+
+
+def _finish_job(job: MPDPJob, out: Path, cfg: RunConfig, run: FederatedRun, inversion_steps: int,
+                extractors: dict[Any, Any] | None, seconds: float) -> dict[str, Any]:
+    """The server's inversion of a probe upload at the final model (into privacy.json), then comparison.json."""
+    d = job.directory(out)
+    weights = list(load_checkpoint(d / CHECKPOINT)["params"].values())
+    plan = run.algorithm.local.network
+    inversion = (inversion_report(ProbeSetting.of(run), weights, plan, comparison_arrays(run.data),
+                                  steps=inversion_steps, extractors=extractors)
+                 if inversion_steps > 0 else {"skipped": "--inversion-steps 0"})
+    privacy = json.loads((d / PRIVACY).read_text())
+    privacy["inversion"] = inversion
+    write_json_atomic(d / PRIVACY, privacy)
+    summary = comparison_row(cfg, read_metrics(d), privacy, seconds)
+    row = {**{k: summary.get(k) for k in COLUMNS}, "setting": job.setting, "method": job.method,
+           **inversion_columns(inversion), "status": "ok", "run_dir": str(d.relative_to(out)),
+           "inversion_steps": inversion_steps}
+    write_json_atomic(d / COMPARISON, row)
     return row
 
 
@@ -295,7 +347,7 @@ def run_study(scale: str, out: Path, *, seeds: int | None = None, methods: Seque
             if row is not None:  # None: another process held it (its row is that process's)
                 rows.append(row)
         elif state == FINISHED:  # a seed not selected this time: its finished row is read back for the tables
-            rows.append(json.loads((job.directory(out) / "summary.json").read_text()))
+            rows.append(json.loads((job.directory(out) / COMPARISON).read_text()))
     if not rows and not compute:
         raise GridError(f"--tables-only: no finished run of this selection under {out / 'runs'}")
     out.mkdir(parents=True, exist_ok=True)

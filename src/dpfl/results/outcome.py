@@ -13,6 +13,7 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.table import Table
 
+from dpfl.results.mpdp_outcome import stated_guarantee_lines
 from dpfl.results.formatting import format_epsilon
 from dpfl.results.run_files import PRIVACY_FILE, REPORT_FILE, RunDirError, read_privacy, read_summary
 
@@ -102,5 +103,7 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
                 console.print(f"{fdp['paper_claimed']['label']}: mu {fdp['paper_claimed']['mu']:.4g}", markup=False,
                               highlight=False)
     else:
-        console.print(f"privacy: {privacy.get('warning', 'not private: no epsilon is reported')}")
+        stated = stated_guarantee_lines(privacy, summary["rounds_done"])  # MP-DP's family: the method's statement
+        for line in stated or [f"privacy: {privacy.get('warning', 'not private: no epsilon is reported')}"]:
+            console.print(line, markup=False, highlight=False)
     console.print(f"run directory: {out}  (report: {out / REPORT_FILE})")

@@ -5,11 +5,12 @@ import pytest
 import torch
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 
-from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, clipped, plain_round, true_gradient
+from dpfl.algorithms.secure.mpdp.algorithm import clipped, plain_round, true_gradient
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan
 from dpfl.algorithms.secure.threshold_paillier import keygen
 from dpfl.algorithms.secure.tpsmc import tpsmc_round
-from dpfl.experiment.mpdp_config import MPDPConfig
+from dpfl.experiment.config.legacy_mpdp import MPDPConfig
 from dpfl.experiment.mpdp_run import federated_arrays, initial_weights, run_mpdp
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
 

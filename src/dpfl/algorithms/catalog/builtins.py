@@ -41,7 +41,7 @@ BUILTINS: tuple[AlgorithmSpec, ...] = (
     # MP-DP and its baselines: FedSGD in float64 on the run's network (they read the built model)
     AlgorithmSpec("mpdp", mpdp.mpdp, mpdp.MPDPParams, ("mpdp",)),
     AlgorithmSpec("mpdp_naive", mpdp.mpdp_naive, mpdp.MPDPParams, ("mpdp",)),
-    AlgorithmSpec("mp_cdp", mpdp.mp_cdp, mpdp.MPDPParams, ("mpdp",)),
-    AlgorithmSpec("tp_smc", mpdp.tp_smc, mpdp.MPDPParams, ("mpdp",)),
+    AlgorithmSpec("mp_cdp", mpdp.mp_cdp, mpdp.MPDPParams, ("mpdp_central",)),
+    AlgorithmSpec("tp_smc", mpdp.tp_smc, mpdp.MPDPParams, ("mpdp_central",)),
     AlgorithmSpec("fedsgd", mpdp.fedsgd, mpdp.MPDPParams, ("none",)),
 )

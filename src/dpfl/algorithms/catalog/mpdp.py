@@ -11,6 +11,8 @@ the ledger; MP-CDP's and TP-SMC's Gaussian rounds are composed by dpfl's RDP acc
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -90,6 +92,12 @@ def _check_run(run: RunFacts, name: str, p: MPDPParams) -> FactorPlan:
     if run.selection.kind != "all":
         raise AlgorithmError(f"training.selection: {name} runs FedSGD with every client every round (kind all)",
                              "training.selection")
+    if run.local_steps != 1:
+        raise AlgorithmError(f"training.local_steps: {name} takes one gradient per round (FedSGD); set local_steps 1",
+                             "training.local_steps")
+    if run.momentum or run.micro_batch is not None:
+        raise AlgorithmError(f"training.optimizer: {name}'s FedSGD step is plain (no momentum, no micro_batch)",
+                             "training.optimizer")
     if run.loss != LOSS:
         raise AlgorithmError(f"model: {name} trains with the MSE on one-hot targets ({LOSS}), the loss MP-DP's "
                              f"recovery is exact for; the model's loss is {run.loss!r}", "model")
@@ -125,49 +133,52 @@ def _build(run: RunFacts, name: str, arguments: dict[str, Any]) -> Algorithm:
     spec = LocalSpec(lr=run.lr, loss=LOSS)
     common = dict(settings=st, info=info, epsilon=p.epsilon, clients=run.clients)
     if name in ("mpdp", "mpdp_naive"):
-        local: Any = PerturbedGradient(spec, steps=1, network=plan, clip=run.clip, clip_mode=p.clip_mode)
+        local: Any = PerturbedGradient(spec, steps=1, network=plan, settings=st)
         upload: Any = PerturbedUploadNoise(settings=st, plan=plan, dropout=p.dropout)
         server: Any = PerturbedModelServer(**common, plan=plan, reproducible_secrets=p.reproducible_secrets)
     elif name == "tp_smc":  # a dealer's threshold keys, once per run; the shares go to the clients
         keys = keygen(p.tpsmc_key_bits, run.clients, info["threshold"])
-        local = TrueGradient(spec, steps=1, network=plan, clip=run.clip)
+        local = TrueGradient(spec, steps=1, network=plan, settings=st)
         upload = EncryptedGradients(settings=st, keys=keys, fraction_bits=p.tpsmc_fraction_bits,
                                     honest=info["honest"], packing=p.tpsmc_packing)
         server = ThresholdPaillierServer(**common, keys=keys)
     else:
-        local = TrueGradient(spec, steps=1, network=plan, clip=run.clip if name == "mp_cdp" else None)
+        local = TrueGradient(spec, steps=1, network=plan, settings=st)
         upload = ClearGradients(private=name == "mp_cdp")
         server = GradientMeanServer(**common, seed=run.seed)
     return Algorithm(name, local, Selection("all"), upload, server)
 
 
-def mpdp(run: RunFacts, **params: Any) -> Algorithm:
+def mpdp(run: RunFacts, *, epsilon: float = 3.0, delta: float = 1e-5, graph: str = "complete", n: int | None = None,
+         mode: str = "verified", sigma_delta_factor: float = 10.0, adjacency: str = "add_remove",
+         clip_mode: str = "perturbed_joint", mask_scale: float = 1.0, dropout_policy: str = "abort",
+         dropout: float = 0.0, mask_corrections: bool = False, noise_family: str = "dn",
+         reproducible_secrets: bool = True, tpsmc_key_bits: int = 1024, tpsmc_threshold: int | None = None,
+         tpsmc_honest: int | None = None, tpsmc_fraction_bits: int = 32, tpsmc_packing: bool = True) -> Algorithm:
     """MP-DP (bidirectional privacy): the clients see only perturbed models; their uploads carry DDP noise whose
-    pairwise parts cancel in the sum. params: `MPDPParams`. Reads run.lr, clip, clients, rounds, seed, run_name,
-    model, input_shape, loss and selection."""
-    return _build(run, "mpdp", params)
+    pairwise parts cancel in the sum. The params (`MPDPParams`) are the family's: each method reads its own, so one
+    config runs every method. Reads run.lr, clip, clients, rounds, local_steps (1), seed, run_name, model,
+    input_shape, loss (mse_onehot) and selection (all)."""
+    return _build(run, "mpdp", {k: v for k, v in locals().items() if k != "run"})
 
 
-def mpdp_naive(run: RunFacts, **params: Any) -> Algorithm:
-    """MP-DP-Naive: MP-DP's perturbed model, each upload with one Gaussian calibrated as (ε, δ)-LDP, no pairwise
-    noise. params and run facts: as `mpdp`."""
-    return _build(run, "mpdp_naive", params)
+def _family(name: str, doc: str) -> Callable[..., Algorithm]:
+    """A factory of the family with `mpdp`'s signature (one params schema for the family)."""
+    def factory(run: RunFacts, **params: Any) -> Algorithm:
+        return _build(run, name, params)
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = doc
+    factory.__signature__ = inspect.signature(mpdp)  # type: ignore[attr-defined]
+    return factory
 
 
-def mp_cdp(run: RunFacts, **params: Any) -> Algorithm:
-    """MP-CDP: a trusted server averages the clipped true gradients and adds N(0, (S σ / K)^2), σ calibrated to the
-    per-round (epsilon, delta). params and run facts: as `mpdp` (epsilon, delta, adjacency matter)."""
-    return _build(run, "mp_cdp", params)
-
-
-def tp_smc(run: RunFacts, **params: Any) -> Algorithm:
-    """TP-SMC (Truex et al. 2019): clipped gradients plus a share of MP-CDP's Gaussian, encrypted under threshold
-    Paillier; only the sum is decrypted. For tiny models. params (epsilon, delta, adjacency, tpsmc_*) and run facts:
-    as `mpdp`."""
-    return _build(run, "tp_smc", params)
-
-
-def fedsgd(run: RunFacts, **params: Any) -> Algorithm:
-    """FedSGD without privacy, in float64 with the MSE on one-hot targets: the reference MP-DP is compared with (the
-    spec's `fedavg`). Run facts: as `mpdp`."""
-    return _build(run, "fedsgd", params)
+mpdp_naive = _family("mpdp_naive", """MP-DP-Naive: MP-DP's perturbed model, each upload with one Gaussian calibrated as
+    (ε, δ)-LDP, no pairwise noise. Params and run facts: as `mpdp`.""")
+mp_cdp = _family("mp_cdp", """MP-CDP: a trusted server averages the clipped true gradients and adds N(0, (S σ / K)^2), σ
+    calibrated to the per-round (epsilon, delta). Params (epsilon, delta, adjacency) and run facts: as `mpdp`.""")
+tp_smc = _family("tp_smc", """TP-SMC (Truex et al. 2019): clipped gradients plus a share of MP-CDP's Gaussian, encrypted
+    under threshold Paillier; only the sum is decrypted. For tiny models. Params (epsilon, delta, adjacency,
+    tpsmc_*) and run facts: as `mpdp`.""")
+fedsgd = _family("fedsgd", """FedSGD without privacy, in float64 with the MSE on one-hot targets: the reference MP-DP is
+    compared with (the spec's `fedavg`). Run facts: as `mpdp`.""")

@@ -8,22 +8,83 @@ multiplies the ciphertexts position by position, `threshold` clients partially d
 combination gives the exact sum of the encodings; its mean updates the model, which is broadcast in plaintext
 (the paper's "plaintext intermediate models", unlike MP-DP). The aggregator never sees one client's update,
 only the noisy sum, whose noise has variance (S σ_cdp)^2 K / h >= (S σ_cdp)^2 when every client is honest.
+
+`encrypted_uploads` is the clients' side and `decrypted_sum` the aggregator's (the round loop's stages call them:
+`mpdp/uploads.EncryptedGradients`, `mpdp/server_steps.ThresholdPaillierServer`); `tpsmc_round` is one round of both.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 
-from dpfl.algorithms.secure.mpdp.algorithm import (RoundOutcome, RoundSettings, _flat, _norm, _unflat, clipped,
-                                                   true_gradient)
+from dpfl.algorithms.secure.mpdp.algorithm import RoundOutcome, client_gradient
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
+from dpfl.algorithms.secure.mpdp.tensors import flat, norm, unflat
 from dpfl.algorithms.secure.mpdp.update import apply_update
 from dpfl.algorithms.secure.paillier_packing import SlotPacking
 from dpfl.algorithms.secure.threshold_paillier import FixedPoint, ThresholdKeys, combine
+
+
+class Ciphertexts(NamedTuple):
+    """The clients' encrypted uploads (one list of ciphertexts each), the encoding they share, the values per upload
+    and how many of the uploads exceeded S before their noise (a simulation check)."""
+
+    ciphertexts: list[list[int]]
+    codec: SlotPacking | FixedPoint
+    values: int
+    violations: int
+
+
+def ciphertext_bytes(keys: ThresholdKeys) -> int:
+    """One ciphertext's size: an element of Z_{n^2}."""
+    return (2 * keys.public.n.bit_length() + 7) // 8
+
+
+def codec_for(st: RoundSettings, keys: ThresholdKeys, fraction_bits: int, honest: int, clients: int,
+              packing: bool) -> SlotPacking | FixedPoint:
+    """The fixed-point encoding of a round: every coordinate must survive the sum of `clients` uploads (|g_j| <= B,
+    noise within 40 std: probability < 1e-300 beyond); the packed layout refuses widths that could carry into a
+    neighbour or past n."""
+    max_abs = st.clip + 40 * st.S * st.sigma_cdp / math.sqrt(honest)
+    if packing:
+        return SlotPacking(keys.public.n, fraction_bits, max_abs, clients)
+    codec = FixedPoint(keys.public.n, fraction_bits)
+    codec.check_headroom(max_abs, clients)
+    return codec
+
+
+def encrypted_uploads(grads: Sequence[list[torch.Tensor]], st: RoundSettings, keys: ThresholdKeys,
+                      fraction_bits: int, honest: int, noise: Sequence[torch.Generator | None],
+                      packing: bool = True) -> Ciphertexts:
+    """Each client's clipped gradient plus its noise share from its own generator `noise[i]`, encrypted."""
+    pub, std = keys.public, st.S * st.sigma_cdp / math.sqrt(honest)
+    codec = codec_for(st, keys, fraction_bits, honest, len(grads), packing)
+    ciphertexts, violations, values = [], 0, 0
+    for g, gen in zip(grads, noise, strict=True):
+        violations += norm(g) > st.S * (1 + 1e-9)
+        v = flat(g)
+        values = v.numel()
+        if std > 0:
+            v = v + torch.randn(v.shape, generator=gen, dtype=v.dtype) * std
+        ciphertexts.append([pub.encrypt(m) for m in codec.pack(v.tolist())])
+    return Ciphertexts(ciphertexts, codec, values, int(violations))
+
+
+def decrypted_sum(uploads: Ciphertexts, keys: ThresholdKeys) -> list[float]:
+    """The aggregator's product of the ciphertexts, position by position, decrypted by `threshold` key holders:
+    the exact sum of the encoded uploads."""
+    pub = keys.public
+    sums = [pub.add(column) for column in zip(*uploads.ciphertexts, strict=True)]
+    holders = keys.shares[:keys.threshold]  # the decrypting clients (any `threshold` of them would do)
+    decrypted = [combine(pub, {s.party: s.partial_decrypt(c) for s in holders}, len(keys.shares), keys.threshold)
+                 for c in sums]
+    return uploads.codec.unpack_sum(decrypted, uploads.values)
 
 
 def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
@@ -31,33 +92,12 @@ def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.T
                 noise: Mapping[int, torch.Generator], plan: FactorPlan | None = None,
                 packing: bool = True) -> RoundOutcome:
     """One round; `noise[k]` is client k's own generator (its noise never leaves it unencrypted)."""
-    pub = keys.public
-    std = st.S * st.sigma_cdp / math.sqrt(honest)
     t0 = time.perf_counter()
-    # every coordinate must survive the sum: |g_j| <= B, noise within 40 std (probability < 1e-300 beyond)
-    max_abs = st.clip + 40 * std
-    if packing:  # the layout refuses widths that could carry into a neighbour or past n
-        codec: SlotPacking | FixedPoint = SlotPacking(pub.n, fraction_bits, max_abs, len(batches))
-    else:
-        codec = FixedPoint(pub.n, fraction_bits)
-        codec.check_headroom(max_abs, len(batches))
-    ciphertexts: list[list[int]] = []
-    violations = 0
-    for k, (x, y) in batches.items():
-        g = clipped(true_gradient(weights, x, y, plan), st.clip)
-        violations += _norm(g) > st.S * (1 + 1e-9)
-        flat = _flat(g)
-        if std > 0:
-            flat = flat + torch.randn(flat.shape, generator=noise[k], dtype=flat.dtype) * std
-        ciphertexts.append([pub.encrypt(m) for m in codec.pack(flat.tolist())])
+    grads = [client_gradient(weights, x, y, st, plan) for x, y in batches.values()]
+    uploads = encrypted_uploads(grads, st, keys, fraction_bits, honest, [noise.get(k) for k in batches], packing)
     t1 = time.perf_counter()
-    sums = [pub.add(column) for column in zip(*ciphertexts, strict=True)]
-    holders = keys.shares[:keys.threshold]  # the decrypting clients (any `threshold` of them would do)
-    parties = len(keys.shares)
-    decrypted = [combine(pub, {s.party: s.partial_decrypt(c) for s in holders}, parties, keys.threshold) for c in sums]
-    total = codec.unpack_sum(decrypted, sum(w.numel() for w in weights))
+    total = decrypted_sum(uploads, keys)
     t2 = time.perf_counter()
     mean = torch.tensor(total, dtype=weights[0].dtype) / len(batches)
-    ciphertext_bytes = (2 * pub.n.bit_length() + 7) // 8
-    return RoundOutcome(apply_update(weights, _unflat(mean, weights), st.lr), {"client": t1 - t0, "decrypt": t2 - t1},
-                        ciphertext_bytes * len(sums), violations, len(batches))
+    return RoundOutcome(apply_update(weights, unflat(mean, weights), st.lr), {"client": t1 - t0, "decrypt": t2 - t1},
+                        ciphertext_bytes(keys) * len(uploads.ciphertexts[0]), uploads.violations, len(batches))

@@ -32,7 +32,8 @@ class DataConfig(_Section):
 
     partition: iid; shards; dirichlet (each class split among clients by Dir(alpha)); dirichlet_quota (each
     client draws class proportions from Dir(alpha) and fills `samples_per_client` samples, default all / clients;
-    spec fdp_accounting.md §8).
+    spec fdp_accounting.md §8); iid_equal (equal shards of one seeded permutation, `samples_per_client` each, default
+    all / clients, each in the permutation's order: MP-DP's comparison, spec bidirectional.md §11).
 
     clients: 1 to 1,000,000 (`MAX_CLIENTS`, above the records of every dataset dpfl loads; a split needs at
     least one training record per client, which `dpfl.data` checks against the dataset itself).
@@ -41,7 +42,7 @@ class DataConfig(_Section):
     dataset: str
     root: str | None = None
     clients: int = Field(ge=1)
-    partition: Literal["iid", "shards", "dirichlet", "dirichlet_quota", "clustered"] = "iid"
+    partition: Literal["iid", "shards", "dirichlet", "dirichlet_quota", "iid_equal", "clustered"] = "iid"
     clustered: ClusteredData | None = None
     alpha: float = Field(0.5, gt=0)
     samples_per_client: int | None = Field(None, ge=1)
@@ -66,8 +67,9 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _options_known(self) -> DataConfig:
-        if self.samples_per_client is not None and self.partition != "dirichlet_quota":
-            _fail("samples_per_client", "only used by partition 'dirichlet_quota'", self.samples_per_client, "null")
+        if self.samples_per_client is not None and self.partition not in ("dirichlet_quota", "iid_equal"):
+            _fail("samples_per_client", "only used by partitions 'dirichlet_quota' and 'iid_equal'",
+                  self.samples_per_client, "null")
         if (self.partition == "clustered") != (self.clustered is not None):
             _fail("clustered", "partition 'clustered' needs the `clustered` section, and the section needs that "
                   "partition", self.clustered, "both or neither")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import yaml
 from pydantic import ValidationError
 
 from dpfl.experiment.config.errors import ConfigError, _config_error, _segment, _show
+from dpfl.experiment.config.legacy_mpdp import (convert_legacy_mpdp, is_legacy_mpdp, legacy_notice,
+                                                refuse_flat_overrides)
 from dpfl.experiment.config.limits import MAX_CONFIG_CHARS, MAX_DEPTH
 from dpfl.experiment.config.overrides import apply_overrides
 from dpfl.experiment.config.run import RunConfig
@@ -27,13 +30,24 @@ def validate_config(data: Any) -> RunConfig:
         raise _config_error(exc, RunConfig) from None
 
 
-def load_config(path: Path | str, overrides: Sequence[str] = ()) -> RunConfig:
+def load_config(path: Path | str, overrides: Sequence[str] = (),
+                notice: Callable[[str], None] | None = None) -> RunConfig:
     """Read a YAML config, apply ``FIELD.PATH=VALUE`` overrides in order, validate.
 
-    Raises ConfigError (one line) for a missing/unreadable file, invalid YAML, a document that is not a
-    mapping, a malformed override, and any invalid field.
+    An MP-DP config in the old flat schema (`scheme: mpdp`) is converted (`legacy_mpdp`), and `notice` gets one line
+    saying so (default: a FutureWarning). Raises ConfigError (one line) for a missing/unreadable file, invalid YAML,
+    a document that is not a mapping, a malformed override, and any invalid field.
     """
-    return validate_config(apply_overrides(read_config_mapping(path), overrides))
+    data = read_config_mapping(path)
+    if is_legacy_mpdp(data):
+        refuse_flat_overrides(overrides)
+        data = convert_legacy_mpdp(data)
+        message = legacy_notice(str(path))
+        if notice is not None:
+            notice(message)
+        else:
+            warnings.warn(message, FutureWarning, stacklevel=2)
+    return validate_config(apply_overrides(data, overrides))
 
 
 def read_config_mapping(path: Path | str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from dpfl.experiment.config.vocabulary import (
     _NOISY,
     _OBSERVER_WHY,
     _OWN_LOCAL,
+    _STATED,
     MECHANISM_OBSERVER,
     MECHANISM_UNIT,
     SECURE_ALGORITHMS,
@@ -147,6 +148,9 @@ class RunConfig(_Section):
             _fail("privacy.budgets", f"required by mechanism {mech!r}", None, _BUDGETS_ALLOWED)
         if mech == "none" and p.budgets is not None:
             _fail("privacy.budgets", f"{not_private} is not private, so budgets have no effect", p.budgets, "null")
+        if mech in _STATED and p.budgets is not None:
+            _fail("privacy.budgets", f"{not_private} states its guarantee per round (algorithm.params.epsilon and "
+                  "delta), so budgets have no effect", p.budgets, "null")
         if p.calibration == "pfa-heuristic" and (mech != "dpsgd" or p.noise_multiplier is not None):
             _fail("privacy.calibration", "the PFA heuristic calibrates DP-SGD noise from the budgets (mechanism "
                   "'dpsgd', no explicit noise_multiplier)", p.calibration, "accountant")

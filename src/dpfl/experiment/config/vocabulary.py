@@ -17,6 +17,7 @@ ALGORITHMS: tuple[str, ...] = (
     "fedavg", "dp_fedavg_local", "dp_fedavg_central", "udp_fedavg", "noisy_fedavg", "noisy_fedprox", "fedprox",
     "weiavg", "min_eps", "max_eps", "oracle", "pfa", "pfa_plus", "robust_hdp", "fedceo", "ppsgd", "centaur",
     "fedsplit", "fedpi", "fedrp", "rdpcfl", "ifca_dp", "clustered_oracle", "clustered_local", "mr_mtl",
+    "mpdp", "mpdp_naive", "mp_cdp", "tp_smc", "fedsgd",
 )
 # Algorithms whose server needs only the (weighted) sum of the uploads: they can run with secure aggregation.
 SECURE_ALGORITHMS: tuple[str, ...] = ("fedavg", "fedprox", "dp_fedavg_local", "udp_fedavg", "dp_fedavg_central",
@@ -24,22 +25,26 @@ SECURE_ALGORITHMS: tuple[str, ...] = ("fedavg", "fedprox", "dp_fedavg_local", "u
 
 # What each mechanism protects, and from whom (the runner's Algorithm.unit / .observer, in config words).
 MECHANISM_UNIT: dict[str, str] = {
-    "dpsgd": "sample", "udp": "client", "central": "client", "param_noise": "sample", "none": "none",
+    "dpsgd": "sample", "udp": "client", "central": "client", "param_noise": "sample", "mpdp": "sample",
+    "mpdp_central": "sample", "none": "none",
 }
 MECHANISM_OBSERVER: dict[str, str] = {
-    "dpsgd": "server", "udp": "server", "central": "aggregate", "param_noise": "server", "none": "none",
+    "dpsgd": "server", "udp": "server", "central": "aggregate", "param_noise": "server", "mpdp": "server",
+    "mpdp_central": "aggregate", "none": "none",
 }
 _OBSERVER_WHY = {
     "server": "the server sees every individual upload",
     "aggregate": "only the aggregate (global models) is protected; the server is trusted",
     "none": "the run is not private",
 }
-_NEEDS_CLIP = ("dpsgd", "udp", "central", "param_noise")
+_NEEDS_CLIP = ("dpsgd", "udp", "central", "param_noise", "mpdp", "mpdp_central")
+_STATED = ("mpdp", "mpdp_central")  # the method states its per-round guarantee (algorithm.params epsilon, delta)
 _NOISY = ("noisy_fedavg", "noisy_fedprox")  # Noisy-FedAvg/FedProx: f-DP accounted (spec fdp_accounting.md)
 _FDP_FIELDS = ("secure_aggregation", "release", "smoothness_L", "honest_clients")
 _NEEDS_BUDGETS = ("dpsgd", "udp", "central")
 _CALIBRATED = ("dpsgd", "central", "udp", "param_noise")  # mechanisms whose noise can be calibrated from budgets
-_OWN_LOCAL = ("noisy_fedavg", "noisy_fedprox", "ppsgd", "centaur")  # bundles that build their own local program
+_OWN_LOCAL = ("noisy_fedavg", "noisy_fedprox", "ppsgd", "centaur", "mpdp", "mpdp_naive", "mp_cdp", "tp_smc",
+              "fedsgd")  # bundles that build their own local program
 
 AlgorithmName = Literal[ALGORITHMS]  # type: ignore[valid-type]
 Mechanism = Literal[MECHANISMS]  # type: ignore[valid-type]

@@ -7,10 +7,11 @@ import pytest
 import torch
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 
-from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, perturbed_round, plain_round
+from dpfl.algorithms.secure.mpdp.algorithm import perturbed_round, plain_round
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.ddp import MissingPeersError
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, round_generator
-from dpfl.experiment.mpdp_config import MPDPConfig
+from dpfl.experiment.config.legacy_mpdp import MPDPConfig
 from dpfl.experiment.mpdp_run import federated_arrays, initial_weights, model_plan, run_mpdp
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
 

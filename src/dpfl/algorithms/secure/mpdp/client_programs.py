@@ -19,10 +19,11 @@ from typing import NamedTuple
 import torch
 
 from dpfl.algorithms.client.program import LocalProgram
-from dpfl.algorithms.secure.mpdp.algorithm import CLIP_MODES, _clip_factor, _norm, clipped, true_gradient
+from dpfl.algorithms.secure.mpdp.algorithm import client_gradient, client_terms
 from dpfl.algorithms.secure.mpdp.batches import fedsgd_batch
-from dpfl.algorithms.secure.mpdp.lmt import LMTResult, clip_joint, lmt
+from dpfl.algorithms.secure.mpdp.lmt import LMTResult
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.stages import LocalInputs, LocalOutput
 from dpfl.engine import params as P
 
@@ -53,31 +54,22 @@ class PerturbedGradient(LocalProgram):
     `none` does not clip; `oracle_true` scales by the TRUE gradient's norm, which only a simulation can see)."""
 
     network: FactorPlan | None = None  # the network's FactorPlan (`plan` is a local program's per-client plan)
-    clip: float = 1.0
-    clip_mode: str = "perturbed_joint"
+    settings: RoundSettings | None = None  # the method's (its clip B and clip_mode)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.network is None:
-            raise ValueError("MP-DP's local program needs the network's FactorPlan (network=)")
-        if self.clip_mode not in CLIP_MODES:
-            raise ValueError(f"clip_mode must be one of {CLIP_MODES}, got {self.clip_mode!r}")
+        if self.network is None or self.settings is None:
+            raise ValueError("MP-DP's local program needs the network's FactorPlan and the method's settings")
 
     def run(self, inputs: LocalInputs) -> LocalOutput:
         payload = inputs.broadcast
         if not isinstance(payload, ClientPayload):
             raise ValueError("MP-DP's clients compute at the perturbed model; the server step broadcast none")
-        assert self.network is not None
+        assert self.network is not None and self.settings is not None
         t0 = time.perf_counter()
-        terms: dict[int, LMTResult] = {}
-        for k, x, y in _batches(self, inputs, self.network.out_dim):
-            res = lmt(payload, x, y)
-            if self.clip_mode == "perturbed_joint":
-                res = clip_joint(res, self.clip)
-            elif self.clip_mode == "oracle_true":  # simulation only: the harness looks at the true gradient
-                res = res.scaled(_clip_factor(_norm(true_gradient(_weights(inputs.global_model), x, y, self.network)),
-                                              self.clip))
-            terms[k] = res
+        weights = _weights(inputs.global_model)  # read by clip_mode oracle_true only: a simulation's clip
+        terms: dict[int, LMTResult] = {k: client_terms(payload, weights, x, y, self.settings)
+                                       for k, x, y in _batches(self, inputs, self.network.out_dim)}
         count = len(inputs.clients)
         return LocalOutput(PerturbedTerms(terms, payload.round_id, payload.attempt), [1] * count, [0.0] * count,
                            {"lmt_seconds": time.perf_counter() - t0})
@@ -85,20 +77,19 @@ class PerturbedGradient(LocalProgram):
 
 @dataclass(frozen=True)
 class TrueGradient(LocalProgram):
-    """FedSGD's client: the gradient at the model received in the clear, clipped to `clip` (None: not clipped)."""
+    """FedSGD's client: the gradient at the model received in the clear, clipped to B where the method clips
+    (MP-CDP, TP-SMC)."""
 
     network: FactorPlan | None = None  # the network's FactorPlan (`plan` is a local program's per-client plan)
-    clip: float | None = None
+    settings: RoundSettings | None = None  # the method's (whether it clips, and to what)
 
     def run(self, inputs: LocalInputs) -> LocalOutput:
         if inputs.broadcast is not None:
             raise ValueError("FedSGD's clients compute at the model in the clear; the server step broadcast another")
-        assert self.network is not None
+        assert self.network is not None and self.settings is not None
         t0 = time.perf_counter()
         weights = _weights(inputs.global_model)
-        grads: dict[int, list[torch.Tensor]] = {}
-        for k, x, y in _batches(self, inputs, self.network.out_dim):
-            g = true_gradient(weights, x, y, self.network)
-            grads[k] = clipped(g, self.clip) if self.clip is not None else g
+        grads = {k: client_gradient(weights, x, y, self.settings, self.network)
+                 for k, x, y in _batches(self, inputs, self.network.out_dim)}
         count = len(inputs.clients)
         return LocalOutput(grads, [1] * count, [0.0] * count, {"client_seconds": time.perf_counter() - t0})

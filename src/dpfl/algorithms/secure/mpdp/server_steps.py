@@ -22,13 +22,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings, _norm, _unflat
-from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, mp_server, recover, round_generator
+from dpfl.algorithms.secure.mpdp.algorithm import mean_gradient
+from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, mp_server, round_generator
 from dpfl.algorithms.secure.mpdp.privacy import conditional_audit
 from dpfl.algorithms.secure.mpdp.privacy_statement import stated_privacy
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
+from dpfl.algorithms.secure.mpdp.tensors import unflat
 from dpfl.algorithms.secure.mpdp.update import apply_update
-from dpfl.algorithms.secure.mpdp.uploads import EncryptedSums, PerturbedUploads
-from dpfl.algorithms.secure.threshold_paillier import ThresholdKeys, combine
+from dpfl.algorithms.secure.mpdp.upload_round import upload_check
+from dpfl.algorithms.secure.mpdp.uploads import PerturbedUploads
+from dpfl.algorithms.secure.threshold_paillier import ThresholdKeys
+from dpfl.algorithms.secure.tpsmc import Ciphertexts, decrypted_sum
 from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, derive_seed, torch_generator
@@ -100,11 +104,8 @@ class PerturbedModelServer(_StatedPrivacy):
         new = _updated(params, uploads.sums.recovered_mean(sec), st.lr)
         metrics: dict[str, Any] = {"server_seconds": state["broadcast_seconds"],
                                    "recover_update_seconds": time.perf_counter() - t0}
-        violations, ratio = 0, []
-        for res in uploads.clean.values():  # simulation diagnostics: the noise-free terms of each upload
-            own = recover(res.grads, res.psi, res.phi, sec)
-            violations += _norm(own) > st.S * (1 + 1e-9)
-            ratio.append(_norm([sec.factor(p) * g for p, g in enumerate(res.grads)]) / max(_norm(own), 1e-300))
+        checks = [upload_check(res, sec, st.S) for res in uploads.clean.values()]  # simulation diagnostics
+        violations, ratio = sum(over for over, _ in checks), [r for _, r in checks]
         metrics.update(violations=int(violations), uploads=uploads.sums.count, recovery_ratio=float(np.median(ratio)))
         if uploads.reduced:
             metrics["reduced_protection"] = uploads.reduced
@@ -122,28 +123,20 @@ class GradientMeanServer(_StatedPrivacy):
 
     seed: int = 0
 
+    @property
+    def central_noise(self) -> bool:  # type: ignore[override]
+        return self.settings.method == "mp_cdp"
+
     def init(self, params: P.Params) -> dict[str, Any]:
         return {"noise": torch_generator(self.seed, Purpose.SERVER_NOISE).get_state()}
 
     def update(self, state: Any, params: P.Params, uploads: dict[int, list[torch.Tensor]],
                inputs: RoundInputs) -> ServerUpdate:
-        st = self.settings
-        total = [torch.zeros_like(t) for t in params.values()]
-        violations = 0
-        for g in uploads.values():
-            if st.method == "mp_cdp":
-                violations += _norm(g) > st.S * (1 + 1e-9)
-            total = [a + b for a, b in zip(total, g, strict=True)]
-        K = len(uploads)
-        mean = [t / K for t in total]
-        noise = state["noise"]
-        if st.method == "mp_cdp" and st.sigma_cdp > 0:
-            gen = torch.Generator()
-            gen.set_state(noise)
-            mean = [t + torch.randn(t.shape, generator=gen, dtype=t.dtype) * st.S * st.sigma_cdp / K for t in mean]
-            noise = gen.get_state()
-        return ServerUpdate(_updated(params, mean, st.lr), {"noise": noise},
-                            {"violations": int(violations), "uploads": K})
+        gen = torch.Generator()
+        gen.set_state(state["noise"])
+        mean, violations = mean_gradient(list(uploads.values()), list(params.values()), self.settings, gen)
+        return ServerUpdate(_updated(params, mean, self.settings.lr), {"noise": gen.get_state()},
+                            {"violations": violations, "uploads": len(uploads)})
 
 
 @dataclass(frozen=True)
@@ -153,18 +146,15 @@ class ThresholdPaillierServer(_StatedPrivacy):
 
     keys: ThresholdKeys = None  # type: ignore[assignment]
 
-    def update(self, state: Any, params: P.Params, uploads: EncryptedSums, inputs: RoundInputs) -> ServerUpdate:
-        pub = self.keys.public
+    secure = True  # the aggregator decrypts only the sum
+    central_noise = True  # ... of the clients' noise shares: MP-CDP's Gaussian if h clients are honest
+
+    def update(self, state: Any, params: P.Params, uploads: Ciphertexts, inputs: RoundInputs) -> ServerUpdate:
         t0 = time.perf_counter()
-        sums = [pub.add(column) for column in zip(*uploads.ciphertexts, strict=True)]
-        holders = self.keys.shares[:self.keys.threshold]  # the decrypting clients (any `threshold` of them would do)
-        parties = len(self.keys.shares)
-        decrypted = [combine(pub, {s.party: s.partial_decrypt(c) for s in holders}, parties, self.keys.threshold)
-                     for c in sums]
-        total = uploads.codec.unpack_sum(decrypted, uploads.values)
+        total = decrypted_sum(uploads, self.keys)
         seconds = time.perf_counter() - t0
         K = len(uploads.ciphertexts)
         weights = list(params.values())
         mean = torch.tensor(total, dtype=weights[0].dtype) / K
-        return ServerUpdate(_updated(params, _unflat(mean, weights), self.settings.lr), state,
+        return ServerUpdate(_updated(params, unflat(mean, weights), self.settings.lr), state,
                             {"decrypt_seconds": seconds, "uploads": K})

@@ -9,7 +9,7 @@ from typing import Any
 
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 
-from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.privacy import NOMINAL_LABEL, min_sigma_delta, solve_sigma_eta
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
 from dpfl.privacy.analytic_gaussian import analytic_gaussian_sigma

@@ -14,28 +14,25 @@ dpfl's ledger (spec §8.6), so these mechanisms are `accounted = False`.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
-from dpfl.algorithms.secure.mpdp.algorithm import (RoundSettings, _flat, _norm, _remove_dropped, _unflat)
 from dpfl.algorithms.secure.mpdp.client_programs import PerturbedTerms
-from dpfl.algorithms.secure.mpdp.ddp import CORRECTION_MASK_STREAM, DDPClient, MissingPeersError, NoiseLayout, \
-    neighbours, sample_graph
 from dpfl.algorithms.secure.mpdp.lmt import LMTResult
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan
-from dpfl.algorithms.secure.mpdp.recovery import deal_shares
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.update import RunningSums
-from dpfl.algorithms.secure.paillier_packing import SlotPacking
-from dpfl.algorithms.secure.protocol import default_threshold
-from dpfl.algorithms.secure.threshold_paillier import FixedPoint, ThresholdKeys
+from dpfl.algorithms.secure.mpdp.upload_round import UploadRound
+from dpfl.algorithms.secure.threshold_paillier import ThresholdKeys
+from dpfl.algorithms.secure.tpsmc import ciphertext_bytes, codec_for, encrypted_uploads
 from dpfl.algorithms.stages import MechanismRelease, UploadMechanism
 from dpfl.seeding import Purpose, derive_seed, numpy_generator, torch_generator
+
+STATED = " (the method states its own guarantee in privacy.json's stage block; not in dpfl's ledger)"
 
 
 class PerturbedUploads(NamedTuple):
@@ -71,62 +68,24 @@ class PerturbedUploadNoise(UploadMechanism):
 
     unit = "sample"
     accounted = False  # nominal (spec §8.6): stated by the server step, never entered in the ledger
+    unaccounted_label = STATED
 
     def release(self, state: Any, deltas: PerturbedTerms, clients: Sequence[int], seed: int,
                 round_: int) -> MechanismRelease:
-        st, plan, attempt = self.settings, self.plan, deltas.attempt
-        clients = sorted(int(k) for k in clients)
+        attempt = deltas.attempt
         gone = (self.drop(round_, attempt) if self.drop is not None
                 else simulated_dropouts(self.dropout, len(clients), seed, round_, attempt))
-        ddp = {k: DDPClient(k, derive_seed(seed, Purpose.NOISE, round_, k, attempt)) for k in clients}
-        edges: set[tuple[int, int]] = set()
-        if st.method == "mpdp" and (not math.isinf(st.sigma_delta) or st.mask_corrections):
-            edges = sample_graph(clients, st.graph, st.n, {k: ddp[k].rng for k in clients})
-        adj = neighbours(edges)
-        recovering = st.dropout_policy == "secagg_recovery" and bool(edges)
-        threshold = st.recovery_threshold or default_threshold(len(clients))
-        shares = deal_shares(ddp, threshold, st.run_id, round_) if recovering else {}
-        sums, clean = RunningSums(), {}
-        d, layout = plan.dim(), NoiseLayout.from_plan(plan)
-        seconds = dict.fromkeys(("ddp", "recover_update"), 0.0)
-        for k in clients:
+        seeds = {int(k): derive_seed(seed, Purpose.NOISE, round_, int(k), attempt) for k in clients}
+        uploads = UploadRound(self.settings, self.plan, clients, seeds, round_)
+        clean = {}
+        for k in uploads.clients:
             if k in gone:
                 continue  # agreed on edges (keys published), then left before uploading
-            res = deltas.terms[k]
-            t0 = time.perf_counter()
-            psi, phi = res.psi, res.phi
-            peers = {v: ddp[v].public for v in adj.get(k, [])}
-            if st.method == "mpdp":
-                family = st.ddp_family
-                noise = ddp[k].eta(d, st.S * st.sigma_eta, family, layout) if st.sigma_eta > 0 else np.zeros(d)
-                if peers and not math.isinf(st.sigma_delta):
-                    noise = noise + ddp[k].pairwise(peers, d, st.S * st.sigma_delta, st.run_id, round_, family,
-                                                    layout=layout)
-                if st.mask_corrections and peers:  # the server learns only Σ Ψ_k and Σ Φ_k
-                    flat_psi = _flat(psi)
-                    corr = torch.cat([flat_psi, _flat(phi)])
-                    corr = corr + torch.from_numpy(ddp[k].pairwise(peers, corr.numel(), st.mask_std, st.run_id,
-                                                                   round_, "gaussian", CORRECTION_MASK_STREAM))
-                    psi, phi = _unflat(corr[:flat_psi.numel()], psi), _unflat(corr[flat_psi.numel():], phi)
-            else:  # MP-DP-Naive: a true Gaussian on the perturbed gradient
-                noise = ddp[k].rng.normal(0.0, st.S * st.sigma_naive, d) if st.sigma_naive > 0 else np.zeros(d)
-            upload = _unflat(_flat(res.grads) + torch.from_numpy(noise), res.grads)
-            seconds["ddp"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            sums.add(k, upload, psi, phi)
-            seconds["recover_update"] += time.perf_counter() - t0
-            clean[k] = res
-        missing = set(clients) - set(sums.clients)
-        reduced: list[int] = []
-        if missing:
-            affected = {v for m in missing for v in adj.get(m, []) if v not in missing}
-            if edges and affected:
-                if not recovering or len(sums.clients) < threshold:
-                    raise MissingPeersError(round_, missing, affected, uploaded=sums.clients)
-                _remove_dropped(sums, sorted(missing), adj, ddp, shares, threshold, st, round_, layout)
-                reduced = sorted(missing)
-        metrics = {"ddp_seconds": seconds["ddp"], "upload_sum_seconds": seconds["recover_update"]}
-        return MechanismRelease(PerturbedUploads(sums, reduced, clean), state, metrics)
+            uploads.upload(k, deltas.terms[k])
+            clean[k] = deltas.terms[k]
+        reduced = uploads.settle()
+        metrics = {"ddp_seconds": uploads.seconds["ddp"], "upload_sum_seconds": uploads.seconds["sum"]}
+        return MechanismRelease(PerturbedUploads(uploads.sums, reduced, clean), state, metrics)
 
     def bytes_per_upload(self, dim: int) -> int:
         return 8 * dim * (self.plan.out_dim + 2)  # g, Ψ (n_L copies) and Φ in float64
@@ -144,6 +103,7 @@ class ClearGradients(UploadMechanism):
     adds the noise; `private`)."""
 
     private: bool = False
+    unaccounted_label = STATED
 
     @property
     def unit(self) -> str | None:  # type: ignore[override]
@@ -166,18 +126,11 @@ class ClearGradients(UploadMechanism):
         return "FedSGD: gradients in the clear (no privacy)"
 
 
-class EncryptedSums(NamedTuple):
-    """TP-SMC's uploads: every client's ciphertexts (one per packed plaintext), and the encoding they share."""
-
-    ciphertexts: list[list[int]]
-    codec: Any
-    values: int
-
-
 @dataclass(frozen=True)
 class EncryptedGradients(UploadMechanism):
-    """TP-SMC's client: its clipped gradient plus its share of the Gaussian, N(0, (S σ_cdp)^2 / h), in fixed point,
-    encrypted under the threshold-Paillier public key (many coordinates per ciphertext with `packing`)."""
+    """TP-SMC's client (`tpsmc.encrypted_uploads`): its clipped gradient plus its share of the Gaussian,
+    N(0, (S σ_cdp)^2 / h), in fixed point, encrypted under the threshold-Paillier public key (many coordinates per
+    ciphertext with `packing`)."""
 
     settings: RoundSettings = None  # type: ignore[assignment]
     keys: ThresholdKeys = None  # type: ignore[assignment]
@@ -187,44 +140,24 @@ class EncryptedGradients(UploadMechanism):
 
     unit = "sample"
     accounted = False  # its epsilon is the server step's (MP-CDP's Gaussian, assuming h honest clients)
+    unaccounted_label = STATED
+
+    def apply(self, deltas: dict[int, list[torch.Tensor]], clients: Sequence[int], seed: int, round_: int) -> Any:
+        noise = [torch_generator(seed, Purpose.NOISE, round_, int(k)) for k in clients]
+        return encrypted_uploads([deltas[int(k)] for k in clients], self.settings, self.keys, self.fraction_bits,
+                                 self.honest, noise, self.packing)
 
     def release(self, state: Any, deltas: dict[int, list[torch.Tensor]], clients: Sequence[int], seed: int,
                 round_: int) -> MechanismRelease:
-        st, pub = self.settings, self.keys.public
-        std = st.S * st.sigma_cdp / math.sqrt(self.honest)
         t0 = time.perf_counter()
-        # every coordinate must survive the sum: |g_j| <= B, noise within 40 std (probability < 1e-300 beyond)
-        max_abs = st.clip + 40 * std
-        if self.packing:  # the layout refuses widths that could carry into a neighbour or past n
-            codec: SlotPacking | FixedPoint = SlotPacking(pub.n, self.fraction_bits, max_abs, len(clients))
-        else:
-            codec = FixedPoint(pub.n, self.fraction_bits)
-            codec.check_headroom(max_abs, len(clients))
-        ciphertexts, violations, values = [], 0, 0
-        for k in clients:
-            g = deltas[k]
-            violations += _norm(g) > st.S * (1 + 1e-9)
-            flat = _flat(g)
-            values = flat.numel()
-            if std > 0:
-                noise = torch_generator(seed, Purpose.NOISE, round_, k)
-                flat = flat + torch.randn(flat.shape, generator=noise, dtype=flat.dtype) * std
-            ciphertexts.append([pub.encrypt(m) for m in codec.pack(flat.tolist())])
-        metrics = {"client_seconds": time.perf_counter() - t0, "violations": int(violations)}
-        return MechanismRelease(EncryptedSums(ciphertexts, codec, values), state, metrics)
+        uploads = self.apply(deltas, clients, seed, round_)
+        return MechanismRelease(uploads, state, {"encrypt_seconds": time.perf_counter() - t0,
+                                                 "violations": uploads.violations})
 
     def bytes_per_upload(self, dim: int) -> int:
-        ciphertext_bytes = (2 * self.keys.public.n.bit_length() + 7) // 8
-        slots = self._slots(dim)
-        return ciphertext_bytes * slots
-
-    def _slots(self, dim: int) -> int:
-        if not self.packing:
-            return dim
-        std = self.settings.S * self.settings.sigma_cdp / math.sqrt(self.honest)
-        codec = SlotPacking(self.keys.public.n, self.fraction_bits, self.settings.clip + 40 * std,
-                            len(self.keys.shares))
-        return math.ceil(dim / codec.slots)
+        codec = codec_for(self.settings, self.keys, self.fraction_bits, self.honest, len(self.keys.shares),
+                          self.packing)
+        return ciphertext_bytes(self.keys) * len(codec.pack([0.0] * dim))
 
     def describe(self) -> str:
         return (f"TP-SMC: each client's gradient clipped to B plus its share N(0, (S σ)^2 / {self.honest}) of the "

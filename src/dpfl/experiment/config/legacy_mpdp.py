@@ -1,19 +1,24 @@
-"""The config of an MP-DP comparison run (configs/mpdp/*.yaml; spec bidirectional.md §11).
+"""MP-DP's old flat config schema (`scheme: mpdp`; spec bidirectional.md §11), read only to convert it.
 
-MP-DP has its own FedSGD round (the server perturbs the model, clients return gradients at it), so its runs are
-not `RunConfig`s: this model holds exactly what they need, validated field by field.
+MP-DP and its baselines now run on the one round loop and are configured like every run (`RunConfig`: data
+partition iid_equal, models mpdp_mlp / mpdp_cnn / mpdp_resnet, algorithm mpdp / mpdp_naive / mp_cdp / tp_smc /
+fedsgd with their `algorithm.params`). A file in the old schema is validated field by field as before, then
+converted (`convert_legacy_mpdp`), and the loader says so in one line (`legacy_notice`). `--set` overrides use
+the run config's spelling; a flat one (`--set method=mpdp`) is refused with the new spelling.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from dpfl.data.catalog import FILE_BACKED
 from dpfl.experiment.config.base import _Section
-from dpfl.experiment.config.errors import _config_error, _fail
-from dpfl.experiment.config.loading import read_config_mapping
+from dpfl.experiment.config.errors import ConfigError, _config_error, _fail
+
+SCHEME = "mpdp"  # the old schema's marker
 
 
 class MPDPConfig(_Section):
@@ -103,10 +108,64 @@ class MPDPConfig(_Section):
         return self.clip * (2.0 if self.adjacency == "replace" else 1.0)
 
 
-def load_mpdp_config(path: str | Path, **overrides: object) -> MPDPConfig:
-    data = dict(read_config_mapping(path))
-    data.update(overrides)
+def is_legacy_mpdp(data: Mapping[str, Any]) -> bool:
+    """Whether a config mapping is in the old flat MP-DP schema (top-level `scheme: mpdp`)."""
+    return data.get("scheme") == SCHEME
+
+
+def legacy_notice(where: str) -> str:
+    """The one line the loader prints when it converts an old MP-DP config."""
+    return (f"note: {where} is an MP-DP config in the old flat schema (scheme: mpdp); it was converted to a run "
+            "config (data, model, training, privacy, algorithm sections), which the run directory's config.yaml "
+            "records: write new configs that way")
+
+
+MODELS = {"mlp": "mpdp_mlp", "cnn": "mpdp_cnn", "resnet": "mpdp_resnet"}
+ALGORITHMS = {"fedavg": "fedsgd"}  # the old method names that changed (the others are the algorithm's name)
+FLAT_TO_NEW = {  # a flat field -> its run-config spelling (for refused flat --set overrides)
+    "name": "name", "seed": "seed", "dataset": "data.dataset", "clients": "data.clients",
+    "train_per_client": "data.samples_per_client", "model": "model.name", "hidden": "model.options.hidden",
+    "widths": "model.options.widths", "blocks": "model.options.blocks", "bias": "model.options.bias",
+    "rounds": "training.rounds", "batch_size": "training.batch_size", "lr": "training.optimizer.lr",
+    "clip": "privacy.clip", "method": "algorithm.name", "eval_every": "evaluation.every",
+}
+
+
+def convert_legacy_mpdp(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-config mapping of an old flat MP-DP config (validated first: a bad field is a one-line ConfigError
+    naming it, as before)."""
     try:
-        return MPDPConfig.model_validate(data)
-    except ValidationError as exc:  # one line, naming the field, as for every dpfl config
+        cfg = MPDPConfig.model_validate(dict(data))
+    except ValidationError as exc:
         raise _config_error(exc, MPDPConfig) from None
+    options: dict[str, Any] = {"bias": cfg.bias}
+    if cfg.model == "mlp":
+        options["hidden"] = list(cfg.hidden)
+    elif cfg.model == "resnet":
+        options.update(widths=list(cfg.widths), blocks=cfg.blocks)
+    params = {name: getattr(cfg, name) for name in cfg.model_fields if name not in FLAT_TO_NEW and name != "scheme"}
+    return {
+        "name": cfg.name, "seed": cfg.seed,
+        "data": {"dataset": cfg.dataset, "clients": cfg.clients, "partition": "iid_equal",
+                 **({"samples_per_client": cfg.train_per_client} if cfg.train_per_client is not None else {}),
+                 # spec §11: MP-DP's loaders read local files only, never download
+                 **({"options": {"download": False}} if cfg.dataset in FILE_BACKED else {})},
+        "model": {"name": MODELS[cfg.model], "options": options},
+        "algorithm": {"name": ALGORITHMS.get(cfg.method, cfg.method), "params": params},
+        "training": {"rounds": cfg.rounds, "local_steps": 1, "batch_size": cfg.batch_size,
+                     "optimizer": {"lr": cfg.lr}, "selection": {"kind": "all"}},
+        "privacy": {"clip": cfg.clip},
+        "evaluation": {"every": cfg.eval_every},
+    }
+
+
+def refuse_flat_overrides(overrides: Sequence[str]) -> None:
+    """A flat `--set field=value` of the old schema is refused with the run config's spelling."""
+    for text in overrides:
+        key = text.partition("=")[0].strip()
+        if "." in key:
+            continue
+        new = FLAT_TO_NEW.get(key, f"algorithm.params.{key}" if key in MPDPConfig.model_fields else None)
+        if new is not None and new != key:
+            raise ConfigError(f"--set {text}: MP-DP configs are run configs now: write --set "
+                              f"{new}={text.partition('=')[2]}", "--set")
