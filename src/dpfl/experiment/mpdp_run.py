@@ -23,7 +23,6 @@ from dpfl.algorithms.catalog.context import RunFacts
 from dpfl.algorithms.catalog.mpdp import PARAMS, fedsgd, mp_cdp, mpdp, mpdp_naive, tp_smc
 from dpfl.algorithms.secure.mpdp.algorithm import RoundSettings
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan
-from dpfl.algorithms.secure.mpdp.residual import norm_free_resnet
 from dpfl.algorithms.secure.mpdp.server_steps import client_view
 from dpfl.algorithms.secure.mpdp.settings import method_settings
 from dpfl.algorithms.secure.mpdp.views import ClientView
@@ -32,6 +31,7 @@ from dpfl.data.catalog import FILE_BACKED
 from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.experiment.federated_run import FederatedRun, RunState
 from dpfl.experiment.mpdp_config import MPDPConfig
+from dpfl.models.mpdp_networks import norm_free_resnet
 from dpfl.seeding import Purpose, numpy_generator, torch_generator
 
 

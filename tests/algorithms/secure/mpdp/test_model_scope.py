@@ -10,7 +10,7 @@ from dpfl.algorithms.secure.mpdp.ddp import DDPClient, NoiseLayout, edge_seed, s
 from dpfl.algorithms.secure.mpdp.dn import dn, dn_star_abs
 from dpfl.algorithms.secure.mpdp.lmt import lmt
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, UnsupportedModelError, forward, mp_server, recover
-from dpfl.algorithms.secure.mpdp.residual import TiedResidual, norm_free_resnet
+from dpfl.models.mpdp_networks import TiedResidual, norm_free_resnet
 
 
 def _init(plan, seed=0):

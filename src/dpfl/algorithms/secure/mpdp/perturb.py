@@ -3,7 +3,7 @@ with one-time positive factors and an additive mask, keep the factors as the ser
 
 Scope: sequential ReLU networks of fully connected and 2-d convolution layers, with or without biases, with max or
 average pooling and one flatten, and a linear last layer (§7.1-§7.3), and, when allowed, tied residual blocks with
-identity shortcuts (§7.4, residual.py); anything else is refused by name (§7.5).
+identity shortcuts (§7.4, dpfl.models.mpdp_networks); anything else is refused by name (§7.5).
 Trainable layer l = 1..L has output factor r^(l) (l < L) and input factor s^(l-1) (l > 1): a weight entry gets
 r_out s_in (a conv weight r_c s_c' over its kernel; a linear layer after flatten gives feature j the s of its
 channel), a hidden bias r^(l). After the ReLU of each hidden layer a transitional diagonal 1/(s^(l) r^(l)) per
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpfl.algorithms.secure.mpdp.dn import dn_star_abs
-from dpfl.algorithms.secure.mpdp.residual import TiedResidual
+from dpfl.models.mpdp_networks import TiedResidual
 
 
 class UnsupportedModelError(ValueError):

@@ -1,5 +1,8 @@
 """Tied residual blocks (spec bidirectional.md §7.4, experimental): identity-shortcut blocks MP-DP can perturb.
 
+They live with the models (algorithms may import models, not the other way): a network built of them can be a
+registered model.
+
 A block computes ReLU(body(x) + x). Both summands must carry the same per-channel scale in the perturbed network,
 so the server puts a non-trainable diagonal r_out∘s_in on the shortcut: r_out is the free factor of the body's last
 layer, s_in the input factor of the layer feeding the block (whose transitional layer leaves x/s_in). The shortcut's
