@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, forward, mp_server
-from dpfl.algorithms.secure.mpdp.residual import norm_free_resnet
 from dpfl.algorithms.secure.mpdp.views import ClientView
 from dpfl.attacks.demask import demask
+from dpfl.models.mpdp_networks import norm_free_resnet
 
 
 def _init(plan, seed=0):

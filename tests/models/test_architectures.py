@@ -29,6 +29,9 @@ from dpfl.models import MODELS, build_model, count_parameters, model_info
         ("resnet18_gn", (3, 32, 32), 10, 11_181_642, 62),
         ("resnet18_gn", (3, 224, 224), 10, 11_181_642, 62),  # spatial size does not change the count
         ("resnet_small_gn", (3, 32, 32), 10, 269_722, 59),
+        ("mpdp_mlp", (1, 8, 8), 10, 6_464, 3),  # the relu_mlp network
+        ("mpdp_cnn", (1, 8, 8), 10, 3_784, 3),  # the cnn_digits_nobias network
+        ("mpdp_resnet", (3, 32, 32), 10, 314_416, 22),  # stem, 18 block convs, 2 strided convs, head
     ],
 )
 def test_parameter_and_tensor_counts(name, shape, n_classes, params, tensors):
@@ -59,7 +62,7 @@ def test_mlp_options():
 
 
 def test_bias_free_models_have_no_biases():
-    for name in ("mlp2", "relu_mlp", "cnn_digits_nobias"):
+    for name in ("mlp2", "relu_mlp", "cnn_digits_nobias", "mpdp_mlp", "mpdp_cnn", "mpdp_resnet"):
         model = build_model(name, model_info(name).small_shape, 10, seed=0)
         assert all(not n.endswith("bias") for n, _ in model.named_parameters()), name
 
@@ -143,7 +146,7 @@ def test_output_shapes(name, which):
     if name == "resnet18_gn" and which == "reference":
         shape = (3, 64, 64)
     model = build_model(name, shape, 10, seed=0).eval()
-    x = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0), dtype=info.dtype)  # the model's dtype
     with torch.no_grad():
         out = model(x)
     assert out.shape == (3, 10)

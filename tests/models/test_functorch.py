@@ -27,7 +27,9 @@ def _loss(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     raise AssertionError(kind)
 
 
-def _batch(name: str, n: int, dtype=torch.float32):
+def _batch(name: str, n: int, dtype=None):
+    """`n` samples in `dtype` (default: the model's dtype)."""
+    dtype = dtype or model_info(name).dtype
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, *model_info(name).small_shape, generator=g, dtype=dtype)
     y = torch.randint(0, 10, (n,), generator=g)
@@ -77,7 +79,8 @@ def test_per_sample_grads_equal_one_at_a_time(name):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_vmap_over_stacked_client_parameters(name):
     info = model_info(name)
-    clients = [build_model(name, info.small_shape, 10, seed=s, init="torch").eval() for s in range(3)]
+    init = "torch" if "torch" in info.inits else "default"  # MP-DP's networks have only their own init
+    clients = [build_model(name, info.small_shape, 10, seed=s, init=init).eval() for s in range(3)]
     params, _ = stack_module_state(clients)
     skeleton = copy.deepcopy(clients[0]).to("meta")
     x, y = _batch(name, _batch_size(name))

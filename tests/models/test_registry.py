@@ -24,6 +24,9 @@ EXPECTED_NAMES = {
     "dlg_lenet",
     "resnet18_gn",
     "resnet_small_gn",
+    "mpdp_mlp",
+    "mpdp_cnn",
+    "mpdp_resnet",
 }
 
 
@@ -51,7 +54,10 @@ def test_model_info_is_consistent_with_the_model(name):
     info = model_info(name)
     assert isinstance(info, ModelInfo) and info.name == name
     assert info.loss in ("cross_entropy", "nll", "mse_onehot")
-    assert info.default_init in info.inits and "default" in info.inits and "keras" in info.inits
+    assert info.inits[:2] == ("default", info.default_init)
+    # every model takes Keras' init but MP-DP's networks, which take only their own (their runs' shared start)
+    assert "keras" in info.inits or info.inits == ("default", "mpdp")
+    assert next(build_model(name, info.small_shape, 7).parameters()).dtype == (info.dtype or torch.get_default_dtype())
     model = build_model(name, info.small_shape, 7, seed=0)
     assert type(model).loss_kind == info.loss
     assert model.head_name == info.head
@@ -67,10 +73,9 @@ def test_model_info_is_consistent_with_the_model(name):
 def test_loss_kinds():
     kinds = {n: model_info(n).loss for n in MODELS}
     assert kinds["cnn_mnist_splitting"] == "nll"
-    assert kinds["relu_mlp"] == kinds["cnn_digits_nobias"] == "mse_onehot"
-    assert {
-        k for n, k in kinds.items() if n not in ("cnn_mnist_splitting", "relu_mlp", "cnn_digits_nobias")
-    } == {"cross_entropy"}
+    mse = ("relu_mlp", "cnn_digits_nobias", "mpdp_mlp", "mpdp_cnn", "mpdp_resnet")
+    assert {kinds[n] for n in mse} == {"mse_onehot"}
+    assert {k for n, k in kinds.items() if n not in ("cnn_mnist_splitting", *mse)} == {"cross_entropy"}
 
 
 def test_stochastic_flag_matches_dropout_layers():

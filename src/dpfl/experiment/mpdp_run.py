@@ -23,7 +23,6 @@ from dpfl.algorithms.catalog.context import RunFacts
 from dpfl.algorithms.catalog.mpdp import PARAMS, fedsgd, mp_cdp, mpdp, mpdp_naive, tp_smc
 from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan
-from dpfl.algorithms.secure.mpdp.residual import norm_free_resnet
 from dpfl.algorithms.secure.mpdp.server_steps import client_view
 from dpfl.algorithms.secure.mpdp.settings import method_settings
 from dpfl.algorithms.secure.mpdp.views import ClientView
@@ -32,6 +31,8 @@ from dpfl.data.catalog import FILE_BACKED
 from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.experiment.federated_run import FederatedRun, RunState
 from dpfl.experiment.config.legacy_mpdp import MPDPConfig
+from dpfl.models import build_model
+from dpfl.models.mpdp_networks import LAST_LAYER_SCALE
 from dpfl.seeding import Purpose, numpy_generator, torch_generator
 
 
@@ -78,14 +79,12 @@ def federated_arrays(cfg: MPDPConfig) -> FederatedArrays:
     return FederatedArrays(shards, keep(data.x_test), data.y_test.long(), data.n_classes, tuple(data.x_train.shape[1:]))
 
 
-LAST_LAYER_SCALE = 0.1  # outputs start near 0 under MSE: FedSGD on digits reaches 0.76 in 30 rounds, not 0.38
-
-
 def initial_weights(plan: FactorPlan, seed: int) -> list[torch.Tensor]:
     """He-normal weights and zero biases, the last layer's weight scaled by LAST_LAYER_SCALE; the same for every
     method of a seed. Without normalisation a residual network needs Fixup's initialisation (Zhang et al., arXiv
     1901.09321, with two layers per branch): each block's last layer starts at zero and its other layers are scaled
-    by (number of blocks)^(-1/2), so the network starts as its chain of shortcuts."""
+    by (number of blocks)^(-1/2), so the network starts as its chain of shortcuts. The registry's `mpdp` init
+    (`dpfl.models.mpdp_networks.init_mpdp`) draws the same weights from the module; this is its plan's reference."""
     g = torch_generator(seed, Purpose.INIT)
     ends = {sk.target for sk in plan.skips}
     inside = {layer for sk in plan.skips for layer in range(sk.source + 1, sk.target)}
@@ -106,45 +105,23 @@ def initial_weights(plan: FactorPlan, seed: int) -> list[torch.Tensor]:
 
 
 def model_plan(cfg: MPDPConfig, input_shape: tuple[int, ...], n_classes: int) -> FactorPlan:
-    """The config's network as a FactorPlan: the MLP of `hidden`, spec §11's digits CNN, or a norm-free ResNet."""
-    if cfg.model == "mlp":
-        return FactorPlan((math.prod(input_shape), *cfg.hidden, n_classes), bias=cfg.bias)
-    c, h, w = input_shape
-    if cfg.model == "resnet":  # the config's choice of model is the opt-in to the experimental tied residuals
-        net = norm_free_resnet(c, h, n_classes, tuple(cfg.widths), cfg.blocks, cfg.bias)
-        return FactorPlan.from_module(net, input_shape, allow_residual=True)
-    net = nn.Sequential(nn.Conv2d(c, 8, 3, padding=1, bias=cfg.bias), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Conv2d(8, 16, 3, padding=1, bias=cfg.bias), nn.ReLU(), nn.Flatten(),
-                        nn.Linear(16 * (h // 2) * (w // 2), n_classes, bias=cfg.bias))
-    return FactorPlan.from_module(net, input_shape)
+    """The config's network (`mpdp_network`) as a FactorPlan."""
+    net = mpdp_network(cfg, input_shape, n_classes)
+    # the config's choice of model is the opt-in to the experimental tied residuals
+    return FactorPlan.from_module(net, input_shape, allow_residual=cfg.model == "resnet")
 
 
 def mpdp_network(cfg: MPDPConfig, input_shape: tuple[int, ...], n_classes: int) -> nn.Sequential:
-    """The config's network as a float64 module with MP-DP's initial weights (`initial_weights`)."""
-    plan = model_plan(cfg, input_shape, n_classes)
+    """The config's network from the model registry (mpdp_mlp of `hidden`, spec §11's digits CNN mpdp_cnn, or the
+    norm-free ResNet mpdp_resnet): float64, with MP-DP's initial weights for cfg.seed (`initial_weights` of its plan).
+    """
     if cfg.model == "mlp":
-        sizes = (math.prod(input_shape), *cfg.hidden, n_classes)
-        mods: list[nn.Module] = []
-        for i in range(1, len(sizes)):
-            mods += [nn.Linear(sizes[i - 1], sizes[i], bias=cfg.bias), nn.ReLU()]
-        net = nn.Sequential(*mods[:-1])
+        name, options = "mpdp_mlp", {"hidden": list(cfg.hidden), "bias": cfg.bias}
+    elif cfg.model == "cnn":
+        name, options = "mpdp_cnn", {"bias": cfg.bias}
     else:
-        c, h, _ = input_shape
-        net = (norm_free_resnet(c, h, n_classes, tuple(cfg.widths), cfg.blocks, cfg.bias) if cfg.model == "resnet"
-               else _digits_cnn(input_shape, n_classes, cfg.bias))
-    net = net.to(torch.float64)
-    with torch.no_grad():
-        for param, value in zip(net.parameters(), initial_weights(plan, cfg.seed), strict=True):
-            param.copy_(value)
-    return net
-
-
-def _digits_cnn(input_shape: tuple[int, ...], n_classes: int, bias: bool) -> nn.Sequential:
-    """Spec §11's ci_digits_cnn: conv(8)-maxpool-conv(16)-linear."""
-    c, h, w = input_shape
-    return nn.Sequential(nn.Conv2d(c, 8, 3, padding=1, bias=bias), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(8, 16, 3, padding=1, bias=bias), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(16 * (h // 2) * (w // 2), n_classes, bias=bias))
+        name, options = "mpdp_resnet", {"widths": list(cfg.widths), "blocks": cfg.blocks, "bias": cfg.bias}
+    return build_model(name, input_shape, n_classes, seed=cfg.seed, **options)
 
 
 def federated_data(arrays: FederatedArrays) -> FederatedDataset:

@@ -10,6 +10,13 @@ def positive_int(value: object, what: str) -> int:
     return value
 
 
+def positive_ints(value: object, what: str) -> tuple[int, ...]:
+    """`value` as a tuple if it is a non-empty sequence (list or tuple) of positive ints, else ValueError."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{what} must be a non-empty list of positive integers, got {value!r}")
+    return tuple(positive_int(v, f"each of {what}") for v in value)
+
+
 def dropout_rate(value: object) -> float:
     """`value` as a float in [0, 1), else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:

@@ -25,6 +25,10 @@ Schemes (``init=`` option of `build_model`):
     Every parameter 0 (the PFA logistic regression, `logr`).
 ``dlg``
     Every weight and bias U(-0.5, 0.5), the ``weights_init`` of the DLG attack code (`dlg_lenet`).
+``mpdp``
+    MP-DP's networks (`dpfl.models.mpdp_networks.init_mpdp`): He-normal weights drawn in float64, zero biases, the
+    last layer scaled down, Fixup in tied residual blocks. It scales layers by their place in the network, so it
+    is applied to the whole model rather than module by module.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ import math
 import torch
 from torch import nn
 
-INIT_SCHEMES: tuple[str, ...] = ("torch", "keras", "torchvision", "zeros", "dlg")
+from dpfl.models.mpdp_networks import init_mpdp
+
+INIT_SCHEMES: tuple[str, ...] = ("torch", "keras", "torchvision", "zeros", "dlg", "mpdp")
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORM = (nn.GroupNorm, nn.LayerNorm)
@@ -97,6 +103,8 @@ def init_parameters(model: nn.Module, scheme: str, generator: torch.Generator | 
     """
     if scheme not in INIT_SCHEMES:
         raise ValueError(f"unknown init scheme {scheme!r}; allowed: {list(INIT_SCHEMES)}")
+    if scheme == "mpdp":
+        return init_mpdp(model, generator)
     for _, module in model.named_modules():
         if any(True for _ in module.parameters(recurse=False)):
             _init_module(module, scheme, generator)

@@ -18,7 +18,9 @@ Contracts every registered model keeps (the engine runs many clients at once wit
 * initialisation is explicit (see `dpfl.models.initialization`): the module is constructed on the
   ``meta`` device and every parameter is then drawn under the model's scheme from
   ``dpfl.seeding.torch_generator(seed, Purpose.INIT)`` when `seed` is given (same seed, same weights;
-  the global RNG is neither read nor advanced), or from the global RNG when `seed` is None.
+  the global RNG is neither read nor advanced), or from the global RNG when `seed` is None;
+* parameters are in torch's default dtype unless `ModelInfo.dtype` names one (MP-DP's networks, ``mpdp_*``, are
+  float64: their recovery is checked to 1e-10); inputs must be of the parameters' dtype.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from dpfl.models import cnn, lenet, linear, mlp, resnet
+from dpfl.models import cnn, lenet, linear, mlp, mpdp_networks, resnet
 from dpfl.models._geometry import ShapeError
 from dpfl.models.initialization import init_parameters
 from dpfl.seeding import Purpose, torch_generator
@@ -52,7 +54,8 @@ class ModelInfo:
     and smoke runs). `head` is the name of the output layer under the default options (CENTAUR-style
     splits, last-layer methods); a built model's own ``head_name`` attribute is always right.
     `options` maps each builder option to its default (`init` and `seed` are accepted by all models).
-    `inits` lists the accepted ``init`` values; `stochastic` says the default build has dropout.
+    `inits` lists the accepted ``init`` values; `stochastic` says the default build has dropout. `dtype` is the
+    dtype `build_model` gives the parameters (None: torch's default dtype).
     """
 
     name: str
@@ -70,6 +73,7 @@ class ModelInfo:
     inits: tuple[str, ...]
     options: Mapping[str, Any] = field(default_factory=dict)
     stochastic: bool = False
+    dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,9 @@ class _Entry:
 
 
 def _info(**kw: Any) -> ModelInfo:
+    # `inits`: the schemes accepted besides "default" and the model's own (torch's and Keras' unless it says).
     default_init = kw.setdefault("default_init", "torch")
-    kw["inits"] = tuple(dict.fromkeys(("default", default_init, "torch", "keras")))
+    kw["inits"] = tuple(dict.fromkeys(("default", default_init, *kw.get("inits", ("torch", "keras")))))
     kw["options"] = MappingProxyType(dict(kw.get("options", {})))
     return ModelInfo(**kw)
 
@@ -279,6 +284,53 @@ _register(
     default_init="torchvision",
     options={"depth": 20, "norm_groups": 2, "shortcut": "pad"},
 )
+# MP-DP's networks: float64, and only MP-DP's own initialisation (the one every run of its comparison starts from).
+_MPDP = dict(loss="mse_onehot", default_init="mpdp", inits=(), dtype=torch.float64)
+_register(
+    mpdp_networks.build_mpdp_mlp,
+    name="mpdp_mlp",
+    description="MP-DP's ReLU MLP (ReLU after every layer but the last, no biases by default), float64, MSE on one-hot",
+    spec="bidirectional.md §11 ci_digits_mlp (64-64-32-10)",
+    accepts=_ANY,
+    input_rank=None,
+    reference_shape=(1, 8, 8),
+    reference_classes=10,
+    reference_params=6_464,
+    small_shape=(1, 8, 8),
+    head="fc3",
+    options={"hidden": (64, 32), "bias": False},
+    **_MPDP,
+)
+_register(
+    mpdp_networks.build_mpdp_cnn,
+    name="mpdp_cnn",
+    description="MP-DP's conv(8)-maxpool-conv(16)-linear CNN (no biases by default), float64, MSE on one-hot targets",
+    spec="bidirectional.md §11 ci_digits_cnn",
+    accepts=_IMAGE + "; meant for (1, 8, 8) digits",
+    input_rank=3,
+    reference_shape=(1, 8, 8),
+    reference_classes=10,
+    reference_params=3_784,
+    small_shape=(1, 8, 8),
+    head="fc",
+    options={"bias": False},
+    **_MPDP,
+)
+_register(
+    mpdp_networks.build_mpdp_resnet,
+    name="mpdp_resnet",
+    description="MP-DP's norm-free ResNet of tied residual blocks (experimental), float64, MSE on one-hot targets",
+    spec="bidirectional.md §11 full configs (ResNet20 shape), §7.4",
+    accepts="square (C, H, W) images",
+    input_rank=3,
+    reference_shape=(3, 32, 32),
+    reference_classes=10,
+    reference_params=314_416,
+    small_shape=(3, 8, 8),
+    head="fc",
+    options={"widths": (16, 32, 64), "blocks": 3, "bias": False},
+    **_MPDP,
+)
 
 
 def _entry(name: str) -> _Entry:
@@ -330,7 +382,8 @@ def build_model(
     zero biases), or the model's own default scheme. With `seed`, weights come from
     ``torch_generator(seed, Purpose.INIT)`` only; without, from the global torch RNG.
 
-    Returns a CPU module in training mode, in the default dtype; move or cast it as needed.
+    Returns a CPU module in training mode, in `ModelInfo.dtype` (torch's default dtype unless the model names one);
+    move or cast it as needed.
     Raises ValueError for an unknown name, an input shape the model cannot take (naming the model, the
     shape and what it accepts), a bad `n_classes`, or unknown / invalid options.
     """
@@ -358,6 +411,8 @@ def build_model(
         # Construct without values or random draws, then give every parameter its value below.
         with torch.device("meta"):
             model = entry.builder(shape, classes, **options)
+            if info.dtype is not None:
+                model = model.to(dtype=info.dtype)
     except ShapeError as err:
         raise ValueError(
             f"model {name!r} cannot take input shape {shape}: {err}. It accepts {info.accepts}."

@@ -23,13 +23,13 @@ from dpfl.algorithms.catalog.context import AlgorithmError, RunFacts, validated
 from dpfl.algorithms.catalog.validation import Params
 from dpfl.algorithms.secure.mpdp.client_programs import PerturbedGradient, TrueGradient
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, UnsupportedModelError
-from dpfl.algorithms.secure.mpdp.residual import TiedResidual
 from dpfl.algorithms.secure.mpdp.server_steps import GradientMeanServer, PerturbedModelServer, ThresholdPaillierServer
 from dpfl.algorithms.secure.mpdp.settings import method_settings
 from dpfl.algorithms.secure.mpdp.uploads import ClearGradients, EncryptedGradients, PerturbedUploadNoise
 from dpfl.algorithms.secure.threshold_paillier import keygen
 from dpfl.algorithms.selection import Selection
 from dpfl.engine.local_training import LocalSpec
+from dpfl.models.mpdp_networks import TiedResidual
 
 __all__ = ["METHODS", "PARAMS", "MPDPParams", "fedsgd", "mp_cdp", "mpdp", "mpdp_naive", "tp_smc"]
 

@@ -10,7 +10,7 @@ from dpfl.algorithms.secure.mpdp.ddp import DDPClient, NoiseLayout, edge_seed, s
 from dpfl.algorithms.secure.mpdp.dn import dn, dn_star_abs
 from dpfl.algorithms.secure.mpdp.lmt import lmt
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, UnsupportedModelError, forward, mp_server, recover
-from dpfl.algorithms.secure.mpdp.residual import TiedResidual, norm_free_resnet
+from dpfl.models.mpdp_networks import TiedResidual, norm_free_resnet
 
 
 def _init(plan, seed=0):
@@ -102,11 +102,23 @@ def test_pairwise_noise_with_a_bias_layout_still_cancels():
     (nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)), "followed by a ReLU"),
     (nn.Sequential(nn.Conv2d(1, 2, 3, groups=1, dilation=2), nn.ReLU(), nn.Flatten(), nn.Linear(8, 2)), "plain conv"),
     (nn.Linear(4, 2), "nn.Sequential"),
+    (nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3, 2)), "'2' \\(Flatten\\).*feature maps"),
 ])
 def test_unsupported_modules_are_refused_by_name(module, match):  # T17 (residual blocks: not Sequential, refused)
     with pytest.raises(UnsupportedModelError, match=match):
         FactorPlan.from_module(module, (1, 4, 4) if isinstance(module[0] if isinstance(module, nn.Sequential) else
                                                              module, nn.Conv2d) else (4,))
+
+
+@pytest.mark.parametrize("shape", [(12,), (3, 4), (3, 2, 2)])
+def test_a_flatten_of_the_input_is_an_mlp(shape):
+    """A Flatten before the first layer (the registry's MLPs take images) only reshapes the input, of any rank."""
+    module = nn.Sequential(nn.Flatten(), nn.Linear(12, 5, bias=True), nn.ReLU(), nn.Linear(5, 3, bias=True))
+    plan = FactorPlan.from_module(module.to(torch.float64), shape)
+    assert plan.layer_specs == FactorPlan((12, 5, 3), bias=True).layer_specs
+    x, _ = _data(shape, plan.out_dim)
+    assert torch.allclose(forward(_module_weights(module), None, x, plan)[0], module(x), rtol=0, atol=1e-12)
+    _assert_exact(plan, shape)
 
 
 def _module_weights(module):

@@ -2,8 +2,9 @@
 with one-time positive factors and an additive mask, keep the factors as the server's secret.
 
 Scope: sequential ReLU networks of fully connected and 2-d convolution layers, with or without biases, with max or
-average pooling and one flatten, and a linear last layer (§7.1-§7.3), and, when allowed, tied residual blocks with
-identity shortcuts (§7.4, residual.py); anything else is refused by name (§7.5).
+average pooling and one flatten of feature maps (a flatten of the input may precede the first layer: images into an
+MLP), and a linear last layer (§7.1-§7.3), and, when allowed, tied residual blocks with identity shortcuts (§7.4,
+dpfl.models.mpdp_networks); anything else is refused by name (§7.5).
 Trainable layer l = 1..L has output factor r^(l) (l < L) and input factor s^(l-1) (l > 1): a weight entry gets
 r_out s_in (a conv weight r_c s_c' over its kernel; a linear layer after flatten gives feature j the s of its
 channel), a hidden bias r^(l). After the ReLU of each hidden layer a transitional diagonal 1/(s^(l) r^(l)) per
@@ -14,6 +15,7 @@ gets the additive mask r = γ∘r^(a): its output is y + α(x) r with α the sum
 
 from __future__ import annotations
 
+import math
 import secrets as _secrets
 from dataclasses import dataclass, field
 
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpfl.algorithms.secure.mpdp.dn import dn_star_abs
-from dpfl.algorithms.secure.mpdp.residual import TiedResidual
+from dpfl.models.mpdp_networks import TiedResidual
 
 
 class UnsupportedModelError(ValueError):
@@ -187,11 +189,11 @@ class FactorPlan:
                 ops.append(Op("maxpool" if isinstance(m, nn.MaxPool2d) else "avgpool", kernel=k, stride=st))
                 shape = (shape[0], (shape[1] - k[0]) // st[0] + 1, (shape[2] - k[1]) // st[1] + 1)
             elif isinstance(m, nn.Flatten):
-                if len(shape) != 3:
-                    raise UnsupportedModelError(f"{where}: flatten only feature maps")
-                flat_repeat = shape[1] * shape[2]
+                if len(shape) != 3 and layers:  # before the first layer it only reshapes the input, of any rank
+                    raise UnsupportedModelError(f"{where}: flatten only feature maps (or the input)")
+                flat_repeat = shape[1] * shape[2] if len(shape) == 3 else 1
                 ops.append(Op("flatten"))
-                shape = (shape[0] * shape[1] * shape[2],)
+                shape = (math.prod(shape),)
             else:
                 why = {nn.BatchNorm1d: "normalisation cancels the factors", nn.BatchNorm2d: "normalisation cancels "
                        "the factors", nn.GroupNorm: "normalisation cancels the factors", nn.LayerNorm: "normalisation "
