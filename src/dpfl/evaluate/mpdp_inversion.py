@@ -34,7 +34,7 @@ from dpfl.evaluate.probe import Probe, invert_probe, private_classes, shared_ext
 from dpfl.seeding import Purpose, derive_seed
 
 if TYPE_CHECKING:
-    from dpfl.experiment.mpdp_run import FederatedArrays
+    from dpfl.evaluate.mpdp_attacks import FederatedArrays
 
 __all__ = ["BATCHES", "TARGETS", "AlphaNetwork", "PerturbedNetwork", "PlanNetwork", "ProbeSetting", "inversion_report",
            "masked", "probe_targets"]

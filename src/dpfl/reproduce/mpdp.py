@@ -123,7 +123,8 @@ class MPDPJob:
     def run_config(self) -> RunConfig:
         """The config this job runs, as its config.yaml records it: its method's algorithm, and for
         mpdp_oracle_clip MP-DP with the simulation-only clip of the true gradient."""
-        extra = ("algorithm.params.clip_mode=oracle_true",) if self.method == "mpdp_oracle_clip" else ()
+        extra = {"mpdp_oracle_clip": ("algorithm.params.clip_mode=oracle_true",),
+                 "fedavg": ("privacy.clip=null",)}.get(self.method, ())  # FedSGD clips nothing
         return with_fields(self.config, f"algorithm.name={ALGORITHM.get(self.method, self.method)}", *extra)
 
 

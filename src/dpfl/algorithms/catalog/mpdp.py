@@ -111,7 +111,7 @@ def _check_run(run: RunFacts, name: str, p: MPDPParams) -> FactorPlan:
         if value is not None and value > K:
             raise AlgorithmError(f"algorithm.params.{field}: cannot exceed the number of clients ({K})",
                                  f"algorithm.params.{field}")
-    if run.clip is None:
+    if run.clip is None and name != "fedsgd":
         raise AlgorithmError(f"privacy.clip: {name} clips each client's gradient to B = privacy.clip", "privacy.clip")
     if not isinstance(run.model, nn.Module) or run.input_shape is None:
         raise AlgorithmError(f"model: {name} perturbs the run's network: build it with the model and its input shape",
@@ -126,9 +126,9 @@ def _check_run(run: RunFacts, name: str, p: MPDPParams) -> FactorPlan:
 def _build(run: RunFacts, name: str, arguments: dict[str, Any]) -> Algorithm:
     p = validated(MPDPParams, name, arguments)
     plan = _check_run(run, name, p)
-    assert run.clip is not None
     method = {"fedsgd": "fedavg"}.get(name, name)  # the spec's name of the reference run
-    st, info = method_settings(method, p, clients=run.clients, lr=run.lr, clip=run.clip, rounds=run.rounds,
+    clip = run.clip if run.clip is not None else 1.0  # FedSGD clips nothing: its B is never read
+    st, info = method_settings(method, p, clients=run.clients, lr=run.lr, clip=clip, rounds=run.rounds,
                                run_id=f"dpfl/mpdp/{run.run_name}/{run.seed}".encode())
     spec = LocalSpec(lr=run.lr, loss=LOSS)
     common = dict(settings=st, info=info, epsilon=p.epsilon, clients=run.clients)

@@ -154,7 +154,7 @@ def convert_legacy_mpdp(data: Mapping[str, Any]) -> dict[str, Any]:
         "algorithm": {"name": ALGORITHMS.get(cfg.method, cfg.method), "params": params},
         "training": {"rounds": cfg.rounds, "local_steps": 1, "batch_size": cfg.batch_size,
                      "optimizer": {"lr": cfg.lr}, "selection": {"kind": "all"}},
-        "privacy": {"clip": cfg.clip},
+        "privacy": {"clip": cfg.clip} if cfg.method != "fedavg" else {},  # FedSGD clips nothing
         "evaluation": {"every": cfg.eval_every},
     }
 
