@@ -163,3 +163,20 @@ def test_report_shows_the_labelled_aggregate_view_and_the_personalised_accuracy(
     assert report.index("Personalised accuracy") < report.index("**Final accuracy:**")
     assert "the server's model alone" in report.split("**Final accuracy:**")[1].splitlines()[0]
     assert "One participation costs at most:** ε = 0.5" in report and "No user-level guarantee" in report
+
+
+def test_a_method_that_states_its_own_guarantee_is_reported_with_it(tmp_path):
+    """MP-DP's family: no epsilon in the ledger, but the method's own per-round statement (privacy.json `stage`) is
+    what the report shows, nominal and labelled, instead of "no guarantee"."""
+    run = make_unaccounted_run(tmp_path / "run")
+    privacy = read_privacy(run)
+    privacy.update(algorithm="mpdp", warning="no epsilon in dpfl's per-client ledger: the method states its own",
+                   stage={"guarantee": "nominal", "per_round_epsilon": 3.0, "delta": 1e-5,
+                          "label": "nominal — assumes the idealised Gaussian model", "stamps": [],
+                          "per_client": [{"client": 0, "composed": {"epsilon": 9.0, "which": "basic"}}]})
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    text = write_report(run).read_text()
+    assert "the method states its own guarantee** (privacy.json `stage`)" in text
+    assert "- guarantee: NOMINAL, per round and client eps = 3, delta = 1e-05 (nominal — assumes" in text
+    assert "composed over the run per client (nominal, basic): eps from 9 to 9" in text
+    assert "dpfl computed no guarantee for it" not in text

@@ -70,6 +70,8 @@ def unsupported(run: Any) -> str | None:
         return "oracle aggregators read the clients' noise, which a real server cannot"
     if agg.encodes_uploads:
         return "client-side encodings of the upload (PFA+) are not supported"
+    if agg.encodes_broadcast:
+        return "an encoded broadcast (MP-DP's perturbed model, with its key agreement between clients) is not supported"
     if run.update_hook is not None:
         return "privacy audits (canary hooks) run in simulation only"
     if type(up) not in (FullUpdate, ClippedNoisyUpdate):

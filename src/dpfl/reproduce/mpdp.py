@@ -125,7 +125,9 @@ class MPDPJob:
         mpdp_oracle_clip MP-DP with the simulation-only clip of the true gradient."""
         extra = {"mpdp_oracle_clip": ("algorithm.params.clip_mode=oracle_true",),
                  "fedavg": ("privacy.clip=null",)}.get(self.method, ())  # FedSGD clips nothing
-        return with_fields(self.config, f"algorithm.name={ALGORITHM.get(self.method, self.method)}", *extra)
+        # the threat model the setting's config resolved to is its own method's: the job's method resolves its own
+        return with_fields(self.config, f"algorithm.name={ALGORITHM.get(self.method, self.method)}",
+                           "privacy.mechanism=null", "privacy.unit=null", "privacy.observer=null", *extra)
 
 
 def job_state(job: MPDPJob, out: Path, inversion_steps: int) -> tuple[str, str]:

@@ -17,6 +17,7 @@ from typing import Any
 from dpfl.results import plots as _plots
 from dpfl.results.environment import ENVIRONMENT_FILE, changed_keys, read_environment, unrecorded_keys
 from dpfl.results.formatting import format_epsilon
+from dpfl.results.mpdp_outcome import stated_guarantee_lines
 from dpfl.results.outcome import early_stop_hint
 from dpfl.results.run_files import (
     CONFIG_FILE,
@@ -217,6 +218,10 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
                    f"protects {what}.")
     elif unit is None:
         out.append("**No privacy mechanism ran** (non-private run): no epsilon is reported.")
+    elif "guarantee" in (privacy.get("stage") or {}):  # MP-DP's family: the method states its own, per round
+        out.append("**Not in dpfl's per-client ledger: the method states its own guarantee** (privacy.json "
+                   "`stage`):")
+        out += [""] + [f"- {line}" for line in stated_guarantee_lines(privacy, len(metrics))]
     else:
         level, _ = _UNIT_WORDS.get(str(unit), (f"{unit}-level", ""))
         out.append(f"**Warning: this run is not accounted — no epsilon is reported.** A {level} privacy "
