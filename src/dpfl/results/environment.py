@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
-import json
 import os
 import platform
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from dpfl.results.run_files import (RunDirError, append_jsonl, complete_jsonl_rows, truncate_jsonl,
-                                    write_text_atomic)
+from dpfl.results.run_files import (RunDirError, append_jsonl, complete_jsonl_rows, truncate_jsonl)
 
 __all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "describe_job", "read_environment",
-           "record_environment", "write_environment", "provenance", "computed_by", "computed_and_written",
+           "record_environment", "provenance", "computed_by", "computed_and_written",
            "job_executions", "run_environments", "changed_keys", "unrecorded_keys"]
 
 ENVIRONMENT_FILE = "environment.jsonl"
@@ -108,11 +106,6 @@ def record_environment(run_dir: str | os.PathLike[str], started_round: int) -> d
     line = describe(started_round)
     append_jsonl(path, line)
     return line
-
-
-def write_environment(run_dir: str | os.PathLike[str]) -> None:
-    """environment.jsonl of a run that cannot resume (one execution, started at round 0), written whole."""
-    write_text_atomic(Path(run_dir) / ENVIRONMENT_FILE, json.dumps(describe(0)) + "\n")
 
 
 def describe_job() -> dict[str, Any]:
