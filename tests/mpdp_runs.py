@@ -14,11 +14,13 @@ from typing import Any
 
 import torch
 
+from dpfl.algorithms.secure.mpdp.perturb import FactorPlan
 from dpfl.evaluate.mpdp_attacks import FederatedArrays, comparison_arrays
 from dpfl.experiment.build import build_data, build_run
 from dpfl.experiment.config import RunConfig, validate_config
 from dpfl.experiment.config.legacy_mpdp import convert_legacy_mpdp
 from dpfl.experiment.federated_run import FederatedRun, RunResult
+from dpfl.models import build_model
 
 
 def mpdp_config(method: str = "mpdp", **flat: Any) -> RunConfig:
@@ -57,3 +59,13 @@ def records(clients: int = 5, *, flatten: bool = True, **flat: Any) -> Federated
     return FederatedArrays([(x.reshape(len(x), -1), y) for x, y in arrays.shards],
                            arrays.x_test.reshape(len(arrays.x_test), -1), arrays.y_test, arrays.n_classes,
                            arrays.image_shape)
+
+
+def mlp_weights(plan: FactorPlan, seed: int = 0) -> list[torch.Tensor]:
+    """MP-DP's initial weights of the MLP `FactorPlan((inputs, *hidden, classes), bias)`: the registered mpdp_mlp's
+    at `seed` (what a run of that network starts from), in the plan's order."""
+    sizes = plan.sizes
+    net = build_model("mpdp_mlp", (sizes[0],), sizes[-1], seed=seed, hidden=list(sizes[1:-1]), bias=plan.bias)
+    weights = [p.detach().clone() for p in net.parameters()]
+    assert [tuple(w.shape) for w in weights] == [tuple(s) for s in plan.shapes()], "not the plan's network"
+    return weights

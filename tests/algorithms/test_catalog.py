@@ -4,6 +4,8 @@ through: each factory builds what the YAML path builds, a registered algorithm i
 from __future__ import annotations
 
 import inspect
+import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,10 +16,12 @@ import dpfl.algorithms
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.catalog.context import AlgorithmError, RunFacts
 from dpfl.algorithms.registry import algorithm_names, algorithm_spec, register_algorithm
+from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.experiment.algorithm_bundle import model_facts
 from dpfl.experiment.build import build_algorithm
 from dpfl.experiment.config import ALGORITHMS, ConfigError, validate_config
+from dpfl.models import build_model
 
 BASE: dict[str, Any] = {
     "name": "factories", "seed": 0,
@@ -51,13 +55,40 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str,
     "fedpi": ({}, {}, {"eta": 0.5}, {}),
     "fedrp": ({}, {}, {"eta": 0.5}, {}),
 }
+# MP-DP's family: FedSGD (one step a round, every client) of the float64 network it perturbs, which the factory reads
+# with one record's shape; TP-SMC with a small key (its keys are drawn afresh by every build: compared apart)
+MPDP_FAMILY = ("mpdp", "mpdp_naive", "mp_cdp", "tp_smc", "fedsgd")
+MPDP_DATA = {"dataset": "digits", "clients": 10, "partition": "iid_equal"}
+MPDP_MODEL = {"name": "mpdp_mlp", "options": {"hidden": [16]}}
+MPDP_TRAINING = {"local_steps": 1, "local_epochs": None, "selection": {"kind": "all"}}
+MPDP_RUN = {"local_steps": 1, "local_epochs": None, "selection": Selection("all"), "input_shape": (1, 8, 8),
+            "run_name": "factories", "seed": 0, "model_name": "mpdp_mlp"}
+CASES.update({name: ({"clip": 1.0} if name != "fedsgd" else {}, MPDP_TRAINING,
+                     {"tpsmc_key_bits": 64} if name == "tp_smc" else {},
+                     {**MPDP_RUN, **({"clip": 1.0} if name != "fedsgd" else {})}) for name in MPDP_FAMILY})
 BUILT_BY_FACTORY = [n for n in ALGORITHMS if not algorithm_spec(n).with_data]
 
 
 def _config(name: str) -> Any:
     privacy, training, params, _ = CASES[name]
-    return validate_config({**BASE, "training": {**BASE["training"], **training}, "privacy": privacy,
+    family = {"data": MPDP_DATA, "model": MPDP_MODEL} if name in MPDP_FAMILY else {}
+    return validate_config({**BASE, **family, "training": {**BASE["training"], **training}, "privacy": privacy,
                             "algorithm": {"name": name, "params": params}})
+
+
+def _network(name: str) -> Any:
+    """The built network the MP-DP family's factories read (None for the others: they read the registry's facts)."""
+    return build_model("mpdp_mlp", (1, 8, 8), 10, seed=0, hidden=[16]) if name in MPDP_FAMILY else None
+
+
+def _without_keys(algorithm: Algorithm) -> Algorithm:
+    """TP-SMC's bundle less its Paillier keys (a build draws fresh ones), after checking that the clients encrypt
+    under the keys the server decrypts with: 64-bit n, one share per client, the config's threshold."""
+    keys = algorithm.upload.keys
+    assert algorithm.aggregator.keys is keys
+    assert keys.public.n.bit_length() in (63, 64) and len(keys.shares) == 10 and keys.threshold == 6
+    return replace(algorithm, upload=replace(algorithm.upload, keys=None),
+                   aggregator=replace(algorithm.aggregator, keys=None))
 
 
 def test_every_config_name_is_registered_in_the_config_order():
@@ -69,12 +100,17 @@ def test_every_config_name_is_registered_in_the_config_order():
 def test_a_factory_builds_what_the_config_builds(name):
     """The factory, called with the RunFacts a Python user writes and its default params, gives the YAML's bundle."""
     cfg = _config(name)
-    loss, names, head = model_facts(cfg, None)
-    run = RunFacts(lr=0.5, clients=10, rounds=3, loss=loss, param_names=tuple(names), head_module=head,
-                   model_name="mlp2", **CASES[name][3])
+    net = _network(name)
+    loss, names, head = model_facts(cfg, net)
+    facts = {"model_name": "mlp2", **CASES[name][3]}
+    run = RunFacts(lr=0.5, clients=10, rounds=3, loss=loss, param_names=tuple(names), head_module=head, model=net,
+                   **facts)
     built = getattr(dpfl.algorithms, name)(run, **CASES[name][2])
+    from_config = build_algorithm(cfg, net, (1, 8, 8) if net is not None else None)
     assert isinstance(built, Algorithm)
-    assert repr(built) == repr(build_algorithm(cfg))  # every stage's parameters (arrays included)
+    if name == "tp_smc":
+        built, from_config = _without_keys(built), _without_keys(from_config)
+    assert repr(built) == repr(from_config)  # every stage's parameters (arrays included)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -190,7 +226,9 @@ def test_an_algorithm_is_registered_once(clean_registries):
 
 
 def test_an_unregistered_name_lists_the_registered_ones(clean_registries):
+    """Every registered name, dpfl's own in the config's order and then the user's."""
     register_algorithm("half_fedavg", half_fedavg, params=HalfParams)
-    with pytest.raises(ConfigError, match=r"^algorithm.name: not an allowed value \(got 'bogus'; allowed: 'fedavg', "
-                                          r".* 'mr_mtl' or 'half_fedavg'\)$"):
+    allowed = ", ".join(map(repr, ALGORITHMS)) + " or 'half_fedavg'"
+    with pytest.raises(ConfigError, match="^" + re.escape(f"algorithm.name: not an allowed value (got 'bogus'; "
+                                                          f"allowed: {allowed})") + "$"):
         validate_config({**BASE, "algorithm": {"name": "bogus"}})

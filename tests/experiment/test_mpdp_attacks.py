@@ -1,12 +1,20 @@
 """Client attacks measured at the end of an MP-DP comparison run (spec bidirectional.md §10, §11 "Every run
 reports ... MIA ASR (plain and adaptive)")."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
+from mpdp_runs import mlp_weights, mpdp_config, mpdp_run, records
 
-from dpfl.evaluate.mpdp_attacks import client_attacks, membership_report
-from dpfl.experiment.config.legacy_mpdp import MPDPConfig
-from dpfl.experiment.mpdp_run import FederatedArrays, federated_arrays, run_mpdp
+from dpfl.algorithms.secure.mpdp.perturb import FactorPlan
+from dpfl.evaluate.mpdp_attacks import FederatedArrays, client_attacks, measure_client_attacks, membership_report
+from dpfl.evaluate.mpdp_inversion import ProbeSetting, inversion_report
+from dpfl.experiment.run_directory import execute
+from dpfl.reproduce.mpdp import comparison_row
+from dpfl.results.run_files import read_metrics
 
 C = 4
 EXTRACTORS: dict = {}  # the public feature extractors, shared by this file's inversions as a study shares them
@@ -66,42 +74,76 @@ def test_client_attacks_need_a_target():
 
 @pytest.fixture(scope="module")
 def digits():
-    return federated_arrays(MPDPConfig(name="t", clients=5))
+    return records(5)
 
 
-def test_mpdp_runs_report_plain_and_adaptive_membership_baselines_plain_only(digits):
-    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=30.0, clip_mode="oracle_true")
-    mpdp = run_mpdp(cfg, "mpdp", arrays=digits, client_attacks=client_attacks)
-    m = mpdp.privacy["membership"]
+def _attacked(method, **flat):
+    """A run of `method` and its privacy.json as `dpfl run` writes it: the stated privacy, then the client attacks
+    (`measure_client_attacks`); with the comparison's row of both (`comparison_row`)."""
+    cfg = mpdp_config(method, **flat)
+    run = mpdp_run(cfg)
+    result = run.run()
+    privacy = {**result.privacy.to_dict(), **measure_client_attacks(run, result)}
+    return privacy, comparison_row(cfg, result.history, privacy, 1.0)
+
+
+def test_mpdp_runs_report_plain_and_adaptive_membership_baselines_plain_only():
+    flat = dict(clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=30.0, clip_mode="oracle_true")
+    privacy, row = _attacked("mpdp", **flat)
+    m = privacy["membership"]
     assert {"plain", "adaptive"} <= set(m) and "perturbed" in m["target"]
-    assert mpdp.summary["mia_asr"] == m["plain"]["asr"] and mpdp.summary["mia_asr_adaptive"] == m["adaptive"]["asr"]
+    assert row["mia_asr"] == m["plain"]["asr"] and row["mia_asr_adaptive"] == m["adaptive"]["asr"]
     assert all(0.0 <= m[k]["asr"] <= 1.0 for k in ("plain", "adaptive"))
-    fedavg = run_mpdp(cfg, "fedavg", arrays=digits, client_attacks=client_attacks)
-    assert set(fedavg.privacy["membership"]) == {"target", "plain"} and "model_hiding" not in fedavg.privacy
-    assert fedavg.summary["mia_asr"] is not None and fedavg.summary["mia_asr_adaptive"] is None
+    fedavg, row = _attacked("fedavg", **flat)
+    assert set(fedavg["membership"]) == {"target", "plain"} and "model_hiding" not in fedavg
+    assert row["mia_asr"] is not None and row["mia_asr_adaptive"] is None
 
 
-def test_a_run_without_the_attack_callback_records_no_attack(digits):
-    """The run layer imports no attack: the caller supplies them (`client_attacks`), and without it privacy.json
-    holds the mechanism's guarantee alone, no attack block and no attack-derived summary field."""
-    cfg = MPDPConfig(name="t", clients=5, rounds=2, hidden=[32], lr=0.3, epsilon=30.0, clip_mode="oracle_true")
-    plain = run_mpdp(cfg, "mpdp", arrays=digits)
-    assert "membership" not in plain.privacy and "model_hiding" not in plain.privacy
-    assert plain.summary["mia_asr"] is None and plain.summary["demasked_accuracy"] is None
-    attacked = run_mpdp(cfg, "mpdp", arrays=digits, client_attacks=client_attacks)
-    assert {"membership", "model_hiding"} <= set(attacked.privacy)
-    assert [r["test_accuracy"] for r in plain.history if "test_accuracy" in r] == [
-        r["test_accuracy"] for r in attacked.history if "test_accuracy" in r]  # the attacks change nothing trained
+CONFIG = dict(clients=5, rounds=2, hidden=[32], lr=0.3, epsilon=30.0, clip_mode="oracle_true", eval_every=1)
+
+
+def test_a_run_without_the_attack_callback_records_no_attack(tmp_path):
+    """The run layer imports no attack: the caller supplies them (`execute(..., measure=measure_client_attacks)`, as
+    `dpfl run` does), and without it privacy.json holds the mechanism's guarantee alone, no attack block and no
+    attack-derived summary field."""
+    cfg = mpdp_config("mpdp", **CONFIG)
+    execute(cfg, tmp_path / "plain")
+    execute(cfg, tmp_path / "attacked", measure=measure_client_attacks)
+    plain, attacked = (json.loads((tmp_path / d / "privacy.json").read_text()) for d in ("plain", "attacked"))
+    assert "membership" not in plain and "model_hiding" not in plain
+    row = comparison_row(cfg, read_metrics(tmp_path / "plain"), plain, 1.0)
+    assert row["mia_asr"] is None and row["demasked_accuracy"] is None
+    assert {"membership", "model_hiding"} <= set(attacked)
+    assert {k: v for k, v in attacked.items() if k not in ("membership", "model_hiding")} == plain
+    assert [r["test_accuracy"] for r in read_metrics(tmp_path / "plain")] == [
+        r["test_accuracy"] for r in read_metrics(tmp_path / "attacked")]  # the attacks change nothing trained
+
+
+def test_the_run_layer_imports_no_attack(tmp_path):
+    """A run of an MP-DP config into its directory, in a fresh interpreter, loads neither dpfl.attacks nor
+    dpfl.evaluate: the attacks are the caller's."""
+    code = f"""if True:
+        import sys
+        from dpfl.experiment.config import validate_config
+        from dpfl.experiment.config.legacy_mpdp import convert_legacy_mpdp
+        from dpfl.experiment.run_directory import execute
+        cfg = validate_config(convert_legacy_mpdp({{"scheme": "mpdp", "name": "t", **{CONFIG!r}, "rounds": 1}}))
+        execute(cfg, {str(tmp_path / "run")!r})
+        print(sorted(m for m in sys.modules if m.startswith(("dpfl.attacks", "dpfl.evaluate"))))
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "run" / "summary.json").is_file()
 
 
 def test_the_server_view_recovers_each_clients_true_gradient_without_noise(digits):  # Eq. (18) with η = Δ = 0
     from dpfl.algorithms.secure.mpdp.algorithm import perturbed_round, true_gradient
+    from dpfl.algorithms.secure.mpdp.perturb import recover, round_generator
     from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
-    from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, recover, round_generator
-    from dpfl.experiment.mpdp_run import initial_weights
 
     plan = FactorPlan((64, 16, 10))
-    weights = initial_weights(plan, 0)
+    weights = mlp_weights(plan, 0)
     batches = {k: (digits.shards[k][0][:8], digits.shards[k][1][:8]) for k in range(5)}
     seen = {}
     st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0)
@@ -113,25 +155,36 @@ def test_the_server_view_recovers_each_clients_true_gradient_without_noise(digit
             assert torch.allclose(a, b, rtol=0, atol=1e-9)
 
 
+PROBED = dict(clients=5, rounds=3, hidden=[32], lr=0.3)
+
+
+def _final_model(**flat):
+    """The final true model of a short FedSGD run, and its network's plan."""
+    run = mpdp_run(mpdp_config("fedavg", **flat))
+    return list(run.run().params.values()), run.algorithm.local.network
+
+
+def _probe(method, **flat):
+    """What the server's probe round of a `method` run needs (its round settings, seed and batch size)."""
+    return ProbeSetting.of(mpdp_run(mpdp_config(method, **flat)))
+
+
 def test_inversion_recovers_an_unprotected_record_and_not_an_mpdp_upload(digits):
     """One record, the final model of a short run: the true gradient gives the image back (> 40 dB), MP-DP's
     recovered noisy gradient at nominal eps 3 per round does not (< 20 dB: noise std 0.34 S per coordinate against
     a gradient of norm <= S); the strongest view is the noise-free Φ (W2)."""
-    from dpfl.evaluate.mpdp_inversion import inversion_report
-    from dpfl.experiment.mpdp_run import model_plan
-
-    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=3.0)
-    plan = model_plan(cfg, (64,), 10)
-    weights = run_mpdp(cfg, "fedavg", arrays=digits).weights
-    clear = inversion_report(cfg, "fedavg", weights, plan, digits, steps=60, batches=(1,), extractors=EXTRACTORS)
-    noisy = inversion_report(cfg, "mpdp", weights, plan, digits, steps=60, batches=(1,), extractors=EXTRACTORS)
+    weights, plan = _final_model(**PROBED)
+    clear = inversion_report(_probe("fedavg", **PROBED), weights, plan, digits, steps=60, batches=(1,),
+                             extractors=EXTRACTORS)
+    noisy = inversion_report(_probe("mpdp", **PROBED, epsilon=3.0), weights, plan, digits, steps=60, batches=(1,),
+                             extractors=EXTRACTORS)
     views = noisy["batches"]["1"]["views"]
     recovered = max(a["psnr"] for a in views["recovered"]["attacks"].values())
     assert clear["batches"]["1"]["psnr"] > 40 > 20 > recovered
     assert noisy["batches"]["1"]["psnr"] >= recovered and noisy["batches"]["1"]["strongest"].endswith("on phi")
     assert set(views) == {"recovered", "upload_at_w_hat", "phi"} and "R∘" in views["recovered"]["target"]
     assert set(views["recovered"]["attacks"]) == {"dlg", "inverting_gradients"}
-    hardened = inversion_report(cfg.model_copy(update={"mask_corrections": True}), "mpdp", weights, plan, digits,
+    hardened = inversion_report(_probe("mpdp", **PROBED, epsilon=3.0, mask_corrections=True), weights, plan, digits,
                                 steps=20, batches=(1,), extractors=EXTRACTORS)
     assert set(hardened["batches"]["1"]["views"]) == {"upload_at_w_hat"}  # Eq. (18) cannot be formed
 
@@ -140,13 +193,8 @@ def test_the_raw_upload_leaks_under_the_oracle_clip_not_under_the_joint_clip(dig
     """The noise is calibrated to S on the recovered gradient. Under the oracle clip the perturbed gradient at Ŵ is
     not bounded (the mask terms make it much larger), so matching the raw upload at Ŵ recovers the record; the
     spec's joint clip bounds it by S and the record stays hidden. Measured: 32-61 dB vs 6-8 dB on this data."""
-    from dpfl.evaluate.mpdp_inversion import inversion_report
-    from dpfl.experiment.mpdp_run import model_plan
-
-    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=30.0)
-    plan = model_plan(cfg, (64,), 10)
-    weights = run_mpdp(cfg, "fedavg", arrays=digits).weights
-    psnr = {mode: inversion_report(cfg.model_copy(update={"clip_mode": mode}), "mpdp", weights, plan, digits,
+    weights, plan = _final_model(**PROBED)
+    psnr = {mode: inversion_report(_probe("mpdp", **PROBED, epsilon=30.0, clip_mode=mode), weights, plan, digits,
                                    steps=60, batches=(1,), extractors=EXTRACTORS)
             ["batches"]["1"]["views"]["upload_at_w_hat"]
             for mode in ("oracle_true", "perturbed_joint")}
@@ -158,13 +206,12 @@ def test_the_fallback_network_has_the_clients_lmt_gradient(digits):
     """With Ψ, Φ masked the server matches the upload at Ŵ: the PerturbedNetwork's gradient of the MSE loss is
     exactly the g of the client's LMT, so a noise-free upload would be matched exactly."""
     from dpfl.algorithms.secure.mpdp.lmt import lmt
-    from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, mp_server, round_generator
+    from dpfl.algorithms.secure.mpdp.perturb import mp_server, round_generator
     from dpfl.attacks.inversion import observed_gradient
     from dpfl.evaluate.mpdp_inversion import AlphaNetwork, PerturbedNetwork
-    from dpfl.experiment.mpdp_run import initial_weights
 
     plan = FactorPlan((64, 16, 12, 10))
-    payload, _ = mp_server(initial_weights(plan, 0), plan, round_generator(2), 0, 1.0)
+    payload, _ = mp_server(mlp_weights(plan, 0), plan, round_generator(2), 0, 1.0)
     x, y = digits.shards[0][0][:4], digits.shards[0][1][:4]
     got = observed_gradient(PerturbedNetwork(payload, flatten=True), x.reshape(4, 1, 8, 8), y.argmax(1), "mse_onehot")
     terms = lmt(payload, x, y)
@@ -180,26 +227,20 @@ def test_the_fallback_network_has_the_clients_lmt_gradient(digits):
 def test_the_noise_free_correction_term_gives_the_record_back_under_the_spec_clip(digits):
     """W2 measured: Φ_k is uploaded without noise, so even the joint clip (which hides the record in the noisy
     views) leaves it readable from Φ_k."""
-    from dpfl.evaluate.mpdp_inversion import inversion_report
-    from dpfl.experiment.mpdp_run import model_plan
-
-    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[32], lr=0.3, epsilon=3.0)
-    plan = model_plan(cfg, (64,), 10)
-    weights = run_mpdp(cfg, "fedavg", arrays=digits).weights
-    report = inversion_report(cfg, "mpdp", weights, plan, digits, steps=60, batches=(1,), extractors=EXTRACTORS)
+    weights, plan = _final_model(**PROBED)
+    report = inversion_report(_probe("mpdp", **PROBED, epsilon=3.0), weights, plan, digits, steps=60, batches=(1,),
+                              extractors=EXTRACTORS)
     views = report["batches"]["1"]["views"]
     best = {v: max(a["psnr"] for a in r["attacks"].values()) for v, r in views.items()}
     assert best["phi"] > 25 > 12 > max(best["recovered"], best["upload_at_w_hat"])
 
 
 def test_inversion_skips_what_cannot_be_probed_and_says_why(digits):
-    from dpfl.evaluate.mpdp_inversion import inversion_report
-    from dpfl.experiment.mpdp_run import initial_weights, model_plan
-
-    cfg = MPDPConfig(name="t", clients=5, hidden=[32])
-    plan = model_plan(cfg, (64,), 10)
-    dead = [torch.zeros_like(w) for w in initial_weights(plan, 0)]  # bias-free and all zero: the gradient is 0
-    report = inversion_report(cfg, "fedavg", dead, plan, digits, steps=5, batches=(1, 10**4), extractors=EXTRACTORS)
+    run = mpdp_run(mpdp_config("fedavg", clients=5, hidden=[32]))
+    plan = run.algorithm.local.network
+    dead = [torch.zeros_like(w) for w in run.model.parameters()]  # bias-free and all zero: the gradient is 0
+    report = inversion_report(ProbeSetting.of(run), dead, plan, digits, steps=5, batches=(1, 10**4),
+                              extractors=EXTRACTORS)
     assert "exactly zero" in report["batches"]["1"]["views"]["clear"]["skipped"]
     assert "psnr" not in report["batches"]["1"]
     assert "fewer than 10000" in report["batches"]["10000"]["skipped"]

@@ -4,19 +4,19 @@ perturbable by MP-DP, and bad options refused by name."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from mpdp_runs import mpdp_config, mpdp_run
 from torch import nn
 
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, UnsupportedModelError, forward
-from dpfl.experiment.mpdp_config import MPDPConfig
-from dpfl.experiment.mpdp_run import initial_weights, model_plan, mpdp_network
 from dpfl.models import build_model, init_parameters, model_info
 from dpfl.models.mpdp_networks import TiedResidual, norm_free_resnet
 from dpfl.seeding import Purpose, torch_generator
 
-# (config of the MP-DP comparison, input shape): each network with and without biases, several seeds and sizes
+# (settings of the MP-DP comparison, input shape): each network with and without biases, several seeds and sizes
 CASES = [
     (dict(model="mlp", seed=0), (64,)),
     (dict(model="mlp", seed=3, hidden=[16, 12], bias=True), (1, 8, 8)),
@@ -28,19 +28,20 @@ CASES = [
     (dict(model="resnet", seed=2), (3, 32, 32)),  # ResNet20's shape
 ]
 REGISTERED = {"mlp": "mpdp_mlp", "cnn": "mpdp_cnn", "resnet": "mpdp_resnet"}
+DEFAULTS = dict(seed=0, hidden=[64, 32], widths=[16, 32, 64], blocks=3, bias=False)  # the comparison's defaults
 
 
-def _cfg(kw: dict) -> MPDPConfig:
-    return MPDPConfig(name="t", **kw)
+def _cfg(kw: dict) -> SimpleNamespace:
+    return SimpleNamespace(**{**DEFAULTS, **kw})
 
 
-def _registered(cfg: MPDPConfig, shape: tuple[int, ...], seed: int | None) -> nn.Module:
+def _registered(cfg: SimpleNamespace, shape: tuple[int, ...], seed: int | None) -> nn.Module:
     options = {"mlp": {"hidden": cfg.hidden, "bias": cfg.bias}, "cnn": {"bias": cfg.bias},
                "resnet": {"widths": cfg.widths, "blocks": cfg.blocks, "bias": cfg.bias}}[cfg.model]
     return build_model(REGISTERED[cfg.model], shape, 10, seed=seed, **options)
 
 
-def _old_plan(cfg: MPDPConfig, shape: tuple[int, ...]) -> FactorPlan:
+def _old_plan(cfg: SimpleNamespace, shape: tuple[int, ...]) -> FactorPlan:
     """The plan the comparison built before its networks were registered (written out here, not taken from dpfl)."""
     if cfg.model == "mlp":
         return FactorPlan((math.prod(shape), *cfg.hidden, 10), bias=cfg.bias)
@@ -54,18 +55,61 @@ def _old_plan(cfg: MPDPConfig, shape: tuple[int, ...]) -> FactorPlan:
                                                 nn.Linear(16 * (h // 2) * (w // 2), 10, bias=b)), shape)
 
 
+def _old_initial_weights(plan: FactorPlan, seed: int) -> list[torch.Tensor]:
+    """MP-DP's initialisation as the comparison wrote it before its networks were registered (written out here, not
+    taken from dpfl): He-normal weights in the plan's order from the seed's INIT stream, zero biases, the last layer's
+    weight x 0.1; with tied residual blocks Fixup: each block's last layer zero, its other layers divided by
+    sqrt(number of blocks)."""
+    g = torch_generator(seed, Purpose.INIT)
+    ends = {sk.target for sk in plan.skips}
+    inside = {layer for sk in plan.skips for layer in range(sk.source + 1, sk.target)}
+    out = []
+    for (layer, kind), shape in zip(plan.params(), plan.shapes(), strict=True):
+        if kind == "bias":
+            out.append(torch.zeros(shape, dtype=torch.float64))
+            continue
+        w = torch.randn(shape, generator=g, dtype=torch.float64) * math.sqrt(2.0 / math.prod(shape[1:]))
+        if layer == plan.layers - 1:
+            w = w * 0.1
+        elif layer in ends:
+            w = torch.zeros_like(w)
+        elif layer in inside:
+            w = w / math.sqrt(len(plan.skips))
+        out.append(w)
+    return out
+
+
 @pytest.mark.parametrize(("kw", "shape"), CASES)
 def test_registered_weights_are_mpdp_initial_weights_bit_for_bit(kw, shape):
     cfg = _cfg(kw)
     model = _registered(cfg, shape, cfg.seed)
     params = list(model.parameters())
     assert all(p.dtype == torch.float64 for p in params)
-    for plan in (model_plan(cfg, shape, 10), _old_plan(cfg, shape)):
-        expected = initial_weights(plan, cfg.seed)
+    # the old plan, and the plan MP-DP reads off the network (a run's `algorithm.local.network`)
+    for plan in (_old_plan(cfg, shape), FactorPlan.from_module(model, shape, allow_residual=cfg.model == "resnet")):
+        expected = _old_initial_weights(plan, cfg.seed)
         assert len(params) == len(expected)
         assert all(torch.equal(p, e) for p, e in zip(params, expected, strict=True))
-    # the comparison's network is the registered one
-    assert all(torch.equal(p, q) for p, q in zip(params, mpdp_network(cfg, shape, 10).parameters(), strict=True))
+
+
+# the comparison's settings on its digits (1 x 8 x 8): a run of each network
+RUNS = [dict(model="mlp", seed=3, hidden=[16, 12], bias=True), dict(model="cnn", seed=1),
+        dict(model="resnet", seed=4, widths=[3, 4], blocks=1)]
+
+
+@pytest.mark.parametrize("kw", RUNS, ids=lambda kw: kw["model"])
+def test_an_mpdp_run_starts_from_the_registered_network_at_its_seed(kw):
+    """The MP-DP config's run (converted from the comparison's settings) perturbs the registered network, built at the
+    run's seed: it starts from MP-DP's initial weights, and its plan is the old plan."""
+    cfg = _cfg(kw)
+    run = mpdp_run(mpdp_config("mpdp", clients=3, **kw))
+    shape = tuple(run.data.input_shape)
+    assert shape == (1, 8, 8)
+    params = list(run.model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(params, _registered(cfg, shape, cfg.seed).parameters(), strict=True))
+    plan = _old_plan(cfg, shape)
+    assert run.algorithm.local.network.layer_specs == plan.layer_specs
+    assert all(torch.equal(p, e) for p, e in zip(params, _old_initial_weights(plan, cfg.seed), strict=True))
 
 
 @pytest.mark.parametrize(("kw", "shape"), CASES)

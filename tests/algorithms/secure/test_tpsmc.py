@@ -4,14 +4,16 @@ like MP-CDP under its stated honest-majority assumption."""
 import pytest
 import torch
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
+from mpdp_runs import mlp_weights, mpdp_config, mpdp_result, mpdp_run, records, stage
 
 from dpfl.algorithms.secure.mpdp.algorithm import clipped, plain_round, true_gradient
-from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.threshold_paillier import keygen
 from dpfl.algorithms.secure.tpsmc import tpsmc_round
-from dpfl.experiment.config.legacy_mpdp import MPDPConfig
-from dpfl.experiment.mpdp_run import federated_arrays, initial_weights, run_mpdp
+from dpfl.experiment.build import build_run
+from dpfl.experiment.config import ConfigError, config_to_dict, validate_config
+from dpfl.experiment.config.overrides import apply_overrides
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
 
 PLAN = FactorPlan((64, 6, 10))  # 444 weights: every one is encrypted by every client
@@ -19,7 +21,7 @@ PLAN = FactorPlan((64, 6, 10))  # 444 weights: every one is encrypted by every c
 
 @pytest.fixture(scope="module")
 def setup():
-    arrays = federated_arrays(MPDPConfig(name="t", clients=3))
+    arrays = records(3)
     batches = {c: (arrays.shards[c][0][:16], arrays.shards[c][1][:16]) for c in range(3)}
     return arrays, batches, keygen(256, 3, 2)
 
@@ -27,7 +29,7 @@ def setup():
 @pytest.mark.parametrize("packing, ciphertexts", [(False, 444), (True, 74)])
 def test_without_noise_the_encrypted_round_is_mp_cdps_clipped_mean(setup, packing, ciphertexts):
     _, batches, keys = setup
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     st = RoundSettings("tp_smc", lr=0.5, clip=0.05, sigma_cdp=0.0)  # a clip that binds
     plain = plain_round(weights, batches, RoundSettings("mp_cdp", lr=0.5, clip=0.05, sigma_cdp=0.0),
                         torch.Generator(), PLAN)
@@ -42,7 +44,7 @@ def test_without_noise_the_encrypted_round_is_mp_cdps_clipped_mean(setup, packin
 @pytest.mark.parametrize("packing", [False, True])
 def test_with_noise_the_decrypted_sum_is_the_clients_noisy_sum(setup, packing):
     _, batches, keys = setup
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     st = RoundSettings("tp_smc", lr=1.0, clip=1.0, S=1.0, sigma_cdp=2.0)
     gens = {k: torch.Generator().manual_seed(10 + k) for k in batches}
     out = tpsmc_round(weights, batches, st, keys, 40, 2, gens, PLAN, packing=packing)
@@ -56,30 +58,31 @@ def test_with_noise_the_decrypted_sum_is_the_clients_noisy_sum(setup, packing):
 
 
 def test_a_run_is_accounted_like_mp_cdp_and_states_its_assumption():
-    cfg = MPDPConfig(name="t", clients=3, rounds=2, hidden=[6], epsilon=2.0, tpsmc_key_bits=192, eval_every=1)
-    result = run_mpdp(cfg, "tp_smc")
-    p = result.privacy
+    flat = dict(clients=3, rounds=2, hidden=[6], epsilon=2.0, tpsmc_key_bits=192, eval_every=1)
+    run = mpdp_run(mpdp_config("tp_smc", **flat))
+    assert run.algorithm.upload.keys.public.n.bit_length() in (191, 192)  # the config's key size
+    result = run.run()
+    p = stage(result)
     assert p["in_ledger"] is True and p["honest"] == 3 and p["threshold"] == 2
     assert "ASSUMING at least h = 3" in p["guarantee"] and "not_simulated" in p
     expected = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(p["sigma_cdp"]), 2), 1e-5, "rdp")
     assert p["epsilon_total"] == pytest.approx(expected)
-    assert p["epsilon_total"] == pytest.approx(run_mpdp(cfg, "mp_cdp").privacy["epsilon_total"])
+    assert p["epsilon_total"] == pytest.approx(stage(mpdp_result(mpdp_config("mp_cdp", **flat)))["epsilon_total"])
     assert len(result.history) == 2 and 0 <= result.history[-1]["test_accuracy"] <= 1
 
 
 def test_bad_tpsmc_settings_are_config_errors():
-    from dpfl.experiment.config import ConfigError
-
-    with pytest.raises((ConfigError, ValueError), match="tpsmc_threshold"):
-        MPDPConfig(name="t", clients=3, tpsmc_threshold=4)
-    with pytest.raises((ConfigError, ValueError), match="tpsmc_key_bits"):
-        MPDPConfig(name="t", clients=3, tpsmc_key_bits=1025)
+    raw = config_to_dict(mpdp_config("tp_smc", clients=3))
+    with pytest.raises(ConfigError, match=r"^algorithm.params.tpsmc_threshold: cannot exceed the number of clients"):
+        build_run(validate_config(apply_overrides(raw, ["algorithm.params.tpsmc_threshold=4"])))
+    with pytest.raises(ConfigError, match=r"^algorithm.params: tpsmc_key_bits must be even"):
+        validate_config(apply_overrides(raw, ["algorithm.params.tpsmc_key_bits=1025"]))
 
 
 def test_packing_gives_the_same_round_bit_for_bit(setup):
     """Both encodings sum the same rounded integers, so the models are equal exactly, with noise."""
     _, batches, keys = setup
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     st = RoundSettings("tp_smc", lr=1.0, clip=1.0, S=1.0, sigma_cdp=2.0)
     runs = [tpsmc_round(weights, batches, st, keys, 32, 3, {k: torch.Generator().manual_seed(k) for k in batches},
                         PLAN, packing=p) for p in (False, True)]

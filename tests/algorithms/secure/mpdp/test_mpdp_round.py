@@ -6,21 +6,26 @@ import numpy as np
 import pytest
 import torch
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
+from mpdp_runs import mlp_weights, mpdp_config, mpdp_result, mpdp_run, records, stage
 
 from dpfl.algorithms.secure.mpdp.algorithm import perturbed_round, plain_round
-from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
 from dpfl.algorithms.secure.mpdp.ddp import MissingPeersError
 from dpfl.algorithms.secure.mpdp.perturb import FactorPlan, round_generator
-from dpfl.experiment.config.legacy_mpdp import MPDPConfig
-from dpfl.experiment.mpdp_run import federated_arrays, initial_weights, model_plan, run_mpdp
+from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
+from dpfl.evaluate.mpdp_attacks import measure_client_attacks
+from dpfl.experiment.build import build_run
+from dpfl.experiment.config import ConfigError, config_to_dict, validate_config
+from dpfl.experiment.config.overrides import apply_overrides
+from dpfl.models import build_model
 from dpfl.privacy.accountant import epsilon as accountant_epsilon
+from dpfl.reproduce.mpdp import comparison_row
 
 PLAN = FactorPlan((64, 16, 12, 10))
 
 
 @pytest.fixture(scope="module")
 def arrays():
-    return federated_arrays(MPDPConfig(name="t", clients=5))
+    return records(5)
 
 
 def _batches(arrays, k=5, b=16):
@@ -28,7 +33,7 @@ def _batches(arrays, k=5, b=16):
 
 
 def test_noise_free_mpdp_round_is_exactly_fedsgd(arrays):
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     batches = _batches(arrays)
     plain = plain_round(weights, batches, RoundSettings("fedavg", lr=0.3), torch.Generator())
     st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0, sigma_delta=1e3)
@@ -38,10 +43,11 @@ def test_noise_free_mpdp_round_is_exactly_fedsgd(arrays):
 
 
 def test_noise_free_mpdp_round_on_a_tied_residual_resnet_is_exactly_fedsgd():  # T16 through the round
-    cfg = MPDPConfig(name="t", clients=3, model="resnet", widths=[3, 4], blocks=1, bias=True)
-    images = federated_arrays(cfg)
-    plan = model_plan(cfg, tuple(images.shards[0][0].shape[1:]), images.n_classes)
-    weights = initial_weights(plan, 0)
+    images = records(3, flatten=False)
+    net = build_model("mpdp_resnet", tuple(images.shards[0][0].shape[1:]), images.n_classes, seed=0, widths=[3, 4],
+                      blocks=1, bias=True)
+    plan = FactorPlan.from_module(net, images.image_shape, allow_residual=True)
+    weights = [p.detach() for p in net.parameters()]
     ends = [i for i, (layer, kind) in enumerate(plan.params()) if kind == "weight" and layer in {2, 5}]
     assert [sk.target for sk in plan.skips] == [2, 5] and all(not weights[i].any() for i in ends)  # Fixup: zero
     g = torch.Generator().manual_seed(0)
@@ -55,7 +61,7 @@ def test_noise_free_mpdp_round_on_a_tied_residual_resnet_is_exactly_fedsgd():  #
 
 
 def test_missing_peer_discards_the_round_with_no_update(arrays):  # T21
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     before = [w.clone() for w in weights]
     st = RoundSettings("mpdp", lr=0.3, sigma_eta=0.5, sigma_delta=10.0)
     with pytest.raises(MissingPeersError) as err:
@@ -64,17 +70,18 @@ def test_missing_peer_discards_the_round_with_no_update(arrays):  # T21
     assert all(torch.equal(a, b) for a, b in zip(before, weights, strict=True))
 
 
-def test_run_reruns_a_discarded_round_and_still_charges_who_uploaded(arrays):  # T21, abort policy
-    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[16, 12])
-    result = run_mpdp(cfg, "mpdp", arrays=arrays, drop=lambda r, attempt: {2} if (r, attempt) == (1, 0) else set())
-    assert result.privacy["discarded_rounds"] == 1
-    parts = [c["participations"] for c in result.privacy["per_client"]]
+def test_run_reruns_a_discarded_round_and_still_charges_who_uploaded():  # T21, abort policy
+    cfg = mpdp_config("mpdp", clients=5, rounds=3, hidden=[16, 12])
+    result = mpdp_result(cfg, drop=lambda r, attempt: {2} if (r, attempt) == (1, 0) else set())
+    assert stage(result)["discarded_rounds"] == 1 and len(result.history) == 3
+    assert result.history[1]["discarded_attempts"] == [[0, 1, 3, 4]]  # round 2's first attempt: who uploaded
+    parts = [c["participations"] for c in stage(result)["per_client"]]
     assert parts == [4, 4, 3, 4, 4]  # the discarded attempt is charged to the clients whose uploads arrived
 
 
 @pytest.mark.parametrize("corrections", [False, True])
 def test_secagg_recovery_removes_the_dropped_clients_noise_exactly(arrays, corrections):  # T21, secagg_recovery
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     batches = _batches(arrays)
     kept = {k: v for k, v in batches.items() if k != 2}
     plain = plain_round(weights, kept, RoundSettings("fedavg", lr=0.3), torch.Generator())
@@ -89,21 +96,24 @@ def test_secagg_recovery_removes_the_dropped_clients_noise_exactly(arrays, corre
 def test_secagg_recovery_needs_threshold_survivors(arrays):
     st = RoundSettings("mpdp", lr=0.3, sigma_eta=0.5, sigma_delta=10.0, dropout_policy="secagg_recovery")
     with pytest.raises(MissingPeersError):  # 2 of 5 survive, the threshold is 3
-        perturbed_round(initial_weights(PLAN, 0), PLAN, _batches(arrays), st, 0, round_generator(7), {},
+        perturbed_round(mlp_weights(PLAN, 0), PLAN, _batches(arrays), st, 0, round_generator(7), {},
                         drop={0, 1, 3})
 
 
-def test_run_with_simulated_dropouts_and_recovery_flags_the_rounds(arrays):
-    cfg = MPDPConfig(name="t", clients=5, rounds=3, hidden=[16, 12], dropout=0.2, dropout_policy="secagg_recovery")
-    result = run_mpdp(cfg, "mpdp", arrays=arrays)
-    assert result.privacy["reduced_protection_rounds"] == [1, 2, 3] and result.privacy["discarded_rounds"] == 0
-    with pytest.raises(Exception, match="drops no client"):
-        MPDPConfig(name="t", clients=5, dropout=0.1, dropout_policy="secagg_recovery")
-    with pytest.raises(Exception, match="could never finish"):  # abort would discard every attempt of every round
-        MPDPConfig(name="t", clients=5, dropout=0.2)
+def test_run_with_simulated_dropouts_and_recovery_flags_the_rounds():
+    cfg = mpdp_config("mpdp", clients=5, rounds=3, hidden=[16, 12], dropout=0.2, dropout_policy="secagg_recovery")
+    result = mpdp_result(cfg)
+    assert stage(result)["reduced_protection_rounds"] == [1, 2, 3] and stage(result)["discarded_rounds"] == 0
+    assert all(len(row["reduced_protection"]) == 1 for row in result.history)  # floor(0.2 x 5) = 1 client a round
+    recovering = config_to_dict(mpdp_config("mpdp", clients=5, dropout_policy="secagg_recovery"))
+    with pytest.raises(ConfigError, match="^algorithm.params.dropout: 0.1 drops no client of 5"):
+        build_run(validate_config(apply_overrides(recovering, ["algorithm.params.dropout=0.1"])))
+    aborting = config_to_dict(mpdp_config("mpdp", clients=5))
+    with pytest.raises(ConfigError, match="could never finish"):  # abort would discard every attempt of every round
+        validate_config(apply_overrides(aborting, ["algorithm.params.dropout=0.2"]))
 
 
-def test_the_server_never_broadcasts_the_true_model(arrays):  # G2, over every round
+def test_the_server_never_broadcasts_the_true_model():  # G2, over every round
     seen = []
 
     def check(payload, weights):
@@ -112,18 +122,18 @@ def test_the_server_never_broadcasts_the_true_model(arrays):  # G2, over every r
             assert float((hat - w).abs().max()) > 1e-3 * float(w.abs().max())
         assert len(payload.odd) == len(weights) and len(payload.transitional) == len(weights) - 1
 
-    cfg = MPDPConfig(name="t", clients=5, rounds=6, hidden=[16, 12], eval_every=3)
-    run_mpdp(cfg, "mpdp", arrays=arrays, on_broadcast=check)
+    cfg = mpdp_config("mpdp", clients=5, rounds=6, hidden=[16, 12], eval_every=3)
+    mpdp_result(cfg, on_broadcast=check)
     assert seen == list(range(6))
 
 
-def test_privacy_reports_nominal_mpdp_outside_the_ledger_and_accounts_mp_cdp(arrays):  # T28
-    cfg = MPDPConfig(name="t", clients=5, rounds=4, hidden=[16, 12], epsilon=2.0)
-    mpdp = run_mpdp(cfg, "mpdp", arrays=arrays).privacy
+def test_privacy_reports_nominal_mpdp_outside_the_ledger_and_accounts_mp_cdp():  # T28
+    flat = dict(clients=5, rounds=4, hidden=[16, 12], epsilon=2.0)
+    mpdp = stage(mpdp_result(mpdp_config("mpdp", **flat)))
     assert mpdp["in_ledger"] is False and mpdp["accountant"] is None and mpdp["label"].startswith("nominal")
     assert all(c["composed"]["label"].startswith("T-fold composed (nominal") for c in mpdp["per_client"])
     assert mpdp["composed_epsilon_max"] == pytest.approx(min(8.0, mpdp["per_client"][0]["advanced"]["epsilon"]))
-    cdp = run_mpdp(cfg, "mp_cdp", arrays=arrays).privacy
+    cdp = stage(mpdp_result(mpdp_config("mp_cdp", **flat)))
     assert cdp["in_ledger"] is True
     expected = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(cdp["sigma_cdp"]), 4), 1e-5, "rdp")
     assert cdp["epsilon_total"] == pytest.approx(expected)
@@ -132,7 +142,7 @@ def test_privacy_reports_nominal_mpdp_outside_the_ledger_and_accounts_mp_cdp(arr
 def test_naive_recovered_noise_has_variance_one_and_a_half_sigma_squared(arrays):  # T29
     # With fresh factors per repetition, the recovered noise R∘η has E[R²] = 3/2 in every odd layer; 40 repetitions x
     # 1,100 coordinates leave the variance estimate within a few percent (factors are shared along rows: +-8%).
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     batches = _batches(arrays)
     sigma, lr, K = 0.2, 1.0, 5
     diffs = []
@@ -148,7 +158,7 @@ def test_naive_recovered_noise_has_variance_one_and_a_half_sigma_squared(arrays)
 
 
 def test_mp_cdp_noise_matches_its_calibration(arrays):  # T29
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     batches = _batches(arrays)
     a = plain_round(weights, batches, RoundSettings("mp_cdp", lr=1.0, sigma_cdp=0.0), torch.Generator().manual_seed(0))
     b = plain_round(weights, batches, RoundSettings("mp_cdp", lr=1.0, sigma_cdp=2.0, S=1.5),
@@ -157,11 +167,14 @@ def test_mp_cdp_noise_matches_its_calibration(arrays):  # T29
     assert float(d.std()) == pytest.approx(1.5 * 2.0 / 5, rel=0.05)  # S σ_cdp / K on 1,100 coordinates
 
 
-def test_ci_config_learns_with_the_oracle_clip_and_reports_everything(arrays):  # T33
-    cfg = MPDPConfig(name="ci", clients=5, rounds=30, hidden=[64, 32], lr=0.3, epsilon=300.0,
-                     clip_mode="oracle_true")
-    result = run_mpdp(cfg, "mpdp", arrays=arrays)
-    s = result.summary
+CI = dict(name="ci", clients=5, rounds=30, hidden=[64, 32], lr=0.3, epsilon=300.0, clip_mode="oracle_true")
+
+
+def test_ci_config_learns_with_the_oracle_clip_and_reports_everything():  # T33
+    """The comparison's row of the run (`comparison_row`, what results.csv holds)."""
+    cfg = mpdp_config("mpdp", **CI)
+    result = mpdp_result(cfg)
+    s = comparison_row(cfg, result.history, result.privacy.to_dict(), 1.0)
     assert s["accuracy"] > 0.5  # chance is 0.1; the noise at 300 per round is small
     for key in ("round_seconds", "server_seconds", "client_seconds", "upload_bytes", "violation_rate",
                 "epsilon_composed", "epsilon_label"):
@@ -170,15 +183,17 @@ def test_ci_config_learns_with_the_oracle_clip_and_reports_everything(arrays):  
     assert "nominal" in s["epsilon_label"]
     assert "does NOT hold towards the server" in s["epsilon_label"]  # the oracle clip does not bound the upload
     assert "uploaded without noise (W2)" in s["epsilon_label"]  # Φ leaks unless mask_corrections
-    hardened = run_mpdp(cfg.model_copy(update={"rounds": 1, "mask_corrections": True}), "mpdp", arrays=arrays)
-    assert "uploaded without noise" not in hardened.summary["epsilon_label"]
+    hardened = mpdp_config("mpdp", **{**CI, "rounds": 1, "mask_corrections": True})
+    done = mpdp_result(hardened)
+    assert "uploaded without noise" not in comparison_row(hardened, done.history, done.privacy.to_dict(),
+                                                          1.0)["epsilon_label"]
 
 
 PLAN_DIM = 64 * 64 + 64 * 32 + 32 * 10
 
 
 def test_mask_corrections_keep_recovery_exact_and_mask_each_upload(arrays):  # T24
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     batches = _batches(arrays)
     plain = plain_round(weights, batches, RoundSettings("fedavg", lr=0.3), torch.Generator())
     st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0, mask_corrections=True)
@@ -194,7 +209,7 @@ def test_mask_corrections_keep_recovery_exact_and_mask_each_upload(arrays):  # T
 
 
 def test_gaussian_conditional_noise_cancels_and_the_audit_is_finite(arrays):  # T24
-    weights = initial_weights(PLAN, 0)
+    weights = mlp_weights(PLAN, 0)
     batches = _batches(arrays)
     plain = plain_round(weights, batches, RoundSettings("fedavg", lr=0.3), torch.Generator())
     st = RoundSettings("mpdp", lr=0.3, clip_mode="none", sigma_eta=0.0, sigma_delta=1e3,
@@ -209,13 +224,15 @@ def test_gaussian_conditional_noise_cancels_and_the_audit_is_finite(arrays):  # 
     assert math.isfinite(audit["epsilon_conditional"]) and audit["effective_sensitivity_factor"] >= 1 / q["median"]
 
 
-def test_runs_report_what_demasking_recovers_from_the_last_received_model(arrays):  # W3 measured
-    cfg = MPDPConfig(name="t", clients=5, rounds=30, hidden=[64, 32], lr=0.3, epsilon=300.0, clip_mode="oracle_true")
-    from dpfl.evaluate.mpdp_attacks import client_attacks
-
-    result = run_mpdp(cfg, "mpdp", arrays=arrays, client_attacks=client_attacks)
-    hiding = result.privacy["model_hiding"]
+def test_runs_report_what_demasking_recovers_from_the_last_received_model():  # W3 measured
+    flat = {**CI, "name": "t"}
+    cfg = mpdp_config("mpdp", **flat)
+    run = mpdp_run(cfg)
+    result = run.run()
+    privacy = {**result.privacy.to_dict(), **measure_client_attacks(run, result)}  # what `dpfl run` writes
+    hiding = privacy["model_hiding"]
     assert hiding["perturbed_accuracy"] < 0.3 < 0.5 < hiding["demasked_accuracy"]  # hidden as received, not after
-    assert result.summary["demasked_accuracy"] == hiding["demasked_accuracy"]
-    fedavg = run_mpdp(cfg.model_copy(update={"rounds": 2}), "fedavg", arrays=arrays, client_attacks=client_attacks)
-    assert "model_hiding" not in fedavg.privacy and "membership" in fedavg.privacy
+    assert comparison_row(cfg, result.history, privacy, 1.0)["demasked_accuracy"] == hiding["demasked_accuracy"]
+    fedavg = mpdp_run(mpdp_config("fedavg", **{**flat, "rounds": 2}))
+    measured = measure_client_attacks(fedavg, fedavg.run())
+    assert "model_hiding" not in measured and "membership" in measured
