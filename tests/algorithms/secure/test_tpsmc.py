@@ -63,7 +63,7 @@ def test_a_run_is_accounted_like_mp_cdp_and_states_its_assumption():
     assert run.algorithm.upload.keys.public.n.bit_length() in (191, 192)  # the config's key size
     result = run.run()
     p = stage(result)
-    assert p["in_ledger"] is True and p["honest"] == 3 and p["threshold"] == 2
+    assert p["in_ledger"] is False and p["accountant"] == "rdp" and p["honest"] == 3 and p["threshold"] == 2
     assert "ASSUMING at least h = 3" in p["guarantee"] and "not_simulated" in p
     expected = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(p["sigma_cdp"]), 2), 1e-5, "rdp")
     assert p["epsilon_total"] == pytest.approx(expected)

@@ -1,6 +1,7 @@
 """Each method's round settings and the privacy statement they come with (spec bidirectional.md §8, §9): MP-DP's and
 MP-DP-Naive's per-round guarantee is NOMINAL (never entered in dpfl's accountant, spec §8.6); MP-CDP's and TP-SMC's
-Gaussian rounds are composed by dpfl's RDP accountant."""
+Gaussian rounds are composed by dpfl's RDP accountant over the run's rounds (every client takes part in each), which
+is their stated guarantee; none of them is entered in the run's per-client ledger (`in_ledger` false)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def central_gaussian(epsilon: float, delta: float, rounds: int) -> tuple[float, 
     sigma = analytic_gaussian_sigma(epsilon, delta)
     total = accountant_epsilon(SelfComposedDpEvent(GaussianDpEvent(sigma), rounds), delta, "rdp")
     return sigma, {"per_round_epsilon": epsilon, "delta": delta, "sigma_cdp": sigma, "accountant": "rdp",
-                   "in_ledger": True, "event": f"SelfComposed(Gaussian({sigma:.6g}), {rounds})",
-                   "epsilon_total": total}
+                   "in_ledger": False, "accounted_by": "dpfl's RDP accountant, for the event below: every client "
+                   "takes part in every one of the run's rounds (not entered in a per-client ledger)",
+                   "event": f"SelfComposed(Gaussian({sigma:.6g}), {rounds})", "epsilon_total": total}
 
 
 def method_settings(method: str, p: Any, *, clients: int, lr: float, clip: float, rounds: int,
