@@ -59,9 +59,7 @@ pytestmark = pytest.mark.integration  # see the module docstring
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CONVEX_STUDIES = CONFIGS / "splitting" / "convex"  # settings of `dpfl reproduce splitting`, not run configs (their own
 # schema, checked in tests/reproduce/test_splitting_study.py)
-MPDP_STUDIES = CONFIGS / "mpdp"  # MP-DP comparison configs (their own schema, experiment/mpdp_config.py)
-EXAMPLES = sorted(p for p in CONFIGS.rglob("*.yaml")
-                  if CONVEX_STUDIES not in p.parents and MPDP_STUDIES not in p.parents)
+EXAMPLES = sorted(p for p in CONFIGS.rglob("*.yaml") if CONVEX_STUDIES not in p.parents)  # configs/mpdp/ included
 # Every example, resolved (every field written out, defaults included), so that mutations reach every field.
 BASES: list[dict[str, Any]] = [parse_yaml(config_to_yaml(load_config(p))) for p in EXAMPLES]
 NAMES = [p.relative_to(CONFIGS).as_posix() for p in EXAMPLES]
@@ -79,6 +77,7 @@ def test_the_examples_are_there():
             "hdp_fmnist_mixgauss1.yaml"} <= names
     assert any(n.startswith("fdp/") for n in names) and any(n.startswith("fedceo/") for n in names)
     assert any(n.startswith("hdp/") for n in names)
+    assert {"mpdp/ci_digits_mlp.yaml", "mpdp/full_c10_k100_paper.yaml"} <= names  # MP-DP's are run configs too
     assert all(b["data"]["clients"] > 1 for b in BASES)  # a one-entry list is a wrong length everywhere
 
 

@@ -1,5 +1,5 @@
-"""`dpfl reproduce mpdp`: the grid runs, writes results.csv with the issue's columns, lists what it skipped, and
-resumes without re-running finished jobs.
+"""`dpfl reproduce mpdp`: the grid runs, each job an ordinary run directory plus comparison.json (its row), writes
+results.csv with the issue's columns, lists what it skipped, and resumes without re-running finished jobs.
 
 The ci grid, the full scale's CIFAR-10 jobs, TP-SMC (homomorphic encryption every round) and the two worker processes
 are in the integration tier (`make test-integration`, 8-40 s each); the default tier runs MP-DP end to end in
@@ -36,11 +36,18 @@ def test_reproduce_mpdp_ci_smoke(tmp_path):
     assert all(r["psnr_b1_upload"] and not r["psnr_b1_recovered"] and not r["psnr_b1_phi"] for r in hardened)
     md = (out / "results.md").read_text()
     assert "ci_digits_cnn-eps3" in settings and "NOMINAL" in md and "Runs computed by: dpfl " in md
-    mtime = (out / "runs" / "ci_digits_k100" / "mpdp-seed0" / "summary.json").stat().st_mtime
+    for row in rows:  # every job: a run directory of the one loop, its row written last
+        d = out / row["run_dir"]
+        assert all((d / name).is_file() for name in ("config.yaml", "metrics.jsonl", "checkpoint.pt", "privacy.json",
+                                                     "summary.json", "comparison.json")), d
+        assert json.loads((d / "comparison.json").read_text())["accuracy"] == float(row["accuracy"])
+    k100 = out / "runs" / "ci_digits_k100" / "mpdp-seed0"
+    mtimes = [(k100 / name).stat().st_mtime_ns for name in ("summary.json", "comparison.json")]
     code, _, err = cli("reproduce", "mpdp", "--scale", "ci", "--out", out, "--seeds", 1, "--rounds", 2,
                        "--methods", "mpdp,mp_cdp,fedavg", "--inversion-steps", 5)
     assert code == 0, err
-    assert (out / "runs" / "ci_digits_k100" / "mpdp-seed0" / "summary.json").stat().st_mtime == mtime
+    assert [(k100 / name).stat().st_mtime_ns for name in ("summary.json", "comparison.json")] == mtimes
+    assert list(csv.DictReader((out / "results.csv").open())) == rows
 
 
 def test_reproduce_mpdp_bad_input_is_one_line(tmp_path):
@@ -60,18 +67,18 @@ def test_full_scale_runs_the_cifar_configs_when_the_files_exist(tmp_path, monkey
 
     from dpfl.reproduce.mpdp import jobs, run_job
 
-    write_cifar10(tmp_path / "data" / "cifar10" / "cifar-10-batches-py", per_batch=5, n_test=6)
+    write_cifar10(tmp_path / "data" / "cifar10" / "cifar-10-batches-py", per_batch=20, n_test=6)  # K = 100: 100 records
     monkeypatch.setenv("DPFL_DATA", str(tmp_path / "data"))
     todo, skipped = jobs("full", seeds=1, methods=["mpdp"], rounds=1)
     assert {j.setting for j in todo} == {f"{name}-eps{e}" for name in ("full_c10_k5", "full_c10_k100_verified",
                                                                        "full_c10_k100_paper") for e in (1, 3)}
     assert set(skipped) == {"full_c100_k5", "full_breakhis_k5"} and "not found locally" in skipped["full_c100_k5"]
     job = next(j for j in todo if j.setting == "full_c10_k5-eps1")
-    assert job.config.model == "resnet" and job.config.blocks == 3
+    assert job.config.model.name == "mpdp_resnet" and job.config.model.options["blocks"] == 3
     row = run_job(job, tmp_path / "out", inversion_steps=2)  # the attacks run through the tied-residual ResNet
     assert row["status"] == "ok" and row["psnr_b1"] is not None and row["mia_asr"] is not None, row
     paper = next(j for j in todo if j.setting == "full_c10_k100_paper-eps3")
-    assert paper.config.mode == "unverified"
+    assert paper.config.algorithm.params["mode"] == "unverified"
 
 
 @pytest.mark.integration
@@ -79,7 +86,7 @@ def test_tp_smc_runs_only_on_request_with_the_clients_attack_and_no_inversion_vi
     """TP-SMC is an opt-in method: not in the default grid; named, it runs (here with 256-bit keys and one round: the
     arithmetic is exact at any key size), its plaintext model is attacked by membership inference, and the
     server's inversion is skipped with the reason (it never sees an upload in the clear)."""
-    from dpfl.reproduce.mpdp import jobs, markdown, run_job
+    from dpfl.reproduce.mpdp import jobs, markdown, run_job, with_fields
     from dpfl.results.environment import computed_and_written, run_environments
 
     default, _ = jobs("ci", seeds=1, rounds=1)
@@ -88,13 +95,13 @@ def test_tp_smc_runs_only_on_request_with_the_clients_attack_and_no_inversion_vi
     assert {j.method for j in todo} == {"tp_smc"}
     assert not any(j.setting.startswith("ci_digits_mlp_hardened") for j in todo)  # that config lists MP-DP only
     job = next(j for j in todo if j.setting == "ci_digits_mlp-eps30")
-    job = type(job)(job.setting, job.method, job.seed, job.config.model_copy(update={"tpsmc_key_bits": 256}))
+    job = type(job)(job.setting, job.method, job.seed, with_fields(job.config, "algorithm.params.tpsmc_key_bits=256"))
     row = run_job(job, tmp_path, inversion_steps=5)
     assert row["status"] == "ok" and 0.0 <= row["accuracy"] <= 1.0
     assert 0.0 <= row["mia_asr"] <= 1.0 and row["psnr_b1"] is None and row["epsilon_composed"] > 30.0
     privacy = json.loads((tmp_path / row["run_dir"] / "privacy.json").read_text())
     assert "never sees a client's upload in the clear" in privacy["inversion"]["skipped"]
-    assert "honest" in privacy["guarantee"]
+    assert "honest" in privacy["stage"]["guarantee"] and privacy["stage"]["key_bits"] == 256
     md = markdown("ci", [row], {}, "test", computed_and_written(run_environments([tmp_path / row["run_dir"]])))
     assert any(line.startswith("| tp_smc | 1 |") and line.rstrip().endswith("n/a / n/a |") for line in md.splitlines())
     assert "Runs computed by: dpfl " in md and "(1 run). Written by: dpfl " in md
@@ -114,7 +121,8 @@ def test_overfit_scale_runs_the_fashion_mnist_membership_stand_in(tmp_path, monk
                                          "overfit_fmnist_mlp-eps300"}
     assert len(todo) == 3 * 4 + 1 and not skipped
     job = next(j for j in todo if j.setting == "overfit_fmnist_mlp-eps300" and j.method == "mpdp_oracle_clip")
-    assert job.config.train_per_client == job.config.batch_size == 100 and job.config.dataset == "fashion_mnist"
+    assert job.config.data.samples_per_client == job.config.training.batch_size == 100
+    assert job.config.data.dataset == "fashion_mnist"
     row = run_job(job, tmp_path, inversion_steps=0)
     assert row["status"] == "ok" and row["mia_asr"] is not None and row["mia_asr_adaptive"] is not None, row
     code, text, err = cli("reproduce", "mpdp", "--scale", "overfit", "--out", tmp_path / "grid", "--dry-run")

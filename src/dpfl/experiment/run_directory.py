@@ -272,7 +272,7 @@ def _check_state(data: dict[str, Any], run: FederatedRun, out: Path, fingerprint
     if data["stop_reason"] is not None and not isinstance(data["stop_reason"], str):
         raise _not_this_run(out, "its stop reason is not a string")
     _check_ledger(data["ledger"], run, out)
-    _check_component_state(run.algorithm.aggregator, data.get("aggregator_state"), "aggregator", out)
+    _check_component_state(run.algorithm.aggregator, data.get("aggregator_state"), "aggregator", out, fresh.params)
     problem = mechanism_state_problem(run.algorithm.upload, data.get("mechanism_state"))
     if problem is not None:
         raise _not_this_run(out, f"it {problem}")
@@ -302,13 +302,22 @@ def _check_ledger(ledger: Any, run: FederatedRun, out: Path) -> None:
             raise _not_this_run(out, f"its privacy ledger has other {key} than this run's")
 
 
-def _check_component_state(component: Any, state: Any, what: str, out: Path) -> None:
+def _check_component_state(component: Any, state: Any, what: str, out: Path, params: Any = None) -> None:
     """A stage that keeps its state in attributes (a `CheckpointedServerStep`, a client-side stage) gets a state it
-    can load (loading it here is harmless: `run()` loads the checkpointed state again before using it); a
-    stateless server step gets none."""
+    can load (loading it here is harmless: `run()` loads the checkpointed state again before using it); a server
+    step with explicit state (its `init` at the initial `params` returns one: MP-DP's last broadcast, MP-CDP's noise
+    generator) gets a state of the same form, a mapping with the same keys; a stateless server step gets none."""
     if isinstance(component, ServerStep) and not isinstance(component, CheckpointedServerStep):
-        if state is not None:
-            raise _not_this_run(out, f"it holds {what} state, this algorithm keeps none")
+        initial = component.init(params) if params is not None else None
+        if initial is None:
+            if state is not None:
+                raise _not_this_run(out, f"it holds {what} state, this algorithm keeps none")
+            return
+        if state is None:
+            raise _not_this_run(out, f"it holds no {what} state, this algorithm needs its ({type(component).__name__})")
+        if isinstance(initial, dict) and (not isinstance(state, dict) or set(state) != set(initial)):
+            raise _not_this_run(out, f"its {what} state does not fit {type(component).__name__} (not a mapping of "
+                                     f"{', '.join(sorted(initial))})")
         return
     if not isinstance(state, dict):
         raise _not_this_run(out, f"it holds no {what} state, this algorithm needs its ({type(component).__name__})")

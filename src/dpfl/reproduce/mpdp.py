@@ -68,7 +68,8 @@ from dpfl.experiment.build import build_data, build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config, validate_config
 from dpfl.experiment.config.overrides import apply_overrides
 from dpfl.experiment.federated_run import FederatedRun
-from dpfl.experiment.run_directory import CHECKPOINT, CONFIG, PRIVACY, execute, load_checkpoint
+from dpfl.experiment.run_directory import (CHECKPOINT, CONFIG, PRIVACY, SUMMARY, RunDirectoryOccupied, execute,
+                                          load_checkpoint)
 from dpfl.experiment.run_lock import RunDirectoryBusy, hold_run_directory, lock_holder
 from dpfl.reproduce.jobs import GridError, check_planned, config_dir, select_names
 from dpfl.reproduce.runner import DIFFERS, FINISHED, NEW, PARTIAL, first_difference
@@ -82,6 +83,7 @@ METHODS = ("mpdp", "mpdp_oracle_clip", "mpdp_naive", "mp_cdp", "fedavg")
 OPTIONAL_METHODS = ("tp_smc",)  # run only when --methods names them (slow: homomorphic encryption every round)
 ALGORITHM = {"mpdp_oracle_clip": "mpdp", "fedavg": "fedsgd"}  # a method's algorithm, where the names differ
 COMPARISON = "comparison.json"  # a job's results.csv row, written last
+ERROR = "error.txt"  # the traceback of a job's last failed attempt
 COLUMNS = ["setting", "method", "seed", "epsilon", "accuracy", "round_seconds", "server_seconds", "client_seconds",
            "upload_bytes", "violation_rate", "epsilon_composed", "epsilon_label", "perturbed_accuracy",
            "demasked_accuracy", "mia_asr", "mia_auc", "mia_asr_adaptive", "psnr_b1", "psnr_b8", "psnr_b1_recovered",
@@ -122,10 +124,11 @@ class MPDPJob:
 
     def run_config(self) -> RunConfig:
         """The config this job runs, as its config.yaml records it: its method's algorithm, and for
-        mpdp_oracle_clip MP-DP with the simulation-only clip of the true gradient."""
+        mpdp_oracle_clip MP-DP with the simulation-only clip of the true gradient. The threat model (mechanism,
+        unit, observer), which validation filled in for the setting's algorithm, is left out so that it is filled in
+        again for the method's (mp_cdp: mpdp_central, fedsgd: none), as `dpfl run --set algorithm.name=...` does."""
         extra = {"mpdp_oracle_clip": ("algorithm.params.clip_mode=oracle_true",),
                  "fedavg": ("privacy.clip=null",)}.get(self.method, ())  # FedSGD clips nothing
-        # the threat model the setting's config resolved to is its own method's: the job's method resolves its own
         return with_fields(self.config, f"algorithm.name={ALGORITHM.get(self.method, self.method)}",
                            "privacy.mechanism=null", "privacy.unit=null", "privacy.observer=null", *extra)
 
@@ -258,12 +261,22 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS,
     state = check_directories([job], out, inversion_steps)[0]
     if state == FINISHED:
         return json.loads((d / COMPARISON).read_text())
+    if state == NEW:  # the traceback of an attempt that failed before its run started: the job starts afresh
+        (d / ERROR).unlink(missing_ok=True)
     cfg = job.run_config()
     built: list[FederatedRun] = []
     started = time.perf_counter()
     try:
-        execute(cfg, d, resume=state == PARTIAL, measure=measure_client_attacks,
-                on_start=lambda run, done: built.append(run))
+        try:
+            execute(cfg, d, resume=state == PARTIAL, measure=measure_client_attacks,
+                    on_start=lambda run, done: built.append(run))
+        except RunDirectoryOccupied:  # a new job: did another process start it while this one built the run?
+            now = job_state(job, out, inversion_steps)[0]
+            if now == FINISHED:
+                return json.loads((d / COMPARISON).read_text())
+            if now == PARTIAL:  # its row is that process's (or, if it died, the next invocation's: it resumes)
+                raise RunDirectoryBusy(f"{d}: another process started this job while this one prepared it") from None
+            raise
         with hold_run_directory(d):  # attacks of the server and the row, once
             if (d / COMPARISON).is_file():  # another process finished it meanwhile
                 return json.loads((d / COMPARISON).read_text())
@@ -273,7 +286,7 @@ def run_job(job: MPDPJob, out: Path, inversion_steps: int = INVERSION_STEPS,
         raise
     except Exception as e:  # noqa: BLE001 - a failed run is a row with its message; the study goes on
         d.mkdir(parents=True, exist_ok=True)
-        (d / "error.txt").write_text(traceback.format_exc())
+        (d / ERROR).write_text(traceback.format_exc())
         return {"setting": job.setting, "method": job.method, "seed": job.seed, "status": f"failed: {e}",
                 "run_dir": str(d)}
 
@@ -308,6 +321,15 @@ def _checked_seeds(only_seeds: Sequence[int] | None, todo: Sequence[MPDPJob]) ->
     return set(only_seeds)
 
 
+def _partial_words(d: Path) -> str:
+    """What a re-run does with an unfinished job's directory (config.yaml and no comparison.json)."""
+    if (d / SUMMARY).is_file():
+        return "partial: trained; the server's inversion and the row remain"
+    if (d / CHECKPOINT).is_file():
+        return "partial: resumes from its last checkpoint"
+    return "partial: no checkpoint yet, runs again from round 0"
+
+
 def describe(scale: str, out: Path, *, seeds: int | None = None, methods: Sequence[str] | None = None,
              rounds: int | None = None, settings_pattern: str | None = None, only_seeds: Sequence[int] | None = None,
              inversion_steps: int = INVERSION_STEPS) -> list[str]:
@@ -318,7 +340,7 @@ def describe(scale: str, out: Path, *, seeds: int | None = None, methods: Sequen
     lines = [f"mpdp, scale {scale}: {len(todo)} jobs -> {out / 'runs'}"]
     for job in todo:
         state, why = job_state(job, out, inversion_steps)
-        state = "partial: runs again from the start" if state == PARTIAL else state
+        state = _partial_words(job.directory(out)) if state == PARTIAL else state
         holder = lock_holder(job.directory(out)) if state != FINISHED else None
         state = f"running in another process ({holder})" if holder else state
         lines.append(f"{job.setting} {job.method} seed {job.seed}: {state}" + (f" ({why})" if why else ""))

@@ -123,5 +123,8 @@ def refuse_flat_overrides(overrides: Sequence[str]) -> None:
             continue
         new = FLAT_TO_NEW.get(key, f"algorithm.params.{key}" if key in MPDPConfig.model_fields else None)
         if new is not None and new != key:
-            raise ConfigError(f"--set {text}: MP-DP configs are run configs now: write --set "
-                              f"{new}={text.partition('=')[2]}", "--set")
+            value = text.partition("=")[2]
+            if key == "method":  # the algorithm's name, as convert_legacy_mpdp maps it (FedSGD clips nothing)
+                value = ALGORITHMS.get(value.strip(), value.strip())
+                value += " --set privacy.clip=null" if value == "fedsgd" else ""
+            raise ConfigError(f"--set {text}: MP-DP configs are run configs now: write --set {new}={value}", "--set")
