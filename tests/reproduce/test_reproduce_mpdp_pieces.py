@@ -28,7 +28,7 @@ class Killed(BaseException):
 
 
 def _rows(out):
-    return list(csv.DictReader((out / "results.csv").open()))
+    return list(csv.DictReader((out / "results.csv").read_text().splitlines()))
 
 
 def _metrics(d):
@@ -37,6 +37,19 @@ def _metrics(d):
 
 def _json(path):
     return json.loads(path.read_text())
+
+
+def _killed_study(tmp_path, monkeypatch, name, replacement):
+    """The study's one job run with `dpfl.reproduce.mpdp.<name>` replaced by `replacement`, which raises Killed:
+    the study's directory and the job's."""
+    import dpfl.reproduce.mpdp as mpdp
+
+    out = tmp_path / "mpdp"
+    with monkeypatch.context() as m:
+        m.setattr(mpdp, name, replacement)
+        with pytest.raises(Killed):
+            mpdp.run_study("ci", out, **MPDP_JOB)
+    return out, out / "runs" / "ci_digits_mlp-eps3" / "mpdp-seed0"
 
 
 def _started_rounds(d):
@@ -168,12 +181,7 @@ def test_an_unfinished_job_resumes_from_its_checkpoint_to_the_uninterrupted_resu
                 raise Killed
         return execute(*args, **kwargs, on_round=on_round)
 
-    out = tmp_path / "mpdp"
-    with monkeypatch.context() as m:
-        m.setattr(mpdp, "execute", killed_in_round_2)
-        with pytest.raises(Killed):
-            mpdp.run_study("ci", out, **MPDP_JOB)
-    d = out / "runs" / "ci_digits_mlp-eps3" / "mpdp-seed0"
+    out, d = _killed_study(tmp_path, monkeypatch, "execute", killed_in_round_2)
     assert not (d / "summary.json").exists() and not (d / "comparison.json").exists()
     assert len(_metrics(d)) == 2  # round 2's row, past the checkpoint: cut back on resume
     assert mpdp.describe("ci", out, **MPDP_JOB)[1] == ("ci_digits_mlp-eps3 mpdp seed 0: partial: resumes from its last "
@@ -194,12 +202,7 @@ def test_a_job_killed_after_its_training_only_computes_its_row(tmp_path, monkeyp
     def killed(*args, **kwargs):
         raise Killed
 
-    out = tmp_path / "mpdp"
-    with monkeypatch.context() as m:
-        m.setattr(mpdp, "_finish_job", killed)
-        with pytest.raises(Killed):
-            mpdp.run_study("ci", out, **MPDP_JOB)
-    d = out / "runs" / "ci_digits_mlp-eps3" / "mpdp-seed0"
+    out, d = _killed_study(tmp_path, monkeypatch, "_finish_job", killed)
     assert (d / "summary.json").is_file() and not (d / "comparison.json").exists()
     assert "inversion" not in _json(d / "privacy.json")
     assert mpdp.describe("ci", out, **MPDP_JOB)[1].endswith(": partial: trained; the server's inversion and the row "
