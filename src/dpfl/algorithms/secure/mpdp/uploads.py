@@ -2,9 +2,10 @@
 
 - `PerturbedUploadNoise` (MP-DP, MP-DP-Naive): key agreement on the round's graph, then each client adds its DDP noise
   η_k and its pairwise Δ (MP-DP), or one Gaussian (MP-DP-Naive), to its perturbed gradient (and, with
-  `mask_corrections`, pairwise zero-sum masks to Ψ_k, Φ_k); the server receives only running float64 sums. A client
-  that leaves after key agreement breaks the cancellation: the round is discarded (`MissingPeersError`, abort) or the
-  survivors' key shares remove the dropped clients' Δ (secagg_recovery, "reduced protection").
+  `mask_corrections`, pairwise zero-sum masks to Ψ_k, Φ_k); the server sees every upload (the pairwise Δ hide each
+  one and cancel in the sum) and adds it to running float64 sums as it arrives. A client that leaves after key
+  agreement breaks the cancellation: the round is discarded (`MissingPeersError`, abort) or the survivors' key
+  shares remove the dropped clients' Δ (secagg_recovery, "reduced protection").
 - `ClearGradients` (FedSGD, MP-CDP): the gradients go to the server as they are (MP-CDP's server is trusted).
 - `EncryptedGradients` (TP-SMC): each client adds its share of the Gaussian and encrypts under threshold Paillier.
 
@@ -36,9 +37,9 @@ STATED = " (the method states its own guarantee in privacy.json's stage block; n
 
 
 class PerturbedUploads(NamedTuple):
-    """What MP-DP's server receives: the running sums of the uploads, and the dropped clients whose Δ it removed
-    (reduced protection). `clean`: each uploader's noise-free terms, a SIMULATION diagnostic (the sensitivity
-    violation rate) that the server's update never reads."""
+    """What MP-DP's server keeps of the round's uploads (each seen as it arrives): their running sums, and the
+    dropped clients whose Δ it removed (reduced protection). `clean`: each uploader's noise-free terms, a SIMULATION
+    diagnostic (the sensitivity violation rate) that the server's update never reads."""
 
     sums: RunningSums
     reduced: list[int]
