@@ -9,7 +9,7 @@ combination gives the exact sum of the encodings; its mean updates the model, wh
 (the paper's "plaintext intermediate models", unlike MP-DP). The aggregator never sees one client's update,
 only the noisy sum, whose noise has variance (S σ_cdp)^2 K / h >= (S σ_cdp)^2 when every client is honest.
 
-`encrypted_uploads` is the clients' side and `decrypted_sum` the aggregator's (the round loop's stages call them:
+`encrypted_uploads` is the clients' side and `decrypted_mean` the aggregator's (the round loop's stages call them:
 `mpdp/uploads.EncryptedGradients`, `mpdp/server_steps.ThresholdPaillierServer`); `tpsmc_round` is one round of both.
 """
 
@@ -87,6 +87,12 @@ def decrypted_sum(uploads: Ciphertexts, keys: ThresholdKeys) -> list[float]:
     return uploads.codec.unpack_sum(decrypted, uploads.values)
 
 
+def decrypted_mean(uploads: Ciphertexts, keys: ThresholdKeys, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The mean of the uploads (`decrypted_sum` over their number), as tensors shaped like `like`."""
+    mean = torch.tensor(decrypted_sum(uploads, keys), dtype=like[0].dtype) / len(uploads.ciphertexts)
+    return unflat(mean, like)
+
+
 def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
                 st: RoundSettings, keys: ThresholdKeys, fraction_bits: int, honest: int,
                 noise: Mapping[int, torch.Generator], plan: FactorPlan | None = None,
@@ -96,8 +102,7 @@ def tpsmc_round(weights: list[torch.Tensor], batches: Mapping[int, tuple[torch.T
     grads = [client_gradient(weights, x, y, st, plan) for x, y in batches.values()]
     uploads = encrypted_uploads(grads, st, keys, fraction_bits, honest, [noise.get(k) for k in batches], packing)
     t1 = time.perf_counter()
-    total = decrypted_sum(uploads, keys)
+    mean = decrypted_mean(uploads, keys, weights)
     t2 = time.perf_counter()
-    mean = torch.tensor(total, dtype=weights[0].dtype) / len(batches)
-    return RoundOutcome(apply_update(weights, unflat(mean, weights), st.lr), {"client": t1 - t0, "decrypt": t2 - t1},
+    return RoundOutcome(apply_update(weights, mean, st.lr), {"client": t1 - t0, "decrypt": t2 - t1},
                         ciphertext_bytes(keys) * len(uploads.ciphertexts[0]), uploads.violations, len(batches))

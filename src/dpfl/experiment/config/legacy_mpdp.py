@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
 from dpfl.algorithms.catalog.mpdp import PARAMS, MPDPParams
 from dpfl.data.catalog import FILE_BACKED
-from dpfl.experiment.config.errors import ConfigError, _config_error, _fail
+from dpfl.experiment.config.errors import ConfigError, _config_error
 
 SCHEME = "mpdp"  # the old schema's marker
 
@@ -46,22 +46,6 @@ class MPDPConfig(MPDPParams):
     clip: float = Field(1.0, gt=0)
     method: Literal["mpdp", "mpdp_naive", "mp_cdp", "fedavg", "tp_smc"] = "mpdp"
     eval_every: int = Field(5, ge=1)
-
-    @model_validator(mode="after")
-    def _fits_the_clients(self) -> MPDPConfig:
-        """What the params need of the number of clients (the factory checks them again for a run config)."""
-        if self.graph == "n_out" and self.n is not None and self.n >= self.clients:
-            _fail("n", f"must be below the number of clients ({self.clients})", self.n,
-                  f"an integer in [1, {self.clients - 1}]")
-        if self.dropout and int(self.dropout * self.clients) == 0:
-            _fail("dropout", f"drops no client of {self.clients} per round", self.dropout,
-                  f"0, or at least {1 / self.clients:.4g}")
-        for name in ("tpsmc_threshold", "tpsmc_honest"):
-            value = getattr(self, name)
-            if value is not None and value > self.clients:
-                _fail(name, f"cannot exceed the number of clients ({self.clients})", value,
-                      f"an integer in [1, {self.clients}]")
-        return self
 
 
 def is_legacy_mpdp(data: Mapping[str, Any]) -> bool:

@@ -100,6 +100,14 @@ def client_terms(payload: ClientPayload, weights: list[torch.Tensor], x: torch.T
     return res
 
 
+def round_audit(sec: ServerSecrets, st: RoundSettings, cohort: int) -> dict[str, Any] | None:
+    """The W1 audit of a round's factors (`conditional_audit`) for MP-DP with gaussian_conditional noise; None
+    otherwise."""
+    if st.method != "mpdp" or st.noise_family != "gaussian_conditional":
+        return None
+    return conditional_audit(sec, st.sigma_eta, st.sigma_delta, st.delta, cohort, st.graph, st.n)
+
+
 def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan,
                     batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
                     st: RoundSettings, round_: int, secret_gen: np.random.Generator,
@@ -138,8 +146,6 @@ def perturbed_round(weights: list[torch.Tensor], plan: FactorPlan,
     seconds["ddp"] = uploads.seconds["ddp"]
     seconds["recover_update"] += time.perf_counter() - t0 + uploads.seconds["sum"]
     upload_bytes = 8 * plan.dim() * (plan.out_dim + 2)  # g, Ψ (n_L copies) and Φ in float64
-    audit = None
-    if st.method == "mpdp" and st.noise_family == "gaussian_conditional":
-        audit = conditional_audit(sec, st.sigma_eta, st.sigma_delta, st.delta, len(uploads.clients), st.graph, st.n)
+    audit = round_audit(sec, st, len(uploads.clients))
     return RoundOutcome(new, seconds, upload_bytes, violations, uploads.sums.count, float(np.median(ratio)), audit,
                         reduced)

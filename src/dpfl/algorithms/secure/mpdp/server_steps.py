@@ -22,17 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.algorithms.secure.mpdp.algorithm import mean_gradient
+from dpfl.algorithms.secure.mpdp.algorithm import mean_gradient, round_audit
 from dpfl.algorithms.secure.mpdp.perturb import ClientPayload, FactorPlan, mp_server, round_generator
-from dpfl.algorithms.secure.mpdp.privacy import conditional_audit
 from dpfl.algorithms.secure.mpdp.privacy_statement import stated_privacy
 from dpfl.algorithms.secure.mpdp.round_settings import RoundSettings
-from dpfl.algorithms.secure.mpdp.tensors import unflat
 from dpfl.algorithms.secure.mpdp.update import apply_update
 from dpfl.algorithms.secure.mpdp.upload_round import upload_check
 from dpfl.algorithms.secure.mpdp.uploads import PerturbedUploads
 from dpfl.algorithms.secure.threshold_paillier import ThresholdKeys
-from dpfl.algorithms.secure.tpsmc import Ciphertexts, decrypted_sum
+from dpfl.algorithms.secure.tpsmc import Ciphertexts, decrypted_mean
 from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, derive_seed, torch_generator
@@ -109,8 +107,8 @@ class PerturbedModelServer(_StatedPrivacy):
         metrics.update(violations=int(violations), uploads=uploads.sums.count, recovery_ratio=float(np.median(ratio)))
         if uploads.reduced:
             metrics["reduced_protection"] = uploads.reduced
-        if st.method == "mpdp" and st.noise_family == "gaussian_conditional":
-            audit = conditional_audit(sec, st.sigma_eta, st.sigma_delta, st.delta, state["cohort"], st.graph, st.n)
+        audit = round_audit(sec, st, state["cohort"])
+        if audit is not None:
             metrics.update(epsilon_conditional=audit["epsilon_conditional"], min_R=audit["R_quantiles"]["min"],
                            conditional_audit_label=audit["label"])
         return ServerUpdate(new, {"secrets": None, "view": state["view"]}, metrics)
@@ -151,10 +149,6 @@ class ThresholdPaillierServer(_StatedPrivacy):
 
     def update(self, state: Any, params: P.Params, uploads: Ciphertexts, inputs: RoundInputs) -> ServerUpdate:
         t0 = time.perf_counter()
-        total = decrypted_sum(uploads, self.keys)
-        seconds = time.perf_counter() - t0
-        K = len(uploads.ciphertexts)
-        weights = list(params.values())
-        mean = torch.tensor(total, dtype=weights[0].dtype) / K
-        return ServerUpdate(_updated(params, unflat(mean, weights), self.settings.lr), state,
-                            {"decrypt_seconds": seconds, "uploads": K})
+        mean = decrypted_mean(uploads, self.keys, list(params.values()))
+        return ServerUpdate(_updated(params, mean, self.settings.lr), state,
+                            {"decrypt_seconds": time.perf_counter() - t0, "uploads": len(uploads.ciphertexts)})
