@@ -39,12 +39,10 @@ def fit(run_dir: Path) -> dict[str, Any]:
     if state.get("stop_reason") is None:
         raise SystemExit(f"{run_dir}: {CHECKPOINT} is not the final state of the run")
     run = build_run(load_config(run_dir / CONFIG))
-    if hasattr(run.algorithm.aggregator, "load_state_dict"):
-        run.algorithm.aggregator.load_state_dict(state.get("aggregator_state"))
     if run.algorithm.personal is not None:
         run.algorithm.personal.load_state_dict(state.get("client_state"))
     w = state["params"]
-    personal = run.personal_models(w)
+    personal = run.personal_models(w, state.get("aggregator_state"))
     clients = sorted(personal) if personal else list(range(len(run.data.clients)))
     loss = run.algorithm.local.spec.loss
     run.model.eval()

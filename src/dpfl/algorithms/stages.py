@@ -273,11 +273,6 @@ class ServerStep:
         """The step's state before round 1, given the initial global parameters (None: stateless)."""
         return None
 
-    def restore(self, state: Any) -> Any:
-        """A resumed run's checkpointed state, made the step's current one: read-only views (`privacy_notes`,
-        `personal_models`) then describe it even before the next round (or when no round is left)."""
-        return state
-
     def update(self, state: Any, params: P.Params, uploads: Any, inputs: RoundInputs) -> ServerUpdate:
         """The round's step from `state`: new global parameters, new state, metrics."""
         return ServerUpdate(self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_), state, {})
@@ -313,9 +308,9 @@ class ServerStep:
         the upload protocol discarded. (None, state): the clients receive the global model (or `start_points`)."""
         return None, state
 
-    def client_payload(self, uploads: P.Params, view: ServerView, seed: int = 0) -> Any:
-        """What the clients send instead of their uploads where the broadcast asks for it (PFA+: codes); None: the
-        uploads themselves."""
+    def client_payload(self, state: Any, uploads: P.Params, view: ServerView, seed: int = 0) -> Any:
+        """What the clients send instead of their uploads where the broadcast (made from `state`) asks for it (PFA+:
+        codes of the subspace in its state); None: the uploads themselves."""
         return None
 
     # -- after aggregation ----------------------------------------------------------------------------------------
@@ -327,13 +322,14 @@ class ServerStep:
         """The clients' answers to `model_choice`: the new state and metrics."""
         return state, {}
 
-    def personal_models(self, global_params: P.Params | None = None) -> dict[int, P.Params]:
-        """client -> its personal model, after the last update (FedCEO, clusters); {} for a global-model step."""
+    def personal_models(self, state: Any, global_params: P.Params) -> dict[int, P.Params]:
+        """client -> the personal model it holds in `state` (FedCEO's, its cluster's); {} for a global-model step."""
         return {}
 
-    def privacy_notes(self, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
-        """privacy.json's `stage` block: releases of the step's own (R-DPCFL's private selections), or a guarantee
-        the step states from the rounds run (`history`, their metrics rows: MP-DP's nominal one), or None."""
+    def privacy_notes(self, state: Any, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
+        """privacy.json's `stage` block at `state` (the state after the last round): releases of the step's own
+        (R-DPCFL's private selections), or a guarantee the step states from the rounds run (`history`, their metrics
+        rows: MP-DP's nominal one), or None."""
         return None
 
     def protocol_description(self) -> dict[str, Any] | None:
@@ -341,8 +337,10 @@ class ServerStep:
         return None
 
     # -- engine-side diagnostics (never seen by a real server) ------------------------------------------------
-    def aggregation_weights(self, view: ServerView, channel: NoiseChannel | None, dim: int) -> torch.Tensor | None:
-        """The weights of the round's weighted mean of the uploads, after the update (None: not a weighted mean)."""
+    def aggregation_weights(self, state: Any, view: ServerView, channel: NoiseChannel | None,
+                            dim: int) -> torch.Tensor | None:
+        """The weights of the round's weighted mean of the uploads, given the state its update returned (Robust-HDP's
+        weights come from the uploads) (None: not a weighted mean)."""
         return None
 
     def public_mask(self, view: ServerView, seed: int = 0) -> torch.Tensor | None:

@@ -41,7 +41,7 @@ from dpfl.experiment import privacy_report, round_diagnostics, run_evaluation
 from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_noise, per_client, planned_run,
                                             reported_epsilons)
 from dpfl.experiment.run_records import (INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates,
-                                        mechanism_state_problem, plain_row)
+                                        mechanism_state_problem, plain_row, resumed_server_state)
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun
@@ -215,7 +215,7 @@ class FederatedRun:
         if on_checkpoint is not None:
             on_checkpoint(self._state(r, w, retired, history, stop_reason, states))
         return RunResult(w, history, self.ledger, self.noise, stop_reason, PrivacyReport.from_dict(
-            self.privacy_summary(stop_reason, r, history, retired=retired)), states)
+            self.privacy_summary(stop_reason, r, history, retired=retired, server_state=states.server)), states)
 
     def _stage_states(self, state: RunState) -> StageStates:
         """The server step's and the upload mechanism's states at `state`: their `init` for a fresh run, the
@@ -226,7 +226,8 @@ class FederatedRun:
         problem = mechanism_state_problem(alg.upload, state.mechanism_state)
         if problem is not None:
             raise ValueError(f"the state after round {state.round} {problem}; it cannot resume this run")
-        return StageStates(alg.aggregator.restore(state.aggregator_state), state.mechanism_state)
+        return StageStates(resumed_server_state(alg.aggregator.init(state.params), state.aggregator_state),
+                           state.mechanism_state)
 
     def _rounds(self, w: P.Params, r: int, retired: set[int], history: list[dict[str, Any]], stop_reason: str | None,
                 states: StageStates, on_round: Callable[[dict[str, Any]], None] | None,
@@ -297,7 +298,7 @@ class FederatedRun:
             shared = dim if alg.personal is None else P.num_parameters(uploads, leading=1)  # PPSGD: the shared part
             bytes_up = [alg.upload.bytes_per_upload(shared)] * len(selected)
             bytes_down = [sum(t.numel() * t.element_size() for t in w.values())] * len(selected)  # the global model
-            payload = server.client_payload(uploads, view, self.seed)
+            payload = server.client_payload(server_state, uploads, view, self.seed)
             if payload is not None:  # clients send what the broadcast asks for (PFA+: k-dim codes)
                 uploads = payload
                 bytes_up = list(payload.bytes_up)
@@ -312,7 +313,7 @@ class FederatedRun:
                 step = server.update(server_state, w, uploads, inputs)
                 new_w = step.params
             server_state = step.state
-            diagnostics = round_diagnostics.aggregation_diagnostics(alg, server, local, self.seed)
+            diagnostics = round_diagnostics.aggregation_diagnostics(alg, server, server_state, local, self.seed)
             diagnostics.update(self.noise_passthrough(local, r))
             diagnostics.update(step.metrics)
             diagnostics.update(local.mechanism_metrics)
@@ -332,7 +333,7 @@ class FederatedRun:
                 diagnostics.update(answered)
             if self.ledger is not None:
                 self.ledger.close_round(r)
-        row = self._row(r, new_w, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0,
+        row = self._row(r, new_w, server_state, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0,
                         time.process_time() - cpu0, diagnostics)
         return new_w, {**row, **diagnostics}, StageStates(server_state, mechanism_state)
 
@@ -511,7 +512,7 @@ class FederatedRun:
                             torch.as_tensor(self.noise[selected], dtype=torch.float64), spec.clip or 0.0, spec.lr)
 
     # ---- the metrics row -------------------------------------------------------------------------
-    def _row(self, r: int, w: P.Params, selected: np.ndarray, up: int, down: int, seconds: float,
+    def _row(self, r: int, w: P.Params, server_state: Any, selected: np.ndarray, up: int, down: int, seconds: float,
              cpu_seconds: float, diagnostics: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"round": r + 1, "selected": [int(i) for i in selected], "uplink_bytes": up,
                                "downlink_bytes": down,
@@ -521,7 +522,8 @@ class FederatedRun:
         if (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
             row.update(run_evaluation.global_model_metrics(self.model, self.data, self.val_data, w, loss))
         if "smoothing" in diagnostics or "test_accuracy" in row:
-            row.update(run_evaluation.personal_accuracy(self.model, self.data, self.personal_models(w), loss))
+            personal = self.personal_models(w, server_state)
+            row.update(run_evaluation.personal_accuracy(self.model, self.data, personal, loss))
         if self.ledger is not None:
             spent = self.ledger.spent_all()
             row["epsilon"] = [spent[i] for i in range(self.n_clients)]
@@ -547,15 +549,18 @@ class FederatedRun:
         return round_diagnostics.noise_statistics(self.algorithm, weights, local)
 
     # ---- evaluation (run_evaluation) and the privacy report (privacy_report) ---------------------
-    def personal_models(self, w: P.Params) -> dict[int, P.Params]:
+    def personal_models(self, w: P.Params, server_state: Any = None) -> dict[int, P.Params]:
         """client -> the personal model it uses (its cluster's, PPSGD's w + u_k, FedCEO's, ...) given the global
-        model `w`, for the clients that hold one now; {} for methods without personal models."""
-        return run_evaluation.personal_models(self.algorithm, w)
+        model `w` and the server step's state (a run's `RunResult.states.server`, or a checkpoint's
+        `aggregator_state`), for the clients that hold one now; {} for methods without personal models."""
+        return run_evaluation.personal_models(self.algorithm, w, server_state)
 
     def privacy_summary(self, stop_reason: str, rounds_run: int | None = None,
-                        history: Sequence[Mapping[str, Any]] = (), retired: Collection[int] = ()) -> dict[str, Any]:
+                        history: Sequence[Mapping[str, Any]] = (), retired: Collection[int] = (),
+                        server_state: Any = None) -> dict[str, Any]:
         """The declared threat model and each client's budget, noise and spent epsilon (`history`: the rounds run,
         whose participants the f-DP report of Noisy-FedAvg/FedProx needs; `retired`: the clients that left the run
-        on their budgets, which raised the others' sampling rate under fixed-K selection). privacy.json's content:
+        on their budgets, which raised the others' sampling rate under fixed-K selection; `server_state`: the server
+        step's state after the last round, whose own releases it reports). privacy.json's content:
         privacy_report.privacy_summary."""
-        return privacy_report.privacy_summary(self, stop_reason, rounds_run, history, retired)
+        return privacy_report.privacy_summary(self, stop_reason, rounds_run, history, retired, server_state)

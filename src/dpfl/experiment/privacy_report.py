@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 
 
 def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None = None,
-                    history: Sequence[Mapping[str, Any]] = (), retired: Collection[int] = ()) -> dict[str, Any]:
+                    history: Sequence[Mapping[str, Any]] = (), retired: Collection[int] = (),
+                    server_state: Any = None) -> dict[str, Any]:
     """The declared threat model and each client's budget, noise and spent epsilon (`history`: the rounds run,
     whose participants the f-DP report of Noisy-FedAvg/FedProx needs; `retired`: the clients that left the run
-    on their budgets, which raised the others' sampling rate under fixed-K selection).
+    on their budgets, which raised the others' sampling rate under fixed-K selection; `server_state`: the server
+    step's state after the last round, from which it states its own releases).
 
     Reads the run's algorithm, accountant, ledger, budgets, rounds and its clients' noise, batch sizes, records,
     reported epsilons and steps done; its calibration (calibrate_to, calibration, calibrated, heuristic_steps); and,
@@ -47,7 +49,7 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
     protocol = alg.aggregator.protocol_description()
     if alg.aggregator.secure and protocol is not None:
         out["secure_aggregation"] = protocol
-    notes = alg.aggregator.privacy_notes([dict(row) for row in history])
+    notes = alg.aggregator.privacy_notes(server_state, [dict(row) for row in history])
     if alg.unit is not None and run.ledger is None:
         out["warning"] = ("no epsilon in dpfl's per-client ledger: the method states its own guarantee in `stage` "
                           "(read its `guarantee` and `label`)" if notes is not None and "guarantee" in notes else

@@ -25,12 +25,13 @@ if TYPE_CHECKING:
     from dpfl.experiment.federated_run import FederatedRun
 
 
-def aggregation_diagnostics(algorithm: Algorithm, aggregator: ServerStep, local: LocalRound,
+def aggregation_diagnostics(algorithm: Algorithm, aggregator: ServerStep, state: Any, local: LocalRound,
                             seed: int) -> dict[str, Any]:
-    """Aggregation weights, and (for DP-SGD clients and weighted-sum aggregators) the noise statistic."""
+    """Aggregation weights (`state`: the server step's state after the round's update), and (for DP-SGD clients and
+    weighted-sum aggregators) the noise statistic."""
     view = local.view
     channel = local.channel if aggregator.privileged else None  # only an oracle reads the engine's noise
-    w = aggregator.aggregation_weights(view, channel, local.dim)
+    w = aggregator.aggregation_weights(state, view, channel, local.dim)
     if w is None:
         return {}
     out: dict[str, Any] = {"weights": w.to(torch.float64).tolist()}

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpfl.algorithms.stages import CheckpointedServerStep, ServerStep
+from dpfl.algorithms.stages import ServerStep
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
@@ -303,11 +303,12 @@ def _check_ledger(ledger: Any, run: FederatedRun, out: Path) -> None:
 
 
 def _check_component_state(component: Any, state: Any, what: str, out: Path, params: Any = None) -> None:
-    """A stage that keeps its state in attributes (a `CheckpointedServerStep`, a client-side stage) gets a state it
-    can load (loading it here is harmless: `run()` loads the checkpointed state again before using it); a server
-    step with explicit state (its `init` at the initial `params` returns one: MP-DP's last broadcast, MP-CDP's noise
-    generator) gets a state of the same form, a mapping with the same keys; a stateless server step gets none."""
-    if isinstance(component, ServerStep) and not isinstance(component, CheckpointedServerStep):
+    """A client-side stage (it keeps its state in attributes) gets a state it can load (loading it here is harmless:
+    `run()` loads the checkpointed state again before using it); a server step with explicit state (its `init` at
+    the initial `params` returns one: FedCEO's personal models, MP-DP's last broadcast, ...) gets a state of the same
+    form, a mapping of its keys (a key the checkpoint lacks resumes at its initial value: `resumed_server_state`);
+    a stateless server step gets none."""
+    if isinstance(component, ServerStep):
         initial = component.init(params) if params is not None else None
         if initial is None:
             if state is not None:
@@ -315,7 +316,7 @@ def _check_component_state(component: Any, state: Any, what: str, out: Path, par
             return
         if state is None:
             raise _not_this_run(out, f"it holds no {what} state, this algorithm needs its ({type(component).__name__})")
-        if isinstance(initial, dict) and (not isinstance(state, dict) or set(state) != set(initial)):
+        if isinstance(initial, dict) and (not isinstance(state, dict) or not set(state) <= set(initial)):
             raise _not_this_run(out, f"its {what} state does not fit {type(component).__name__} (not a mapping of "
                                      f"{', '.join(sorted(initial))})")
         return

@@ -61,16 +61,13 @@ def client_accuracy(model: nn.Module, clients: Sequence[Any], w: P.Params, loss:
     return {"test_acc_clients": accs, "test_acc_clients_mean": float(np.mean(accs))}
 
 
-def personal_model_holder(algorithm: Algorithm) -> Any:
-    """Who holds the personal models: the client-side stage (PPSGD) or the server (FedCEO), if any."""
-    return algorithm.personal if algorithm.personal is not None else algorithm.aggregator
-
-
-def personal_models(algorithm: Algorithm, w: P.Params) -> dict[int, P.Params]:
-    """client -> the personal model it uses given the global model `w`, for the clients that hold one now; {} for
-    methods without personal models."""
-    holder = personal_model_holder(algorithm)
-    return (holder.personal_models(w) or {}) if holder is not None else {}
+def personal_models(algorithm: Algorithm, w: P.Params, server_state: Any) -> dict[int, P.Params]:
+    """client -> the personal model it uses given the global model `w`, for the clients that hold one now: those of
+    the client-side stage (PPSGD's w + u_k) or of the server step's state (FedCEO's, its cluster's); {} for methods
+    without personal models."""
+    if algorithm.personal is not None:
+        return algorithm.personal.personal_models(w)
+    return algorithm.aggregator.personal_models(server_state, w)
 
 
 def personal_accuracy(model: nn.Module, data: Any, personal: dict[int, P.Params], loss: str) -> dict[str, Any]:

@@ -57,6 +57,14 @@ def mechanism_state_problem(mechanism: UploadMechanism, state: Any) -> str | Non
     return None
 
 
+def resumed_server_state(initial: Any, checkpointed: Any) -> Any:
+    """The server step's state to resume from: the checkpointed one, with any key the step's `init` has and the
+    checkpoint lacks (a checkpoint written before the step kept it) at its initial value."""
+    if isinstance(initial, dict) and isinstance(checkpointed, dict):
+        return {**initial, **checkpointed}
+    return checkpointed
+
+
 @dataclass
 class RunState:
     """Everything needed to continue a run after `round` finished rounds (checkpoint content)."""

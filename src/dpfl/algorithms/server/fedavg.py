@@ -7,6 +7,7 @@ reported epsilon, PFA's "WeiAvg" baseline); each exposes its weights for the rou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ class FedAvg(ServerStep):
             raise ValueError("WeiAvg needs every client's reported epsilon; some clients declared no budget")
         return (raw / raw.sum()).to(torch.float32)
 
-    def aggregation_weights(self, view: ServerView, channel: object, dim: int) -> torch.Tensor:
+    def aggregation_weights(self, state: Any, view: ServerView, channel: object, dim: int) -> torch.Tensor:
         return self.weights(view)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,

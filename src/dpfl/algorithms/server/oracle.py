@@ -51,7 +51,8 @@ class OracleAverage(ServerStep):
         inv = 1.0 / var
         return (inv / inv.sum()).to(torch.float32)
 
-    def aggregation_weights(self, view: ServerView, channel: NoiseChannel | None, dim: int) -> torch.Tensor:
+    def aggregation_weights(self, state: Any, view: ServerView, channel: NoiseChannel | None,
+                            dim: int) -> torch.Tensor:
         return self.weights(view, channel, dim)
 
     def update(self, state: Any, params: P.Params, uploads: Any, inputs: RoundInputs) -> ServerUpdate:

@@ -25,6 +25,7 @@ import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -363,7 +364,7 @@ class PFA(ServerStep):
         return self.unblock(out, uploads), (None if noise is None else
                                             {n: t.to(torch.float64) for n, t in self.unblock(noise_out, noise).items()})
 
-    def aggregation_weights(self, view: ServerView, channel: object, dim: int) -> torch.Tensor:
+    def aggregation_weights(self, state: Any, view: ServerView, channel: object, dim: int) -> torch.Tensor:
         return self.weights(view)
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,

@@ -50,7 +50,7 @@ class _StatedPrivacy(ServerStep):
     epsilon: float = 0.0
     clients: int = 1
 
-    def privacy_notes(self, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    def privacy_notes(self, state: Any, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
         return stated_privacy(self.info, self.settings, self.epsilon, self.clients, history)
 
 
