@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import io
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -14,6 +18,7 @@ from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.fedceo import FedCEO
 from dpfl.algorithms.server.t_tsvd import fold, svt, threshold
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import RoundInputs
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.privacy.budgets import ClientBudget
 from untimed import untimed
@@ -73,15 +78,22 @@ def test_r1_vanishing_threshold_without_personalisation_matches_udp_fedavg_to_fl
         torch.testing.assert_close(fedceo.params[n], udp.params[n], rtol=1e-5, atol=1e-6)
 
 
+def step(agg, state, g, uploads, clients, round_, starts=None):
+    """One server round of `agg` from `state`, everyone's start `starts` (None: the global model)."""
+    return agg.update(state, g, uploads, RoundInputs(view(clients), 0, round_, starts=starts))
+
+
 def test_r2_zero_threshold_keeps_each_upload_and_the_next_round_starts_from_it():
     agg = FedCEO(lam=1e30, interval=2)
     g = {n: t[0] for n, t in stacked().items()}
     uploads = stacked(seed=1)
     clients = [3, 0, 5, 1]
-    new = agg.aggregate(g, uploads, view(clients), seed=0, round_=1)  # t = 2: smoothing
+    out = step(agg, agg.init(g), g, uploads, clients, round_=1)  # t = 2: smoothing
+    new = out.params
     for n in g:
         torch.testing.assert_close(new[n], g[n] + uploads[n].mean(0), rtol=0, atol=1e-6)  # FedAvg mean
-    starts = agg.starts(new, [5, 2], round_=2)
+    starts, state = agg.start_points(out.state, new, [5, 2], round_=2)
+    assert state is out.state  # handing out start points changes nothing
     for n in g:
         torch.testing.assert_close(starts[n][0], g[n] + uploads[n][2], rtol=0, atol=1e-6)  # its own upload
         assert torch.equal(starts[n][1], new[n])  # no personal model: w_g
@@ -90,35 +102,38 @@ def test_r2_zero_threshold_keeps_each_upload_and_the_next_round_starts_from_it()
 def test_r3_personal_state_is_written_overwritten_kept_and_used_only_right_after_a_smoothing():
     agg = FedCEO(lam=0.5, theta=1.1, interval=2)
     g = {n: t[0] for n, t in stacked().items()}
-    assert agg.starts(g, [0, 1], round_=0) is None  # round 1: nothing stored
-    agg.aggregate(g, stacked(3, seed=1), view([0, 1, 2]), 0, round_=1)  # smoothing 1 (t = 2)
-    first = {c: {n: t.clone() for n, t in agg.personal[c].items()} for c in (0, 1, 2)}
-    assert agg.starts(g, [0, 1], round_=3) is None  # t = 4 does not follow a smoothing
-    agg.aggregate(g, stacked(3, seed=2), view([0, 1, 2]), 0, round_=2)  # t = 3: plain mean, no writes
-    assert all(torch.equal(agg.personal[0][n], first[0][n]) for n in g)
-    agg.aggregate(g, stacked(2, seed=3), view([2, 4]), 0, round_=3)  # smoothing 2 (t = 4) overwrites 2, adds 4
-    assert set(agg.personal) == {0, 1, 2, 4}
-    assert agg.personal_round == {0: 1, 1: 1, 2: 3, 4: 3}
-    assert not torch.equal(agg.personal[2]["0.weight"], first[2]["0.weight"])
-    assert torch.equal(agg.personal[0]["0.weight"], first[0]["0.weight"])  # older entry persists
-    starts = agg.starts(g, [0, 4, 5], round_=4)  # t = 5 follows a smoothing
+    state = agg.init(g)
+    assert agg.start_points(state, g, [0, 1], round_=0)[0] is None  # round 1: nothing stored
+    state = step(agg, state, g, stacked(3, seed=1), [0, 1, 2], round_=1).state  # smoothing 1 (t = 2)
+    first = {c: {n: t.clone() for n, t in state["personal"][c].items()} for c in (0, 1, 2)}
+    assert agg.start_points(state, g, [0, 1], round_=3)[0] is None  # t = 4 does not follow a smoothing
+    plain = step(agg, state, g, stacked(3, seed=2), [0, 1, 2], round_=2)  # t = 3: plain mean, no writes
+    assert plain.state is state and plain.metrics == {}
+    assert all(torch.equal(state["personal"][0][n], first[0][n]) for n in g)
+    state = step(agg, state, g, stacked(2, seed=3), [2, 4], round_=3).state  # smoothing 2 (t = 4) overwrites 2, adds 4
+    assert set(state["personal"]) == {0, 1, 2, 4}
+    assert state["personal_round"] == {0: 1, 1: 1, 2: 3, 4: 3}
+    assert not torch.equal(state["personal"][2]["0.weight"], first[2]["0.weight"])
+    assert torch.equal(state["personal"][0]["0.weight"], first[0]["0.weight"])  # older entry persists
+    starts, _ = agg.start_points(state, g, [0, 4, 5], round_=4)  # t = 5 follows a smoothing
     assert torch.equal(starts["0.weight"][0], first[0]["0.weight"])  # "any": the stale model is used
-    assert torch.equal(starts["0.weight"][1], agg.personal[4]["0.weight"])
+    assert torch.equal(starts["0.weight"][1], state["personal"][4]["0.weight"])
     assert torch.equal(starts["0.weight"][2], g["0.weight"])  # no model: w_g
-    agg.personal_staleness = "last"
-    starts = agg.starts(g, [0, 4], round_=4)
+    starts, _ = replace(agg, personal_staleness="last").start_points(state, g, [0, 4], round_=4)
     assert torch.equal(starts["0.weight"][0], g["0.weight"])  # stale: w_g under "last"
-    assert torch.equal(starts["0.weight"][1], agg.personal[4]["0.weight"])
-    assert FedCEO(lam=0.5, interval=2, personalize=False).starts(g, [0], round_=2) is None
+    assert torch.equal(starts["0.weight"][1], state["personal"][4]["0.weight"])
+    assert FedCEO(lam=0.5, interval=2, personalize=False).start_points(state, g, [0], round_=2)[0] is None
+    assert agg.personal_models(state, g) == state["personal"]
 
 
 def test_r4_global_model_at_a_smoothing_round_is_svt_of_the_mean_at_thr_over_k():
     agg = FedCEO(lam=0.2, theta=1.5, interval=3)
     g = {n: torch.zeros_like(t[0]) for n, t in stacked().items()}
     uploads = stacked(5, seed=7)
-    new = agg.aggregate(g, uploads, view([0, 1, 2, 3, 4]), 0, round_=5)  # t = 6: smoothing j = 2
+    out = step(agg, agg.init(g), g, uploads, [0, 1, 2, 3, 4], round_=5)  # t = 6: smoothing j = 2
+    new = out.params
     thr = threshold(2, 0.2, 1.5)
-    assert agg.diagnostics()["threshold"] == pytest.approx(thr)
+    assert out.metrics["threshold"] == pytest.approx(thr) and out.metrics["smoothing"] == 2
     some_zeroed = False
     for n, u in uploads.items():
         mean = fold(u.mean(0, keepdim=True))[:, :, 0].double()
@@ -134,13 +149,43 @@ def test_r5_last_n_leaves_other_tensors_at_the_fedavg_mean_for_everyone():
     assert agg.smoothed_names(["0.weight", "0.bias", "2.weight"]) == ["2.weight"]
     g = {n: torch.zeros_like(t[0]) for n, t in stacked().items()}
     uploads = stacked(4, seed=2)
-    new = agg.aggregate(g, uploads, view([0, 1, 2, 3]), 0, round_=0)
+    out = step(agg, agg.init(g), g, uploads, [0, 1, 2, 3], round_=0)
+    new, personal = out.params, agg.personal_models(out.state, g)
     for n in ("0.weight", "0.bias"):
         torch.testing.assert_close(new[n], uploads[n].mean(0), rtol=0, atol=1e-6)
         for c in range(4):
-            torch.testing.assert_close(agg.personal[c][n], uploads[n].mean(0), rtol=0, atol=1e-6)
-    assert not torch.allclose(agg.personal[0]["2.weight"], uploads["2.weight"].mean(0))
-    assert set(agg.diagnostics()["zeroed_fraction"]) == {"2.weight"}
+            torch.testing.assert_close(personal[c][n], uploads[n].mean(0), rtol=0, atol=1e-6)
+    assert not torch.allclose(personal[0]["2.weight"], uploads["2.weight"].mean(0))
+    assert set(out.metrics["zeroed_fraction"]) == {"2.weight"}
+
+
+def test_update_depends_only_on_the_state_passed_in_and_leaves_it_unchanged():
+    """Replaying round 2 (a smoothing from personal starts) from its state after round 3 ran gives round 2 again,
+    and neither `update` nor `start_points` writes to the state they are given."""
+    agg = FedCEO(lam=0.5, theta=1.1, interval=1)
+    g = {n: t[0] for n, t in stacked().items()}
+    first = step(agg, agg.init(g), g, stacked(3, seed=1), [0, 1, 2], round_=0)
+
+    def round_2(state):
+        starts, state = agg.start_points(state, first.params, [1, 2, 4], round_=1)
+        return step(agg, state, first.params, stacked(3, seed=2), [1, 2, 4], round_=1, starts=starts)
+
+    before = copy.deepcopy(first.state)
+    second = round_2(first.state)
+    assert agg.personal_models(first.state, g).keys() == {0, 1, 2}  # the state passed in did not gain client 4
+    third = step(agg, second.state, second.params, stacked(2, seed=3), [0, 1], round_=2)
+    again = round_2(first.state)
+    assert _same(first.state, before) and not _same(second.state, third.state)
+    assert _same(again.params, second.params) and _same(again.state, second.state)
+    assert untimed(again.metrics) == untimed(second.metrics)
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
 
 def test_r7_same_seed_same_logs_and_smoothing_diagnostics_and_personal_accuracy_are_logged():
@@ -198,13 +243,17 @@ def test_config_builds_fedceo_with_both_mechanisms():
 def test_fedceo_checkpoint_state_round_trips():
     agg = FedCEO(lam=0.5, interval=1)
     g = {n: t[0] for n, t in stacked().items()}
-    agg.aggregate(g, stacked(2), view([1, 3]), 0, round_=0)
+    state = step(agg, agg.init(g), g, stacked(2), [1, 3], round_=0).state
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)  # as a checkpoint is read back
     other = FedCEO(lam=0.5, interval=1)
-    other.load_state_dict(agg.state_dict())
-    assert other.personal_round == {1: 0, 3: 0}
-    assert all(torch.equal(other.personal[3][n], agg.personal[3][n]) for n in g)
-    other.load_state_dict(None)
-    assert other.personal == {} and other.personal_round == {}
+    assert loaded["personal_round"] == {1: 0, 3: 0}
+    assert all(torch.equal(other.personal_models(loaded, g)[3][n], state["personal"][3][n]) for n in g)
+    starts, _ = other.start_points(loaded, g, [3, 0], round_=1)
+    assert torch.equal(starts["0.weight"][0], state["personal"][3]["0.weight"])
+    assert other.init(g) == {"personal": {}, "personal_round": {}} and other.personal_models(other.init(g), g) == {}
 
 
 def test_m1_udp_noise_is_split_over_the_cohort_and_clipping_holds():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -181,10 +183,10 @@ def test_an_algorithm_refuses_stages_that_keep_no_contract():
     assert torch.equal(out.params["w"], torch.full((2,), 3.0)) and out.state is None and out.metrics == {}
 
 
-def test_a_checkpointed_step_depends_only_on_the_state_passed_in():
-    """MR-MTL keeps its personal models in attributes behind CheckpointedServerStep: replaying round 1 from round 1's
-    state gives round 1's result again after the step has moved on (an attribute-held step without the contract
-    would continue from round 2's models)."""
+def test_a_stateful_step_depends_only_on_the_state_passed_in():
+    """MR-MTL's personal models live in its state: replaying round 1 from the initial state gives round 1's result
+    again after round 2 ran, the states passed in are left as they were, and `personal_models` reads the state it is
+    given (a resumed run's checkpointed state describes the step at once)."""
     from dpfl.algorithms.server.mean_regularized import MeanRegularized
 
     step, w, ids = MeanRegularized(n_clients=3), {"w": torch.zeros(2)}, [0, 1, 2]
@@ -195,15 +197,20 @@ def test_a_checkpointed_step_depends_only_on_the_state_passed_in():
         return step.update(state, params, uploads, RoundInputs(view, 0, r, starts=starts))
 
     initial = step.init(w)
+    kept = copy.deepcopy(initial)
     first = round_(initial, w, 0)
+    after_first = copy.deepcopy(first.state)
     second = round_(first.state, first.params, 1)
     again = round_(initial, w, 0)
     assert torch.equal(first.params["w"], torch.ones(2)) and torch.equal(second.params["w"], torch.full((2,), 2.0))
     assert torch.equal(again.params["w"], first.params["w"])
     assert torch.equal(again.state["personal"]["w"], first.state["personal"]["w"])
-    # a resumed run restores the state before any round: the step's read-only views describe it at once
-    fresh = MeanRegularized(n_clients=3)
-    fresh.init(w)
-    assert fresh.personal_models() == {}
-    fresh.restore(second.state)
-    assert all(torch.equal(m["w"], torch.full((2,), 2.0)) for m in fresh.personal_models().values())
+    for passed, copied in ((initial, kept), (first.state, after_first)):  # update wrote new tensors
+        assert passed.keys() == copied.keys() and torch.equal(passed["personal"]["w"], copied["personal"]["w"])
+    assert all(torch.equal(m["w"], torch.zeros(2)) for m in step.personal_models(initial, w).values())
+    models = MeanRegularized(n_clients=3).personal_models(second.state, w)
+    assert sorted(models) == ids and all(torch.equal(m["w"], torch.full((2,), 2.0)) for m in models.values())
+    # a checkpoint written before the step's first round held no personal models: built when first handed out
+    assert step.personal_models({"personal": None}, w) == {}
+    starts, built = step.start_points({"personal": None}, w, [2], 0)
+    assert torch.equal(starts["w"], torch.zeros(1, 2)) and torch.equal(built["personal"]["w"], initial["personal"]["w"])

@@ -136,6 +136,7 @@ def probe_round(cfg: RunConfig, batch: int, smoothing: int | None = None) -> Pro
 def _smoothed_update(run: Any, start: P.Params, smoothing: int, expected: float) -> P.Params:
     """ŵ_0 - w: clients 0..K-1 train round 1, and FedCEO's server smooths their models at threshold j."""
     from dpfl.algorithms.server.fedceo import FedCEO
+    from dpfl.algorithms.stages import RoundInputs
 
     aggregator = run.algorithm.aggregator
     if not isinstance(aggregator, FedCEO):
@@ -145,8 +146,10 @@ def _smoothed_update(run: Any, start: P.Params, smoothing: int, expected: float)
         raise ValueError(f"--after-smoothing is the index j >= 1 of a smoothing, got {smoothing}")
     k = len(run.algorithm.selection.select(list(range(run.n_clients)), run.seed, 0))
     local = run.local_round(0, start, np.arange(k), expected)
-    aggregator.aggregate(start, local.uploads, local.view, run.seed, smoothing * aggregator.interval - 1)
-    return P.sub(aggregator.personal[0], start)
+    # the round that ends with smoothing j, from the state before round 1: every client starts from w
+    step = aggregator.update(aggregator.init(start), start, local.uploads,
+                             RoundInputs(local.view, run.seed, smoothing * aggregator.interval - 1))
+    return P.sub(aggregator.personal_models(step.state, start)[0], start)
 
 
 def _first_of_each_label(labels: np.ndarray) -> np.ndarray:

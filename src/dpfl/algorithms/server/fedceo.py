@@ -6,30 +6,32 @@ client mode (threshold ϑ^j / (2λ) at the j-th smoothing) and hands each client
 ŵ_k; the new global model is their mean. A client selected in the round right after a smoothing starts
 from its latest ŵ_k (personalised state). Everything is post-processing of the uploads, so privacy is
 exactly that of UDP-FedAvg with the same mechanism (Theorem 4.5).
+
+The step is its configuration only; its state (`init`, returned by `update`) is
+{"personal": client -> its latest ŵ_k, "personal_round": client -> the 0-based round that wrote it}.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.t_tsvd import smooth_stack_with_stats, threshold
-from dpfl.algorithms.server.view import ServerView
-from dpfl.algorithms.stages import CheckpointedServerStep, RoundInputs
+from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
 
 STALENESS = ("any", "last")
 PROX_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-@dataclass
-class FedCEO(CheckpointedServerStep):
-    """The FedCEO server with its personal state.
+@dataclass(frozen=True)
+class FedCEO(ServerStep):
+    """The FedCEO server step (its personal models live in the state it returns, never in attributes).
 
     lam, theta, interval: λ, ϑ ≥ 1 and I of spec §2.3. layers: "all" parameter tensors, or an int n,
     the last n parameterised modules in forward order (the rest get the plain mean, §3.5).
@@ -47,9 +49,6 @@ class FedCEO(CheckpointedServerStep):
     personal_staleness: str = "any"
     prox_dtype: str = "float64"
     rfft: bool = True
-    personal: dict[int, P.Params] = field(default_factory=dict, repr=False)
-    personal_round: dict[int, int] = field(default_factory=dict, repr=False)
-    last_diagnostics: dict[str, Any] = field(default_factory=dict, repr=False)
 
     personalises_starts = True
     linear_in_updates = False  # smoothing is not a weighted sum: no Σw²σ² noise statistic
@@ -87,40 +86,46 @@ class FedCEO(CheckpointedServerStep):
         return [n for n in names if (n.rsplit(".", 1)[0] if "." in n else "") in keep]
 
     # ---- the round ---------------------------------------------------------------------------------
-    def starts(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
-        """Stacked start models `[K, ...]` for this round's clients, or None when all start from w_g.
+    def init(self, params: P.Params) -> dict[str, Any]:  # noqa: ARG002
+        """No personal models before round 1."""
+        return {"personal": {}, "personal_round": {}}
+
+    def start_points(self, state: Any, global_params: P.Params, clients: Sequence[int],
+                     round_: int) -> tuple[P.Params | None, Any]:
+        """Stacked start models `[K, ...]` for this round's clients, or None when all start from w_g; the state
+        is unchanged.
 
         Only the round right after a smoothing uses personal models (Algorithm 2, lines 5-8); a client
         without one (or, with staleness "last", without one from that smoothing) starts from w_g.
         """
         if not self.personalize or round_ == 0 or not self.smooths(round_ - 1):
-            return None
-        own = [self._personal_start(int(c), round_) for c in clients]
+            return None, state
+        personal, written = _entries(state)
+        own = [self._personal_start(personal, written, int(c), round_) for c in clients]
         if all(p is None for p in own):
-            return None
-        return {n: torch.stack([global_params[n] if p is None else p[n] for p in own]) for n in global_params}
+            return None, state
+        return {n: torch.stack([global_params[n] if p is None else p[n] for p in own]) for n in global_params}, state
 
-    def _personal_start(self, client: int, round_: int) -> P.Params | None:
-        if client not in self.personal:
+    def _personal_start(self, personal: dict[int, P.Params], written: dict[int, int], client: int,
+                        round_: int) -> P.Params | None:
+        if client not in personal:
             return None
-        if self.personal_staleness == "last" and self.personal_round[client] != round_ - 1:
+        if self.personal_staleness == "last" and written[client] != round_ - 1:
             return None
-        return self.personal[client]
+        return personal[client]
 
-    def step(self, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> P.Params:
-        return self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_, starts=inputs.starts)
-
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
-                  starts: P.Params | None = None) -> P.Params:
-        """New global model from the uploaded updates (relative to each client's start model)."""
-        self.last_diagnostics = {}
+    def update(self, state: Any, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> ServerUpdate:
+        """New global model from the uploaded updates (relative to each client's start model `inputs.starts`); at
+        a smoothing round the new state holds the participants' ŵ_k, and the metrics say how the smoothing went
+        (threshold, share of singular values zeroed per tensor, prox time); otherwise state unchanged, no metrics."""
+        view, round_, starts = inputs.view, inputs.round_, inputs.starts
         if not self.smooths(round_):
             if starts is None:  # exactly UDP-FedAvg's arithmetic (spec test R1)
-                return FedAvg("uniform").aggregate(global_params, uploads, view, seed, round_)
-            return {n: (starts[n] + uploads[n]).mean(0) for n in global_params}
+                return ServerUpdate(FedAvg("uniform").aggregate(params, uploads, view, inputs.seed, round_), state, {})
+            return ServerUpdate({n: (starts[n] + uploads[n]).mean(0) for n in params}, state, {})
         k = len(view)
-        base = starts if starts is not None else P.broadcast(global_params, k)
-        models = {n: base[n] + uploads[n] for n in global_params}
+        base = starts if starts is not None else P.broadcast(params, k)
+        models = {n: base[n] + uploads[n] for n in params}
         thr = self.threshold_at(round_)
         t0 = time.perf_counter()
         zeroed: dict[str, float] = {}
@@ -132,29 +137,28 @@ class FedCEO(CheckpointedServerStep):
         for n in models:
             if n not in zeroed:  # unsmoothed tensors: everyone gets the plain mean (§3.5)
                 smoothed[n] = models[n].mean(0, keepdim=True).expand_as(models[n]).clone()
+        personal, written = _entries(state)
         for j, c in enumerate(view.clients.tolist()):
-            self.personal[int(c)] = {n: smoothed[n][j].clone() for n in smoothed}
-            self.personal_round[int(c)] = round_
-        self.last_diagnostics = {"smoothing": (round_ + 1) // self.interval, "threshold": thr,
-                                 "zeroed_fraction": zeroed, "prox_seconds": seconds}
-        return {n: smoothed[n].mean(0) for n in smoothed}
+            personal[int(c)] = {n: smoothed[n][j].clone() for n in smoothed}
+            written[int(c)] = round_
+        metrics = {"smoothing": (round_ + 1) // self.interval, "threshold": thr, "zeroed_fraction": zeroed,
+                   "prox_seconds": seconds}
+        return ServerUpdate({n: smoothed[n].mean(0) for n in smoothed},
+                            {"personal": personal, "personal_round": written}, metrics)
 
-    def diagnostics(self) -> dict[str, Any]:
-        """What the last aggregation logs (threshold, share of singular values zeroed, prox time)."""
-        return dict(self.last_diagnostics)
+    def personal_models(self, state: Any, global_params: P.Params | None = None) -> dict[int, P.Params]:
+        """Each client's latest smoothed model ŵ_k in `state` (for the personalised accuracy)."""
+        return _entries(state)[0]
 
-    def personal_models(self, global_params: P.Params | None = None) -> dict[int, P.Params]:
-        """Each client's latest smoothed model ŵ_k (for the personalised accuracy)."""
-        return self.personal
 
-    # ---- checkpoints -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"personal": self.personal, "personal_round": self.personal_round}
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Restore `state_dict()` output; None resets to the state before round 1."""
-        self.personal = {} if state is None else {int(c): dict(p) for c, p in state["personal"].items()}
-        self.personal_round = {} if state is None else {int(c): int(r) for c, r in state["personal_round"].items()}
+def _entries(state: Any) -> tuple[dict[int, P.Params], dict[int, int]]:
+    """New dicts of the state's personal models and the rounds that wrote them (client ids as ints, as a
+    checkpoint written by any version may hold them), so that writing to them leaves `state` as it was; the
+    models themselves are shared (never written in place). None: before round 1."""
+    if state is None:
+        return {}, {}
+    return ({int(c): p for c, p in state["personal"].items()},
+            {int(c): int(r) for c, r in state["personal_round"].items()})
 
 
 def _smooth(stacked: torch.Tensor, thr: float, rfft: bool, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
