@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from dpfl.algorithms.server.fedavg import FedAvg
-from dpfl.algorithms.server.robust_hdp import RobustHDP, noise_weights, row_blocks
+from dpfl.algorithms.server.robust_hdp import RobustHDP, last_weights, noise_weights, round_weights, row_blocks
 from dpfl.algorithms.server.rpca import pcp
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import RoundInputs
 
 try:  # installed with scikit-learn
     from threadpoolctl import threadpool_limits
@@ -135,21 +138,23 @@ def noise_stat(w, s2):
     return float((w**2 * s2).sum())
 
 
-def run(agg, uploads, view=None):
+def run(agg, uploads, view=None, state=None, round_=0):
+    """One update from `state` (the initial state by default) at zero: the step's ServerUpdate."""
     k = next(iter(uploads.values())).shape[0]
     view = ServerView.simple([100] * k) if view is None else view
     zero = {n: torch.zeros(u.shape[1:], dtype=u.dtype) for n, u in uploads.items()}
-    return agg.aggregate(zero, uploads, view, seed=0, round_=0), view
+    state = agg.init(zero) if state is None else state
+    return agg.update(state, zero, uploads, RoundInputs(view, seed=0, round_=round_))
 
 
 def check_oracle(agg, bound):
     uploads, s2 = oracle_problem()
-    run(agg, uploads)
-    w = agg.last_weights.numpy()
+    step = run(agg, uploads)
+    w = last_weights(step.state).numpy()
     w_star = (1 / s2) / (1 / s2).sum()
     ratio = noise_stat(w, s2) / noise_stat(w_star, s2)
     cos = w @ w_star / np.linalg.norm(w) / np.linalg.norm(w_star)
-    assert all(b["converged"] for b in agg.last_diagnostics["blocks"])
+    assert step.metrics["pcp_converged"]
     assert ratio <= bound, ratio
     assert cos >= 0.99, cos
     return ratio, cos
@@ -183,9 +188,8 @@ def test_a_growing_mu_reaches_the_constant_mu_weights_from_lcm_start_only():
     w_star = (1 / s2) / (1 / s2).sum()
 
     def weights(**kwargs):
-        agg = RobustHDP(blocks="first", p_prime=5_000, **kwargs)
-        run(agg, uploads)
-        return agg.last_weights.numpy(), agg.last_diagnostics["blocks"][0]["iterations"]
+        step = run(RobustHDP(blocks="first", p_prime=5_000, **kwargs), uploads)
+        return last_weights(step.state).numpy(), step.metrics["pcp_iterations"][0]
 
     constant, it_constant = weights(mu_growth=1.0)
     grown, it_grown = weights()
@@ -207,13 +211,12 @@ def test_misreport_invariance_bit_identical():
     honest = ServerView.simple([100] * 8, eps_reported=[1.0] * 8)
     liar = dataclasses.replace(honest, eps_reported=torch.tensor([10.0] + [1.0] * 7, dtype=torch.float64))
     agg = RobustHDP()
-    out1, _ = run(agg, uploads, honest)
-    w1 = agg.weights(honest).clone()
-    agg2 = RobustHDP()
-    out2, _ = run(agg2, uploads, liar)
-    for n in out1:
-        assert torch.equal(out1[n], out2[n])
-    assert torch.equal(w1, agg2.weights(liar))
+    step1 = run(agg, uploads, honest)
+    w1 = agg.aggregation_weights(step1.state, honest, None, 2_000)
+    step2 = run(RobustHDP(), uploads, liar)
+    for n in step1.params:
+        assert torch.equal(step1.params[n], step2.params[n])
+    assert torch.equal(w1, round_weights(step2.state, liar))
     # while WeiAvg's weights move as predicted: the liar's weight goes from 1/8 to 10/17
     wa = FedAvg("epsilon")
     assert wa.weights(honest)[0] == pytest.approx(1 / 8) and wa.weights(liar)[0] == pytest.approx(10 / 17)
@@ -225,21 +228,25 @@ def test_aggregate_is_weighted_sum_with_server_lr_and_cached_weights():
     agg = RobustHDP(server_lr=0.5)
     glob = {"a": torch.ones(30, 50), "b": torch.zeros(500)}
     view = ServerView.simple([100] * 8)
-    out = agg.aggregate(glob, uploads, view, seed=0, round_=3)
-    w = agg.weights(view)
+    step = agg.update(agg.init(glob), glob, uploads, RoundInputs(view, seed=0, round_=3))
+    out = step.params
+    w = agg.aggregation_weights(step.state, view, None, 2_000)
+    assert w.dtype == torch.float32 and torch.equal(w, last_weights(step.state).to(torch.float32))
     assert w.shape == (8,) and float(w.sum()) == pytest.approx(1.0, abs=1e-6)
     assert torch.allclose(out["a"], 1 + 0.5 * torch.einsum("k,k...->...", w, uploads["a"]), atol=1e-6)
     assert torch.allclose(out["b"], 0.5 * torch.einsum("k,k...->...", w, uploads["b"]), atol=1e-6)
     assert w[:2].max() < w[2:].min()  # noisy clients get less weight
-    d = agg.last_diagnostics
-    assert d["round"] == 3 and len(d["sigma2"]) == 8 and d["blocks"][0]["converged"]
-    m = agg.diagnostics()  # what metrics.jsonl gets
+    _, d = agg.noise_aware_weights(uploads)  # the estimation record behind the metrics
+    assert len(d["sigma2"]) == 8 and d["blocks"][0]["converged"]
+    m = step.metrics  # what metrics.jsonl gets
     assert m["pcp_iterations"] == [b["iterations"] for b in d["blocks"]] and m["pcp_iterations"][0] > 0
     assert m["pcp_converged"] and not m["pcp_reused"] and m["sigma2_estimate"] == d["sigma2"]
+    assert set(m) == {"pcp_reused", "pcp_iterations", "pcp_converged", "pcp_rel_residual", "pcp_rank",
+                      "sigma2_estimate"}
     with pytest.raises(ValueError, match="differ"):
-        agg.weights(ServerView.simple([100] * 7))
-    with pytest.raises(ValueError, match="call aggregate"):
-        RobustHDP().weights(view)
+        agg.aggregation_weights(step.state, ServerView.simple([100] * 7), None, 2_000)
+    with pytest.raises(ValueError, match="call update"):
+        agg.aggregation_weights(agg.init(glob), view, None, 2_000)
 
 
 def test_row_blocks_and_noise_weights():
@@ -254,11 +261,10 @@ def test_row_blocks_and_noise_weights():
 
 def test_first_block_scales_by_q():
     uploads, _ = small_problem()
-    agg_all, agg_first = RobustHDP(p_prime=1_000), RobustHDP(p_prime=1_000, blocks="first")
-    run(agg_all, uploads)
-    run(agg_first, uploads)
-    assert len(agg_all.last_diagnostics["blocks"]) == 2 and len(agg_first.last_diagnostics["blocks"]) == 1
-    ratio = np.array(agg_first.last_diagnostics["sigma2"]) / np.array(agg_all.last_diagnostics["sigma2"])
+    all_, first = run(RobustHDP(p_prime=1_000), uploads).metrics, run(RobustHDP(p_prime=1_000, blocks="first"),
+                                                                       uploads).metrics
+    assert len(all_["pcp_iterations"]) == 2 and len(first["pcp_iterations"]) == 1
+    ratio = np.array(first["sigma2_estimate"]) / np.array(all_["sigma2_estimate"])
     assert np.allclose(ratio, 1.0, atol=0.2)  # Q ||S_1||^2 estimates the same total as sum_j ||S_j||^2
 
 
@@ -266,22 +272,26 @@ def test_schedule_once_reuses_weights_by_client_id_and_needs_full_participation(
     uploads, _ = small_problem()
     agg = RobustHDP(schedule="once")
     view = ServerView.simple([100] * 8)
-    run(agg, uploads, view)
-    w1 = agg.last_weights.clone()
+    first = run(agg, uploads, view)
+    w1 = last_weights(first.state).clone()
+    assert first.state["once"] == {c: float(w) for c, w in enumerate(w1)}
     perm = torch.tensor([3, 1, 0, 2, 7, 6, 5, 4])
     shuffled = {n: torch.randn_like(u) for n, u in uploads.items()}  # other updates: weights must not change
     view2 = dataclasses.replace(view, clients=perm)
-    run(agg, shuffled, view2)
-    assert torch.equal(agg.last_weights, w1[perm]) and agg.last_diagnostics["reused"]
-    assert agg.diagnostics() == {"pcp_reused": True}
+    second = run(agg, shuffled, view2, first.state)
+    assert torch.equal(last_weights(second.state), w1[perm]) and second.metrics["pcp_reused"]
+    assert second.metrics == {"pcp_reused": True}
+    assert second.state["once"] == first.state["once"]
     with pytest.raises(ValueError, match="full participation"):
-        run(agg, {n: u[:7] for n, u in uploads.items()}, ServerView.simple([100] * 7, expected_clients=8))
+        run(agg, {n: u[:7] for n, u in uploads.items()}, ServerView.simple([100] * 7, expected_clients=8),
+            second.state)
     with pytest.raises(ValueError, match="full participation"):
         run(RobustHDP(schedule="once"), uploads, ServerView.simple([100] * 8, expected_clients=10))
     every = RobustHDP(schedule="every-round")
-    run(every, uploads, view)
-    run(every, shuffled, view2)
-    assert not torch.equal(every.last_weights, w1[perm])
+    assert every.schedule == "every_round"
+    state = run(every, uploads, view).state
+    assert state["once"] is None
+    assert not torch.equal(last_weights(run(every, shuffled, view2, state).state), w1[perm])
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -300,5 +310,59 @@ def test_mismatched_view_and_empty_round():
         run(RobustHDP(), uploads, ServerView.simple([100] * 5))
     agg = RobustHDP()
     glob = {"w": torch.ones(3)}
-    out = agg.aggregate(glob, {"w": torch.zeros(0, 3)}, ServerView.simple([]), seed=0, round_=0)
-    assert torch.equal(out["w"], glob["w"]) and agg.weights(ServerView.simple([])).numel() == 0
+    step = agg.update(agg.init(glob), glob, {"w": torch.zeros(0, 3)}, RoundInputs(ServerView.simple([]), 0, 0))
+    assert torch.equal(step.params["w"], glob["w"]) and step.metrics == {"pcp_reused": False}
+    assert round_weights(step.state, ServerView.simple([])).numel() == 0
+
+
+def test_update_is_a_function_of_the_state_passed_in():
+    """(a) A round replayed from an earlier state gives the earlier result after later rounds ran; (b) `update`
+    leaves the state passed in unchanged (schedule "once": its round-1 weights are the state that matters)."""
+    uploads, _ = small_problem()
+    agg, view = RobustHDP(schedule="once", server_lr=0.5), ServerView.simple([100] * 8)
+    states, steps = [agg.init({})], []
+    for r in range(3):
+        state = states[-1]
+        before = copy.deepcopy(state)
+        step = run(agg, {n: (r + 1) * u for n, u in uploads.items()}, view, state, round_=r)
+        assert _same(state, before)  # (b)
+        assert step.metrics["pcp_reused"] == (r > 0)
+        states.append(step.state)
+        steps.append(step)
+    again = run(agg, {n: 1 * u for n, u in uploads.items()}, view, states[0])  # (a): round 1 again, from its state
+    assert _same(again.state, steps[0].state) and again.metrics == steps[0].metrics
+    assert all(torch.equal(again.params[n], steps[0].params[n]) for n in uploads)
+    fresh = run(agg, {n: 2 * u for n, u in uploads.items()}, view, states[0])  # from the initial state: re-estimated
+    assert not fresh.metrics["pcp_reused"]
+
+
+def test_a_checkpoint_without_last_resumes_and_non_convergence_warns():
+    """A state written before `last` existed ({"once": ...} only) resumes; the PCP's non-convergence still warns."""
+    uploads, _ = small_problem()
+    agg, view = RobustHDP(schedule="once"), ServerView.simple([100] * 8)
+    first = run(agg, uploads, view)
+    old = {"once": dict(first.state["once"])}
+    step = run(agg, uploads, view, old)
+    assert torch.equal(step.params["a"], first.params["a"]) and torch.equal(last_weights(step.state),
+                                                                            last_weights(first.state))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(RobustHDP(max_iter=1), uploads, view)
+    assert any(issubclass(w.category, RuntimeWarning) and "did not converge" in str(w.message) for w in caught)
+
+
+def test_robust_hdp_is_a_frozen_config():
+    agg = RobustHDP(p_prime=np.int64(1_000), max_iter=np.int64(5), schedule="every-round")
+    assert type(agg.p_prime) is int and type(agg.max_iter) is int and agg.schedule == "every_round"
+    assert agg == RobustHDP(p_prime=1_000, max_iter=5) and repr(agg).startswith("RobustHDP(p_prime=1000, ")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        agg.p_prime = 2  # type: ignore[misc]
+
+
+def _same(a, b) -> bool:
+    """Equal states: nested dicts of tensors (bit for bit) and plain values."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b

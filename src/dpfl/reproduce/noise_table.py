@@ -28,6 +28,7 @@ import numpy as np
 
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.oracle import OracleAverage
+from dpfl.algorithms.stages import RoundInputs
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, validate_config
 from dpfl.experiment.federated_run import FederatedRun
@@ -103,9 +104,9 @@ def round1_noise_statistics(cfg: RunConfig, methods: Sequence[str] = TABLE_METHO
             agg = aggregators[m]
             if agg.privileged:
                 weights = agg.weights(local.view, local.channel, local.dim)
-            else:
-                agg.aggregate(w, local.uploads, local.view, run.seed, 0)  # Robust-HDP's weights come from the uploads
-                weights = agg.weights(local.view)
+            else:  # Robust-HDP's weights come from the uploads: those of the state its round-1 update returns
+                step = agg.update(agg.init(w), w, local.uploads, RoundInputs(local.view, run.seed, 0))
+                weights = agg.aggregation_weights(step.state, local.view, None, local.dim)
             out[m] = {**run.noise_statistics(weights, local), "z_mean": float(np.mean(run.noise))}
     if "min_eps" in methods:
         run = _built(_variant(cfg, "min_eps", {"epsilon": "observed"}), conversion)

@@ -12,8 +12,14 @@ participants is WeiAvg over the public ones and leaves the state unchanged. Sinc
 linear, PFA+ equals PFA whenever the subspace does not move.
 
 What crosses the network is explicit: `client_payload` is what the clients send given the broadcast
-(codes are computed from the float32 basis they received and sent as float32), and `aggregate` reads
+(codes are computed from the float32 basis they received and sent as float32), and `update` reads
 only that payload. Bytes are counted per participant (4 per float, spec §4.3 table).
+
+**State** (`init`, returned by `update`; the step itself is configuration only): a dict with
+- `previous`: None before the first round with private participants, then per tensor block {"mu", "V"}
+  (float64 [p_ℓ], [p_ℓ, k_ℓ]): the subspace the next round's private participants project onto;
+- `private_rounds`: how many rounds with private participants have been aggregated (the warm-up counts them).
+Both are the broadcast's input, so the payload of a round depends on the state its update starts from.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch
 from dpfl.algorithms.server.pfa import PFA, float64_column_chunks, weighted_rows64
 from dpfl.algorithms.server.subspace import Subspace
 from dpfl.algorithms.server.view import ServerView
-from dpfl.algorithms.stages import CheckpointedServerStep
+from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
 
 FLOAT_BYTES = 4
@@ -64,8 +70,14 @@ class Payload:
                 "downlink_bytes_subspace": sum(self.bytes_down_subspace)}
 
 
-@dataclass
-class PFAPlus(CheckpointedServerStep):
+def previous_subspaces(state: dict[str, Any]) -> dict[str, Subspace] | None:
+    """The state's `previous` as subspaces per block (None before the first round with private participants)."""
+    prev = state["previous"]
+    return None if prev is None else {n: Subspace(d["mu"], d["V"]) for n, d in prev.items()}
+
+
+@dataclass(frozen=True)
+class PFAPlus(ServerStep):
     """PFA with delayed projection. `pfa` holds the split and subspace settings (spec §4.2); the rest:
 
     `warmup_rounds` (≥ 1): rounds with private participants aggregated in full before codes are used.
@@ -79,8 +91,6 @@ class PFAPlus(CheckpointedServerStep):
     pfa: PFA = field(default_factory=PFA)
     warmup_rounds: int = 1
     subspace_broadcast: str = "private"
-    previous: dict[str, Subspace] | None = None  # per block: the subspace clients project onto next
-    private_rounds: int = 0  # rounds with private participants aggregated so far
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup_rounds, bool) or not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 1:
@@ -91,8 +101,7 @@ class PFAPlus(CheckpointedServerStep):
 
     # ---- population-level set-up, shared with PFA -------------------------------------------------
     def fit_split(self, clients, eps_reported, seed: int = 0) -> PFAPlus:
-        return dataclasses.replace(self, pfa=self.pfa.fit_split(clients, eps_reported, seed), previous=None,
-                                   private_rounds=0)
+        return dataclasses.replace(self, pfa=self.pfa.fit_split(clients, eps_reported, seed))
 
     def accepts_selection(self, selected) -> bool:
         return self.pfa.accepts_selection(selected)
@@ -100,52 +109,44 @@ class PFAPlus(CheckpointedServerStep):
     def weights(self, view: ServerView) -> torch.Tensor:
         return self.pfa.weights(view)
 
-    def aggregation_weights(self, view: ServerView, channel: object, dim: int) -> torch.Tensor:
+    def aggregation_weights(self, state: Any, view: ServerView, channel: object, dim: int) -> torch.Tensor:
         return self.weights(view)
 
     @property
     def public_clients(self) -> tuple[int, ...] | None:
         return self.pfa.public_clients
 
-    # ---- checkpointed state ------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        prev = None if self.previous is None else {n: {"mu": s.mu, "V": s.V} for n, s in self.previous.items()}
-        return {"previous": prev, "private_rounds": self.private_rounds}
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Restore `state_dict()` output; None resets to the state before round 1."""
-        if state is None:
-            self.previous, self.private_rounds = None, 0
-            return
-        prev = state["previous"]
-        self.previous = None if prev is None else {n: Subspace(d["mu"], d["V"]) for n, d in prev.items()}
-        self.private_rounds = int(state["private_rounds"])
-
     # ---- the round ---------------------------------------------------------------------------------
-    def in_warmup(self) -> bool:
-        return self.private_rounds < self.warmup_rounds or self.previous is None
+    def init(self, params: P.Params) -> dict[str, Any]:
+        """No subspace yet, no round with private participants aggregated."""
+        return {"previous": None, "private_rounds": 0}
 
-    def client_payload(self, uploads: P.Params, view: ServerView, seed: int = 0) -> Payload:
-        """What the participants send: public (and warm-up) ones their update, private ones their codes."""
+    def in_warmup(self, state: dict[str, Any]) -> bool:
+        return int(state["private_rounds"]) < self.warmup_rounds or state["previous"] is None
+
+    def client_payload(self, state: dict[str, Any], uploads: P.Params, view: ServerView, seed: int = 0) -> Payload:
+        """What the participants send given the broadcast of `state`'s subspace: public (and warm-up) ones their
+        update, private ones their codes."""
         K = len(view)
         if K == 0 or any(u.shape[0] != K for u in uploads.values()):
             raise ValueError(f"uploads must have a leading axis of {K} clients (one per view entry)")
         pub = self.pfa.groups(view, seed).pub
         dim = P.num_parameters({n: u[0] for n, u in uploads.items()})
-        warmup = self.in_warmup() or bool(pub.all())
+        warmup = self.in_warmup(state) or bool(pub.all())
         full_mask = torch.ones(K, dtype=torch.bool) if warmup else pub
         codes: dict[str, torch.Tensor] = {}
         bytes_up = [FLOAT_BYTES * dim] * K
         sent = [0] * K
         if not warmup:
-            assert self.previous is not None
+            previous = previous_subspaces(state)
+            assert previous is not None
             blocks = self.pfa.blocks({n: u[~pub] for n, u in uploads.items()})
             for name, flat in blocks.items():
-                sub = self.previous[name]
+                sub = previous[name]
                 V, mu = sub.V.to(torch.float32), sub.mu.to(torch.float32)  # the broadcast, as received
                 codes[name] = centred_codes64(flat, mu, V).to(torch.float32)
-            code_floats = sum(s.k for s in self.previous.values())
-            basis_floats = sum(s.V.numel() for s in self.previous.values()) + (dim if self.pfa.sends_center else 0)
+            code_floats = sum(s.k for s in previous.values())
+            basis_floats = sum(s.V.numel() for s in previous.values()) + (dim if self.pfa.sends_center else 0)
             for i in range(K):
                 if not pub[i]:
                     bytes_up[i] = FLOAT_BYTES * code_floats
@@ -154,9 +155,12 @@ class PFAPlus(CheckpointedServerStep):
         full = {n: u[full_mask] for n, u in uploads.items()}
         return Payload(full, full_mask, codes, warmup, bytes_up, sent)
 
-    def mean_update(self, payload: Payload, view: ServerView, seed: int, round_: int) -> P.Params:
-        """Δ̄ from the payload alone; refits the subspace for the next round when private clients took part."""
+    def mean_update(self, state: dict[str, Any], payload: Payload, view: ServerView, seed: int,
+                    round_: int) -> tuple[P.Params, dict[str, Any]]:
+        """Δ̄ from the payload alone, and the new state: the subspace refitted for the next round when private
+        clients took part (else `state` itself, unchanged)."""
         g = self.pfa.groups(view, seed)
+        previous = previous_subspaces(state)
         pub_in_full = g.pub[payload.full_mask]  # positions of the public participants among the full uploads
         full_blocks = self.pfa.blocks(payload.full)
         out: dict[str, torch.Tensor] = {}
@@ -178,14 +182,16 @@ class PFAPlus(CheckpointedServerStep):
             if payload.warmup:
                 d_pri_hat = sub.project(means[1])
             else:
-                prev = self.previous[name]  # type: ignore[index]
+                prev = previous[name]  # type: ignore[index]
                 d_pri_hat = prev.mu + prev.V @ (g.w_pri @ payload.codes[name].to(torch.float64))
             out[name] = g.combine(d_pub, d_pri_hat)
         if g.w_pri is not None:
-            self.previous, self.private_rounds = fitted, self.private_rounds + 1
+            state = {**state, "previous": {n: {"mu": s.mu, "V": s.V} for n, s in fitted.items()},
+                     "private_rounds": int(state["private_rounds"]) + 1}
         like = {n: u[:1] for n, u in payload.full.items()}
-        return self.pfa.unblock(out, like)
+        return self.pfa.unblock(out, like), state
 
-    def aggregate(self, global_params: P.Params, payload: Payload, view: ServerView, seed: int,
-                  round_: int) -> P.Params:
-        return P.axpy(self.pfa.server_lr, self.mean_update(payload, view, seed, round_), global_params)
+    def update(self, state: dict[str, Any], params: P.Params, uploads: Payload, inputs: RoundInputs) -> ServerUpdate:
+        """w + server_lr Δ̄ from the round's payload (`client_payload` of the same `state`)."""
+        mean, new = self.mean_update(state, uploads, inputs.view, inputs.seed, inputs.round_)
+        return ServerUpdate(P.axpy(self.pfa.server_lr, mean, params), new, {})

@@ -11,20 +11,21 @@ as sigma_i^2 = sum_j ||S_j[:, i]||^2 (or Q ||S_1[:, i]||^2 with `blocks="first"`
 (uniform weights if every sigma_i^2 is 0). Because it uses only the uploads, its output is bit-identical
 whatever epsilons the clients report (spec §6).
 
-**State.** Unlike the other aggregators this one is stateful (a plain class, not a frozen dataclass):
-- `weights(view)` returns the weights computed by the *last* `aggregate` call (they come from the
-  uploads, which `weights` does not see); it is meant for the round's diagnostics, called after
-  `aggregate`, and it checks that the view has the same clients in the same order.
-- `schedule="once"` computes the weights at the first `aggregate` call and reuses them (the authors'
-  code); it needs full participation, so every later round must show the same set of clients (the
-  weights are matched by client id).
-- `last_diagnostics` holds, per block, the PCP iterations, residual, convergence flag and rank(L), and
-  the per-client sigma_i^2 estimates.
+**State** (`init`, returned by `update`; the step itself is configuration only): a dict with
+- `once`: for `schedule="once"`, client id -> weight from the first update, reused every later round (the authors'
+  code); it needs full participation, so every later round must show the same set of clients (the weights are
+  matched by client id). None before the first round, and always with `every_round`.
+- `last`: {"clients": int64 [K], "weights": float64 [K]} of the update that returned the state (None before the
+  first): the weights come from the uploads, which the round's diagnostics (`aggregation_weights`) do not see.
+  A checkpoint written before this key existed resumes with None (the loop reads it only after an update).
+`update`'s metrics are the robust PCA's iterations, convergence, relative residual and rank(L) per row block, and the
+per-client sigma_i^2 estimates.
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ import torch
 
 from dpfl.algorithms.server.rpca import MU_GROWTH, MU_NORMS, pcp
 from dpfl.algorithms.server.view import ServerView
-from dpfl.algorithms.stages import CheckpointedServerStep
+from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
 
 BLOCK_MODES = ("all", "first")
@@ -69,8 +70,43 @@ def noise_weights(sigma2: np.ndarray, floor: float = 1e-6) -> np.ndarray:
     return inv / inv.sum()
 
 
-class RobustHDP(CheckpointedServerStep):
-    """Robust-HDP aggregator (spec §4.4). See the module docstring for the statefulness of `weights`.
+def last_weights(state: dict[str, Any]) -> torch.Tensor | None:
+    """The float64 weights of the update that returned `state` (None before the first)."""
+    last = state.get("last")
+    return None if last is None else last["weights"]
+
+
+def round_weights(state: dict[str, Any], view: ServerView) -> torch.Tensor:
+    """The weights (float32) of the update that returned `state`, for that round's diagnostics.
+
+    Raises if `state` comes from no update, or the view's clients differ from those of the update's round.
+    """
+    last = state.get("last")
+    if last is None:
+        raise ValueError("Robust-HDP weights come from the uploads: call update() for the round first")
+    if not torch.equal(view.clients, last["clients"]):
+        raise ValueError("Robust-HDP weights: the view's clients differ from those of the round that gave the state")
+    return last["weights"].to(torch.float32)
+
+
+def pcp_metrics(diag: dict[str, Any]) -> dict[str, Any]:
+    """The round's metrics from its estimation record: the robust PCA's iterations, convergence, relative residual
+    and rank(L) per row block, and the per-client noise estimates sigma_i^2 (only the reuse flag when schedule
+    "once" reused its weights)."""
+    out: dict[str, Any] = {"pcp_reused": bool(diag.get("reused", False))}
+    blocks = diag.get("blocks") or []
+    if blocks:
+        out.update(pcp_iterations=[b["iterations"] for b in blocks],
+                   pcp_converged=all(b["converged"] for b in blocks),
+                   pcp_rel_residual=[b["rel_residual"] for b in blocks], pcp_rank=[b["rank"] for b in blocks])
+    if diag.get("sigma2"):
+        out["sigma2_estimate"] = diag["sigma2"]
+    return out
+
+
+@dataclass(frozen=True)
+class RobustHDP(ServerStep):
+    """Robust-HDP aggregator (spec §4.4). See the module docstring for its state.
 
     Options: `p_prime` (block rows, default 200,000), `blocks` (`all` | `first`), `schedule` (`every_round` |
     `once`; `every-round` accepted), and the PCP settings: `mu_norm`, the initial mu's rule (`spectral` |
@@ -82,48 +118,46 @@ class RobustHDP(CheckpointedServerStep):
 
     privileged = False
 
-    def __init__(self, p_prime: int = 200_000, blocks: str = "all", schedule: str = "every_round",
-                 mu_norm: str | None = None, lam: float | None = None, tol: float = 1e-7,
-                 tol_abs: float | None = None, max_iter: int = 10_000, mu_growth: float = MU_GROWTH,
-                 mu_max: float | None = None, floor: float = 1e-6, server_lr: float = 1.0) -> None:
+    p_prime: int = 200_000
+    blocks: str = "all"
+    schedule: str = "every_round"
+    mu_norm: str | None = None
+    lam: float | None = None
+    tol: float = 1e-7
+    tol_abs: float | None = None
+    max_iter: int = 10_000
+    mu_growth: float = MU_GROWTH
+    mu_max: float | None = None
+    floor: float = 1e-6
+    server_lr: float = 1.0
+
+    def __post_init__(self) -> None:
+        p_prime, max_iter = self.p_prime, self.max_iter
         if isinstance(p_prime, bool) or not isinstance(p_prime, (int, np.integer)) or p_prime < 1:
             raise ValueError(f"p_prime must be a positive integer, got {p_prime!r}")
-        if blocks not in BLOCK_MODES:
-            raise ValueError(f"Robust-HDP blocks must be one of {BLOCK_MODES}, got {blocks!r}")
-        if mu_norm is not None and mu_norm not in MU_NORMS:
-            raise ValueError(f"Robust-HDP mu_norm must be one of {MU_NORMS}, got {mu_norm!r}")
-        if lam is not None and not lam > 0:
-            raise ValueError(f"lam must be > 0, got {lam}")
-        if not tol > 0:
-            raise ValueError(f"tol must be > 0, got {tol}")
-        if tol_abs is not None and not tol_abs > 0:
-            raise ValueError(f"tol_abs must be > 0, got {tol_abs}")
+        if self.blocks not in BLOCK_MODES:
+            raise ValueError(f"Robust-HDP blocks must be one of {BLOCK_MODES}, got {self.blocks!r}")
+        if self.mu_norm is not None and self.mu_norm not in MU_NORMS:
+            raise ValueError(f"Robust-HDP mu_norm must be one of {MU_NORMS}, got {self.mu_norm!r}")
+        if self.lam is not None and not self.lam > 0:
+            raise ValueError(f"lam must be > 0, got {self.lam}")
+        if not self.tol > 0:
+            raise ValueError(f"tol must be > 0, got {self.tol}")
+        if self.tol_abs is not None and not self.tol_abs > 0:
+            raise ValueError(f"tol_abs must be > 0, got {self.tol_abs}")
         if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
             raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
-        if not mu_growth >= 1.0:
-            raise ValueError(f"mu_growth must be >= 1, got {mu_growth}")
-        if mu_max is not None and not mu_max > 0:
-            raise ValueError(f"mu_max must be > 0, got {mu_max}")
-        if not 0.0 <= floor < 1.0:
-            raise ValueError(f"floor must be in [0, 1), got {floor}")
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        self.p_prime = int(p_prime)
-        self.blocks = blocks
-        self.schedule = _schedule_name(schedule)
-        self.mu_norm = mu_norm
-        self.lam = lam
-        self.tol = tol
-        self.tol_abs = tol_abs
-        self.max_iter = int(max_iter)
-        self.mu_growth = mu_growth
-        self.mu_max = mu_max
-        self.floor = floor
-        self.server_lr = server_lr
-        self._last_clients: torch.Tensor | None = None
-        self._last_weights: torch.Tensor | None = None
-        self._once: dict[int, float] | None = None  # client id -> weight, for schedule="once"
-        self.last_diagnostics: dict[str, Any] | None = None
+        if not self.mu_growth >= 1.0:
+            raise ValueError(f"mu_growth must be >= 1, got {self.mu_growth}")
+        if self.mu_max is not None and not self.mu_max > 0:
+            raise ValueError(f"mu_max must be > 0, got {self.mu_max}")
+        if not 0.0 <= self.floor < 1.0:
+            raise ValueError(f"floor must be in [0, 1), got {self.floor}")
+        if not self.server_lr > 0:
+            raise ValueError(f"server_lr must be > 0, got {self.server_lr}")
+        object.__setattr__(self, "p_prime", int(p_prime))
+        object.__setattr__(self, "schedule", _schedule_name(self.schedule))
+        object.__setattr__(self, "max_iter", int(max_iter))
 
     def __repr__(self) -> str:
         return (f"RobustHDP(p_prime={self.p_prime}, blocks={self.blocks!r}, schedule={self.schedule!r}, "
@@ -152,7 +186,9 @@ class RobustHDP(CheckpointedServerStep):
             sigma2 *= q
         return sigma2, infos
 
-    def _compute_weights(self, uploads: P.Params) -> tuple[torch.Tensor, dict[str, Any]]:
+    def noise_aware_weights(self, uploads: P.Params) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The float64 weights of the uploads `[K, ...]` and their estimation record: per row block the PCP's
+        iterations, residuals, convergence, rank(L), lam and mu (`blocks`), and the sigma_i^2 estimates."""
         M = P.flatten(uploads).detach().to(torch.float64).cpu().numpy().T  # p x K, clients as columns
         if not np.isfinite(M).all():
             raise ValueError("Robust-HDP got a non-finite client update")
@@ -160,79 +196,42 @@ class RobustHDP(CheckpointedServerStep):
         w = noise_weights(sigma2, self.floor)
         return torch.from_numpy(w), {"blocks": infos, "sigma2": sigma2.tolist()}
 
-    def diagnostics(self) -> dict[str, Any]:
-        """The round's metrics: the robust PCA's iterations, convergence, relative residual and rank(L) per row
-        block, and the per-client noise estimates sigma_i^2 (only the reuse flag when schedule "once" reused
-        its weights)."""
-        d = self.last_diagnostics or {}
-        out: dict[str, Any] = {"pcp_reused": bool(d.get("reused", False))}
-        blocks = d.get("blocks") or []
-        if blocks:
-            out.update(pcp_iterations=[b["iterations"] for b in blocks],
-                       pcp_converged=all(b["converged"] for b in blocks),
-                       pcp_rel_residual=[b["rel_residual"] for b in blocks], pcp_rank=[b["rank"] for b in blocks])
-        if d.get("sigma2"):
-            out["sigma2_estimate"] = d["sigma2"]
-        return out
+    # -- the server step ----------------------------------------------------------------------------
+    def init(self, params: P.Params) -> dict[str, Any]:
+        """No weights yet: `once` is filled by the first update of schedule "once", `last` by every update."""
+        return {"once": None, "last": None}
 
-    # -- checkpointed state (schedule "once" reuses its round-1 weights) ------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"once": None if self._once is None else dict(self._once)}
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Restore `state_dict()` output; None resets to the state before round 1."""
-        once = None if state is None else state["once"]
-        self._once = None if once is None else {int(c): float(w) for c, w in once.items()}
-
-    # -- aggregator protocol ------------------------------------------------------------------------
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
-                  round_: int) -> P.Params:
+    def update(self, state: dict[str, Any], params: P.Params, uploads: P.Params, inputs: RoundInputs) -> ServerUpdate:
         """w + server_lr * sum_i w_i Δ_i with noise-aware weights from the uploads (never from epsilon)."""
+        view = inputs.view
         k = next(iter(uploads.values())).shape[0] if uploads else 0
         if k != len(view):
             raise ValueError(f"Robust-HDP got {k} uploads for {len(view)} clients in the view")
         clients = view.clients.clone()
+        once = state["once"]
+        once = None if once is None else {int(c): float(w) for c, w in once.items()}
         if k == 0:  # nobody to aggregate: the model stays
-            self._last_clients, self._last_weights = clients, torch.zeros(0, dtype=torch.float64)
-            self.last_diagnostics = {"round": round_, "blocks": [], "sigma2": [], "reused": False}
-            return {n: t.clone() for n, t in global_params.items()}
-        if self.schedule == "once" and self._once is not None:
+            last = {"clients": clients, "weights": torch.zeros(0, dtype=torch.float64)}
+            return ServerUpdate({n: t.clone() for n, t in params.items()}, {**state, "once": once, "last": last},
+                                pcp_metrics({}))
+        if self.schedule == "once" and once is not None:
             ids = [int(c) for c in clients]
-            if len(set(ids)) != len(ids) or set(ids) != set(self._once):
+            if len(set(ids)) != len(ids) or set(ids) != set(once):
                 raise ValueError("Robust-HDP schedule 'once' needs full participation: this round's clients "
-                                 f"{sorted(ids)} differ from the first round's {sorted(self._once)}")
-            w = torch.tensor([self._once[c] for c in ids], dtype=torch.float64)
+                                 f"{sorted(ids)} differ from the first round's {sorted(once)}")
+            w = torch.tensor([once[c] for c in ids], dtype=torch.float64)
             diag: dict[str, Any] = {"blocks": [], "sigma2": None, "reused": True}
         else:
             if self.schedule == "once" and len(view) != view.expected_clients:
                 raise ValueError("Robust-HDP schedule 'once' needs full participation: "
                                  f"{len(view)} clients selected, {view.expected_clients} expected")
-            w, diag = self._compute_weights(uploads)
-            diag["reused"] = False
+            w, diag = self.noise_aware_weights(uploads)
             if self.schedule == "once":
-                self._once = {int(c): float(wi) for c, wi in zip(clients, w, strict=True)}
-        self._last_clients, self._last_weights = clients, w
-        self.last_diagnostics = {"round": round_, **diag}
+                once = {int(c): float(wi) for c, wi in zip(clients, w, strict=True)}
         mean = {n: torch.einsum("k,k...->...", w.to(u.dtype), u) for n, u in uploads.items()}
-        return P.axpy(self.server_lr, mean, global_params)
+        new_state = {**state, "once": once, "last": {"clients": clients, "weights": w}}
+        return ServerUpdate(P.axpy(self.server_lr, mean, params), new_state, pcp_metrics(diag))
 
-    @property
-    def last_weights(self) -> torch.Tensor | None:
-        """The float64 weights of the last `aggregate` call (None before the first)."""
-        return self._last_weights
-
-    def aggregation_weights(self, view: ServerView, channel: object, dim: int) -> torch.Tensor:
-        return self.weights(view)
-
-    def weights(self, view: ServerView) -> torch.Tensor:
-        """The weights of the last `aggregate` call (Robust-HDP's weights come from the uploads).
-
-        For diagnostics after `aggregate`; raises if nothing was aggregated yet or the view's clients
-        differ from those of the last aggregated round.
-        """
-        if self._last_weights is None or self._last_clients is None:
-            raise ValueError("Robust-HDP weights come from the uploads: call aggregate() for the round first")
-        if not torch.equal(view.clients, self._last_clients):
-            raise ValueError("Robust-HDP weights(view): the view's clients differ from the last aggregated round's")
-        return self._last_weights.to(torch.float32)
-
+    def aggregation_weights(self, state: dict[str, Any], view: ServerView, channel: object,
+                            dim: int) -> torch.Tensor:
+        return round_weights(state, view)
