@@ -71,14 +71,16 @@ def round1_point(job: Job) -> dict[str, Any]:
     """Round 1 of `job`'s run (calibrated for its planned length) and R-DPCFL's clustering of its updates."""
     from sklearn.metrics import adjusted_rand_score
 
+    from dpfl.algorithms.stages import RoundInputs
     from dpfl.experiment.build import build_run
 
     start = time.perf_counter()
     run = build_run(job.config)
     w, local = run.first_round()
     aggregator = run.algorithm.aggregator
-    aggregator.aggregate(w, local.uploads, local.view, run.seed, 0)
-    facts = aggregator.facts
+    starts, state = aggregator.start_points(aggregator.init(w), w, [int(c) for c in local.view.clients], 0)
+    state = aggregator.update(state, w, local.uploads, RoundInputs(local.view, run.seed, 0, starts=starts)).state
+    facts = state["facts"]
     truth = rdpcfl.planted_clusters(job.config)
     found = [int(c) for c in facts["round1_clusters"]]
     return {"setting": job.setting, "epsilon": job.config.privacy.budgets, "round1_batch": job.method[1:],

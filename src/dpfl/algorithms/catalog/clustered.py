@@ -185,11 +185,11 @@ def clustered_bundle(run: RunFacts, name: str, params: Any) -> ClusteredBuild:
         raise AlgorithmError(f"algorithm.params: {err}", "algorithm.params") from None
     if isinstance(aggregator, ClusteredAggregator):  # its privacy notes state what the noise was calibrated for
         worst = max(plans, key=lambda q: q.planned_epsilon)
-        aggregator.privacy_plan = {
+        aggregator = replace(aggregator, privacy_plan={
             "eps_sel": worst.eps_sel, "n_sel_planned": worst.n_sel, "split": worst.split,
             "conversion": worst.conversion, "eps_clust": worst.eps_clust, "eps_train": worst.eps_train,
             "planned_epsilon_max": worst.planned_epsilon,
-            "noise_grid": "z_i = the smallest multiple of 0.01 whose planned epsilon meets client i's budget"}
+            "noise_grid": "z_i = the smallest multiple of 0.01 whose planned epsilon meets client i's budget"})
     algorithm = Algorithm(name, local, Selection("all"), aggregator=aggregator)
     return ClusteredBuild(algorithm, [p.noise_multiplier for p in plans], plans)
 

@@ -1,13 +1,19 @@
 """Cluster models as server state (clustered_dpfl.md §5-§6): R-DPCFL, IFCA with private selection, fixed clusters.
 
-The round loop stays generic; this stage uses its hooks:
-- `starts` (the contract's `start_points`): each client trains from its cluster's model this round (per-cluster
-  broadcast);
-- `aggregate`: theta_m <- theta_m + mean of the updates of the clients that trained cluster m (empty: unchanged);
-- `question` / `answers` (the contract's `model_choice` / `chosen`): after a selection round the server broadcasts
-  all M models and each client reports, through the exponential mechanism, which one fits its data best (the loop
-  runs the client side and records the cost on the ledger);
+The round loop stays generic; this stage uses the contract's hooks, each a function of the step's configuration
+and the state passed in:
+- `start_points`: each client trains from its cluster's model this round (per-cluster broadcast);
+- `update`: theta_m <- theta_m + mean of the updates of the clients that trained cluster m (empty: unchanged);
+- `model_choice` / `chosen`: after a selection round the server broadcasts all M models and each client reports,
+  through the exponential mechanism, which one fits its data best (the loop runs the client side and records the
+  cost on the ledger);
 - `personal_models`: the model each client uses (its current cluster's), for the clients' accuracies.
+
+The state is a dict: "models" (the cluster models, stacked `[M, ...]`; None until the first round), "posteriors"
+(R-DPCFL's GMM posteriors pi `[n, M]`, a float64 tensor; None before the clustering and for IFCA / fixed clusters),
+"assigned" (client -> the cluster a private selection chose), "facts" (the clustering's scores, E_c, the selections
+made), "n_clusters" (M now: as configured, or as the clustering found it) and "trained" (client -> the cluster it
+trained in the last round, set by `start_points`; a checkpoint written before it was kept resumes with {}).
 
 Strategies:
 - `rdpcfl`: round 1's updates (full-batch DP-SGD, the local program's `round1_batch`) are clustered by the PCA + GMM
@@ -44,8 +50,7 @@ from dpfl.algorithms.server.clustered.gmm import (
     pca_features,
     second_stage_rounds,
 )
-from dpfl.algorithms.server.view import ServerView
-from dpfl.algorithms.stages import CheckpointedServerStep, RoundInputs
+from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
 from dpfl.seeding import Purpose, derive_seed, numpy_generator
 
@@ -54,9 +59,25 @@ IFCA_ROUND1: tuple[str, ...] = ("uniform", "reference")  # IFCA's round 1: the s
 CLUSTER_DRAW_ROUND_KEY = 1  # numpy_generator(seed, CLUSTER, ...) rounds are offset by this: round 0 is IFCA's init
 
 
-@dataclass
-class ClusteredAggregator(CheckpointedServerStep):
-    """See the module docstring. `rounds` is E; `seed` keys the cluster draws (seed, CLUSTER, round, client)."""
+def _posteriors(state: dict[str, Any]) -> np.ndarray | None:
+    """The state's posteriors as an array (a tensor in the state; an ndarray someone put there reads the same)."""
+    posteriors = state["posteriors"]
+    return None if posteriors is None else torch.as_tensor(posteriors).numpy()
+
+
+def _global_model(models: P.Params) -> P.Params:
+    return {n: t.mean(dim=0) for n, t in models.items()}
+
+
+def _stacked(params: P.Params, m: int) -> P.Params:
+    """`m` copies of `params`, stacked `[m, ...]`: the cluster models before any of them trained."""
+    return {n: t.detach().unsqueeze(0).repeat(m, *([1] * t.ndim)).clone() for n, t in params.items()}
+
+
+@dataclass(frozen=True)
+class ClusteredAggregator(ServerStep):
+    """See the module docstring. `rounds` is E; `seed` keys the cluster draws (seed, CLUSTER, round, client);
+    `n_clusters` is M as configured (None: chosen by R-DPCFL's clustering, whose M is the state's)."""
 
     strategy: str
     n_clients: int
@@ -71,18 +92,12 @@ class ClusteredAggregator(CheckpointedServerStep):
     cluster_init: str = "initial"
     project: str = "raw"
     scaler: str = "minmax"
-    models: P.Params | None = field(default=None, repr=False)
-    posteriors: np.ndarray | None = field(default=None, repr=False)
-    assigned: dict[int, int] = field(default_factory=dict, repr=False)  # set by selections (or fixed / IFCA's draw)
-    facts: dict[str, Any] = field(default_factory=dict, repr=False)  # the clustering's scores, E_c, window
-    trained: dict[int, int] = field(default_factory=dict, repr=False)  # this round: client -> the cluster it trained
-    given_clusters: int | None = field(default=None, init=False, repr=False)  # M as configured (None: chosen)
     privacy_plan: dict[str, Any] | None = field(default=None, repr=False)  # what the noise was calibrated for
     score: str = "accuracy"  # the selection score (private_selection.SCORES)
     loss_cap: float | None = None
     ifca_round1: str = "uniform"
 
-    asks_clients = True  # R-DPCFL's private model selection (`question`)
+    asks_clients = True  # R-DPCFL's private model selection (`model_choice`)
     personalises_starts = True
     linear_in_updates = False  # per-cluster means: no single weighted-sum noise statistic
 
@@ -92,10 +107,10 @@ class ClusteredAggregator(CheckpointedServerStep):
         if self.strategy == "fixed":
             if self.assignment is None or len(self.assignment) != self.n_clients:
                 raise ValueError(f"fixed clusters need an assignment of all {self.n_clients} clients")
-            self.assignment = tuple(int(a) for a in self.assignment)
+            object.__setattr__(self, "assignment", tuple(int(a) for a in self.assignment))
             if min(self.assignment) < 0:
                 raise ValueError("cluster ids must be >= 0")
-            self.n_clusters = max(self.assignment) + 1
+            object.__setattr__(self, "n_clusters", max(self.assignment) + 1)
         elif self.eps_sel <= 0:
             raise ValueError(f"{self.strategy} selects clusters privately: eps_sel must be > 0, got {self.eps_sel}")
         if self.strategy == "ifca" and (self.n_clusters is None or self.n_clusters < 1):
@@ -114,108 +129,113 @@ class ClusteredAggregator(CheckpointedServerStep):
             raise ValueError(f"cluster_init must be 'initial' or 'trained_client0', got {self.cluster_init!r}")
         if self.selection_rounds not in ("window", "every_round"):
             raise ValueError(f"selection_rounds must be 'window' or 'every_round', got {self.selection_rounds!r}")
-        self.given_clusters = self.n_clusters
 
     # ---- schedule (0-based rounds r; the spec's e = r + 1) -------------------------------------------
-    def selection_rounds_planned(self) -> list[int]:
-        """The 0-based rounds that end with a private selection (known for rdpcfl once round 0 is clustered)."""
+    def selection_rounds_planned(self, state: dict[str, Any] | None = None) -> list[int]:
+        """The 0-based rounds that end with a private selection (known for rdpcfl once round 0 is clustered, i.e.
+        from `state`'s facts; None: the state before round 1, which is all IFCA and fixed clusters need)."""
         if self.strategy == "fixed":
             return []
         n_sel = math.floor(self.clustering_rounds_ratio * self.rounds) + 1
         if self.strategy == "ifca":  # 0-based: rounds 0..n_sel-1, or 1..n_sel-1 after the reference's round 1
             return [r for r in range(self._discards_round1(), n_sel) if r < self.rounds - 1]
-        if "e_c_effective" not in self.facts or self.facts.get("degraded_to_global"):
+        facts = {} if state is None else state["facts"]
+        if "e_c_effective" not in facts or facts.get("degraded_to_global"):
             return []  # not clustered yet, or one cluster: nothing to choose (and nothing spent on it)
-        first = self.facts["e_c_effective"]  # e = E_c, i.e. r = E_c - 1
+        first = facts["e_c_effective"]  # e = E_c, i.e. r = E_c - 1
         last = self.rounds - 1 if self.selection_rounds == "every_round" else first + n_sel - 1
         return [e - 1 for e in range(first, last + 1) if e - 1 < self.rounds - 1]  # a selection needs a next round
 
-    def cluster_of(self, client: int, round_: int) -> int:
-        """The cluster client `client` trains in 0-based round `round_` (after round 0 for rdpcfl)."""
+    def cluster_of(self, state: dict[str, Any], client: int, round_: int) -> int:
+        """The cluster client `client` trains in 0-based round `round_` at `state` (after round 0 for rdpcfl)."""
         if self.strategy == "fixed":
             return self.assignment[client]  # type: ignore[index]
-        if client in self.assigned:
-            return self.assigned[client]
+        if client in state["assigned"]:
+            return state["assigned"][client]
         if self.strategy == "ifca":  # round 1's uniform assignment (kept until a selection replaces it)
             return int(numpy_generator(self.seed, Purpose.CLUSTER, 0, client).integers(self.n_clusters))
-        assert self.posteriors is not None
+        posteriors = _posteriors(state)
+        assert posteriors is not None
         rng = numpy_generator(self.seed, Purpose.CLUSTER, round_ + CLUSTER_DRAW_ROUND_KEY, client)
-        return int(rng.choice(len(self.posteriors[client]), p=self.posteriors[client]))  # stage 2: afresh
+        return int(rng.choice(len(posteriors[client]), p=posteriors[client]))  # stage 2: afresh
 
-    # ---- hooks of the round loop -------------------------------------------------------------------
-    def starts(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
+    def current(self, state: dict[str, Any]) -> dict[int, int]:
+        """Each client's cluster at `state`: chosen, fixed, its last trained one, or its posterior argmax."""
+        out, posteriors = {}, _posteriors(state)
+        trained = state.get("trained", {})  # a checkpoint read directly (not resumed) may predate the key
+        for c in range(self.n_clients):
+            if c in state["assigned"] or self.strategy != "rdpcfl":
+                out[c] = self.cluster_of(state, c, 0)
+            elif c in trained:
+                out[c] = trained[c]
+            else:
+                out[c] = int(np.argmax(posteriors[c]))  # type: ignore[index]
+        return out
+
+    # ---- the contract ------------------------------------------------------------------------------
+    def init(self, params: P.Params) -> dict[str, Any]:  # noqa: ARG002
+        """Before round 1: no cluster model yet (the first `start_points` makes them from the global model)."""
+        return {"models": None, "posteriors": None, "assigned": {}, "facts": {}, "n_clusters": self.n_clusters,
+                "trained": {}}
+
+    def start_points(self, state: Any, global_params: P.Params, clients: Sequence[int],
+                     round_: int) -> tuple[P.Params | None, dict[str, Any]]:
         """Each client's cluster model (None in round 1 of R-DPCFL and of the reference IFCA: everyone starts from
-        the initial model)."""
-        if self.models is None:
-            self._init_models(global_params)
+        the initial model), and the state recording which cluster each client trains."""
+        models = state["models"]
+        if models is None:
+            models = _stacked(global_params, 1 if state["n_clusters"] is None else state["n_clusters"])
         if round_ == 0 and (self.strategy == "rdpcfl" or self._discards_round1()):
-            self.trained = {}
-            return None
-        self.trained = {int(c): self.cluster_of(int(c), round_) for c in clients}
-        idx = torch.as_tensor([self.trained[int(c)] for c in clients], dtype=torch.int64)
-        return {n: t.index_select(0, idx) for n, t in self.models.items()}  # type: ignore[union-attr]
+            return None, {**state, "models": models, "trained": {}}
+        trained = {int(c): self.cluster_of(state, int(c), round_) for c in clients}
+        idx = torch.as_tensor([trained[int(c)] for c in clients], dtype=torch.int64)
+        starts = {n: t.index_select(0, idx) for n, t in models.items()}
+        return starts, {**state, "models": models, "trained": trained}
 
-    def step(self, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> P.Params:
-        return self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_, starts=inputs.starts)
-
-    def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
-                  starts: P.Params | None = None) -> P.Params:  # noqa: ARG002
-        clients = [int(c) for c in view.clients]
-        if self.strategy == "rdpcfl" and round_ == 0:
-            self._cluster(global_params, uploads, clients)
-        elif round_ == 0 and self._discards_round1():
+    def update(self, state: Any, params: P.Params, uploads: Any, inputs: RoundInputs) -> ServerUpdate:
+        """R-DPCFL's round 1 clusters the uploads; the reference IFCA's round 1 moves nothing; otherwise each
+        cluster model moves by the mean update of the clients that trained it (`start_points`' "trained")."""
+        clients = [int(c) for c in inputs.view.clients]
+        if self.strategy == "rdpcfl" and inputs.round_ == 0:
+            state = self._cluster(state, params, uploads, clients)
+        elif inputs.round_ == 0 and self._discards_round1():
             pass  # the reference IFCA's round 1: local training only, no cluster model moves
         else:
-            assert self.models is not None
-            for m in sorted(set(self.trained.values())):
-                rows = torch.as_tensor([k for k, c in enumerate(clients) if self.trained[c] == m], dtype=torch.int64)
-                for n, t in self.models.items():
+            assert state["models"] is not None
+            trained = state["trained"]
+            models = {n: t.clone() for n, t in state["models"].items()}  # the state passed in stays as it was
+            for m in sorted(set(trained.values())):
+                rows = torch.as_tensor([k for k, c in enumerate(clients) if trained[c] == m], dtype=torch.int64)
+                for n, t in models.items():
                     t[m] += uploads[n].index_select(0, rows).mean(dim=0).to(t.dtype)
-        return self.global_model()
+            state = {**state, "models": models}
+        return ServerUpdate(_global_model(state["models"]), state, self._diagnostics(state))
 
-    def question(self, round_: int, global_params: P.Params) -> ModelChoice | None:  # noqa: ARG002
+    def model_choice(self, state: Any, round_: int, global_params: P.Params) -> ModelChoice | None:  # noqa: ARG002
         """The selection question at the end of `round_`, if this round ends with one."""
-        if round_ not in self.selection_rounds_planned():
+        if round_ not in self.selection_rounds_planned(state):
             return None
-        assert self.models is not None
-        return ModelChoice(tuple(range(self.n_clients)), {n: t.clone() for n, t in self.models.items()}, self.eps_sel,
-                           self.score, self.loss_cap)
+        assert state["models"] is not None
+        return ModelChoice(tuple(range(self.n_clients)), {n: t.clone() for n, t in state["models"].items()},
+                           self.eps_sel, self.score, self.loss_cap)
 
-    def answers(self, round_: int, picks: dict[int, int]) -> None:  # noqa: ARG002
+    def chosen(self, state: Any, round_: int, picks: dict[int, int]) -> tuple[dict[str, Any], dict[str, Any]]:  # noqa: ARG002
         """The clients' private answers: their clusters from the next round on."""
-        self.assigned.update({int(c): int(m) for c, m in picks.items()})
-        self.facts["selections_made"] = self.facts.get("selections_made", 0) + 1
+        facts = state["facts"]
+        new = {**state, "assigned": {**state["assigned"], **{int(c): int(m) for c, m in picks.items()}},
+               "facts": {**facts, "selections_made": facts.get("selections_made", 0) + 1}}
+        return new, self._diagnostics(new)
 
-    def personal_models(self, global_params: P.Params | None = None) -> dict[int, P.Params]:  # noqa: ARG002
+    def personal_models(self, state: Any, global_params: P.Params) -> dict[int, P.Params]:  # noqa: ARG002
         """The model each client uses: its current cluster's (before any clustering: none)."""
-        if self.models is None or (self.strategy == "rdpcfl" and self.posteriors is None):
+        if state is None or state["models"] is None or (self.strategy == "rdpcfl" and state["posteriors"] is None):
             return {}
-        return {c: {n: t[m] for n, t in self.models.items()} for c, m in self.current().items()}
+        models = state["models"]
+        return {c: {n: t[m] for n, t in models.items()} for c, m in self.current(state).items()}
 
-    def current(self) -> dict[int, int]:
-        """Each client's cluster now: chosen, fixed, its last trained one, or its posterior argmax."""
-        out = {}
-        for c in range(self.n_clients):
-            if c in self.assigned or self.strategy != "rdpcfl":
-                out[c] = self.cluster_of(c, 0)
-            elif c in self.trained:
-                out[c] = self.trained[c]
-            else:
-                out[c] = int(np.argmax(self.posteriors[c]))  # type: ignore[index]
-        return out
-
-    def global_model(self) -> P.Params:
-        assert self.models is not None
-        return {n: t.mean(dim=0) for n, t in self.models.items()}
-
-    def diagnostics(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.facts.items() if k != "posterior_argmax"}
-        if self.models is not None and (self.strategy != "rdpcfl" or self.posteriors is not None):
-            out["clusters"] = [m for _, m in sorted(self.current().items())]
-        return out
-
-    def privacy_notes(self, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:  # noqa: ARG002
+    def privacy_notes(self, state: Any, history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:  # noqa: ARG002
         """What the privacy report adds for this stage: the selections are releases too (clustered_dpfl.md §1)."""
+        facts = {} if state is None else state["facts"]
         notes: dict[str, Any] = {
             "releases": "every upload (DP-SGD, sample level)"
                         + ("; round 1 at full batch (q = 1)" if self.strategy == "rdpcfl" else "")
@@ -229,9 +249,9 @@ class ClusteredAggregator(CheckpointedServerStep):
             "adjacency": "add/remove one record (Poisson-sampled and full-batch Gaussian steps; the selection "
                          "score's sensitivity bounds removing one record)",
             "post_processing": "the GMM clustering, stage-2 cluster draws and per-cluster aggregation",
-            "selections_made": self.facts.get("selections_made", 0),
+            "selections_made": facts.get("selections_made", 0),
         }
-        if self.facts.get("degraded_to_global"):
+        if facts.get("degraded_to_global"):
             notes["degraded_to_global"] = ("the round-1 GMM put every client in one cluster: the run continued as "
                                            "Global (DP-FedAvg), with no private selection")
         if self.privacy_plan is not None:
@@ -243,11 +263,15 @@ class ClusteredAggregator(CheckpointedServerStep):
         """1 if round 1 is the reference IFCA's local training (uploads discarded, no selection after it), else 0."""
         return int(self.strategy == "ifca" and self.ifca_round1 == "reference")
 
-    def _init_models(self, global_params: P.Params) -> None:
-        m = 1 if self.n_clusters is None else self.n_clusters
-        self.models = {n: t.detach().unsqueeze(0).repeat(m, *([1] * t.ndim)).clone() for n, t in global_params.items()}
+    def _diagnostics(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The round's metrics at `state`: the clustering's facts and each client's current cluster."""
+        out = {k: v for k, v in state["facts"].items() if k != "posterior_argmax"}
+        if state["models"] is not None and (self.strategy != "rdpcfl" or state["posteriors"] is not None):
+            out["clusters"] = [m for _, m in sorted(self.current(state).items())]
+        return out
 
-    def _cluster(self, global_params: P.Params, uploads: P.Params, clients: list[int]) -> None:
+    def _cluster(self, state: dict[str, Any], global_params: P.Params, uploads: P.Params,
+                 clients: list[int]) -> dict[str, Any]:
         """R-DPCFL after round 1: GMM on the released updates (post-processing), cluster models, E_c."""
         if sorted(clients) != list(range(self.n_clients)):
             raise ValueError("R-DPCFL's round 1 needs every client's update (full participation)")
@@ -257,41 +281,24 @@ class ClusteredAggregator(CheckpointedServerStep):
         gmm_seed = derive_seed(self.seed, int(Purpose.CLUSTER), 0, 1) % (2**32)
         fit: ClusterFit = (fit_clusters(features, self.n_clusters, gmm_seed) if self.n_clusters is not None
                            else choose_clusters(features, gmm_seed, self.m_candidates))
+        facts = dict(state["facts"])
         if len(set(fit.assignment.tolist())) == 1:  # one cluster found: R-DPCFL is Global (DP-FedAvg) from here
-            self.n_clusters, self.posteriors = 1, np.ones((self.n_clients, 1))
-            self.facts["degraded_to_global"] = True
+            n_clusters, posteriors = 1, np.ones((self.n_clients, 1))
+            facts["degraded_to_global"] = True
         else:
-            self.n_clusters, self.posteriors = fit.n_clusters, fit.posteriors
+            n_clusters, posteriors = fit.n_clusters, fit.posteriors
         e_c, effective = second_stage_rounds(fit.mpo, self.rounds)
         pairs = [float(np.linalg.norm(fit.means[a] - fit.means[b]))
                  for a in range(fit.n_clusters) for b in range(a + 1, fit.n_clusters)]
-        self.facts.update(n_clusters=fit.n_clusters, mss=fit.mss, mpo=fit.mpo, em_iterations=fit.em_iterations,
-                          centre_distance=float(np.mean(pairs)) if pairs else 0.0,
-                          gmm_means=fit.means.tolist(), gmm_radii=fit.radii.tolist(),
-                          em_converged=fit.converged, e_c=e_c, e_c_effective=effective,
-                          round1_clusters=fit.assignment.tolist())
+        facts.update(n_clusters=fit.n_clusters, mss=fit.mss, mpo=fit.mpo, em_iterations=fit.em_iterations,
+                     centre_distance=float(np.mean(pairs)) if pairs else 0.0,
+                     gmm_means=fit.means.tolist(), gmm_radii=fit.radii.tolist(),
+                     em_converged=fit.converged, e_c=e_c, e_c_effective=effective,
+                     round1_clusters=fit.assignment.tolist())
         start = global_params
         if self.cluster_init == "trained_client0":
             k = clients.index(0)
             start = {n: global_params[n] + uploads[n][k].to(global_params[n].dtype) for n in global_params}
-        self.models = None
-        self._init_models(start)
-
-    # ---- checkpoints -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"models": None if self.models is None else {n: t.clone() for n, t in self.models.items()},
-                # a tensor, not an ndarray: checkpoints load with torch.load(weights_only=True), which refuses numpy
-                "posteriors": None if self.posteriors is None else torch.from_numpy(self.posteriors.copy()),
-                "assigned": dict(self.assigned), "facts": dict(self.facts), "n_clusters": self.n_clusters}
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Restore `state_dict()` output; None resets to the state before round 1."""
-        if state is None:
-            self.models, self.posteriors, self.assigned, self.facts, self.trained = None, None, {}, {}, {}
-            self.n_clusters = self.given_clusters
-            return
-        self.models = None if state["models"] is None else {n: t.clone() for n, t in state["models"].items()}
-        posteriors = state["posteriors"]  # a tensor (checkpoints load weights-only); an ndarray in memory is fine too
-        self.posteriors = None if posteriors is None else torch.as_tensor(posteriors).numpy().copy()
-        self.assigned = {int(c): int(m) for c, m in state["assigned"].items()}
-        self.facts, self.n_clusters = dict(state["facts"]), state["n_clusters"]
+        # a tensor, not an ndarray: checkpoints load with torch.load(weights_only=True), which refuses numpy
+        return {**state, "models": _stacked(start, n_clusters), "posteriors": torch.from_numpy(posteriors.copy()),
+                "n_clusters": n_clusters, "facts": facts}
