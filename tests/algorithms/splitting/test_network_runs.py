@@ -4,9 +4,10 @@ import dp_accounting as dpa
 import pytest
 import torch
 
-from dpfl.algorithms.server.splitting import presets
+from dpfl.algorithms.server.splitting import AndersonII, presets
 from dpfl.algorithms.server.splitting.aggregator import EngineOperator, SplittingAggregator
 from dpfl.algorithms.server.view import ServerView
+from dpfl.algorithms.stages import RoundInputs
 from dpfl.experiment.build import build_algorithm, build_run
 from dpfl.experiment.config import ConfigError, validate_config
 
@@ -32,17 +33,74 @@ def test_the_server_step_on_given_uploads_follows_the_scheme():
     g = torch.Generator().manual_seed(0)
     ups = {"a": torch.randn(3, 2, generator=g), "b": torch.randn(3, 1, 1, generator=g)}
     view = ServerView.simple([10, 10, 10])
-    starts = agg.starts(w, [0, 1, 2], 0)
+    starts, state = agg.start_points(agg.init(w), w, [0, 1, 2], 0)
     assert all(torch.equal(starts[n], w[n].expand_as(starts[n])) for n in w)  # u^0 = the initial model
-    new = agg.aggregate(w, ups, view, 0, 0, starts=starts)
+    step = agg.update(state, w, ups, RoundInputs(view, 0, 0, starts=starts))
+    new = step.params
     u0 = torch.cat([w["a"], w["b"].flatten()]).double()
     L = u0 + torch.cat([ups["a"], ups["b"].flatten(1)], 1).double()  # L_i(u_i) = u_i + upload_i
     z = 2 * L - u0  # alpha = 2
     xbar = z.mean(0)
     assert torch.allclose(torch.cat([new["a"], new["b"].flatten()]).double(), xbar, atol=1e-6)
     u1 = 0.5 * u0 + 0.5 * (2 * xbar - z)  # gamma = 1/2, beta = 2
-    nxt = agg.starts(new, [0, 2], 1)
+    nxt, _ = agg.start_points(step.state, new, [0, 2], 1)
     assert torch.allclose(torch.cat([nxt["a"], nxt["b"].flatten(1)], 1).double(), u1[[0, 2]], atol=1e-6)
+    assert torch.allclose(step.state["u"], u1) and torch.allclose(step.state["xbar"], xbar)  # the scheme's state
+    assert step.metrics == {"eta": 0.1, "residual": step.metrics["residual"], "anderson": "plain",
+                            "anderson_fallbacks": 0}
+
+
+def _states_equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_states_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_states_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@pytest.mark.parametrize("preset", ["fedpi", "fedpi_admm"])
+def test_the_server_step_is_a_function_of_the_state_passed_in(preset):
+    """Replaying a round from its state after later rounds ran gives that round again, `update` leaves the state it
+    is given unchanged, and a checkpoint read back (weights_only) or written before round 1 (None) continues the
+    same: the Anderson window and its running fallback count (forced here: pi_max < 1) live in the state."""
+    import copy
+    import io
+
+    anderson = {} if preset == "fedpi_admm" else {"anderson": AndersonII(1, safeguard=True, pi_max=0.5)}
+    agg = SplittingAggregator(presets.make(preset, 0.3, EngineOperator("prox"), ergodic=True, **anderson),
+                              n_clients=3, noisy=True)
+    w = {"a": torch.tensor([1.0, -2.0]), "b": torch.tensor([[0.5]])}
+    g = torch.Generator().manual_seed(0)
+    uploads = [{"a": torch.randn(3, 2, generator=g), "b": torch.randn(3, 1, 1, generator=g)} for _ in range(4)]
+    view = ServerView.simple([10, 10, 10])
+
+    def round_(state, params, r):
+        starts, state = agg.start_points(state, params, [0, 1, 2], r)
+        before = copy.deepcopy(state)
+        step = agg.update(state, params, uploads[r], RoundInputs(view, 0, r, starts=starts))
+        assert _states_equal(state, before)  # the state passed in is unchanged
+        return step
+
+    states, params, steps = [agg.init(w)], [w], []
+    for r in range(4):
+        steps.append(round_(states[-1], params[-1], r))
+        states.append(steps[-1].state)
+        params.append(steps[-1].params)
+    if preset == "fedpi":
+        assert [s.metrics["anderson_fallbacks"] for s in steps] == [0, 1, 2, 3]
+    again = round_(states[2], params[2], 2)  # round 3 again, after round 4 ran
+    assert _states_equal(again.params, steps[2].params) and _states_equal(again.state, steps[2].state)
+    assert again.metrics == steps[2].metrics
+
+    buffer = io.BytesIO()
+    torch.save(states[2], buffer)
+    buffer.seek(0)
+    resumed = round_(torch.load(buffer, weights_only=True), params[2], 2)
+    assert _states_equal(resumed.params, steps[2].params) and resumed.metrics == steps[2].metrics
+    first = round_(None, w, 0)  # a checkpoint written before round 1 holds None: the state of the initial model
+    assert _states_equal(first.state, steps[0].state) and first.metrics == steps[0].metrics
 
 
 def test_the_local_program_is_the_prox_objective_from_the_clients_own_start():

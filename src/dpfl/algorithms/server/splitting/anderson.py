@@ -111,8 +111,21 @@ class AndersonWindow:
         self.fallbacks += 1
         return tu, f"fallback: {why}"
 
-    def state_dict(self) -> dict:
-        return {"pairs": [(a.clone(), b.clone()) for a, b in self.pairs], "fallbacks": self.fallbacks}
+    def state_dict(self, *, clone: bool = True) -> dict:
+        """The pairs and the running fallback count; `clone=False` shares the pairs (for an owner that drops the
+        window, since `next` never writes a stored pair)."""
+        pairs = [(a.clone(), b.clone()) if clone else (a, b) for a, b in self.pairs]
+        return {"pairs": pairs, "fallbacks": self.fallbacks}
+
+    @classmethod
+    def from_state(cls, config: AndersonII, state: dict | None) -> AndersonWindow:
+        """A window at `state_dict()` output (None: empty) sharing its pairs: `next` appends new pairs and never
+        writes a stored one, so the state passed in stays as it was."""
+        window = cls(config)
+        if state:
+            window.pairs.extend((a, b) for a, b in state["pairs"])
+            window.fallbacks = int(state["fallbacks"])
+        return window
 
     def load_state_dict(self, state: dict | None) -> None:
         self.pairs.clear()

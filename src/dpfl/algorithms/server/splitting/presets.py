@@ -106,6 +106,9 @@ class FedPiADMM(UnifiedSplitting):
     def server(self, x0: torch.Tensor, n_records: torch.Tensor) -> SplittingServer:
         return ADMMServer(self, x0, self.lambdas(n_records))
 
+    def server_at(self, state: dict[str, Any], n_records: torch.Tensor, *, read_only: bool = False) -> SplittingServer:
+        return ADMMServer.from_state(self, self.lambdas(n_records), state, read_only=read_only)
+
 
 class ADMMServer(SplittingServer):
     """State: theta (the global model) and the duals u_i (start 0). `u` exposes theta + u_dual, the unified state."""
@@ -134,8 +137,17 @@ class ADMMServer(SplittingServer):
         return RoundResult(theta, self._report(theta, None, eta), weighted_norm(before - self.u, self.lam), "plain",
                            len(idx), size, size)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "theta": self.theta.clone(), "dual": self.dual.clone()}
+    @classmethod
+    def from_state(cls, alg: UnifiedSplitting, lambdas: torch.Tensor, state: dict[str, Any], *,
+                   read_only: bool = False) -> ADMMServer:
+        """As `SplittingServer.from_state`; `step` assigns new theta and duals, so they are shared."""
+        server = super().from_state(alg, lambdas, state, read_only=read_only)
+        server.theta, server.dual = state["theta"], state["dual"]
+        return server
+
+    def state_dict(self, *, clone: bool = True) -> dict[str, Any]:
+        theta, dual = (self.theta.clone(), self.dual.clone()) if clone else (self.theta, self.dual)
+        return {**super().state_dict(clone=clone), "theta": theta, "dual": dual}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -65,8 +65,17 @@ class ErgodicAverage:
             self.mean += (eta / self.total) * (x - self.mean)
         return self.mean
 
-    def state_dict(self) -> dict:
-        return {"total": self.total, "mean": None if self.mean is None else self.mean.clone()}
+    def state_dict(self, *, clone: bool = True) -> dict:
+        """`clone=False` shares the mean (for an owner that drops this average)."""
+        mean = self.mean.clone() if clone and self.mean is not None else self.mean
+        return {"total": self.total, "mean": mean}
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> ErgodicAverage:
+        """An average at `state_dict()` output (None: empty); the mean is cloned since `add` updates it in place."""
+        average = cls()
+        average.load_state_dict(state)
+        return average
 
     def load_state_dict(self, state: dict | None) -> None:
         self.total = 0.0 if state is None else float(state["total"])

@@ -108,6 +108,10 @@ class UnifiedSplitting:
         """The state of a fresh run: u_i^0 = z_i^0 = x0 for every client."""
         return SplittingServer(self, x0, self.lambdas(n_records))
 
+    def server_at(self, state: dict[str, Any], n_records: torch.Tensor, *, read_only: bool = False) -> SplittingServer:
+        """A server at `state` (its `state_dict()`), leaving `state` unchanged (`SplittingServer.from_state`)."""
+        return SplittingServer.from_state(self, self.lambdas(n_records), state, read_only=read_only)
+
 
 @dataclass
 class RoundResult:
@@ -209,10 +213,28 @@ class SplittingServer:
             return self.average.add(model, eta).clone()
         return model
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"u": self.u.clone(), "z": self.z.clone(), "xbar": self.xbar.clone(),
-                "anderson": self.window.state_dict() if self.window is not None else None,
-                "ergodic": self.average.state_dict() if self.average is not None else None}
+    @classmethod
+    def from_state(cls, alg: UnifiedSplitting, lambdas: torch.Tensor, state: dict[str, Any], *,
+                   read_only: bool = False) -> SplittingServer:
+        """A server at `state` (a `state_dict()`) that shares its tensors and leaves it unchanged: `step` assigns new
+        u, xbar and Anderson pairs instead of writing them, so only what it writes in place is cloned (z's rows, the
+        ergodic mean), and z not even that when `read_only` (the server only broadcasts)."""
+        server = cls.__new__(cls)
+        server.alg, server.lam = alg, lambdas
+        server.u, server.xbar = state["u"], state["xbar"]
+        server.z = state["z"] if read_only else state["z"].clone()
+        server.window = AndersonWindow.from_state(alg.anderson, state["anderson"]) if alg.anderson is not None else None
+        server.average = ErgodicAverage.from_state(state["ergodic"]) if alg.ergodic else None
+        return server
+
+    def state_dict(self, *, clone: bool = True) -> dict[str, Any]:
+        """The state; `clone=False` hands over this server's own tensors (for a caller that drops the server)."""
+        def own(t: torch.Tensor) -> torch.Tensor:
+            return t.clone() if clone else t
+
+        return {"u": own(self.u), "z": own(self.z), "xbar": own(self.xbar),
+                "anderson": self.window.state_dict(clone=clone) if self.window is not None else None,
+                "ergodic": self.average.state_dict(clone=clone) if self.average is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.u, self.z, self.xbar = state["u"].clone(), state["z"].clone(), state["xbar"].clone()
