@@ -11,10 +11,13 @@ Two stages carry explicit state, optax-style (docs/architecture.md, "The round a
   returns a `ServerUpdate` (the new global parameters, the new state, the round's metrics).
 
 The run loop (dpfl.experiment.federated_run) holds both states, checkpoints them after every round and passes them
-back in; a resumed run passes the checkpointed states. Diagnostics are returned metrics, never attributes read
-after the fact. Optional abilities of a server step (a required public participant, personalised start points, an
-encoded upload, a question to the clients after aggregation) are methods of `ServerStep` with neutral defaults, so
-the loop calls them unconditionally and never probes for features.
+back in; a resumed run passes the checkpointed states. A server step is configuration only: what it learns lives in
+its state (plain dicts of tensors and numbers, as `torch.load(weights_only=True)` reads back), its views
+(`personal_models`, `privacy_notes`, `aggregation_weights`, `client_payload`) read a state passed in, and `update`
+never changes the state it is given. Diagnostics are returned metrics, never attributes read after the fact.
+Optional abilities of a server step (a required public participant, personalised start points, an encoded upload, a
+question to the clients after aggregation) are methods of `ServerStep` with neutral defaults, so the loop calls them
+unconditionally and never probes for features.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from dpfl.algorithms.server.oracle import NoiseChannel
     from dpfl.algorithms.server.view import ServerView
 
-__all__ = ["AggregateFunction", "CheckpointedServerStep", "ClientState", "LocalInputs", "LocalOutput",
+__all__ = ["AggregateFunction", "ClientState", "LocalInputs", "LocalOutput",
            "MechanismChain", "MechanismRelease", "RoundAborted", "RoundInputs", "ServerStep", "ServerUpdate",
            "UploadMechanism", "as_server_step"]
 
@@ -351,77 +354,6 @@ class ServerStep:
                           round_: int) -> P.Params | None:
         """The clients' noise pushed through the step (PFA's projection); None unless `replays_noise`."""
         return None
-
-
-class CheckpointedServerStep(ServerStep):
-    """A server step that keeps its state in attributes (`state_dict` / `load_state_dict`), under the explicit
-    contract: every method that takes a state first loads it unless it is the state this step last returned, and
-    every state returned is `state_dict()`. A resumed run's checkpointed state is therefore loaded before use, and
-    the step's result depends only on the state passed in.
-    """
-
-    _issued: Any = None
-
-    def state_dict(self) -> Any:
-        raise NotImplementedError
-
-    def load_state_dict(self, state: Any) -> None:
-        raise NotImplementedError
-
-    def _use(self, state: Any) -> None:
-        if state is not self._issued:
-            self.load_state_dict(state)
-
-    def _issue(self) -> Any:
-        object.__setattr__(self, "_issued", self.state_dict())
-        return self._issued
-
-    def init(self, params: P.Params) -> Any:
-        self.load_state_dict(None)
-        return self._issue()
-
-    def restore(self, state: Any) -> Any:
-        self.load_state_dict(state)
-        object.__setattr__(self, "_issued", state)
-        return state
-
-    def update(self, state: Any, params: P.Params, uploads: Any, inputs: RoundInputs) -> ServerUpdate:
-        self._use(state)
-        new = self.step(params, uploads, inputs)
-        return ServerUpdate(new, self._issue(), self.diagnostics())
-
-    def step(self, params: P.Params, uploads: Any, inputs: RoundInputs) -> P.Params:
-        """The new global parameters from the loaded state (`aggregate` by default)."""
-        return self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_)
-
-    def diagnostics(self) -> dict[str, Any]:
-        """The metrics of the last `step`."""
-        return {}
-
-    def start_points(self, state: Any, global_params: P.Params, clients: Sequence[int],
-                     round_: int) -> tuple[P.Params | None, Any]:
-        self._use(state)
-        starts = self.starts(global_params, clients, round_)
-        return starts, self._issue()
-
-    def starts(self, global_params: P.Params, clients: Sequence[int], round_: int) -> P.Params | None:
-        """Each client's start model from the loaded state (None: the global model)."""
-        return None
-
-    def model_choice(self, state: Any, round_: int, global_params: P.Params) -> Any:
-        self._use(state)
-        return self.question(round_, global_params)
-
-    def question(self, round_: int, global_params: P.Params) -> Any:
-        return None
-
-    def chosen(self, state: Any, round_: int, picks: dict[int, int]) -> tuple[Any, dict[str, Any]]:
-        self._use(state)
-        self.answers(round_, picks)
-        return self._issue(), self.diagnostics()
-
-    def answers(self, round_: int, picks: dict[int, int]) -> None:
-        """Record the clients' answers to `question` in the step's attributes."""
 
 
 @dataclass(frozen=True)
