@@ -11,6 +11,7 @@ console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
 
 USAGE_ERROR = 2
+RUN_FAILED = 1  # the run ran and failed (it diverged): its directory holds what it did
 
 
 class UserError(Exception):
