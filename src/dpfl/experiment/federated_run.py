@@ -38,7 +38,7 @@ from dpfl.engine.backends.base import Backend
 from dpfl.engine.backends.local import LocalBackend
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, ClientPlan
 from dpfl.engine.pooled import PooledData
-from dpfl.experiment import privacy_report, round_diagnostics, run_evaluation
+from dpfl.experiment import privacy_report, round_diagnostics, run_checks, run_evaluation
 from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_noise, per_client, planned_run,
                                             reported_epsilons)
 from dpfl.experiment.run_records import (INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates,
@@ -165,6 +165,8 @@ class FederatedRun:
         staged = calibrate_stage(self)  # the stage whose noise is unset (central server, uploads, parameter noise)
         if staged is not None:
             self.algorithm, self.calibrated = staged
+        run_checks.refuse_a_run_that_trains_nothing(self)
+        run_checks.note_what_the_noise_means(self)
 
     # ---- calibration (run_accounting) ------------------------------------------------------------
     def planned_run(self, mechanism: str) -> PlannedRun:
@@ -406,6 +408,10 @@ class FederatedRun:
         if not accepts(selected):
             raise NoPublicClients(f"no public client in {REDRAWS} draws of round {r + 1} (stop_reason 'no_public')")
         return selected
+
+    def first_round_eligible(self, active: np.ndarray) -> np.ndarray:
+        """The clients of `active` whose first round fits their budgets (the check of round 1, nothing recorded)."""
+        return self._eligible(active, self.events.server(len(active)), 0)
 
     def _eligible(self, active: np.ndarray, server_event: DpEvent | None, r: int) -> np.ndarray:
         """Clients whose round r (if they take part) keeps them within budget.
