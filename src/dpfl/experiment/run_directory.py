@@ -137,7 +137,7 @@ def _execute_held(cfg: RunConfig, out: Path, run: FederatedRun | None, build: Ca
 # ---------------------------------------------------------------------------------------- fresh runs
 def is_occupied(out: Path) -> bool:
     """Whether a new run must not start in `out`: it exists and holds more than a run that wrote nothing leaves (the
-    lock file, which stays after any run, and the temp file of a write a kill interrupted)."""
+    lock file a killed run leaves, and the temp file of a write a kill interrupted)."""
     out = Path(out)
     if not out.is_dir():
         return out.exists()
