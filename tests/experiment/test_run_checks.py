@@ -49,3 +49,9 @@ def test_central_dp_with_per_client_budgets_says_one_noise_serves_the_smallest(t
     # ten clients per round: the client-level noise is larger than the mean update it hides
     assert any("client-level DP with about 10 clients per round" in n and "will dominate" in n for n in notes), err
     assert "Warning" not in err  # one line each, not Python's warning format
+
+
+def test_secure_aggregation_without_noise_is_refused_up_front(tmp_path):
+    config = DEMO_CONFIG.parent / "secure" / "digits_distributed.yaml"
+    code, _, err = cli("run", config, "--set", "privacy.noise_multiplier=0", "--out", tmp_path / "run")
+    assert code == 2 and "no client can afford even one round" in err and not (tmp_path / "run").exists()
