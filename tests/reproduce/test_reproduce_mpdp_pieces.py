@@ -20,7 +20,7 @@ from dpfl.reproduce.jobs import config_dir
 TINY = ("--scale", "ci", "--settings", "ci_digits_mlp", "--methods", "fedavg", "--inversion-steps", 0, "--seeds", 2)
 # what a finished job's directory holds: a run directory of the one round loop, and the job's row
 JOB_FILES = {"config.yaml", "metrics.jsonl", "checkpoint.pt", "privacy.json", "summary.json", "environment.jsonl",
-             "report.md", "plots", "comparison.json", ".lock"}
+             "report.md", "plots", "comparison.json"}
 
 
 class Killed(BaseException):

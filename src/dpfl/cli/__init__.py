@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from dpfl.cli.common import USAGE_ERROR, errors
+from dpfl.cli.common import USAGE_ERROR, errors, notices_as_lines
 from dpfl.cli.root import app
 
 __all__ = ["app", "main"]
@@ -33,7 +33,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     aborts = (getattr(click_errors, "Abort", typer.Abort), typer.Abort)  # Ctrl-C at a prompt, from either click
 
     try:
-        code = app(args=argv, prog_name="dpfl", standalone_mode=False)
+        with notices_as_lines():
+            code = app(args=argv, prog_name="dpfl", standalone_mode=False)
     except click_errors.UsageError as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `dpfl` or `dpfl privacy`: show the help
             errors.print(e.format_message(), markup=False, highlight=False)

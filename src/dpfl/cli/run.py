@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dpfl.cli.common import UserError, console, errors, fail, user_errors
+from dpfl.cli.common import RUN_FAILED, UserError, console, errors, fail, user_errors
 from dpfl.engine.backends.errors import BackendError
 from dpfl.results.formatting import accuracy_words, format_epsilon, round_accuracy
 
@@ -89,6 +89,8 @@ def run(
         out = out or Path("runs") / cfg.name
         summary = _run_with_progress(cfg, out, resume)
         print_outcome(out, console, summary)
+        if summary["stop_reason"] == "diverged":
+            raise typer.Exit(RUN_FAILED)  # the outcome above says why
     except user_errors() as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except BackendError as e:  # workers lost twice in a round: the run keeps its last checkpoint

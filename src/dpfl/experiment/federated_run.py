@@ -15,6 +15,7 @@ privacy_report (privacy.json).
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
@@ -37,11 +38,11 @@ from dpfl.engine.backends.base import Backend
 from dpfl.engine.backends.local import LocalBackend
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, ClientPlan
 from dpfl.engine.pooled import PooledData
-from dpfl.experiment import privacy_report, round_diagnostics, run_evaluation
+from dpfl.experiment import privacy_report, round_diagnostics, run_checks, run_evaluation
 from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_noise, per_client, planned_run,
                                             reported_epsilons)
 from dpfl.experiment.run_records import (INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates,
-                                        mechanism_state_problem, plain_row, resumed_server_state)
+                                        EVALUATED_AT_STOP, mechanism_state_problem, plain_row, resumed_server_state)
 from dpfl.privacy.budgets import ClientBudget
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun
@@ -164,6 +165,8 @@ class FederatedRun:
         staged = calibrate_stage(self)  # the stage whose noise is unset (central server, uploads, parameter noise)
         if staged is not None:
             self.algorithm, self.calibrated = staged
+        run_checks.refuse_a_run_that_trains_nothing(self)
+        run_checks.note_what_the_noise_means(self)
 
     # ---- calibration (run_accounting) ------------------------------------------------------------
     def planned_run(self, mechanism: str) -> PlannedRun:
@@ -182,12 +185,15 @@ class FederatedRun:
         state: RunState | None = None,
         on_checkpoint: Callable[[RunState], None] | None = None,
         checkpoint_every: int = 1,
+        on_evaluated: Callable[[dict[str, Any]], None] | None = None,
     ) -> RunResult:
         """Run the remaining rounds from `state` (a fresh start by default).
 
         All randomness is keyed by (seed, round, client), so resuming from a checkpointed state gives
         exactly the rounds an uninterrupted run would have produced. `on_checkpoint` receives the state
-        every `checkpoint_every` rounds and once at the end.
+        every `checkpoint_every` rounds and once at the end. A run that stops early (a budget, a stop rule) after a
+        round it did not evaluate evaluates the model it ends with into that round's row, marked
+        `evaluated_at_stop`, and passes the row to `on_evaluated` (before the last checkpoint).
         """
         tune_malloc()
         if checkpoint_every < 1:
@@ -212,6 +218,10 @@ class FederatedRun:
         finally:
             self.backend.close()  # workers of a remote backend end with the run (or its failure)
         stop_reason = stop_reason or "rounds"
+        if history and "test_accuracy" not in history[-1]:  # stopped early between evaluations: evaluate the model
+            history[-1] = self._evaluated_at_stop(history[-1], w, states.server)  # the run ends with
+            if on_evaluated is not None:
+                on_evaluated(history[-1])
         if on_checkpoint is not None:
             on_checkpoint(self._state(r, w, retired, history, stop_reason, states))
         return RunResult(w, history, self.ledger, self.noise, stop_reason, PrivacyReport.from_dict(
@@ -249,6 +259,9 @@ class FederatedRun:
             r += 1
             if on_round is not None:
                 on_round(row)
+            if row.get("diverged"):  # NaN or inf in the model or its loss: nothing after this round can recover
+                stop_reason = "diverged"
+                break
             if on_checkpoint is not None and r % checkpoint_every == 0 and r < self.rounds:
                 on_checkpoint(self._state(r, w, retired, history, None, states))
         return w, r, history, stop_reason, states
@@ -396,6 +409,10 @@ class FederatedRun:
             raise NoPublicClients(f"no public client in {REDRAWS} draws of round {r + 1} (stop_reason 'no_public')")
         return selected
 
+    def first_round_eligible(self, active: np.ndarray) -> np.ndarray:
+        """The clients of `active` whose first round fits their budgets (the check of round 1, nothing recorded)."""
+        return self._eligible(active, self.events.server(len(active)), 0)
+
     def _eligible(self, active: np.ndarray, server_event: DpEvent | None, r: int) -> np.ndarray:
         """Clients whose round r (if they take part) keeps them within budget.
 
@@ -519,11 +536,15 @@ class FederatedRun:
                                # where DP noise accumulates: a random walk in the weights grows this norm (docs)
                                "param_norm": float(P.global_norms(w, leading=0))}
         loss = self.algorithm.local.spec.loss
-        if (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
+        finite = all(bool(torch.isfinite(t).all()) for t in w.values())
+        if not finite or (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
             row.update(run_evaluation.global_model_metrics(self.model, self.data, self.val_data, w, loss))
         if "smoothing" in diagnostics or "test_accuracy" in row:
             personal = self.personal_models(w, server_state)
             row.update(run_evaluation.personal_accuracy(self.model, self.data, personal, loss))
+        test_loss = row.get("test_loss")
+        if not finite or (test_loss is not None and not math.isfinite(test_loss)):
+            row["diverged"] = True  # the loop stops after this row (stop_reason "diverged")
         if self.ledger is not None:
             spent = self.ledger.spent_all()
             row["epsilon"] = [spent[i] for i in range(self.n_clients)]
@@ -534,6 +555,16 @@ class FederatedRun:
             # machine or by a pause. Absent with a remote backend, whose actors' CPU time is not in it.
             row["cpu_seconds"] = cpu_seconds
         return row
+
+    def _evaluated_at_stop(self, row: dict[str, Any], w: P.Params, server_state: Any) -> dict[str, Any]:
+        """`row` (the last round's, not evaluated) with the evaluation of the model the run ends with, and the list of
+        the keys that evaluation added (`evaluated_at_stop`: a resumed run's checks compare the rows without them)."""
+        loss = self.algorithm.local.spec.loss
+        found = run_evaluation.global_model_metrics(self.model, self.data, self.val_data, w, loss)
+        found.update(run_evaluation.personal_accuracy(self.model, self.data, self.personal_models(w, server_state),
+                                                      loss))
+        added = {k: v for k, v in found.items() if k not in row}
+        return plain_row({**row, **added, EVALUATED_AT_STOP: sorted(added)})
 
     # ---- diagnostics of one round (round_diagnostics) --------------------------------------------
     def noise_passthrough(self, local: LocalRound, r: int) -> dict[str, float]:

@@ -37,7 +37,7 @@ from dpfl.algorithms.stages import ServerStep
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
-from dpfl.experiment.run_records import mechanism_state_problem
+from dpfl.experiment.run_records import mechanism_state_problem, without_evaluation_at_stop
 from dpfl.experiment.run_lock import LOCK_FILE, hold_run_directory, run_held
 from dpfl.results.environment import ENVIRONMENT_FILE, read_environment, record_environment
 from dpfl.results.report import write_report
@@ -124,15 +124,20 @@ def _execute_held(cfg: RunConfig, out: Path, run: FederatedRun | None, build: Ca
         if on_round is not None:
             on_round(row)
 
+    def evaluated(row: dict[str, Any]) -> None:  # the last row, with the model the run stopped with evaluated
+        rows = len(complete_jsonl_rows(out / METRICS))
+        truncate_jsonl(out / METRICS, rows - 1)
+        append_jsonl(out / METRICS, row)
+
     result = run.run(record, state=state, on_checkpoint=lambda s: _save_checkpoint(out / CHECKPOINT, s, fingerprint),
-                     checkpoint_every=cfg.checkpoint.every)
+                     checkpoint_every=cfg.checkpoint.every, on_evaluated=evaluated)
     return _finish(cfg, out, run, result, time.perf_counter() - started, measure)
 
 
 # ---------------------------------------------------------------------------------------- fresh runs
 def is_occupied(out: Path) -> bool:
     """Whether a new run must not start in `out`: it exists and holds more than a run that wrote nothing leaves (the
-    lock file, which stays after any run, and the temp file of a write a kill interrupted)."""
+    lock file a killed run leaves, and the temp file of a write a kill interrupted)."""
     out = Path(out)
     if not out.is_dir():
         return out.exists()
@@ -339,11 +344,17 @@ def _check_metrics(out: Path, state: RunState | None) -> None:
                                 f"rebuild it from {CHECKPOINT}") from None
     history = state.history if state is not None else []
     for i, (row, kept) in enumerate(zip(rows, history, strict=False), start=1):
-        if canonical_json(_untimed(row)) != canonical_json(_untimed(kept)):
+        if _comparable(row) != _comparable(kept):
             raise RunDirectoryError(
                 f"{out / METRICS}: line {i} differs from the round-{i} row recorded in {CHECKPOINT}: the two files are "
                 f"not from the same run; nothing was changed; move one away: without {METRICS} it is rebuilt from "
                 f"the checkpoint, without {CHECKPOINT} the run restarts from round 0 in place")
+
+
+def _comparable(row: dict[str, Any]) -> str:
+    """A row as two executions of the same round agree on it: untimed, and without the evaluation a stop added (a
+    kill between the last row's rewrite and the last checkpoint leaves one file with it, the other without)."""
+    return canonical_json(_untimed(without_evaluation_at_stop(row)))
 
 
 def _untimed(row: dict[str, Any]) -> dict[str, Any]:
@@ -365,7 +376,10 @@ def _restore_metrics(out: Path, state: RunState | None) -> None:
     line, and write back from the checkpoint any row the file lacks (e.g. a deleted metrics.jsonl)."""
     n = state.round if state is not None else 0
     path = out / METRICS
-    have = min(len(complete_jsonl_rows(path)), n)
+    rows = complete_jsonl_rows(path)
+    kept = state.history if state is not None else []
+    have = next((i for i, (row, own) in enumerate(zip(rows[:n], kept, strict=False))
+                 if canonical_json(_untimed(row)) != canonical_json(_untimed(own))), min(len(rows), n))
     truncate_jsonl(path, have)
     for row in (state.history[have:n] if state is not None else []):
         append_jsonl(path, row)

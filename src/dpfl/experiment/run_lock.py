@@ -4,8 +4,9 @@ Why: two processes given the same directory (two `dpfl reproduce` invocations wh
 or a run started twice) would otherwise both train into it: metrics.jsonl gets the rows of both, interleaved, and
 each overwrites the other's checkpoint; a grid process that finds the other's half-written directory "resumes" it.
 The second process is refused instead (`RunDirectoryBusy`) and writes nothing. The kernel releases the lock when
-its holder exits, however it exits, so a killed run leaves no stale lock behind. The file stays in the directory
-(empty but for the holder's pid and host). Where `fcntl` does not exist (Windows) no lock is taken.
+its holder exits, however it exits, so a killed run leaves no stale lock behind; a run that ends (finished, or
+failed cleanly) removes the file too, while it still holds the lock (a killed run leaves the file, unlocked: the next
+run takes it). The file holds the holder's pid and host. Where `fcntl` does not exist (Windows) no lock is taken.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = ["LOCKS_AVAILABLE", "LOCK_FILE", "RunDirectoryBusy", "hold_run_directo
 T = TypeVar("T")
 
 LOCK_FILE = ".lock"
+ATTEMPTS = 5  # takes of the lock file that another process removed meanwhile (it ended), before giving up
 LOCKS_AVAILABLE = fcntl is not None  # False on Windows: two processes in one directory are then not refused
 
 
@@ -39,23 +41,38 @@ def hold_run_directory(out: Path) -> Iterator[None]:
     """Hold `out`'s lock for the duration of the block; `out` must be a directory. Raises RunDirectoryBusy at once
     (never waits) if another process holds it."""
     path = Path(out) / LOCK_FILE
-    with open(path, "a+", encoding="utf-8") as handle:
-        if fcntl is not None:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RunDirectoryBusy(
-                    f"{out} is in use by another process ({_holder(handle)}): a run is writing there now; wait for it "
-                    "to end, or choose another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
+    for _ in range(ATTEMPTS):
+        with open(path, "a+", encoding="utf-8") as handle:
             if fcntl is not None:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise RunDirectoryBusy(
+                        f"{out} is in use by another process ({_holder(handle)}): a run is writing there now; wait for "
+                        "it to end, or choose another --out") from None
+                if not _still_the_lock_file(handle, path):  # its holder removed it as it ended: take the new one
+                    continue
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            handle.flush()
+            try:
+                yield
+            finally:  # removed while still held, so no process can lock the removed file and think it holds `out`
+                path.unlink(missing_ok=True)
+                if fcntl is not None:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            return
+    raise RunDirectoryBusy(f"{out}: its lock file kept changing hands; try again")
+
+
+def _still_the_lock_file(handle: IO[str], path: Path) -> bool:
+    """Whether the file `handle` locked is still `path` (a holder unlinks it on release, after this process opened
+    it and before it locked it)."""
+    try:
+        return os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def run_held(out: Path, finished: Callable[[], T | None], run: Callable[[], T]) -> T:

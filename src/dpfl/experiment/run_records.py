@@ -35,6 +35,15 @@ def plain_row(value: Any) -> Any:
     return value
 
 
+EVALUATED_AT_STOP = "evaluated_at_stop"  # a row's key: what the evaluation of the model a run stopped with added
+
+
+def without_evaluation_at_stop(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` as the round recorded it, before a stop evaluated the model into it (`FederatedRun.run`)."""
+    added = set(row.get(EVALUATED_AT_STOP) or ())
+    return {k: v for k, v in row.items() if k not in added and k != EVALUATED_AT_STOP}
+
+
 INITIAL = object()  # "the stage's `init()` state", where None is a valid state
 
 

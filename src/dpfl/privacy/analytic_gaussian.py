@@ -12,6 +12,8 @@ import math
 
 from scipy.special import log_ndtr, ndtr
 
+from dpfl.privacy.calibration import MIN_NOISE_MULTIPLIER
+
 
 def privacy_profile(sigma: float, eps: float, sensitivity: float = 1.0) -> float:
     """δ(ε) of the Gaussian mechanism with noise σ: exact (Theorem 8)."""
@@ -25,7 +27,10 @@ def analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float = 1.0, 
     """The smallest σ (to rtol, from above) making the Gaussian mechanism (ε, δ)-DP."""
     if not eps > 0 or not 0 < delta < 1 or not sensitivity > 0:
         raise ValueError(f"need ε > 0, 0 < δ < 1 and a positive sensitivity, got {eps}, {delta}, {sensitivity}")
-    lo, hi = 1e-6 * sensitivity, sensitivity
+    lo, hi = MIN_NOISE_MULTIPLIER * sensitivity, sensitivity
+    if privacy_profile(lo, eps, sensitivity) <= delta:  # the search's floor already suffices: no real protection
+        raise ValueError(f"target_epsilon={eps:g} is met by noise_multiplier < {MIN_NOISE_MULTIPLIER} for delta="
+                         f"{delta:g}; such a target gives no meaningful protection, lower it")
     while privacy_profile(hi, eps, sensitivity) > delta:
         lo, hi = hi, 2 * hi
     while hi - lo > rtol * hi:

@@ -19,9 +19,11 @@ from dpfl.privacy.accountant import ACCOUNTANTS, Accountant, check_pld_supports,
 from dpfl.privacy.events import Sampling, dpsgd_event
 from dpfl.privacy.orders import normalize_orders
 
-__all__ = ["calibrate_event", "calibrate_noise_multiplier", "heuristic_pfa_noise"]
+__all__ = ["MIN_NOISE_MULTIPLIER", "calibrate_event", "calibrate_noise_multiplier", "heuristic_pfa_noise"]
 
-_MIN_NOISE = 1e-6
+# below this noise multiplier float64 accountants break down (config/limits.py); a target that needs less noise
+# protects nothing and is refused
+MIN_NOISE_MULTIPLIER = _MIN_NOISE = 1e-6
 _WINDOW = 4  # orders kept on each side of the optimal order while bisecting (see _rdp_search)
 
 

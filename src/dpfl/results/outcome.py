@@ -27,7 +27,11 @@ def _fmt(value: Optional[float]) -> str:
 
 
 def early_stop_hint(stop_reason: Any, privacy: dict[str, Any]) -> str | None:
-    """Why a run stopped on budgets before its last round, and the setting that avoids it (if there is one)."""
+    """Why a run stopped before its last round (budgets, divergence), and the setting that avoids it (if there is
+    one)."""
+    if stop_reason == "diverged":
+        return ("stopped: the model's parameters or its test loss became NaN or infinite (the row marked `diverged` "
+                "in metrics.jsonl); lower training.optimizer.lr or privacy.clip")
     if stop_reason != "budget":
         return None
     planned = privacy.get("noise_calibration") or {}

@@ -27,6 +27,7 @@ from dpfl.algorithms.secure.mpdp.server_steps import GradientMeanServer, Perturb
 from dpfl.algorithms.secure.mpdp.settings import method_settings
 from dpfl.algorithms.secure.mpdp.uploads import ClearGradients, EncryptedGradients, PerturbedUploadNoise
 from dpfl.algorithms.secure.threshold_paillier import keygen
+from dpfl.privacy.calibration import MIN_NOISE_MULTIPLIER
 from dpfl.algorithms.selection import Selection
 from dpfl.engine.local_training import LocalSpec
 from dpfl.models.mpdp_networks import TiedResidual
@@ -130,6 +131,11 @@ def _build(run: RunFacts, name: str, arguments: dict[str, Any]) -> Algorithm:
     clip = run.clip if run.clip is not None else 1.0  # FedSGD clips nothing: its B is never read
     st, info = method_settings(method, p, clients=run.clients, lr=run.lr, clip=clip, rounds=run.rounds,
                                run_id=f"dpfl/mpdp/{run.run_name}/{run.seed}".encode())
+    multiplier = st.sigma_eta or st.sigma_naive or st.sigma_cdp  # the method's noise, in units of the sensitivity
+    if name != "fedsgd" and multiplier <= MIN_NOISE_MULTIPLIER * (1 + 1e-6):  # the budgets' limit (config/limits)
+        raise AlgorithmError(f"algorithm.params.epsilon: a per-round epsilon of {p.epsilon:g} (delta {p.delta:g}) is "
+                             f"met only by a noise multiplier below {MIN_NOISE_MULTIPLIER:g}; such a target gives no "
+                             "meaningful protection, lower it", "algorithm.params.epsilon")
     spec = LocalSpec(lr=run.lr, loss=LOSS)
     common = dict(settings=st, info=info, epsilon=p.epsilon, clients=run.clients)
     if name in ("mpdp", "mpdp_naive"):

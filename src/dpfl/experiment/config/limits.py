@@ -13,6 +13,7 @@ from __future__ import annotations
 # the algorithms' own bounds live with their params models (MAX_LOCAL_EPOCHS: training.local_epochs too)
 from dpfl.algorithms.catalog.validation import MAX_ITERATIONS, MAX_LOCAL_EPOCHS
 from dpfl.algorithms.catalog.validation import at_most as _at_most
+from dpfl.privacy.calibration import MIN_NOISE_MULTIPLIER
 
 __all__ = ["MAX_BATCH_SIZE", "MAX_CLIENTS", "MAX_CONFIG_CHARS", "MAX_DEPTH", "MAX_ITERATIONS", "MAX_LOCAL_EPOCHS",
            "MAX_LOCAL_STEPS", "MAX_NOISE_MULTIPLIER", "MAX_NOISY_STEPS", "MAX_ROUNDS", "MIN_NOISE_MULTIPLIER",
@@ -25,6 +26,6 @@ MAX_BATCH_SIZE = 1_000_000  # every batch size; a batch above a client's records
 MAX_NOISY_STEPS = 10_000_000  # rounds x local_steps of Noisy-FedAvg/FedProx: the f-DP step-size table's size
 # privacy.noise_multiplier: 0 (no noise) or within these. Outside, float64 accountants break down: the RDP
 # accountant overflows above ~1e154 and reports epsilon = 0 (!) for a Poisson-sampled z of 1e-160.
-MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER = 1e-6, 1e6
+MAX_NOISE_MULTIPLIER = 1e6
 MAX_CONFIG_CHARS = 64 * 2**20  # a config file (a list of a million budgets is ~10 MB)
 MAX_DEPTH = 32  # nesting of the config document (the deepest field, algorithm.params.step_sizes, is 5 levels)

@@ -260,7 +260,9 @@ class RunConfig(_Section):
         left = cohort - int(s.dropout * cohort)
         if left < t:
             _fail("secure_aggregation.dropout", f"leaves {left} of {cohort} clients per round, below the threshold "
-                  f"{t}: every round would abort", s.dropout, f"at most {(cohort - t) / cohort:.4g}")
+                  f"{t}: every round would abort", s.dropout,
+                  # floor(dropout K) clients leave (the protocol's count): at most K - t may
+                  f"less than {(cohort - t + 1) / cohort:.4g} (at most {cohort - t} of {cohort} clients leaving)")
 
     def _check_noisy(self) -> None:
         """What the f-DP analysis of Noisy-FedAvg/FedProx assumes (spec fdp_accounting.md §1.1)."""
