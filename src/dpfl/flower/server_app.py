@@ -64,8 +64,9 @@ def strategy_from(run_config: dict[str, Any]) -> DpflStrategy:
 
 
 def server_app(**defaults: Any) -> ServerApp:
-    """A ServerApp whose run config falls back to `defaults` (e.g. for `flwr.simulation.run_simulation`, which
-    gives no run config): keys as in the module docstring, `shared_seed` or `shared-seed`."""
+    """A ServerApp whose run config falls back to `defaults` (a ServerApp built in Python, whose project gives no
+    run config): keys as in the module docstring, `shared_seed` or `shared-seed`. A run that fails leaves its
+    reason in `out` (`note_failure`) and re-raises, so that Flower marks the run failed too."""
     defaults = {k.replace("_", "-"): v for k, v in defaults.items()}
     app = ServerApp()
 
