@@ -163,3 +163,13 @@ def test_guide_secure_prints_tls_and_registration(tmp_path: Path):
     assert f"flwr supernode register {k}/node1.pub dpfl-local" in out
     assert f"flower-supernode --root-certificates {k}/ca.crt --auth-supernode-private-key {k}/node1 " in out
     assert "--insecure" not in out.replace("`--insecure`", "")
+
+
+def test_nothing_uses_flowers_deprecated_run_simulation():
+    from .helpers import ROOT
+
+    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "docs").glob("*.md"),
+             *(ROOT / "examples").rglob("*.md"), ROOT / "README.md"]
+    using = [str(f.relative_to(ROOT)) for f in files if f != Path(__file__).resolve() and
+             ("import run_simulation" in f.read_text() or "run_simulation(" in f.read_text())]
+    assert not using, using
