@@ -149,8 +149,13 @@ def test_keys_are_what_flower_loads(tmp_path: Path):
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert ipaddress.ip_address("127.0.0.1") in names.get_values_for_type(x509.IPAddress)
     assert "localhost" in names.get_values_for_type(x509.DNSName)
+    ca_bytes, node0 = (folder / "ca.crt").read_bytes(), (folder / "node0").read_bytes()
+    code, stdout, _ = cli("flower", "keys", folder, "--nodes", "3")  # again: only the missing pair is written
+    assert code == 0 and "wrote node2, node2.pub; kept ca.crt" in stdout
+    assert (folder / "ca.crt").read_bytes() == ca_bytes and (folder / "node0").read_bytes() == node0
+    (folder / "server.key").unlink()
     code, _, stderr = cli("flower", "keys", folder)
-    assert code == 2 and "ca.crt exists" in stderr  # an existing CA is never replaced
+    assert code == 2 and "but not all of" in stderr  # a half CA is the user's to sort out, never patched
 
 
 def test_guide_secure_prints_tls_and_registration(tmp_path: Path):

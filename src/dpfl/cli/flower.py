@@ -55,24 +55,26 @@ def flower_guide(
 
 @flower_app.command("keys")
 def flower_keys(
-    folder: Annotated[Path, typer.Argument(help="Where to write them (created; an existing CA is not "
+    folder: Annotated[Path, typer.Argument(help="Where to write them (created; nothing there is "
                                                 "overwritten).")],
     nodes: Annotated[int, typer.Option(help="Key pairs to write, one per SuperNode (node0 .. node<nodes-1>).")] = 3,
     host: Annotated[Optional[list[str]], typer.Option(help="Another name or address the SuperLink's certificate is "
                                                            "valid for (repeatable; 127.0.0.1, ::1 and localhost "
                                                            "always are).")] = None,
 ) -> None:
-    """Write a local CA, the SuperLink's TLS certificate and one authentication key pair per SuperNode."""
+    """Write a local CA, the SuperLink's TLS certificate and one authentication key pair per SuperNode (what is
+    there already is kept: the step can run again)."""
     from dpfl.flower.keys import write_keys
 
     if nodes < 1:
         fail("--nodes must be >= 1")
+    where = folder.expanduser().resolve()
     try:
-        written = write_keys(folder.expanduser().resolve(), nodes, tuple(host or ()))
+        written, kept = write_keys(where, nodes, tuple(host or ()))
     except FileExistsError as e:
         fail(str(e))
-    console.print(f"wrote {len(written)} files in {folder.expanduser().resolve()}: "
-                  + ", ".join(p.name for p in written), markup=False, highlight=False)
+    console.print(f"{where}: wrote {', '.join(p.name for p in written) or 'nothing'}"
+                  + (f"; kept {', '.join(p.name for p in kept)}" if kept else ""), markup=False, highlight=False)
 
 
 @flower_app.command("check")

@@ -60,7 +60,8 @@ def guide(nodes: int = 3, port: int = 9092, project: Path = PROJECT, folder: Pat
         "the run, its check.",
         f"# --nodes {nodes} sets both sides: the SuperNodes below (partition-id 0..{nodes - 1}) and the run's clients "
         f"(run config nodes={nodes}).",
-        "# Every path is absolute: each command runs from any directory. Steps 1 and 2: one terminal per process.",
+        "# Every path is absolute: each command runs from any directory. The SuperLink and each SuperNode run in a "
+        "terminal of their own; steps 2, 4 and 5 share one.",
     ]
     if secure is None:
         lines += ["# --insecure: no TLS, no node authentication; for a test on one machine only (docs/flower.md: "
@@ -70,8 +71,8 @@ def guide(nodes: int = 3, port: int = 9092, project: Path = PROJECT, folder: Pat
     else:
         lines += [
             "",
-            "# 0. certificates and keys (once): a CA, the SuperLink's certificate for 127.0.0.1/localhost, one key "
-            "pair per SuperNode",
+            "# 0. certificates and keys: a CA, the SuperLink's certificate for 127.0.0.1/localhost, one key pair per "
+            "SuperNode (kept if there)",
             f"{dpfl} flower keys {_q(secure.folder)} --nodes {nodes}",
         ]
         link_tls = (f"--ssl-ca-certfile {_q(secure.ca)} --ssl-certfile {_q(secure.server_cert)} "

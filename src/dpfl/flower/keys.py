@@ -86,14 +86,24 @@ def write_node_keys(folder: Path, name: str) -> None:
     _write(folder / f"{name}.pub", public + b"\n", private=False)
 
 
-def write_keys(folder: Path, nodes: int, hosts: tuple[str, ...] = ()) -> list[Path]:
-    """The CA, the SuperLink's certificate and `nodes` node key pairs (node0..node{nodes-1}) in `folder`; refuses to
-    overwrite an existing CA (a new one would invalidate the certificates and registrations made with the old)."""
+def write_keys(folder: Path, nodes: int, hosts: tuple[str, ...] = ()) -> tuple[list[Path], list[Path]]:
+    """The CA, the SuperLink's certificate and `nodes` node key pairs (node0..node{nodes-1}) in `folder`: (written,
+    kept). Nothing is ever overwritten: with a CA there (a new one would invalidate the certificates and
+    registrations made with the old), only the missing node key pairs are written, so the step can run again."""
     folder = Path(folder)
-    if (folder / "ca.crt").exists():
-        raise FileExistsError(f"{folder / 'ca.crt'} exists: use another folder, or remove the old files first")
     folder.mkdir(parents=True, exist_ok=True)
-    write_tls(folder, hosts)
+    before = set(folder.iterdir())
+    tls = ("ca.crt", "ca.key", "server.crt", "server.key")
+    present = [name for name in tls if (folder / name).exists()]
+    if not present:
+        write_tls(folder, hosts)
+    elif len(present) < len(tls):
+        raise FileExistsError(f"{folder} holds {', '.join(present)} but not all of {', '.join(tls)}: use another "
+                              "folder, or remove those first")
+    elif hosts:
+        raise FileExistsError(f"{folder / 'server.crt'} exists: --host applies to a new certificate (another folder)")
     for i in range(nodes):
-        write_node_keys(folder, f"node{i}")
-    return sorted(folder.iterdir())
+        if not (folder / f"node{i}").exists():
+            write_node_keys(folder, f"node{i}")
+    after = set(folder.iterdir())
+    return sorted(after - before), sorted(before & after)
