@@ -68,17 +68,22 @@ def machine_only() -> Iterator[None]:
     into `ray_constants.ENABLE_RAY_CLUSTER`) it keeps the loopback address. Both are set only while `ray.init`
     starts the processes (they inherit the environment) and restored after, so that a later `ray.init(address=...)`
     in this process still finds the machine's address."""
-    from ray._private import ray_constants as constants
-
-    saved_flag, saved_env = constants.ENABLE_RAY_CLUSTER, os.environ.get(CLUSTER_ENV)
+    try:  # Ray's own module: where a Ray release moved it, the environment alone (read when Ray is imported) says it
+        from ray._private import ray_constants as constants
+    except ImportError:
+        constants = None
+    saved_flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    saved_env = os.environ.get(CLUSTER_ENV)
     if os.environ.get(USAGE_STATS_ENV) != "1":  # an explicit opt-in is the user's; otherwise off
         os.environ[USAGE_STATS_ENV] = "0"
     os.environ[CLUSTER_ENV] = "0"
-    constants.ENABLE_RAY_CLUSTER = False
+    if saved_flag is not None:
+        constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
-        constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_flag is not None:
+            constants.ENABLE_RAY_CLUSTER = saved_flag
         if saved_env is None:
             os.environ.pop(CLUSTER_ENV, None)
         else:
