@@ -71,7 +71,8 @@ def test_wheel_holds_the_package_data_entry_point_and_metadata(built):
         entry_points = configparser.ConfigParser()
         entry_points.read_string(zf.read(f"{info}/entry_points.txt").decode())
         metadata = zf.read(f"{info}/METADATA").decode()
-    assert {"dpfl/py.typed", "dpfl/results/FORMATS.md", "dpfl/cli/__init__.py", "dpfl/__init__.py"} <= names
+    assert {"dpfl/py.typed", "dpfl/results/FORMATS.md", "dpfl/cli/__init__.py", "dpfl/__init__.py",
+            "dpfl/flower/project/pyproject.toml", "dpfl/flower/project/dpfl_config.yaml"} <= names  # the guide's
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
     assert entry_points["console_scripts"]["dpfl"] == "dpfl.cli:main"
     assert f"\nVersion: {dpfl.__version__}\n" in metadata  # pyproject reads the version from dpfl.__version__

@@ -84,12 +84,40 @@ def test_secure_aggregation_is_refused(tmp_path: Path):
         DpflStrategy(cfg, tmp_path / "out").build()
 
 
-def test_guide_prints_each_side():
+def test_guide_prints_each_side(tmp_path: Path, monkeypatch):
+    """One flag for both sides; absolute paths only (any directory); the last command is the check."""
+    from dpfl.flower.guide import PROJECT
+
+    monkeypatch.chdir(tmp_path)  # not the repository
     code, out, err = cli("flower", "guide", "--nodes", "2", "--port", "19000")
     assert code == 0, err
     assert "flower-superlink --insecure --port 19000" in out
     assert out.count("flower-supernode --insecure --superlink 127.0.0.1:19000") == 2
-    assert "--node-config 'partition-id=1'" in out and "flwr run examples/flower dpfl-local" in out
+    assert "--node-config 'partition-id=1'" in out and "partition-id=2" not in out
+    commands = [line for line in out.splitlines() if line and not line.startswith("#")]
+    run = next(line for line in commands if line.startswith("flwr run "))
+    assert run.startswith(f"flwr run {PROJECT} dpfl-local --stream") and '"nodes=2 out=' in run
+    assert f"export FLWR_HOME={tmp_path / 'dpfl-flower' / 'flwr'}" in commands
+    assert commands[-1] == 'dpfl flower check "$OUT"'
+    assert (PROJECT / "pyproject.toml").is_file() and (PROJECT / "dpfl_config.yaml").is_file()
+    assert "run_simulation" not in out
+
+
+def test_the_shipped_project_is_the_example():
+    """The Flower project the guide runs (in the package, so that it works from any directory) is examples/flower."""
+    from dpfl.flower.guide import PROJECT
+
+    for name in ("pyproject.toml", "dpfl_config.yaml"):
+        assert (PROJECT / name).read_text() == (ROOT / "examples" / "flower" / name).read_text(), name
+
+
+def test_nodes_sets_the_runs_clients():
+    from dpfl.flower.server_app import strategy_from
+
+    assert strategy_from({"config": str(CONFIG)}).cfg.data.clients == 3
+    assert strategy_from({"config": str(CONFIG), "nodes": 2}).cfg.data.clients == 2
+    with pytest.raises(ValueError, match="`nodes` must be >= 0"):
+        strategy_from({"config": str(CONFIG), "nodes": -1})
 
 
 def test_discovery_says_when_nodes_did_not_answer_in_time(monkeypatch):
@@ -129,5 +157,5 @@ def test_start_refuses_a_used_directory_but_not_a_lone_lock_file(tmp_path: Path)
         strategy.start(NoNodes())
     (out / "metrics.jsonl").unlink()
     (out / LOCK_FILE).write_text("pid 1 on elsewhere\n")
-    with pytest.raises(FederationError, match="0 SuperNodes connected in 0 s"):  # past the check: nodes are asked
+    with pytest.raises(FederationError, match="0 of 3 SuperNodes connected in 0 s"):  # past the check: nodes asked
         strategy.start(NoNodes())

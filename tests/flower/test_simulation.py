@@ -1,8 +1,11 @@
-"""Flower's simulation engine (run_simulation, 3 virtual SuperNodes) runs the same dpfl run as `dpfl run`."""
+"""Flower's simulation engine runs the same dpfl run as `dpfl run`: a SuperLink started with `--simulation` (3
+virtual SuperNodes on Ray, `flwr run --federation-config num-supernodes=3`), not the deprecated `run_simulation`."""
 
 from __future__ import annotations
 
-import warnings
+import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -10,49 +13,67 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
-from .helpers import CONFIG, assert_same_run, reference  # noqa: E402
+from .federation import BIN, Federation, env, free_base_port, read_logs, wait_listening  # noqa: E402
+from .helpers import CONFIG, ROOT, assert_same_run, reference  # noqa: E402
 
-# Flower's simulation runs on Ray: tests/engine/test_ray_cluster.py; it starts Ray (~25 s a test): integration tier
+# Flower's simulation runs on Ray (tests/engine/test_ray_cluster.py); it starts Ray (~25 s a run): integration tier
 pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.integration]
+PROJECT = ROOT / "examples" / "flower"
+SIMULATION = "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=2"
 
 
-def test_run_simulation_matches_in_process(tmp_path: Path):
-    from flwr.simulation import run_simulation
+@pytest.fixture(scope="module")
+def simulation_link(tmp_path_factory):
+    """A SuperLink in simulation mode on 127.0.0.1 and a `flwr` configuration naming it (stopped with SIGTERM)."""
+    tmp = tmp_path_factory.mktemp("sim")
+    port = free_base_port(0)
+    home = tmp / "flwr"
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = '
+                                      f'"127.0.0.1:{port}"\ninsecure = true\n')
+    fed = Federation(tmp, tmp / "logs")
+    try:
+        fed.start("superlink", f"{BIN / 'flower-superlink'} --insecure --simulation --port {port} "
+                               "--disable-runtime-dependency-installation")
+        wait_listening(port, time.monotonic() + 120, list(fed.procs.values()), fed.logs)
+        yield home, fed
+        assert not fed.stop_gracefully("superlink"), "the simulation SuperLink left processes running"
+    finally:
+        fed.kill_all()
 
-    from dpfl.flower.client_app import client_app
-    from dpfl.flower.server_app import server_app
 
+def simulate(link, out: Path, run_config: str) -> None:
+    """`flwr run` of examples/flower on the simulation SuperLink, then `dpfl flower check` (which must pass)."""
+    home, fed = link
+    submitted = subprocess.run(
+        [str(BIN / "flwr"), "run", str(PROJECT), "sim", "--stream", "--federation-config", SIMULATION,
+         "--run-config", f'config="{CONFIG}" out="{out}" node-timeout=120.0 {run_config}'],
+        env={**env(), "FLWR_HOME": str(home)}, capture_output=True, text=True, timeout=400)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    checked = subprocess.run([str(BIN / "python"), "-m", "dpfl.cli", "flower", "check", str(out)], env=env(),
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr + submitted.stdout + read_logs(fed.logs)
+    assert "dpfl: round 3/3" in submitted.stdout  # the ServerApp's progress reaches --stream
+
+
+def test_simulation_matches_in_process(simulation_link, tmp_path: Path):
     out = tmp_path / "run"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(server_app(config=str(CONFIG), out=str(out), shared_seed=True, node_timeout=60.0),
-                       client_app(shared_seed=True), num_supernodes=3,
-                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
-    assert (out / "summary.json").is_file(), "the ServerApp did not finish (see the log above)"
+    simulate(simulation_link, out, "shared-seed=true")
     assert_same_run(out, reference())
 
 
-def test_secret_seeds_are_the_default_and_keep_the_noise_on_the_nodes(tmp_path: Path):
+def test_secret_seeds_are_the_default_and_keep_the_noise_on_the_nodes(simulation_link, tmp_path: Path):
     """Without shared-seed each node draws its own noise: the model differs from the simulation's, the ledger (which
     depends on the noise multipliers, not on the draws) is the same, and no noise norm reaches the server."""
-    import json
-
     import torch
-    from flwr.simulation import run_simulation
 
     from dpfl.experiment.build import build_run
     from dpfl.experiment.config import load_config
     from dpfl.experiment.run_directory import CHECKPOINT, load_checkpoint
-    from dpfl.flower.client_app import client_app
     from dpfl.flower.protocol import SECRET_SEED_NOTE
-    from dpfl.flower.server_app import server_app
 
     out = tmp_path / "run"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(server_app(config=str(CONFIG), out=str(out), node_timeout=60.0), client_app(),
-                       num_supernodes=3,
-                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+    simulate(simulation_link, out, "")
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["flower"]["shared_seed"] is False and privacy["flower"]["seeds"] == SECRET_SEED_NOTE
     local = build_run(load_config(CONFIG)).run()

@@ -1,34 +1,94 @@
 """`dpfl flower`: run a dpfl config as a Flower app (the dpfl[flower] extra; docs/flower.md): the commands that
-start a local federation."""
+start a local federation (`guide`), the certificates and keys of a secure one (`keys`), and the verdict on a run
+(`check`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
-from dpfl.cli.common import console, fail
+from dpfl.cli.common import console, errors, fail
 
 flower_app = typer.Typer(no_args_is_help=True, help="Run a dpfl config as a Flower app (the dpfl[flower] extra; "
                          "docs/flower.md).")
 
 
-@flower_app.command("guide")
-def flower_guide(
-    nodes: Annotated[int, typer.Option(help="SuperNodes to start: one per dpfl client (the config's "
-                                            "data.clients).")] = 3,
-    port: Annotated[int, typer.Option(help="The SuperLink's port (Fleet, Control and Runtime APIs).")] = 9092,
-    project: Annotated[str, typer.Option(help="The Flower project directory (pyproject.toml, dpfl "
-                                              "config).")] = "examples/flower",
-) -> None:
-    """Print the commands that start a local federation: SuperLink, SuperNodes, `flwr run`."""
+def _require_flwr() -> None:
     from dpfl.flower import FlowerMissing, require_flwr
-    from dpfl.flower.guide import guide
 
     try:
         require_flwr()
     except FlowerMissing as e:
         fail(str(e))
+
+
+@flower_app.command("guide")
+def flower_guide(
+    nodes: Annotated[int, typer.Option(help="SuperNodes = dpfl clients: the guide starts this many SuperNodes "
+                                            "(partition-id 0..nodes-1) and the run gets as many clients (run config "
+                                            "nodes, which sets data.clients).")] = 3,
+    port: Annotated[int, typer.Option(help="The SuperLink's port (Fleet, Control and Runtime APIs).")] = 9092,
+    folder: Annotated[Optional[Path], typer.Option("--dir", help="The federation's directory: Flower's CLI "
+                                                   "configuration and the run directories (default ./dpfl-flower, "
+                                                   "printed as an absolute path).")] = None,
+    project: Annotated[Optional[Path], typer.Option(help="The Flower project directory (pyproject.toml, dpfl "
+                                                         "config); default: the one dpfl ships.")] = None,
+    secure: Annotated[Optional[Path], typer.Option("--secure", help="TLS and SuperNode authentication with the "
+                                                   "certificates and keys in this folder (`dpfl flower keys` "
+                                                   "writes them); default: --insecure, for a local test only.")]
+    = None,
+) -> None:
+    """Print the commands of a local federation: SuperLink, SuperNodes, `flwr run`, `dpfl flower check`."""
+    from dpfl.flower.guide import PROJECT, Secure, guide
+
+    _require_flwr()
     if nodes < 1 or not 0 < port < 65536 - 10 - nodes:
         fail(f"--nodes must be >= 1 and --port a free port below {65536 - 10 - nodes}")
-    console.print(guide(nodes, port, project), markup=False, highlight=False)
+    project = (project or PROJECT).expanduser().resolve()
+    if not (project / "pyproject.toml").is_file():
+        fail(f"--project {project} is not a Flower project (no pyproject.toml)")
+    text = guide(nodes, port, project, folder, Secure(secure.expanduser().resolve()) if secure else None)
+    console.print(text, markup=False, highlight=False)
+
+
+@flower_app.command("keys")
+def flower_keys(
+    folder: Annotated[Path, typer.Argument(help="Where to write them (created; nothing there is "
+                                                "overwritten).")],
+    nodes: Annotated[int, typer.Option(help="Key pairs to write, one per SuperNode (node0 .. node<nodes-1>).")] = 3,
+    host: Annotated[Optional[list[str]], typer.Option(help="Another name or address the SuperLink's certificate is "
+                                                           "valid for (repeatable; 127.0.0.1, ::1 and localhost "
+                                                           "always are).")] = None,
+) -> None:
+    """Write a local CA, the SuperLink's TLS certificate and one authentication key pair per SuperNode (what is
+    there already is kept: the step can run again)."""
+    from dpfl.flower.keys import write_keys
+
+    if nodes < 1:
+        fail("--nodes must be >= 1")
+    where = folder.expanduser().resolve()
+    try:
+        written, kept = write_keys(where, nodes, tuple(host or ()))
+    except FileExistsError as e:
+        fail(str(e))
+    console.print(f"{where}: wrote {', '.join(p.name for p in written) or 'nothing'}"
+                  + (f"; kept {', '.join(p.name for p in kept)}" if kept else ""), markup=False, highlight=False)
+
+
+@flower_app.command("check")
+def flower_check(
+    out: Annotated[Path, typer.Argument(help="The run directory (run config `out`).")],
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the run to finish or fail.")] = 10.0,
+) -> None:
+    """Exit 0 and print the privacy report if the Flower run in OUT finished; exit 1 with the reason if it failed
+    or has not finished (`flwr run` itself exits 0 either way)."""
+    from dpfl.flower.verdict import verdict
+    from dpfl.results.outcome import print_outcome
+
+    finished, why = verdict(out.expanduser(), wait=max(wait, 0.0))
+    if not finished:
+        errors.print(f"error: {why}", markup=False, highlight=False)
+        raise typer.Exit(1)
+    print_outcome(out.expanduser(), console)

@@ -469,6 +469,7 @@ def _finish(cfg: RunConfig, out: Path, run: FederatedRun, result: RunResult, sec
         "traffic": traffic_report(result.history),
         "seconds": seconds,
         **training_time(result.history),
+        **({"backend": run.backend.describe()} if hasattr(run.backend, "describe") else {}),
     }
     write_json_atomic(out / SUMMARY, summary)
     write_report(out)

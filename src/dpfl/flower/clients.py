@@ -8,7 +8,7 @@ by a query each node answers with its `partition-id` (`discover`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -26,18 +26,53 @@ class FederationError(RuntimeError):
     """The SuperNodes did not answer as a dpfl federation must (missing, duplicate or failing clients)."""
 
 
-def discover(grid: Grid, n_clients: int, timeout: float, reply_timeout: float) -> dict[int, int]:
+def discover(grid: Grid, n_clients: int, timeout: float, reply_timeout: float,
+             say: Callable[[str], None] = lambda line: None, poll: float = 0.5,
+             note_every: float = 10.0) -> dict[int, int]:
     """{dpfl client id: Flower node id}, once every client 0..n-1 has a connected node (or FederationError).
 
-    `timeout`: seconds for the SuperNodes to connect; `reply_timeout`: for them to answer the query (a node's first
-    answer starts its ClientApp, which imports torch and dpfl: slow on a loaded machine)."""
-    deadline = time.monotonic() + timeout
-    while len(list(grid.get_node_ids())) < n_clients:
-        if time.monotonic() > deadline:
-            have = len(list(grid.get_node_ids()))
-            raise FederationError(f"{have} SuperNodes connected in {timeout:g} s, the run has {n_clients} clients")
-        time.sleep(0.5)
-    nodes = list(grid.get_node_ids())
+    Each node is asked its partition-id as soon as it connects, so a node that cannot take part (an error, a
+    partition-id outside 0..n-1, one another node already holds) stops the run at once, with the reason; a client
+    whose node has not connected after `timeout` seconds stops it with the partition-ids still missing. `say` gets a
+    progress line every `note_every` seconds while nodes are missing (the ServerApp's log: `flwr run --stream`).
+    `reply_timeout`: seconds for a node to answer the query (its first answer starts its ClientApp, which imports
+    torch and dpfl: slow on a loaded machine)."""
+    start = time.monotonic()
+    deadline, next_note = start + timeout, start
+    found: dict[int, int] = {}  # partition-id -> node
+    asked: set[int] = set()
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        if new:
+            asked.update(new)
+            for pid, node in _ask_partitions(grid, new, n_clients, reply_timeout).items():
+                if pid in found:
+                    raise FederationError(f"nodes {found[pid]} and {node} both hold partition-id {pid}: start each "
+                                          "SuperNode with its own --node-config 'partition-id=K'")
+                found[pid] = node
+        missing = [i for i in range(n_clients) if i not in found]
+        if not missing:
+            return {i: found[i] for i in range(n_clients)}
+        now = time.monotonic()
+        if now >= deadline:
+            raise FederationError(
+                f"{len(found)} of {n_clients} SuperNodes connected in {timeout:g} s: no SuperNode holds "
+                f"partition-id {_ids(missing)} (the run has clients 0..{n_clients - 1}: start one SuperNode per client "
+                "with --node-config 'partition-id=K', or give the run config `nodes` the number started; run config "
+                "`node-timeout` is the wait)")
+        if now >= next_note:
+            say(f"waiting for SuperNodes: {len(found)} of {n_clients} connected, missing partition-id "
+                f"{_ids(missing)}; the run fails if they have not connected in {deadline - now:.0f} s")
+            next_note = now + note_every
+        time.sleep(poll)
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+
+def _ask_partitions(grid: Grid, nodes: list[int], n_clients: int, reply_timeout: float) -> dict[int, int]:
+    """{partition-id: node} of `nodes`, each checked to be a client of the run (0..n_clients-1) and unique."""
     messages = [Message(RecordDict(), dst_node_id=n, message_type=QUERY, group_id="dpfl-discover") for n in nodes]
     replies = list(grid.send_and_receive(messages, timeout=reply_timeout))
     if len(replies) < len(nodes):
@@ -49,14 +84,14 @@ def discover(grid: Grid, n_clients: int, timeout: float, reply_timeout: float) -
         if reply.has_error():
             raise FederationError(f"node {node} could not say its partition-id: {error_text(reply)}")
         pid = int(reply.content[NODE][PARTITION_ID])
+        if not 0 <= pid < n_clients:
+            raise FederationError(f"node {node} holds partition-id {pid}, but the run has clients 0..{n_clients - 1} "
+                                  "(run config `nodes` or the config's data.clients)")
         if pid in found:
-            raise FederationError(f"nodes {found[pid]} and {node} both hold partition-id {pid}")
+            raise FederationError(f"nodes {found[pid]} and {node} both hold partition-id {pid}: start each "
+                                  "SuperNode with its own --node-config 'partition-id=K'")
         found[pid] = node
-    missing = [i for i in range(n_clients) if i not in found]
-    if missing:
-        raise FederationError(f"no SuperNode holds partition-id {missing[:10]} "
-                              f"(the run has clients 0..{n_clients - 1})")
-    return {i: found[i] for i in range(n_clients)}
+    return found
 
 
 class FlowerClients:

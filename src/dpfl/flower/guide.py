@@ -1,32 +1,122 @@
-"""The commands that start each side of a local dpfl Flower federation (`dpfl flower guide`); no Flower import."""
+"""The commands that start each side of a local dpfl Flower federation (`dpfl flower guide`); no Flower import.
+
+One number, `nodes`, sets both sides: the SuperNodes printed (partition-id 0..nodes-1) and the run's clients (run
+config `nodes`, which sets the config's data.clients). Every path printed is absolute (the Flower project shipped
+in the package, the federation's directory), so each command runs from any directory. The last command is
+`dpfl flower check`, which exits non-zero when the run failed (`flwr run` exits 0 either way).
+"""
 
 from __future__ import annotations
 
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
+PROJECT = Path(__file__).resolve().parent / "project"  # the Flower project (pyproject.toml, dpfl_config.yaml)
+CONNECTION = "dpfl-local"
 
-def guide(nodes: int = 3, port: int = 9092, project: str = "examples/flower", connection: str = "dpfl-local") -> str:
-    """Shell commands: a SuperLink, `nodes` SuperNodes (partition-id 0..nodes-1), the connection, `flwr run`."""
-    home = "${FLWR_HOME:-$HOME/.flwr}"
+
+@dataclass(frozen=True)
+class Secure:
+    """TLS and node authentication (docs/flower.md): the files `dpfl flower keys` writes into `folder`."""
+
+    folder: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.folder / "ca.crt"
+
+    @property
+    def server_cert(self) -> Path:
+        return self.folder / "server.crt"
+
+    @property
+    def server_key(self) -> Path:
+        return self.folder / "server.key"
+
+    def node_key(self, i: int) -> Path:
+        return self.folder / f"node{i}"  # OpenSSH private key; node{i}.pub its public key
+
+    def node_public(self, i: int) -> Path:
+        return self.folder / f"node{i}.pub"
+
+
+def _q(path: Path | str) -> str:
+    return shlex.quote(str(path))
+
+
+def guide(nodes: int = 3, port: int = 9092, project: Path = PROJECT, folder: Path | None = None,
+          secure: Secure | None = None, dpfl: str = "dpfl") -> str:
+    """Shell commands: a SuperLink, `nodes` SuperNodes (partition-id 0..nodes-1), `flwr run`, `dpfl flower check`.
+
+    folder: the federation's directory (Flower's CLI configuration, the run directories); default ./dpfl-flower.
+    secure: TLS between SuperLink and SuperNodes (and `flwr`) and SuperNode authentication, else --insecure."""
+    folder = (folder or Path("dpfl-flower")).expanduser().resolve()
+    project = Path(project).expanduser().resolve()
+    home = folder / "flwr"
+    link = f"127.0.0.1:{port}"
     lines = [
-        "# 1. the SuperLink (server side; --insecure: no TLS, for a local test only)",
-        f"flower-superlink --insecure --port {port} --disable-runtime-dependency-installation",
-        "",
-        "# 2. one SuperNode per dpfl client (each in its own terminal / machine; partition-id = dpfl client id)",
+        f"# dpfl on Flower on this machine: a SuperLink, {nodes} SuperNode{'s' * (nodes != 1)} (one per dpfl client), "
+        "the run, its check.",
+        f"# --nodes {nodes} sets both sides: the SuperNodes below (partition-id 0..{nodes - 1}) and the run's clients "
+        f"(run config nodes={nodes}).",
+        "# Every path is absolute: each command runs from any directory. The SuperLink and each SuperNode run in a "
+        "terminal of their own; steps 2, 4 and 5 share one.",
     ]
+    if secure is None:
+        lines += ["# --insecure: no TLS, no node authentication; for a test on one machine only (docs/flower.md: "
+                  "`dpfl flower guide --secure DIR`)."]
+        link_tls = "--insecure"
+        node_tls = ["--insecure"]
+    else:
+        lines += [
+            "",
+            "# 0. certificates and keys: a CA, the SuperLink's certificate for 127.0.0.1/localhost, one key pair per "
+            "SuperNode (kept if there)",
+            f"{dpfl} flower keys {_q(secure.folder)} --nodes {nodes}",
+        ]
+        link_tls = (f"--ssl-ca-certfile {_q(secure.ca)} --ssl-certfile {_q(secure.server_cert)} "
+                    f"--ssl-keyfile {_q(secure.server_key)} --enable-supernode-auth")
+        node_tls = [f"--root-certificates {_q(secure.ca)} --auth-supernode-private-key {_q(secure.node_key(i))}"
+                    for i in range(nodes)]
+    lines += [
+        "",
+        "# 1. the SuperLink (the server's side; Fleet, Control and Runtime APIs on one port), in its own terminal",
+        f"flower-superlink {link_tls} --port {port} --disable-runtime-dependency-installation",
+        "",
+        "# 2. in another terminal, for steps 2, 4 and 5: Flower's CLI reads the SuperLink's address from "
+        "$FLWR_HOME/config.toml,",
+        "#    here this federation's own file (~/.flwr is left alone)",
+        f"export FLWR_HOME={_q(home)}",
+        'mkdir -p "$FLWR_HOME" && cat > "$FLWR_HOME/config.toml" <<\'TOML\'',
+        "[superlink]",
+        f'default = "{CONNECTION}"',
+        "",
+        f"[superlink.{CONNECTION}]",
+        f'address = "{link}"',
+        *(["insecure = true"] if secure is None else [f'root-certificates = "{secure.ca}"']),
+        "TOML",
+    ]
+    if secure is not None:
+        lines += ["#    register each SuperNode's public key with the SuperLink (a node whose key is not registered is "
+                  "refused)"]
+        lines += [f"flwr supernode register {_q(secure.node_public(i))} {CONNECTION}" for i in range(nodes)]
+    lines += ["", "# 3. one SuperNode per dpfl client (partition-id = the dpfl client id), each in its own terminal"]
     for i in range(nodes):
-        lines.append(f"flower-supernode --insecure --superlink 127.0.0.1:{port} --port {port + 10 + i} "
+        tls = node_tls[0] if secure is None else node_tls[i]
+        lines.append(f"flower-supernode {tls} --superlink {link} --port {port + 10 + i} "
                      f"--node-config 'partition-id={i}'")
     lines += [
         "",
-        f"# 3. tell `flwr` where the SuperLink is ({home}/config.toml)",
-        f"mkdir -p {home} && cat >> {home}/config.toml <<'TOML'",
-        f"[superlink.{connection}]",
-        f'address = "127.0.0.1:{port}"',
-        "insecure = true",
-        "TOML",
+        "# 4. submit the run (step 2's terminal, once 1 and 3 are up); --stream shows the ServerApp's progress",
+        f"OUT={_q(folder)}/run-$(date +%Y%m%d-%H%M%S)",
+        f"flwr run {_q(project)} {CONNECTION} --stream --run-config \"nodes={nodes} out=\\\"$OUT\\\"\"",
         "",
-        "# 4. submit the run (the ServerApp writes the run directory `out`; --stream shows its log)",
-        f"flwr run {project} {connection} --stream --run-config 'out=\"{Path.cwd() / 'runs' / 'flower'}\"'",
+        "# 5. the verdict: the privacy report of the finished run (exit 0), or why it failed (exit 1); `flwr run` "
+        "exits 0 either way",
+        f'{dpfl} flower check "$OUT"',
+        "",
+        "# stop: Ctrl+C (or kill -TERM <pid>) each SuperNode, then the SuperLink; a SuperNode's flower-superexec and "
+        "ClientApp processes end with it",
     ]
     return "\n".join(lines)

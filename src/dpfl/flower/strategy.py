@@ -10,14 +10,17 @@ aggregation itself is the run's dpfl aggregator). No evaluation messages: the se
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import version
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -36,12 +39,15 @@ class DpflStrategy(Strategy):
     shared_seed: send the run seed to the nodes so that they draw the simulation's batches and noise (testing
     equivalence only: the server then knows the clients' noise; privacy.json says so). Default: each node uses its
     own secret seed. timeout: seconds to wait for a round's replies; node_timeout: for the SuperNodes to connect.
+    say: where the progress lines go (default: Flower's log, which the ServerApp mirrors to `flwr run --stream`).
     """
 
     def __init__(self, cfg: RunConfig, out: Path, *, shared_seed: bool = False, timeout: float = 300.0,
-                 node_timeout: float = 120.0) -> None:
+                 node_timeout: float = 60.0, say: Callable[[str], None] | None = None) -> None:
         self.cfg, self.out, self.shared_seed = cfg, Path(out), shared_seed
         self.timeout, self.node_timeout = timeout, node_timeout
+        self.say = say or (lambda line: log(INFO, "dpfl: %s", line))
+        self.claimed = False  # `out` is this run's (it was free when the run started): a failure note may go there
         self.config_yaml = config_to_yaml(cfg)
         self.run: FederatedRun | None = None
         self.clients: FlowerClients | None = None
@@ -80,6 +86,7 @@ class DpflStrategy(Strategy):
         """Run the configured dpfl run over `grid` into `self.out`; the Flower arguments are fixed by the config
         (initial model, rounds) and refused if they differ."""
         from dpfl.experiment.run_directory import CHECKPOINT, execute, is_occupied, load_checkpoint
+        from dpfl.flower.verdict import clear_failure, only_failed_attempts
 
         if initial_arrays is not None or evaluate_fn is not None or train_config or evaluate_config:
             raise ValueError("DpflStrategy takes its model, rounds and evaluation from the dpfl config")
@@ -88,21 +95,44 @@ class DpflStrategy(Strategy):
                              f"{self.cfg.training.rounds}")
         if timeout is not None:
             self.timeout = timeout
+        if only_failed_attempts(self.out):
+            clear_failure(self.out)  # an earlier attempt here failed before it wrote anything: try again
         if is_occupied(self.out):  # checked before nodes are asked; `execute` checks again under the lock
             raise ValueError(f"{self.out} already exists and is not empty (choose another run config `out`)")
+        self.claimed = True
+        cfg = self.cfg
+        self.say(f"run {cfg.name!r} ({cfg.algorithm.name}): {cfg.data.clients} clients, one SuperNode each "
+                 f"(partition-id 0..{cfg.data.clients - 1}), {cfg.training.rounds} rounds; run directory {self.out}")
         run = self.run = self.build()
-        nodes = discover(grid, run.n_clients, self.node_timeout, self.timeout)
+        nodes = discover(grid, run.n_clients, self.node_timeout, self.timeout, say=self.say)
+        self.say(f"all {len(nodes)} SuperNodes connected: " + ", ".join(f"client {i} = node {n}"
+                                                                     for i, n in list(nodes.items())[:10])
+                 + (" ..." if len(nodes) > 10 else ""))
         self.clients = run.remote_clients = FlowerClients(self, grid, nodes, self.timeout)
         result = Result()
+        started = [time.monotonic()]
 
         def on_round(row: dict[str, Any]) -> None:
             metrics = {k: float(row[k]) for k in ("test_accuracy", "test_loss", "epsilon_max")
                        if row.get(k) is not None}
             if metrics:
                 result.evaluate_metrics_serverapp[row["round"]] = MetricRecord(metrics)
+            now = time.monotonic()
+            parts = [f"round {row['round']}/{cfg.training.rounds}"]
+            if row.get("test_accuracy") is not None:
+                parts.append(f"test accuracy {row['test_accuracy']:.3f}")
+            if row.get("epsilon_max") is not None:
+                parts.append(f"epsilon max {row['epsilon_max']:.3g}")
+            self.say(", ".join(parts) + f" ({now - started[0]:.1f} s)")
+            started[0] = now
 
-        execute(self.cfg, self.out, build=lambda: run, on_round=on_round)
+        summary = execute(self.cfg, self.out, build=lambda: run, on_round=on_round)
         result.arrays = to_record(load_checkpoint(self.out / CHECKPOINT)["params"])
+        final = summary.get("final_accuracy")
+        self.say(f"finished: {summary['rounds_done']} rounds (stop: {summary['stop_reason']})"
+                 + (f", final accuracy {final:.3f}" if final is not None else "")
+                 + (f", epsilon max {summary['epsilon_max']:.3g}" if summary.get("epsilon_max") is not None else "")
+                 + f"; run directory {self.out} (privacy report: dpfl flower check {self.out})")
         return result
 
     # ---- one round's messages -----------------------------------------------------------------------

@@ -110,4 +110,26 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
         stated = stated_guarantee_lines(privacy, summary["rounds_done"])  # MP-DP's family: the method's statement
         for line in stated or [f"privacy: {privacy.get('warning', 'not private: no epsilon is reported')}"]:
             console.print(line, markup=False, highlight=False)
+    if summary.get("backend"):
+        console.print(backend_line(summary["backend"]), markup=False, highlight=False)
     console.print(f"run directory: {out}  (report: {out / REPORT_FILE})")
+
+
+def backend_line(backend: dict[str, Any]) -> str:
+    """Where the run's local training ran (summary.json `backend`), e.g. `backend: ray, 2 actors x 1 thread on a Ray
+    this run started on 127.0.0.1 (usage statistics off)`."""
+    name = backend.get("name", "?")
+    if name == "local":
+        return "backend: local (the whole cohort in this process)"
+    if name != "ray":
+        return f"backend: {name}"
+    actors, threads = backend.get("actors"), backend.get("threads_per_actor")
+    text = f"backend: ray, {actors} actor{'s' * (actors != 1)} x {threads} thread{'s' * (threads != 1)}"
+    where = {"started": f"on a Ray this run started on {backend.get('node_address')}",
+             "joined": f"on the Ray cluster at {backend.get('address')} (node {backend.get('node_address')})",
+             "running": f"on the Ray already running in this process (node {backend.get('node_address')})"}
+    if backend.get("ray") in where:
+        text += f" {where[backend['ray']]} (usage statistics {'on' if backend.get('usage_stats') else 'off'})"
+    if backend.get("actor_restarts"):
+        text += f"; {backend['actor_restarts']} shard(s) retried on a new actor"
+    return text

@@ -23,3 +23,5 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release workers (a no-op in process); the backend starts them again if trained after."""
+
+    # optional: describe() -> dict, what the run used (summary.json `backend`: name, actors, where Ray ran)

@@ -22,3 +22,7 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+    def describe(self) -> dict[str, str]:
+        """What the run used (summary.json `backend`)."""
+        return {"name": self.name}

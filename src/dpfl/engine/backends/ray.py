@@ -10,13 +10,18 @@ An actor that dies mid-round (its process or node lost) is replaced and its shar
 failure raises `BackendError` and the round is not applied, so a run directory keeps its last checkpoint and
 resumes. An error inside the local program (a bad plan, say) is the program's error, raised as it would be
 in process, never retried.
+
+A Ray that this backend starts (no `address`) stays on the machine: its node address is 127.0.0.1, so every
+server it starts (GCS, raylet, workers) listens on the loopback interface only, no dashboard, and Ray's usage
+statistics are off (unless RAY_USAGE_STATS_ENABLED=1 says otherwise). `describe()` says what a run used.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -29,6 +34,9 @@ from dpfl.engine.pooled import PooledData
 
 INSTALL_HINT = "pip install 'dpfl[ray]'"
 START_TIMEOUT_S = 300.0  # an actor that has not started by then will not (no free CPU in the cluster, say)
+LOOPBACK = "127.0.0.1"
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # Ray's own switch: "0" off, "1" on
+CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray takes the loopback address as the node's (see below)
 
 
 def import_ray() -> Any:
@@ -51,6 +59,37 @@ def deal(plans: Sequence[ClientPlan], shards: int) -> list[list[int]]:
     return [sorted(rows) for rows in out if rows]
 
 
+@contextmanager
+def machine_only() -> Iterator[None]:
+    """While a local Ray starts: its node address is 127.0.0.1 and usage statistics are off by default.
+
+    On Linux, Ray turns a node address 127.0.0.1 into the machine's network address (so that other machines may
+    join) and binds its gRPC servers there; with clusters switched off (Ray's CLUSTER_ENV, which it reads once
+    into `ray_constants.ENABLE_RAY_CLUSTER`) it keeps the loopback address. Both are set only while `ray.init`
+    starts the processes (they inherit the environment) and restored after, so that a later `ray.init(address=...)`
+    in this process still finds the machine's address."""
+    try:  # Ray's own module: where a Ray release moved it, the environment alone (read when Ray is imported) says it
+        from ray._private import ray_constants as constants
+    except ImportError:
+        constants = None
+    saved_flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    saved_env = os.environ.get(CLUSTER_ENV)
+    if os.environ.get(USAGE_STATS_ENV) != "1":  # an explicit opt-in is the user's; otherwise off
+        os.environ[USAGE_STATS_ENV] = "0"
+    os.environ[CLUSTER_ENV] = "0"
+    if saved_flag is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if saved_flag is not None:
+            constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(CLUSTER_ENV, None)
+        else:
+            os.environ[CLUSTER_ENV] = saved_env
+
+
 class ShardWorker:
     """One actor: the model and the records, kept for the whole run; trains whatever shard it is given."""
 
@@ -66,6 +105,15 @@ class ShardWorker:
               anchor: Mapping[str, torch.Tensor] | None) -> LocalResult:
         return run_local(self.model, spec, plans, self.data, start, seed=seed, round_=round_,
                          stacked_start=stacked_start, max_elements=max_elements, anchor=anchor)
+
+
+def _usage_stats() -> bool:
+    """Whether this Ray reports usage statistics (Ray's own answer; the environment's where Ray moved it)."""
+    try:
+        from ray._common.usage.usage_lib import usage_stats_enabled
+    except ImportError:
+        return os.environ.get(USAGE_STATS_ENV) == "1"
+    return bool(usage_stats_enabled())
 
 
 def has_dropout(model: nn.Module) -> bool:
@@ -90,23 +138,39 @@ class RayBackend:
         self._owned_ray = False
         self._bound: tuple[int, int] | None = None  # ids of the model and data the actors hold
         self._refs: tuple[Any, Any] | None = None
+        self.started: dict[str, Any] | None = None  # where the Ray this backend used ran (describe)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def _start_ray(self) -> Any:
         ray = import_ray()
         if not ray.is_initialized():
             need = self.n_actors * self.threads
-            kw: dict[str, Any] = {"address": self.address} if self.address else {
-                "num_cpus": max(need, os.cpu_count() or 1), "include_dashboard": False}
             with warnings.catch_warnings():  # Ray's notices about GPUs and future defaults; dpfl runs on CPUs
                 warnings.simplefilter("ignore", FutureWarning)
-                ray.init(logging_level="ERROR", log_to_driver=False, **kw)
+                if self.address:
+                    ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
+                else:
+                    with machine_only():
+                        ray.init(num_cpus=max(need, os.cpu_count() or 1), include_dashboard=False,
+                                 _node_ip_address=LOOPBACK, logging_level="ERROR", log_to_driver=False)
             self._owned_ray = True
+            self.started = {"ray": "started" if not self.address else "joined", "address": self.address,
+                            "node_address": ray.util.get_node_ip_address(), "usage_stats": _usage_stats()}
+        elif self.started is None:
+            self.started = {"ray": "running", "address": None, "node_address": ray.util.get_node_ip_address(),
+                            "usage_stats": _usage_stats()}
         available = ray.cluster_resources().get("CPU", 0)
         if available < self.n_actors * self.threads:
             raise BackendError(f"backend 'ray': {self.n_actors} actors x {self.threads} threads need "
                                f"{self.n_actors * self.threads} CPUs; the Ray cluster has {available:g}")
         return ray
+
+    def describe(self) -> dict[str, Any]:
+        """What the run used (summary.json `backend`): actors, threads, and the Ray it ran on (None before the
+        first round started Ray): `ray` "started" (by this backend, on this machine), "joined" (`address`) or
+        "running" (a Ray this process had started), its `node_address`, whether usage statistics were on."""
+        return {"name": self.name, "actors": self.n_actors, "threads_per_actor": self.threads,
+                "actor_restarts": self.retries, **(self.started or {"ray": None})}
 
     def _spawn(self) -> Any:
         ray = import_ray()
