@@ -18,6 +18,7 @@ from dpfl.algorithms.server.view import ServerView
 from dpfl.algorithms.stages import RoundInputs
 from dpfl.engine import params as P
 from dpfl.models import build_model
+from same_state import same_state
 
 EPS = torch.tensor([10.0, 8.0, 0.5, 1.0, 2.0, 0.3], dtype=torch.float64)  # clients 0, 1 public
 PUBLIC = (0, 1)
@@ -51,15 +52,6 @@ def _round(plus: PFAPlus, state, uploads, view, round_):
     """One round from `state`: the payload, Δ̄ and the new state."""
     payload = plus.client_payload(state, uploads, view, seed=0)
     return (payload, *plus.mean_update(state, payload, view, seed=0, round_=round_))
-
-
-def _same(a, b) -> bool:
-    """Equal states: nested dicts of tensors (bit for bit) and plain values."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
 
 
 @pytest.mark.parametrize("mode", ["centered", "second-moment", "mean-outer"])
@@ -177,7 +169,7 @@ def test_update_is_a_function_of_the_state_passed_in():
         before = copy.deepcopy(state)
         payload = plus.client_payload(state, _uploads(6, 10 + r), view, seed=0)
         step = plus.update(state, w, payload, RoundInputs(view, 0, r))
-        assert _same(state, before)  # (b)
+        assert same_state(state, before)  # (b)
         assert step.metrics == {} and step.state["private_rounds"] == r + 1
         mean, _ = plus.mean_update(state, payload, view, seed=0, round_=r)
         assert all(torch.equal(step.params[n], P.axpy(0.5, mean, w)[n]) for n in w)
@@ -185,7 +177,7 @@ def test_update_is_a_function_of_the_state_passed_in():
         outs.append(step)
     payload = plus.client_payload(states[1], _uploads(6, 11), view, seed=0)  # (a): round 2 again, from its state
     again = plus.update(states[1], w, payload, RoundInputs(view, 0, 1))
-    assert not payload.warmup and _same(again.state, outs[1].state)
+    assert not payload.warmup and same_state(again.state, outs[1].state)
     assert all(torch.equal(again.params[n], outs[1].params[n]) for n in w)
 
 

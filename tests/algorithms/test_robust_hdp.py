@@ -16,6 +16,7 @@ from dpfl.algorithms.server.robust_hdp import RobustHDP, last_weights, noise_wei
 from dpfl.algorithms.server.rpca import pcp
 from dpfl.algorithms.server.view import ServerView
 from dpfl.algorithms.stages import RoundInputs
+from same_state import same_state
 
 try:  # installed with scikit-learn
     from threadpoolctl import threadpool_limits
@@ -325,12 +326,12 @@ def test_update_is_a_function_of_the_state_passed_in():
         state = states[-1]
         before = copy.deepcopy(state)
         step = run(agg, {n: (r + 1) * u for n, u in uploads.items()}, view, state, round_=r)
-        assert _same(state, before)  # (b)
+        assert same_state(state, before)  # (b)
         assert step.metrics["pcp_reused"] == (r > 0)
         states.append(step.state)
         steps.append(step)
     again = run(agg, {n: 1 * u for n, u in uploads.items()}, view, states[0])  # (a): round 1 again, from its state
-    assert _same(again.state, steps[0].state) and again.metrics == steps[0].metrics
+    assert same_state(again.state, steps[0].state) and again.metrics == steps[0].metrics
     assert all(torch.equal(again.params[n], steps[0].params[n]) for n in uploads)
     fresh = run(agg, {n: 2 * u for n, u in uploads.items()}, view, states[0])  # from the initial state: re-estimated
     assert not fresh.metrics["pcp_reused"]
@@ -357,12 +358,3 @@ def test_robust_hdp_is_a_frozen_config():
     assert agg == RobustHDP(p_prime=1_000, max_iter=5) and repr(agg).startswith("RobustHDP(p_prime=1000, ")
     with pytest.raises(dataclasses.FrozenInstanceError):
         agg.p_prime = 2  # type: ignore[misc]
-
-
-def _same(a, b) -> bool:
-    """Equal states: nested dicts of tensors (bit for bit) and plain values."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b

@@ -13,23 +13,12 @@ from cli_runner import cli
 from dpfl.engine.backends.ray import RayBackend
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config.loading import load_config
+from processes import descendants
 
 ray = pytest.importorskip("ray")
 # starts Ray (one instance per test): the integration tier, on the Ray tests' worker (tests/engine/test_ray_cluster.py)
 pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.integration]
 SETS = ["backend=ray", "ray.actors=2", "training.rounds=1"]
-
-
-def _descendants(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                for child in f.read().split():
-                    out += [int(child), *_descendants(int(child))]
-    except OSError:
-        pass
-    return out
 
 
 def _socket_inodes(pid: int) -> set[str]:
@@ -86,7 +75,7 @@ def test_a_local_ray_listens_on_loopback_only_with_usage_stats_off(no_ray, monke
         if ray.is_initialized() and "sockets" not in seen:
             from ray._common.usage.usage_lib import usage_stats_enabled
 
-            seen["sockets"] = listening([os.getpid(), *_descendants(os.getpid())])
+            seen["sockets"] = listening([os.getpid(), *descendants(os.getpid())])
             seen["usage_stats"] = usage_stats_enabled()
         close(self)
 

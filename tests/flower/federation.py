@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from .helpers import ROOT
+from processes import descendants
 
 BIN = Path(sys.executable).parent
 
@@ -77,18 +78,6 @@ def wait_listening(port: int, deadline: float, procs: list[subprocess.Popen], lo
             assert not dead, f"{dead} exited\n{read_logs(logs)}"
             assert time.monotonic() < deadline, f"nothing listens on {port}\n{read_logs(logs)}"
             time.sleep(0.3)
-
-
-def descendants(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                for child in f.read().split():
-                    out += [int(child), *descendants(int(child))]
-    except OSError:
-        pass
-    return out
 
 
 def alive(pid: int) -> bool:

@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from .helpers import ROOT, assert_same_run, reference  # noqa: E402
+from processes import descendants
 
 pytestmark = pytest.mark.integration  # four processes over gRPC, ~75-150 s: the integration tier
 
@@ -47,22 +48,9 @@ def _wait_listening(port: int, start: float) -> None:
             time.sleep(0.3)
 
 
-def _descendants(pid: int) -> list[int]:
-    """All children, grandchildren, ... of `pid` (from /proc; empty where /proc is missing)."""
-    out: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                for child in f.read().split():
-                    out += [int(child), *_descendants(int(child))]
-    except OSError:
-        pass
-    return out
-
-
 def _stop(procs: list[subprocess.Popen]) -> None:
     """Kill the processes this test started and everything they spawned (SuperExec, ClientApp, ServerApp)."""
-    pids = [d for p in procs for d in _descendants(p.pid)] + [p.pid for p in procs]
+    pids = [d for p in procs for d in descendants(p.pid)] + [p.pid for p in procs]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
