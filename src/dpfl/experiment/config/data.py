@@ -78,7 +78,7 @@ class DataConfig(_Section):
         """Given silos: dataset 'files' and one client per silo, unless stated."""
         if isinstance(data, dict) and isinstance(data.get("silos"), list):
             data = {"dataset": FILES, **data}
-            data.setdefault("clients", len(data["silos"]))
+            data.setdefault("clients", max(1, len(data["silos"])))  # an empty list: the error is about silos
         return data
 
     @field_validator("dataset")
