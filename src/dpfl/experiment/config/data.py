@@ -53,7 +53,7 @@ class DataConfig(_Section):
     """
 
     # `schema` is also a (deprecated) BaseModel method, hence the field name schema_ under the YAML key `schema`.
-    model_config = ConfigDict(validate_by_alias=True, validate_by_name=False, serialize_by_alias=True)
+    model_config = ConfigDict(validate_by_alias=True, validate_by_name=True, serialize_by_alias=True)
 
     dataset: str
     root: str | None = None
