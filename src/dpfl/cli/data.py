@@ -51,13 +51,17 @@ def data_inspect(
     config: Annotated[Path, typer.Argument(help="A run config (YAML).")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: a.b=value.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    import_: Annotated[Optional[list[str]], typer.Option(
+        "--import", help="Import this Python module first (repeatable), e.g. one that registers the dataset.")] = None,
 ) -> None:
     """Each client's records (train, test, validation) and label counts, as the config's data section gives them:
     the user's silos read and checked against the declared schema, or a dataset split with the run seed."""
+    from dpfl.cli.run import _import_plugins
     from dpfl.experiment.build import build_data
     from dpfl.experiment.config import load_config
 
     try:
+        _import_plugins(import_ or [])
         cfg = load_config(config, list(set_ or []))
         data = build_data(cfg)
     except user_errors() as e:
