@@ -29,6 +29,15 @@ def test_data_inspect_prints_each_hospitals_records_and_label_counts():
     assert code == 0 and "hospital_b" in out and "global test" in out
 
 
+def test_a_held_out_share_of_each_hospital_instead_of_a_test_file():
+    code, out, err = cli("data", "inspect", CONFIG, "--json", "--set", "data.test=null",
+                         "--set", "data.client_test_fraction=0.2")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [(r["train"], r["test"]) for r in report["per_client"]] == [(320, 80), (200, 50), (120, 30)]
+    assert report["test"]["records"] == 160
+
+
 def test_a_broken_silo_is_one_line_naming_the_file_and_the_line(tmp_path):
     copy = tmp_path / "hospitals"
     shutil.copytree(EXAMPLE, copy)

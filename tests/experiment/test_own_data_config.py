@@ -99,3 +99,24 @@ def test_the_shipped_example_validates_with_a_budget_per_hospital():
     cfg = load_config(EXAMPLE)
     assert cfg.data.dataset == "files" and cfg.data.clients == 3 and cfg.privacy.budgets == [1, 3, 8]
     assert all(Path(p).exists() for p in cfg.data.silos) and Path(cfg.data.test).exists()
+
+
+def test_array_and_image_silos_from_a_config(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from dpfl.experiment.build import build_data
+
+    np.savez(tmp_path / "a.npz", x=np.zeros((6, 1, 2, 2), np.float32), y=np.array([0, 1, 0, 1, 0, 1]))
+    for label, n in (("cat", 3), ("dog", 2)):
+        (tmp_path / "b" / label).mkdir(parents=True)
+        for i in range(n):
+            Image.new("L", (2, 2), color=255).save(tmp_path / "b" / label / f"{i}.png")
+    doc = {"data": {"silos": ["a.npz", {"path": "b", "name": "clinic_b"}], "client_test_fraction": 0.5,
+                    "schema": {"n_classes": 2, "shape": [1, 2, 2], "classes": ["cat", "dog"]},
+                    "scaling": {"mean": [0.5], "std": [0.5]}}, **REST}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    data = build_data(load_config(tmp_path / "c.yaml"))
+    assert data.info["silos"] == ["a", "clinic_b"] and data.n_classes == 2 and data.input_shape == (1, 2, 2)
+    assert [c.n_train + c.n_test for c in data.clients] == [6, 5] and len(data.y_test) == 3 + 2
+    assert float(data.clients[1].x_train.min()) == 1.0 and float(data.clients[0].x_train.max()) == -1.0  # scaled
