@@ -89,3 +89,16 @@ def test_a_label_the_model_has_no_score_for_is_a_label_problem(tmp_path):
     with pytest.raises(dpfl.DataError, match=r"client 1 train has label 2, outside the model's 2 classes"):
         dpfl.run(config, data=data, model=torch.nn.Linear(4, 2), out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_silo_twice_or_as_the_test_file_and_scaling_forms(files):
+    paths, test = files
+    with pytest.raises(DataError, match="listed as silo 0 and 1"):
+        dpfl.federated_files([paths[0], paths[0]], SCHEMA, test=test)
+    with pytest.raises(DataError, match="the test file is also silo 2"):
+        dpfl.federated_files(paths, SCHEMA, test=paths[2])
+    with pytest.raises(DataError, match="depend on all the others"):
+        dpfl.federated_files(paths, SCHEMA, test=test, scaling="standardize")
+    scaled = dpfl.federated_files(paths, SCHEMA, test=test, scaling={"mean": [0.1, 0.2], "std": [2, 2]})
+    plain = dpfl.federated_files(paths, SCHEMA, test=test, scaling="none")
+    assert torch.allclose(scaled.x_test, (plain.x_test - torch.tensor([0.1, 0.2])) / 2)

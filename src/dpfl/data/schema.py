@@ -17,7 +17,7 @@ import numpy as np
 
 from dpfl.data.errors import DataError
 
-__all__ = ["DTYPES", "FITTED_SCALING", "Scaling", "SiloSchema", "refuse_fitted_scaling"]
+__all__ = ["DTYPES", "FITTED_SCALING", "Scaling", "SiloSchema", "as_scaling", "refuse_fitted_scaling"]
 
 # dtypes a feature may be declared with (numpy names); the engine trains on float32 whatever was declared.
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8")
@@ -138,3 +138,17 @@ class Scaling:
         mean = np.asarray(self.mean, dtype=np.float64).reshape(view)
         std = np.asarray(self.std, dtype=np.float64).reshape(view)
         return ((x - mean) / std).astype(np.float32)
+
+
+def as_scaling(value: Any) -> Scaling | None:
+    """A `Scaling` from what a caller may pass: None or "none" (no scaling), a `Scaling`, or a mapping with mean and
+    std; a request to fit it on the data ("fit", "standardize", ...) is refused with the reason."""
+    if value is None or value == "none":
+        return None
+    refuse_fitted_scaling(value)
+    if isinstance(value, Scaling):
+        return value
+    if isinstance(value, Mapping) and set(value) == {"mean", "std"}:
+        return Scaling(value["mean"], value["std"])
+    raise DataError(f"scaling: expected None, 'none', a dpfl.Scaling or {{'mean': [...], 'std': [...]}}, got "
+                    f"{type(value).__name__}")

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import csv
 import math
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from dpfl.data.errors import DataError
 from dpfl.data.federated import ClientData
-from dpfl.data.schema import Scaling, SiloSchema
+from dpfl.data.schema import Scaling, SiloSchema, as_scaling
 
 __all__ = ["FORMATS", "load_silo", "read_records", "silo_format"]
 
@@ -47,8 +49,10 @@ def silo_format(source: str | Path) -> str:
 
 
 def read_records(source: str | Path, schema: SiloSchema,
-                 scaling: Scaling | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(x float32 [N, *record_shape], y int64 [N]) from one file or folder, checked against `schema`, then scaled."""
+                 scaling: Scaling | Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """(x float32 [N, *record_shape], y int64 [N]) from one file or folder, checked against `schema`, then scaled
+    (`scaling`: a `Scaling`, ``{"mean": [...], "std": [...]}``, or None / "none")."""
+    scaling = as_scaling(scaling)
     path = Path(source)
     kind = silo_format(path)
     if schema.is_table != (kind in ("csv", "parquet")):
@@ -59,7 +63,8 @@ def read_records(source: str | Path, schema: SiloSchema,
                 "images": _read_images}[kind](path, schema)
     except DataError:
         raise
-    except (OSError, ValueError, EOFError) as err:  # unreadable, truncated or not the format its name says
+    except (OSError, ValueError, EOFError, csv.Error, zipfile.BadZipFile) as err:  # unreadable, truncated, not
+        # the format its name says
         raise DataError(f"{path}: cannot read it as {kind} ({type(err).__name__}: {' '.join(str(err).split())})") \
             from None
     _check(path, x, y, schema)
@@ -69,7 +74,7 @@ def read_records(source: str | Path, schema: SiloSchema,
     return x.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
 
 
-def load_silo(source: str | Path, schema: SiloSchema, *, scaling: Scaling | None = None) -> ClientData:
+def load_silo(source: str | Path, schema: SiloSchema, *, scaling: Scaling | Any = None) -> ClientData:
     """One client's data from its file or folder, checked against `schema`: every record is a training record.
 
     A node of a federated deployment calls this on its own silo only; `dpfl.data.silos.federated_files` calls it on
@@ -119,12 +124,12 @@ def _columns(path: Path, have: list[str], schema: SiloSchema) -> None:
         raise DataError(f"{path}: column {extra[0]!r} is not declared in the schema (declared: {', '.join(wanted)})")
 
 
-def _int_range(path: Path, where: str, values: np.ndarray, dtype: str) -> None:
+def _int_range(path: Path, lines: list[int], column: str, values: np.ndarray, dtype: str) -> None:
     info = np.iinfo(np.dtype(dtype))
     out = (values < info.min) | (values > info.max)
     if out.any():
         row = int(np.flatnonzero(out)[0])
-        raise DataError(f"{path}, {where(row) if callable(where) else where}: {int(values[row])} does not fit {dtype}")
+        raise DataError(f"{path}, line {lines[row]}, column {column!r}: {int(values[row])} does not fit {dtype}")
 
 
 # ---- the formats -----------------------------------------------------------------------------------------------
@@ -156,7 +161,7 @@ def _read_csv(path: Path, schema: SiloSchema) -> tuple[np.ndarray, np.ndarray]:
     x = np.array(rows, dtype=np.float64).reshape(len(rows), len(cols))
     for j, (_, name, kind) in enumerate(cols):
         if kind.startswith(("int", "uint")):
-            _int_range(path, lambda r, n=name: f"line {lines[r]}, column {n!r}", x[:, j], kind)
+            _int_range(path, lines, name, x[:, j], kind)
     return x, np.array(labels, dtype=np.int64)
 
 

@@ -8,15 +8,17 @@ evaluated on a shared test file, or on the union of those local test splits.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dpfl.data.errors import DataError
 from dpfl.data.federated import FederatedDataset
 from dpfl.data.provided import federated_data
-from dpfl.data.schema import Scaling, SiloSchema
+from dpfl.data.schema import Scaling, SiloSchema, as_scaling
 from dpfl.data.silo_files import read_records
 from dpfl.data.splits import stratified_split
 from dpfl.seeding import Purpose, numpy_generator
@@ -28,11 +30,12 @@ FILES = "files"  # the dataset name of data read from the user's silo files (dat
 
 def federated_files(silos: Sequence[str | Path], schema: SiloSchema, *, test: str | Path | None = None,
                     client_test_fraction: float = 0.0, client_val_fraction: float = 0.0, seed: int = 0,
-                    scaling: Scaling | None = None, names: Sequence[str] | None = None) -> FederatedDataset:
+                    scaling: Scaling | Any = None, names: Sequence[str] | None = None) -> FederatedDataset:
     """One client per silo path, in order, each checked against `schema` (`dpfl.data.silo_files.load_silo`).
 
     `test` is a shared test file in any silo format; without it, ``client_test_fraction`` > 0 holds out a share of
-    every silo and the global test set is their union. `scaling` (public statistics) applies to every file alike.
+    every silo and the global test set is their union. `scaling` (public statistics: a `Scaling` or ``{"mean": [...],
+    "std": [...]}``; "fit" and the like are refused) applies to every file alike.
     Raises `DataError`, one line naming the file and the row or column.
     """
     if isinstance(silos, (str, Path)) or not len(silos):
@@ -44,6 +47,14 @@ def federated_files(silos: Sequence[str | Path], schema: SiloSchema, *, test: st
     if test is None and client_test_fraction == 0:
         raise DataError("give a shared test file (test) or hold out a share of each silo (client_test_fraction > 0): "
                         "dpfl evaluates the global model on it")
+    scaling = as_scaling(scaling)
+    where = [os.path.abspath(s) for s in silos]
+    for i, p in enumerate(where):
+        if p in where[:i]:
+            raise DataError(f"{silos[i]}: listed as silo {where.index(p)} and {i}; every client has its own silo")
+    if test is not None and os.path.abspath(test) in where:
+        raise DataError(f"{test}: the test file is also silo {where.index(os.path.abspath(test))}: the global model "
+                        "would be evaluated on records it trained on")
     names = [Path(s).stem or Path(s).name for s in silos] if names is None else list(names)
     clients = []
     for i, source in enumerate(silos):

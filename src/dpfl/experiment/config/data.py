@@ -172,6 +172,14 @@ class DataConfig(_Section):
         if self.clients != len(self.silos):
             _fail("clients", f"one client per silo: data.silos lists {len(self.silos)}", self.clients,
                   f"{len(self.silos)} (or leave it out)")
+        paths = [s if isinstance(s, str) else s.path for s in self.silos]
+        for i, p in enumerate(paths):
+            if p in paths[:i]:
+                _fail(f"silos.{i}", f"the same file as silo {paths.index(p)}: every client has its own silo", p,
+                      "a different file or folder")
+        if self.test in paths:
+            _fail("test", f"the test file is also silo {paths.index(self.test)}: the global model would be evaluated "
+                  "on records it trained on", self.test, "a file that is not a silo")
         for name in _SPLIT_FIELDS:
             default = DataConfig.model_fields[name].get_default(call_default_factory=True)
             if getattr(self, name) != default:
