@@ -120,3 +120,18 @@ def test_array_and_image_silos_from_a_config(tmp_path):
     assert data.info["silos"] == ["a", "clinic_b"] and data.n_classes == 2 and data.input_shape == (1, 2, 2)
     assert [c.n_train + c.n_test for c in data.clients] == [6, 5] and len(data.y_test) == 3 + 2
     assert float(data.clients[1].x_train.min()) == 1.0 and float(data.clients[0].x_train.max()) == -1.0  # scaled
+
+
+def test_one_node_loads_its_own_silo_alone_as_the_simulation_gives_it(tmp_path):
+    import torch
+
+    from dpfl.experiment.build import build_data, build_silo_client
+
+    cfg = load_config(EXAMPLE, ["data.test=null", "data.client_test_fraction=0.2", "data.client_val_fraction=0.1"])
+    everyone = build_data(cfg)
+    for i in range(3):
+        alone = build_silo_client(cfg, i)
+        for split in ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val"):
+            assert torch.equal(getattr(alone, split), getattr(everyone.clients[i], split))
+    with pytest.raises(ConfigError, match="no client 3"):
+        build_silo_client(cfg, 3)

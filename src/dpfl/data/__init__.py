@@ -9,7 +9,7 @@ from dpfl.data.partition import dirichlet, iid, label_shards
 from dpfl.data.registry import DATASETS, dataset_options, federated_dataset, load_dataset
 from dpfl.data.schema import Scaling, SiloSchema
 from dpfl.data.silo_files import load_silo
-from dpfl.data.silos import federated_files
+from dpfl.data.silos import federated_files, silo_client
 from dpfl.data.sources import Location, available, fetch, locate
 from dpfl.data.synthetic import ConvexProblem, heterogeneity, make_least_squares, make_logistic
 
@@ -41,5 +41,6 @@ __all__ = [
     "make_least_squares",
     "make_logistic",
     "read_idx",
+    "silo_client",
     "write_idx",
 ]

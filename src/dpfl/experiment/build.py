@@ -32,9 +32,10 @@ from dpfl.data import federated_dataset
 from dpfl.data.clustered import clustered_split
 from dpfl.data.registry import load_dataset
 from dpfl.data.errors import ChecksumError, DataError, DatasetNotFoundError
-from dpfl.data.federated import FederatedDataset
+from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.data.registry import PROVIDED
-from dpfl.data.silos import FILES, federated_files
+from dpfl.data.schema import Scaling, SiloSchema
+from dpfl.data.silos import FILES, federated_files, silo_client
 from dpfl.algorithms.catalog.context import AlgorithmError
 from dpfl.algorithms.registry import algorithm_spec
 from dpfl.experiment.algorithm_bundle import build_algorithm, noisy_accounting, run_facts
@@ -66,6 +67,7 @@ __all__ = [
     "build_data",
     "build_demo_config",
     "build_run",
+    "build_silo_client",
     "build_silos",
     "noisy_accounting",
     "refuse_unaccounted_buffers",
@@ -150,13 +152,36 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
 
 def build_silos(cfg: RunConfig) -> FederatedDataset:
     """The user's silo files of `cfg.data` (data.silos), one client each, checked against the declared schema."""
-    d = cfg.data
-    assert d.silos is not None and d.schema_ is not None  # the schema requires both with dataset 'files'
-    paths = [s if isinstance(s, str) else s.path for s in d.silos]
-    names = [Path(s).stem if isinstance(s, str) else (s.name or Path(s.path).stem) for s in d.silos]
-    scaling = d.scaling.to_scaling(d.schema_) if d.scaling != "none" else None
-    return federated_files(paths, d.schema_.to_schema(), test=d.test, client_test_fraction=d.client_test_fraction,
+    d, (paths, names), schema, scaling = cfg.data, _silo_sources(cfg), *_silo_declarations(cfg)
+    return federated_files(paths, schema, test=d.test, client_test_fraction=d.client_test_fraction,
                            client_val_fraction=d.client_val_fraction, seed=cfg.seed, scaling=scaling, names=names)
+
+
+def build_silo_client(cfg: RunConfig, client: int) -> ClientData:
+    """Client `client`'s data alone, from its own silo in `cfg.data.silos`, exactly as `build_silos` gives it (the
+    same checks, scaling and local test/validation shares): what one federated node loads."""
+    d, (paths, _), schema, scaling = cfg.data, _silo_sources(cfg), *_silo_declarations(cfg)
+    if not 0 <= client < len(paths):
+        raise ConfigError(f"data.silos: no client {client} (the config lists {len(paths)} silos)", "data.silos")
+    return silo_client(paths[client], schema, client=client, seed=cfg.seed,
+                       client_test_fraction=d.client_test_fraction, client_val_fraction=d.client_val_fraction,
+                       scaling=scaling)
+
+
+def _silo_sources(cfg: RunConfig) -> tuple[list[str], list[str]]:
+    """The silos' paths and names (a silo's name defaults to its file's stem)."""
+    silos = cfg.data.silos
+    if cfg.data.dataset != FILES or silos is None:
+        raise ConfigError(f"data: dataset {cfg.data.dataset!r} has no silo files (data.silos)", "data.silos")
+    paths = [s if isinstance(s, str) else s.path for s in silos]
+    names = [Path(s).stem if isinstance(s, str) else (s.name or Path(s.path).stem) for s in silos]
+    return paths, names
+
+
+def _silo_declarations(cfg: RunConfig) -> tuple[SiloSchema, Scaling | None]:
+    d = cfg.data
+    assert d.schema_ is not None  # the config requires a schema with dataset 'files'
+    return d.schema_.to_schema(), (d.scaling.to_scaling(d.schema_) if d.scaling != "none" else None)
 
 
 def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
