@@ -37,6 +37,10 @@ class SiloEntry(_Section):
     path: str = Field(min_length=1)
     name: str | None = Field(None, min_length=1, max_length=100)
 
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
 
 class SchemaConfig(_Section):
     """One record as declared (never inferred): a table's feature columns and dtypes, or an array's or image's shape.
