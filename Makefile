@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,ray,flower]'
+	$(PY) -m pip install -q -e '.[test,ray,flower,parquet]'
 	touch $@
 
 install: $(VENV)/.installed

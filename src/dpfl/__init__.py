@@ -30,6 +30,8 @@ _EXPORTS: dict[str, str] = {
     "federated_data": "dpfl.data.provided", "federated_dataset": "dpfl.data.registry",
     "FederatedDataset": "dpfl.data.federated", "ClientData": "dpfl.data.federated", "ArrayDataset": "dpfl.data.arrays",
     "register_dataset": "dpfl.data.registry", "build_model": "dpfl.models.registry",
+    "federated_files": "dpfl.data.silos", "load_silo": "dpfl.data.silo_files", "SiloSchema": "dpfl.data.schema",
+    "Scaling": "dpfl.data.schema", "DataError": "dpfl.data.errors",
     "register_model": "dpfl.models.registry", "register_loss": "dpfl.engine.losses",
     # algorithms and their stages
     "Algorithm": "dpfl.algorithms.algorithm", "fedavg": "dpfl.algorithms.algorithm",
@@ -80,9 +82,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
                                         UploadMechanism)
     from dpfl.api import RunOutcome, run
     from dpfl.data.arrays import ArrayDataset
+    from dpfl.data.errors import DataError
     from dpfl.data.federated import ClientData, FederatedDataset
     from dpfl.data.provided import federated_data
     from dpfl.data.registry import federated_dataset, register_dataset
+    from dpfl.data.schema import Scaling, SiloSchema
+    from dpfl.data.silo_files import load_silo
+    from dpfl.data.silos import federated_files
     from dpfl.engine.losses import register_loss
     from dpfl.experiment.build import build_run
     from dpfl.experiment.config import ConfigError, RunConfig, config_to_yaml, load_config, validate_config

@@ -76,7 +76,8 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path, *, data: FederatedDa
     keep the engine's contract (no buffers such as BatchNorm statistics; `loss_kind` attribute or cross-entropy).
     out: the run directory (default runs/<name>-<time>). resume: continue a killed run in `out`.
     overrides: ``FIELD.PATH=VALUE`` strings, as the CLI's ``--set``. on_round: called with each metrics row.
-    Raises `ConfigError` (one line) for a bad config, `ValueError` for bad objects or run directories.
+    Raises `ConfigError` (one line) for a bad config, `DataError` (a ValueError) for data that breaks its schema or
+    cannot form a federated dataset, `ValueError` for bad objects or run directories.
     """
     cfg = _config(config, overrides, data, model)
     if data is not None and data.n_clients != cfg.data.clients:

@@ -196,9 +196,13 @@ POSITIVE = {("privacy", "budgets"), ("privacy", "budgets", "values"), ("training
             ("training", "batch_size", "values"), ("algorithm", "params", "step_sizes")}
 
 
+SIGNED = {("data", "scaling", "mean")}  # public feature means: any finite number, negative ones included
+
+
 def numbers(base: dict[str, Any]) -> Iterator[tuple[FieldPath, Any]]:
     for path, value in walk(base):
-        if path and not free(path) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if path and not free(path) and path[:3] not in SIGNED and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
             yield path, value
 
 

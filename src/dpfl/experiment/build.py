@@ -31,9 +31,11 @@ from dpfl.engine.backends.local import LocalBackend
 from dpfl.data import federated_dataset
 from dpfl.data.clustered import clustered_split
 from dpfl.data.registry import load_dataset
-from dpfl.data.errors import ChecksumError, DatasetNotFoundError
-from dpfl.data.federated import FederatedDataset
+from dpfl.data.errors import ChecksumError, DataError, DatasetNotFoundError
+from dpfl.data.federated import ClientData, FederatedDataset
 from dpfl.data.registry import PROVIDED
+from dpfl.data.schema import Scaling, SiloSchema
+from dpfl.data.silos import FILES, federated_files, silo_client
 from dpfl.algorithms.catalog.context import AlgorithmError
 from dpfl.algorithms.registry import algorithm_spec
 from dpfl.experiment.algorithm_bundle import build_algorithm, noisy_accounting, run_facts
@@ -65,6 +67,8 @@ __all__ = [
     "build_data",
     "build_demo_config",
     "build_run",
+    "build_silo_client",
+    "build_silos",
     "noisy_accounting",
     "refuse_unaccounted_buffers",
     "resolve_batch_sizes",
@@ -115,8 +119,12 @@ def build_demo_config() -> RunConfig:
 
 
 def build_data(cfg: RunConfig) -> FederatedDataset:
-    """The federated dataset of `cfg.data`, split with the run seed."""
+    """The federated dataset of `cfg.data`, split with the run seed (given silos: read and checked, never split).
+
+    A problem in the user's files is a `DataError`, one line naming the file and the row or column."""
     d = cfg.data
+    if d.dataset == FILES:
+        return build_silos(cfg)
     kw: dict[str, Any] = dict(partition=d.partition, client_test_fraction=d.client_test_fraction,
                               client_val_fraction=d.client_val_fraction,
                               max_train_samples=d.max_train_samples, **d.options)
@@ -136,10 +144,44 @@ def build_data(cfg: RunConfig) -> FederatedDataset:
                                    disjoint=c.disjoint, purity=c.purity,
                                    normalize=tuple(c.normalize) if c.normalize else None)
         return federated_dataset(d.dataset, d.clients, root=Path(d.root) if d.root else None, seed=cfg.seed, **kw)
-    except (DatasetNotFoundError, ChecksumError):
+    except (DatasetNotFoundError, ChecksumError, DataError):
         raise
     except (ValueError, TypeError) as err:
         raise ConfigError(f"data: {err}", "data") from None
+
+
+def build_silos(cfg: RunConfig) -> FederatedDataset:
+    """The user's silo files of `cfg.data` (data.silos), one client each, checked against the declared schema."""
+    d, (paths, names), schema, scaling = cfg.data, _silo_sources(cfg), *_silo_declarations(cfg)
+    return federated_files(paths, schema, test=d.test, client_test_fraction=d.client_test_fraction,
+                           client_val_fraction=d.client_val_fraction, seed=cfg.seed, scaling=scaling, names=names)
+
+
+def build_silo_client(cfg: RunConfig, client: int) -> ClientData:
+    """Client `client`'s data alone, from its own silo in `cfg.data.silos`, exactly as `build_silos` gives it (the
+    same checks, scaling and local test/validation shares): what one federated node loads."""
+    d, (paths, _), schema, scaling = cfg.data, _silo_sources(cfg), *_silo_declarations(cfg)
+    if not 0 <= client < len(paths):
+        raise ConfigError(f"data.silos: no client {client} (the config lists {len(paths)} silos)", "data.silos")
+    return silo_client(paths[client], schema, client=client, seed=cfg.seed,
+                       client_test_fraction=d.client_test_fraction, client_val_fraction=d.client_val_fraction,
+                       scaling=scaling)
+
+
+def _silo_sources(cfg: RunConfig) -> tuple[list[str], list[str]]:
+    """The silos' paths and names (a silo's name defaults to its file's stem)."""
+    silos = cfg.data.silos
+    if cfg.data.dataset != FILES or silos is None:
+        raise ConfigError(f"data: dataset {cfg.data.dataset!r} has no silo files (data.silos)", "data.silos")
+    paths = [s if isinstance(s, str) else s.path for s in silos]
+    names = [Path(s).stem if isinstance(s, str) else (s.name or Path(s.path).stem) for s in silos]
+    return paths, names
+
+
+def _silo_declarations(cfg: RunConfig) -> tuple[SiloSchema, Scaling | None]:
+    d = cfg.data
+    assert d.schema_ is not None  # the config requires a schema with dataset 'files'
+    return d.schema_.to_schema(), (d.scaling.to_scaling(d.schema_) if d.scaling != "none" else None)
 
 
 def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
@@ -238,10 +280,22 @@ def check_model_contract(model: nn.Module, data: FederatedDataset, *, user: bool
         raise ConfigError(f"model: its forward pass fails on a batch of shape {tuple(x.shape)}: "
                           f"{type(err).__name__}: {err}".splitlines()[0], "model") from None
     classes = max(1, data.n_classes)
+    if isinstance(out, torch.Tensor) and out.ndim == 2 and out.shape[0] == len(x) and 0 < out.shape[1] < classes:
+        _refuse_labels_beyond(data, int(out.shape[1]))
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(x), classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError(f"model: must map a batch [B, {', '.join(map(str, data.input_shape))}] to scores [B, "
                           f"{classes}] (one per class), got {got}", "model")
+
+
+def _refuse_labels_beyond(data: FederatedDataset, width: int) -> None:
+    """A label the model has no score for is the data's problem (a label outside the classes), said as such."""
+    splits = [("test", data.y_test)] + [(f"client {i} {name}", y) for i, c in enumerate(data.clients)
+                                          for name, y in (("train", c.y_train), ("test", c.y_test), ("val", c.y_val))]
+    for where, y in splits:
+        if y is not None and y.numel() and int(y.max()) >= width:
+            raise DataError(f"data: {where} has label {int(y.max())}, outside the model's {width} classes "
+                            f"(0..{width - 1}): labels must be class indices below the number of classes")
 
 
 def refuse_unaccounted_buffers(cfg: RunConfig, model: Any) -> None:

@@ -24,6 +24,14 @@ Heterogeneous budgets and batch sizes of PFA and Robust-HDP (spec heterogeneous_
       batch_size: hetero                          # each client uniform from {16, 32, 64, 128}, seeded
       batch_size: rhdp20                          # the RHDP code's 20-client list
 
+The user's own data, one file or folder per client, never re-split (docs/own-data.md):
+
+    data:
+      silos: [hospital_a.csv, hospital_b.csv, hospital_c.csv]   # relative to the config file's folder
+      test: test.csv                                             # or client_test_fraction: 0.2
+      schema: {label: readmitted, n_classes: 2, features: {age: int64, bmi: float32}}
+      scaling: {mean: [60, 27], std: [15, 5]}                    # public statistics; `fit` is refused
+
 Distribution names are matched case-insensitively (mixgauss1 -> MixGauss1) except where two names differ
 only in case: `uniform` is U(low, high) and `Uniform` is PFA's U(1, 10) with its re-draw.
 
@@ -34,6 +42,7 @@ Layout (one idea per module; arrows point down, no cycles):
     base        the strict _Section base every section derives from
     vocabulary  algorithm and mechanism names; what each mechanism protects, from whom
     data, model, training, budgets, privacy, algorithm     one module per section
+    own_data    data.silos: the user's files (one per client), the declared schema, public scaling, paths
     run         RunConfig and the checks that span sections
     yaml_io, overrides, loading     YAML in, --set overrides, load_config / validate_config / config_to_yaml
 """

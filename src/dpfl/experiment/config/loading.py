@@ -15,6 +15,7 @@ from dpfl.experiment.config.legacy_mpdp import (convert_legacy_mpdp, is_legacy_m
                                                 refuse_flat_overrides)
 from dpfl.experiment.config.limits import MAX_CONFIG_CHARS, MAX_DEPTH
 from dpfl.experiment.config.overrides import apply_overrides
+from dpfl.experiment.config.own_data import resolve_paths
 from dpfl.experiment.config.run import RunConfig
 from dpfl.experiment.config.yaml_io import _load_yaml
 
@@ -36,7 +37,8 @@ def load_config(path: Path | str, overrides: Sequence[str] = (),
 
     An MP-DP config in the old flat schema (`scheme: mpdp`) is converted (`legacy_mpdp`), and `notice` gets one line
     saying so (default: a FutureWarning). Raises ConfigError (one line) for a missing/unreadable file, invalid YAML,
-    a document that is not a mapping, a malformed override, and any invalid field.
+    a document that is not a mapping, a malformed override, and any invalid field. Relative paths of data.silos and
+    data.test (the file's, or an override's) are relative to the config file's folder.
     """
     data = read_config_mapping(path)
     if is_legacy_mpdp(data):
@@ -47,7 +49,7 @@ def load_config(path: Path | str, overrides: Sequence[str] = (),
             notice(message)
         else:
             warnings.warn(message, FutureWarning, stacklevel=2)
-    return validate_config(apply_overrides(data, overrides))
+    return validate_config(resolve_paths(apply_overrides(data, overrides), Path(path).parent))
 
 
 def read_config_mapping(path: Path | str) -> dict[str, Any]:
