@@ -538,8 +538,8 @@ class FederatedRun:
         loss = self.algorithm.local.spec.loss
         finite = all(bool(torch.isfinite(t).all()) for t in w.values())
         if not finite or (r + 1) % self.eval_every == 0 or r + 1 == self.rounds:
-            row.update(run_evaluation.global_model_metrics(self.model, self.data, self.val_data, w, loss))
-        if "smoothing" in diagnostics or "test_accuracy" in row:
+            row.update(self._evaluation(w, server_state))
+        elif "smoothing" in diagnostics:  # FedCEO's personal models changed: their accuracy, every smoothing
             personal = self.personal_models(w, server_state)
             row.update(run_evaluation.personal_accuracy(self.model, self.data, personal, loss))
         test_loss = row.get("test_loss")
@@ -556,14 +556,19 @@ class FederatedRun:
             row["cpu_seconds"] = cpu_seconds
         return row
 
-    def _evaluated_at_stop(self, row: dict[str, Any], w: P.Params, server_state: Any) -> dict[str, Any]:
-        """`row` (the last round's, not evaluated) with the evaluation of the model the run ends with, and the list of
-        the keys that evaluation added (`evaluated_at_stop`: a resumed run's checks compare the rows without them)."""
+    def _evaluation(self, w: P.Params, server_state: Any) -> dict[str, Any]:
+        """The global model `w` on the test, validation and clients' held-out sets, and the clients' personal
+        models (from `server_state` or the client stage) on their own test splits."""
         loss = self.algorithm.local.spec.loss
         found = run_evaluation.global_model_metrics(self.model, self.data, self.val_data, w, loss)
         found.update(run_evaluation.personal_accuracy(self.model, self.data, self.personal_models(w, server_state),
                                                       loss))
-        added = {k: v for k, v in found.items() if k not in row}
+        return found
+
+    def _evaluated_at_stop(self, row: dict[str, Any], w: P.Params, server_state: Any) -> dict[str, Any]:
+        """`row` (the last round's, not evaluated) with the evaluation of the model the run ends with, and the list of
+        the keys that evaluation added (`evaluated_at_stop`: a resumed run's checks compare the rows without them)."""
+        added = {k: v for k, v in self._evaluation(w, server_state).items() if k not in row}
         return plain_row({**row, **added, EVALUATED_AT_STOP: sorted(added)})
 
     # ---- diagnostics of one round (round_diagnostics) --------------------------------------------
