@@ -1,5 +1,5 @@
-"""`descendants(pid)`: a process's children, grandchildren, ... from /proc (shared by the tests that check that
-Flower's and Ray's processes are cleaned up, or what they listen on)."""
+"""`descendants(pid)`: a process's children, grandchildren, ... from /proc; `alive(pid)`: still running (shared by
+the tests that check that Flower's and Ray's processes are cleaned up, or what they listen on)."""
 
 from __future__ import annotations
 
@@ -17,3 +17,12 @@ def descendants(pid: int) -> list[int]:
     except OSError:
         pass
     return out
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -45,7 +45,6 @@ def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
 
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.xdist_group("ray")  # one worker for every Ray test: tests/engine/test_ray_cluster.py
 # The tests below start Ray (a session of actors, some killed): the integration tier; the three above stay in the
 # default tier.
 
@@ -55,7 +54,7 @@ def ray_session():
     """One local Ray instance for the module (the backend then uses it and does not shut it down)."""
     with warnings.catch_warnings():  # Ray's notice about GPU environment variables
         warnings.simplefilter("ignore", FutureWarning)
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -3,11 +3,14 @@ starting its own, and the run is still the in-process run bit for bit."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +18,11 @@ import torch
 
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config.loading import load_config
+from processes import alive, descendants
 
 ray = pytest.importorskip("ray")
-# the head node's teardown (`ray stop --force`) stops every Ray process on the machine: no other Ray test may run
-# beside it, so all of them share one xdist worker (pyproject: --dist loadgroup); a head node and a run: integration
-# tier
-pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.integration]
+# a head node and a run: integration tier
+pytestmark = pytest.mark.integration
 SETS = ["training.rounds=2", "model.name=cnn_digits"]
 
 
@@ -30,24 +32,57 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_listening(port: int, head: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray head node did not listen on {port} (exit {head.poll()})") from None
+            time.sleep(0.3)
+
+
+def _stop_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM to `ray start --block` (it stops the processes it started), then SIGKILL to whatever of its tree is
+    left: only this head's processes, never another test's Ray (`ray stop` would stop every Ray on the machine)."""
+    tree = descendants(proc.pid)
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [*tree, *descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+
+
 @pytest.fixture
 def head_node():
-    """A Ray head on localhost with 2 CPUs, stopped (with its workers) when the test ends.
+    """A Ray head on localhost with 2 CPUs (`ray start --block`, a child of this test), stopped with its workers
+    when the test ends.
 
     Its temp dir is short (Ray's socket paths must fit 107 characters, which pytest's tmp_path can exceed)."""
     if ray.is_initialized():
         pytest.skip("this process already runs Ray")
     cli = str(Path(sys.executable).parent / "ray")
     port, temp = _free_port(), tempfile.mkdtemp(prefix="dpfl-ray-")
-    start = [cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+    start = [cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
              "--disable-usage-stats", f"--temp-dir={temp}"]
-    subprocess.run(start, check=True, capture_output=True, timeout=120)
+    head = subprocess.Popen(start, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        _wait_listening(port, head)
         yield f"127.0.0.1:{port}"
     finally:
         ray.shutdown()
-        subprocess.run([cli, "stop", "--force"], capture_output=True, timeout=120)
+        tree = descendants(head.pid)
+        _stop_tree(head)
         shutil.rmtree(temp, ignore_errors=True)
+        assert not [pid for pid in tree if alive(pid)], "the head node left processes"
 
 
 def test_a_run_on_a_running_cluster_equals_the_local_run(head_node):

@@ -23,7 +23,6 @@ CONFIG = config_dir("mpdp") / "ci_digits_mlp.yaml"
 RUN_FILES = {"config.yaml", "metrics.jsonl", "checkpoint.pt", "privacy.json", "summary.json", "environment.jsonl",
              "report.md", "plots"}  # no LOCK_FILE: a run that ends removes it
 
-pytestmark = pytest.mark.xdist_group("mpdp_directory")  # the tests share the module's 2-round run: one worker
 
 
 # configs/mpdp/ci_digits_mlp.yaml in the old flat schema, as it was until commit 30b229a (`git show

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .helpers import ROOT
-from processes import descendants
+from processes import alive, descendants
 
 BIN = Path(sys.executable).parent
 
@@ -78,15 +78,6 @@ def wait_listening(port: int, deadline: float, procs: list[subprocess.Popen], lo
             assert not dead, f"{dead} exited\n{read_logs(logs)}"
             assert time.monotonic() < deadline, f"nothing listens on {port}\n{read_logs(logs)}"
             time.sleep(0.3)
-
-
-def alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def command_name(pid: int) -> str:

@@ -16,8 +16,8 @@ pytest.importorskip("ray")
 from .federation import BIN, Federation, env, free_base_port, read_logs, wait_listening  # noqa: E402
 from .helpers import CONFIG, ROOT, assert_same_run, reference  # noqa: E402
 
-# Flower's simulation runs on Ray (tests/engine/test_ray_cluster.py); it starts Ray (~25 s a run): integration tier
-pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.integration]
+# Flower's simulation runs on Ray; it starts Ray (~25 s a run): integration tier
+pytestmark = pytest.mark.integration
 PROJECT = ROOT / "examples" / "flower"
 SIMULATION = "num-supernodes=3 client-resources-num-cpus=1 init-args-num-cpus=2"
 

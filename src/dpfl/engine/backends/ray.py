@@ -13,7 +13,9 @@ in process, never retried.
 
 A Ray that this backend starts (no `address`) stays on the machine: its node address is 127.0.0.1, so every
 server it starts (GCS, raylet, workers) listens on the loopback interface only, no dashboard, and Ray's usage
-statistics are off (unless RAY_USAGE_STATS_ENABLED=1 says otherwise). `describe()` says what a run used.
+statistics are off (unless RAY_USAGE_STATS_ENABLED=1 says otherwise). It is always a new Ray: Ray's own lookup
+(RAY_ADDRESS, or the last `ray start` on the machine) would join another cluster while the run said it started
+its own; joining is `address`'s job. `describe()` says what a run used.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ class RayBackend:
                     ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
                 else:
                     with machine_only():
-                        ray.init(num_cpus=max(need, os.cpu_count() or 1), include_dashboard=False,
+                        ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), include_dashboard=False,
                                  _node_ip_address=LOOPBACK, logging_level="ERROR", log_to_driver=False)
             self._owned_ray = True
             self.started = {"ray": "started" if not self.address else "joined", "address": self.address,
