@@ -57,7 +57,8 @@ def _fake_messages(monkeypatch):
 
 def test_each_node_is_asked_once_as_it_connects():
     grid = Grid([[], [11], [11, 12], [11, 12, 13]], {11: 2, 12: 0, 13: 1})
-    assert discover(grid, 3, timeout=10, reply_timeout=5, poll=0.0) == {0: 12, 1: 13, 2: 11}
+    found = discover(grid, 3, timeout=10, reply_timeout=5, poll=0.0)
+    assert found.nodes == {0: 12, 1: 13, 2: 11} and found.records == {0: None, 1: None, 2: None}  # no config sent
     assert grid.asked == [[11], [12], [13]]
 
 
@@ -73,7 +74,8 @@ def test_a_missing_node_fails_with_its_partition_id_and_progress_is_said():
 @pytest.mark.parametrize("grid, message", [
     (Grid([[11, 12]], {11: 0, 12: 5}), "node 12 holds partition-id 5, but the run has clients 0..1"),
     (Grid([[11], [11, 12]], {11: 0, 12: 0}), "nodes 11 and 12 both hold partition-id 0"),
-    (Grid([[11]], {11: 0}, {11: "start the SuperNode with --node-config"}), "node 11 could not say its partition-id"),
+    (Grid([[11]], {11: 0}, {11: "start the SuperNode with --node-config"}),
+     "node 11 cannot take part: start the SuperNode"),
 ], ids=["out-of-range", "duplicate", "node-error"])
 def test_a_node_that_cannot_take_part_stops_the_run_at_once(grid, message):
     with pytest.raises(FederationError, match=message):

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dpfl.cli.common import console, errors, fail
+from dpfl.cli.common import console, errors, fail, user_errors
 
 flower_app = typer.Typer(no_args_is_help=True, help="Run a dpfl config as a Flower app (the dpfl[flower] extra; "
                          "docs/flower.md).")
@@ -26,9 +26,13 @@ def _require_flwr() -> None:
 
 @flower_app.command("guide")
 def flower_guide(
-    nodes: Annotated[int, typer.Option(help="SuperNodes = dpfl clients: the guide starts this many SuperNodes "
-                                            "(partition-id 0..nodes-1) and the run gets as many clients (run config "
-                                            "nodes, which sets data.clients).")] = 3,
+    nodes: Annotated[Optional[int], typer.Option(help="SuperNodes = dpfl clients: the guide starts this many "
+                                                      "SuperNodes (partition-id 0..nodes-1) and the run gets as many "
+                                                      "clients (run config nodes, which sets data.clients); default 3, "
+                                                      "or one per silo of --config.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="The dpfl config to run instead of the project's; with the "
+                                                        "user's own files (data.silos) each SuperNode reads only its "
+                                                        "own silo (node config silo=PATH).")] = None,
     port: Annotated[int, typer.Option(help="The SuperLink's port (Fleet, Control and Runtime APIs).")] = 9092,
     folder: Annotated[Optional[Path], typer.Option("--dir", help="The federation's directory: Flower's CLI "
                                                    "configuration and the run directories (default ./dpfl-flower, "
@@ -44,13 +48,40 @@ def flower_guide(
     from dpfl.flower.guide import PROJECT, Secure, guide
 
     _require_flwr()
+    silos = None
+    if config is not None:
+        config = config.expanduser().resolve()
+        silos = _silo_paths(config)
+        if silos is not None:
+            if nodes is not None and nodes != len(silos):
+                fail(f"--nodes {nodes}, but {config.name} lists {len(silos)} silos (data.silos): one SuperNode each")
+            nodes = len(silos)
+    nodes = 3 if nodes is None else nodes
     if nodes < 1 or not 0 < port < 65536 - 10 - nodes:
         fail(f"--nodes must be >= 1 and --port a free port below {65536 - 10 - nodes}")
     project = (project or PROJECT).expanduser().resolve()
     if not (project / "pyproject.toml").is_file():
         fail(f"--project {project} is not a Flower project (no pyproject.toml)")
-    text = guide(nodes, port, project, folder, Secure(secure.expanduser().resolve()) if secure else None)
+    try:
+        text = guide(nodes, port, project, folder, Secure(secure.expanduser().resolve()) if secure else None,
+                     config=config, silos=silos)
+    except ValueError as e:
+        fail(str(e))
     console.print(text, markup=False, highlight=False)
+
+
+def _silo_paths(config: Path) -> list[str] | None:
+    """The config's silo paths (absolute, as `load_config` resolves them), or None for one of dpfl's datasets."""
+    from dpfl.data.silos import FILES
+    from dpfl.experiment.config import load_config
+
+    try:
+        cfg = load_config(config)
+    except user_errors() as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    if cfg.data.dataset != FILES or cfg.data.silos is None:
+        return None
+    return [s if isinstance(s, str) else s.path for s in cfg.data.silos]
 
 
 @flower_app.command("keys")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,10 @@ from dpfl.data.clustered import clustered_split
 from dpfl.data.registry import load_dataset
 from dpfl.data.errors import ChecksumError, DataError, DatasetNotFoundError
 from dpfl.data.federated import ClientData, FederatedDataset
+from dpfl.data.on_nodes import records_on_nodes
 from dpfl.data.registry import PROVIDED
 from dpfl.data.schema import Scaling, SiloSchema
+from dpfl.data.silo_files import read_records
 from dpfl.data.silos import FILES, federated_files, silo_client
 from dpfl.algorithms.catalog.context import AlgorithmError
 from dpfl.algorithms.registry import algorithm_spec
@@ -65,8 +68,10 @@ __all__ = [
     "DEMO_CONFIG",
     "build_algorithm",
     "build_data",
+    "build_data_on_nodes",
     "build_demo_config",
     "build_run",
+    "build_run_on_nodes",
     "build_silo_client",
     "build_silos",
     "noisy_accounting",
@@ -157,15 +162,33 @@ def build_silos(cfg: RunConfig) -> FederatedDataset:
                            client_val_fraction=d.client_val_fraction, seed=cfg.seed, scaling=scaling, names=names)
 
 
-def build_silo_client(cfg: RunConfig, client: int) -> ClientData:
-    """Client `client`'s data alone, from its own silo in `cfg.data.silos`, exactly as `build_silos` gives it (the
-    same checks, scaling and local test/validation shares): what one federated node loads."""
+def build_silo_client(cfg: RunConfig, client: int, path: str | Path | None = None) -> ClientData:
+    """Client `client`'s data alone, exactly as `build_silos` gives it (the same checks, scaling and local
+    test/validation shares): what one federated node loads. `path`: the node's own file or folder (a Flower node's
+    `silo`), instead of the config's entry for that client."""
     d, (paths, _), schema, scaling = cfg.data, _silo_sources(cfg), *_silo_declarations(cfg)
     if not 0 <= client < len(paths):
         raise ConfigError(f"data.silos: no client {client} (the config lists {len(paths)} silos)", "data.silos")
-    return silo_client(paths[client], schema, client=client, seed=cfg.seed,
+    return silo_client(paths[client] if path is None else path, schema, client=client, seed=cfg.seed,
                        client_test_fraction=d.client_test_fraction, client_val_fraction=d.client_val_fraction,
                        scaling=scaling)
+
+
+def build_data_on_nodes(cfg: RunConfig, records: Sequence[int]) -> FederatedDataset:
+    """The server's data of a federation whose nodes read their own silos (data.silos): the record count each
+    client's node reported, in client order, and the shared test file (data.test), the only file the server reads."""
+    d, (_, names), schema, scaling = cfg.data, _silo_sources(cfg), *_silo_declarations(cfg)
+    if d.test is None:
+        raise ConfigError("data.test: in a federation the server evaluates the global model and holds no silo: give "
+                          "a shared test file (client_test_fraction's shares stay on the nodes)", "data.test")
+    if len(records) != d.clients:
+        raise ConfigError(f"data.silos: {len(records)} nodes reported records, the config lists {d.clients} silos",
+                          "data.silos")
+    x_test, y_test = read_records(d.test, schema, scaling)
+    info = {"dataset": FILES, "silos": names, "test": d.test, "seed": cfg.seed,
+            "client_test_fraction": d.client_test_fraction}
+    return records_on_nodes([int(n) for n in records], torch.from_numpy(np.ascontiguousarray(x_test)),
+                            torch.from_numpy(np.ascontiguousarray(y_test)), schema.n_classes, info=info)
 
 
 def _silo_sources(cfg: RunConfig) -> tuple[list[str], list[str]]:
@@ -349,10 +372,20 @@ def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn
     `data` / `model`: the user's own objects (`dpfl.run`), for configs whose data section is
     ``{dataset: provided}`` / whose model is ``{name: provided}``; the model is copied, never trained in place.
     """
+    refuse_mismatched_objects(cfg, data, model, "dpfl.run(config")
+    return _assemble(cfg, data if data is not None else build_data(cfg), model)
+
+
+def build_run_on_nodes(cfg: RunConfig, records: Sequence[int]) -> FederatedRun:
+    """The server's FederatedRun of a federation whose clients read their own silo files (`build_data_on_nodes`):
+    calibrated for the reported record counts; its clients train only through `remote_clients`."""
+    return _assemble(cfg, build_data_on_nodes(cfg, records), None)
+
+
+def _assemble(cfg: RunConfig, data: FederatedDataset, model: nn.Module | None) -> FederatedRun:
+    """The run of `cfg` on `data`, with the user's `model` (copied) or the config's."""
     if cfg.device != "cpu":
         raise ConfigError(f"device: the engine runs on cpu only for now (got {cfg.device!r}; allowed: cpu)", "device")
-    refuse_mismatched_objects(cfg, data, model, "dpfl.run(config")
-    data = data if data is not None else build_data(cfg)
     if model is not None:
         model = copy.deepcopy(model)
     else:

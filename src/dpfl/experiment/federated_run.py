@@ -37,6 +37,7 @@ from dpfl.engine.allocator import tune_malloc
 from dpfl.engine.backends.base import Backend
 from dpfl.engine.backends.local import LocalBackend
 from dpfl.engine.local_training import DEFAULT_MAX_ELEMENTS, ClientPlan
+from dpfl.data.on_nodes import on_nodes
 from dpfl.engine.pooled import PooledData
 from dpfl.experiment import privacy_report, round_diagnostics, run_checks, run_evaluation
 from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_noise, per_client, planned_run,
@@ -118,10 +119,12 @@ class FederatedRun:
         self.accountant = accountant
         self.backend: Backend = backend if backend is not None else LocalBackend()
         self.events = RunEvents(self)  # what a round costs each client (run_accounting)
-        self.pooled = PooledData.from_clients([c.x_train for c in data.clients], [c.y_train for c in data.clients])
-        n = self.pooled.n_clients
+        # every client's training records in one tensor; a federation's server holds counts only (data.on_nodes)
+        self._pooled = (None if on_nodes(data) else
+                        PooledData.from_clients([c.x_train for c in data.clients], [c.y_train for c in data.clients]))
+        n = len(data.clients)
         self.n_clients = n
-        self.n_records = self.pooled.sizes.numpy()
+        self.n_records = self._pooled.sizes.numpy() if self._pooled is not None else data.train_sizes
         with_val = [c for c in data.clients if getattr(c, "n_val", 0)]  # the union the searches select on
         self.val_data = ((torch.cat([c.x_val for c in with_val]), torch.cat([c.y_val for c in with_val]))
                          if with_val else None)
@@ -167,6 +170,14 @@ class FederatedRun:
             self.algorithm, self.calibrated = staged
         run_checks.refuse_a_run_that_trains_nothing(self)
         run_checks.note_what_the_noise_means(self)
+
+    @property
+    def pooled(self) -> PooledData:
+        """Every client's training records in one tensor (what the backend trains the cohort on)."""
+        if self._pooled is None:
+            raise RuntimeError("this run's training records are on the clients' nodes: its clients train on their "
+                               "own machines (remote_clients), never here")
+        return self._pooled
 
     # ---- calibration (run_accounting) ------------------------------------------------------------
     def planned_run(self, mechanism: str) -> PlannedRun:

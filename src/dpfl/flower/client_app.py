@@ -6,8 +6,11 @@ id (its update `end - w`), then the upload stage (`alg.upload.apply`). With the 
 only) the node draws exactly the batches and noise the simulation draws for that client; by default it draws them
 from its own secret seed (node config `seed`, else `secrets.randbits`), which the server never learns.
 
-Demo simplification: the node derives its partition from the config's public dataset (`build_data`, then client
-`partition-id` of the split); a real node would load its own records instead.
+A node's records: with a config that reads the user's own files (data.silos), the node reads only its own silo,
+the file or folder its node config names (`silo=PATH`), and checks it against the config's declared schema (no one
+else can: no one sees two silos); the config's own list of silo paths is never read on a node. With one of dpfl's
+datasets (a demo), the node derives its partition from the public dataset (`build_data`, then client
+`partition-id` of the split).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from dpfl.engine.backends.local import LocalBackend  # noqa: E402
 from dpfl.engine.pooled import PooledData  # noqa: E402
 from dpfl.algorithms.stages import LocalInputs  # noqa: E402
 from dpfl.flower.arrays import from_record, to_record  # noqa: E402
-from dpfl.flower.protocol import FACTS, GLOBAL, NODE, PARTITION_ID, PLAN, UPLOAD, TrainPlan  # noqa: E402
+from dpfl.flower.protocol import (CONFIG, FACTS, GLOBAL, NODE, PARTITION_ID, PLAN, RECORDS, SILO, UPLOAD,  # noqa: E402
+                                  YAML, TrainPlan)
 
 
 @dataclass
@@ -46,27 +50,49 @@ class ClientSide:
     y: torch.Tensor
 
 
-_BUILT: dict[tuple[str, int], ClientSide] = {}
+_BUILT: dict[tuple[str, int, str | None], ClientSide] = {}
 _SECRET_SEED: list[int] = []
 
 
-def client_side(config_yaml: str, partition: int) -> ClientSide:
-    """The node's algorithm, model and records for `config_yaml` (cached per config and partition)."""
-    key = (hashlib.sha256(config_yaml.encode()).hexdigest(), partition)
+def client_side(config_yaml: str, partition: int, silo: str | None = None) -> ClientSide:
+    """The node's algorithm, model and records for `config_yaml` (cached per config, partition and silo).
+
+    `silo`: the node's own file or folder (node config `silo`), required when the config reads the user's own
+    files and refused otherwise. Raises one line naming the problem (a `DataError` names the file and the row or
+    column)."""
+    key = (hashlib.sha256(config_yaml.encode()).hexdigest(), partition, silo)
     if key not in _BUILT:
-        from dpfl.experiment.build import build_algorithm, build_data
+        from dpfl.data.silos import FILES
+        from dpfl.experiment.build import build_algorithm, build_data, build_silo_client
         from dpfl.experiment.config import validate_config
         from dpfl.models import build_model
 
         cfg = validate_config(yaml.safe_load(config_yaml))
-        data = build_data(cfg)  # demo: the split of a public dataset; a real node loads its own records
-        if not 0 <= partition < len(data.clients):
-            raise ValueError(f"partition-id {partition} is not a client of this config (0..{len(data.clients) - 1})")
-        model = build_model(cfg.model.name, tuple(data.input_shape), data.n_classes, seed=cfg.seed, **cfg.model.options)
-        own = data.clients[partition]
+        if not 0 <= partition < cfg.data.clients:
+            raise ValueError(f"partition-id {partition} is not a client of this config (0..{cfg.data.clients - 1})")
+        if cfg.data.dataset == FILES:
+            if not silo:
+                raise ValueError("this run reads each client's own files: start the SuperNode with --node-config "
+                                 f"'{PARTITION_ID}={partition} {SILO}=\"PATH\"' (PATH: this node's file or folder, "
+                                 "in the config's data.schema)")
+            own = build_silo_client(cfg, partition, silo)
+            shape, n_classes = tuple(own.x_train.shape[1:]), cfg.data.schema_.n_classes
+        else:
+            if silo:
+                raise ValueError(f"node config {SILO}={silo!r}, but the run's data is dataset "
+                                 f"{cfg.data.dataset!r}, split by dpfl (data.silos names the user's own files)")
+            data = build_data(cfg)  # demo: the split of a public dataset
+            own, shape, n_classes = data.clients[partition], tuple(data.input_shape), data.n_classes
+        model = build_model(cfg.model.name, shape, n_classes, seed=cfg.seed, **cfg.model.options)
         _BUILT.clear()  # one run at a time per node process
         _BUILT[key] = ClientSide(build_algorithm(cfg, model), model, own.x_train, own.y_train)
     return _BUILT[key]
+
+
+def node_silo(node_config: Any) -> str | None:
+    """The node's own silo path (node config `silo`), or None."""
+    value = node_config.get(SILO) if hasattr(node_config, "get") else None
+    return str(value) if value not in (None, "") else None
 
 
 def node_seed(node_config: Any) -> int:
@@ -104,7 +130,11 @@ def client_app(shared_seed: bool | None = None) -> ClientApp:
         if PARTITION_ID not in context.node_config:
             raise ValueError("start the SuperNode with --node-config 'partition-id=<its dpfl client id>'")
         pid = int(context.node_config[PARTITION_ID])
-        return Message(RecordDict({NODE: ConfigRecord({PARTITION_ID: pid})}), reply_to=msg)
+        answer: dict[str, Any] = {PARTITION_ID: pid}
+        if CONFIG in msg.content:  # load (and check) this node's records now: a problem stops the run before round 1
+            side = client_side(str(msg.content[CONFIG][YAML]), pid, node_silo(context.node_config))
+            answer[RECORDS] = len(side.x)
+        return Message(RecordDict({NODE: ConfigRecord(answer)}), reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -116,7 +146,7 @@ def client_app(shared_seed: bool | None = None) -> ClientApp:
         if plan.seed >= 0 and not allowed:
             raise ValueError("the server sent a seed but this run does not share seeds (run config shared-seed)")
         seed = plan.seed if plan.seed >= 0 else node_seed(context.node_config)
-        side = client_side(plan.config_yaml, pid)
+        side = client_side(plan.config_yaml, pid, node_silo(context.node_config))
         w = from_record(msg.content[GLOBAL], P.model_params(side.model))
         upload, steps, noise_sq = client_upload(side, plan, w, seed)
         # the norm of a secret noise stays on the node: only with the run's seed, which the server knows anyway, does

@@ -2,13 +2,15 @@
 
 `FederatedRun.local_round` calls `round(run, r, w, ids)`; everything else of the round (selection, ledger,
 aggregation, evaluation) stays in the server's FederatedRun. Flower node ids are mapped to dpfl client ids once,
-by a query each node answers with its `partition-id` (`discover`).
+by a query each node answers with its `partition-id` and, having loaded its records for the run's config, their
+count (`discover`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -17,7 +19,7 @@ from flwr.serverapp import Grid
 from dpfl.engine import params as P
 from dpfl.experiment.federated_run import RemoteRound
 from dpfl.flower.arrays import to_record
-from dpfl.flower.protocol import NODE, PARTITION_ID
+from dpfl.flower.protocol import CONFIG, NODE, PARTITION_ID, RECORDS, YAML
 
 QUERY, TRAIN = "query", "train"
 
@@ -26,33 +28,43 @@ class FederationError(RuntimeError):
     """The SuperNodes did not answer as a dpfl federation must (missing, duplicate or failing clients)."""
 
 
+@dataclass(frozen=True)
+class Discovered:
+    """The federation's clients: {dpfl client id: Flower node id}, and the training-record count each node reported
+    (None from a node that was not sent the config)."""
+
+    nodes: dict[int, int]
+    records: dict[int, int | None]
+
+
 def discover(grid: Grid, n_clients: int, timeout: float, reply_timeout: float,
              say: Callable[[str], None] = lambda line: None, poll: float = 0.5,
-             note_every: float = 10.0) -> dict[int, int]:
-    """{dpfl client id: Flower node id}, once every client 0..n-1 has a connected node (or FederationError).
+             note_every: float = 10.0, config_yaml: str = "") -> Discovered:
+    """The node of every client 0..n-1, once each has connected (or FederationError).
 
-    Each node is asked its partition-id as soon as it connects, so a node that cannot take part (an error, a
-    partition-id outside 0..n-1, one another node already holds) stops the run at once, with the reason; a client
-    whose node has not connected after `timeout` seconds stops it with the partition-ids still missing. `say` gets a
-    progress line every `note_every` seconds while nodes are missing (the ServerApp's log: `flwr run --stream`).
-    `reply_timeout`: seconds for a node to answer the query (its first answer starts its ClientApp, which imports
-    torch and dpfl: slow on a loaded machine)."""
+    Each node is asked its partition-id as soon as it connects (with `config_yaml`, the run's config: the node loads
+    and checks its records for it and says how many it holds), so a node that cannot take part (an error, its data
+    refused, a partition-id outside 0..n-1, one another node already holds) stops the run at once, with the reason;
+    a client whose node has not connected after `timeout` seconds stops it with the partition-ids still missing.
+    `say` gets a progress line every `note_every` seconds while nodes are missing (the ServerApp's log: `flwr run
+    --stream`). `reply_timeout`: seconds for a node to answer the query (its first answer starts its ClientApp,
+    which imports torch and dpfl and reads its records: slow on a loaded machine)."""
     start = time.monotonic()
     deadline, next_note = start + timeout, start
-    found: dict[int, int] = {}  # partition-id -> node
+    found: dict[int, tuple[int, int | None]] = {}  # partition-id -> (node, records)
     asked: set[int] = set()
     while True:
         new = [n for n in grid.get_node_ids() if n not in asked]
         if new:
             asked.update(new)
-            for pid, node in _ask_partitions(grid, new, n_clients, reply_timeout).items():
+            for pid, (node, records) in _ask_partitions(grid, new, n_clients, reply_timeout, config_yaml).items():
                 if pid in found:
-                    raise FederationError(f"nodes {found[pid]} and {node} both hold partition-id {pid}: start each "
-                                          "SuperNode with its own --node-config 'partition-id=K'")
-                found[pid] = node
+                    raise FederationError(f"nodes {found[pid][0]} and {node} both hold partition-id {pid}: start "
+                                          "each SuperNode with its own --node-config 'partition-id=K'")
+                found[pid] = (node, records)
         missing = [i for i in range(n_clients) if i not in found]
         if not missing:
-            return {i: found[i] for i in range(n_clients)}
+            return Discovered({i: found[i][0] for i in range(n_clients)}, {i: found[i][1] for i in range(n_clients)})
         now = time.monotonic()
         if now >= deadline:
             raise FederationError(
@@ -71,26 +83,31 @@ def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
 
 
-def _ask_partitions(grid: Grid, nodes: list[int], n_clients: int, reply_timeout: float) -> dict[int, int]:
-    """{partition-id: node} of `nodes`, each checked to be a client of the run (0..n_clients-1) and unique."""
-    messages = [Message(RecordDict(), dst_node_id=n, message_type=QUERY, group_id="dpfl-discover") for n in nodes]
+def _ask_partitions(grid: Grid, nodes: list[int], n_clients: int, reply_timeout: float,
+                    config_yaml: str = "") -> dict[int, tuple[int, int | None]]:
+    """{partition-id: (node, records)} of `nodes`, each checked to be a client of the run (0..n_clients-1) and
+    unique."""
+    content = {CONFIG: ConfigRecord({YAML: config_yaml})} if config_yaml else {}
+    messages = [Message(RecordDict(content), dst_node_id=n, message_type=QUERY, group_id="dpfl-discover")
+                for n in nodes]
     replies = list(grid.send_and_receive(messages, timeout=reply_timeout))
     if len(replies) < len(nodes):
         raise FederationError(f"{len(replies)} of {len(nodes)} SuperNodes answered the partition-id query in "
                               f"{reply_timeout:g} s (run config `timeout`)")
-    found: dict[int, int] = {}
+    found: dict[int, tuple[int, int | None]] = {}
     for reply in replies:
         node = reply.metadata.src_node_id
         if reply.has_error():
-            raise FederationError(f"node {node} could not say its partition-id: {error_text(reply)}")
-        pid = int(reply.content[NODE][PARTITION_ID])
+            raise FederationError(f"node {node} cannot take part: {error_text(reply)}")
+        answer = reply.content[NODE]
+        pid = int(answer[PARTITION_ID])
         if not 0 <= pid < n_clients:
             raise FederationError(f"node {node} holds partition-id {pid}, but the run has clients 0..{n_clients - 1} "
                                   "(run config `nodes` or the config's data.clients)")
         if pid in found:
-            raise FederationError(f"nodes {found[pid]} and {node} both hold partition-id {pid}: start each "
+            raise FederationError(f"nodes {found[pid][0]} and {node} both hold partition-id {pid}: start each "
                                   "SuperNode with its own --node-config 'partition-id=K'")
-        found[pid] = node
+        found[pid] = (node, int(answer[RECORDS]) if RECORDS in answer else None)
     return found
 
 

@@ -3,12 +3,14 @@
 One number, `nodes`, sets both sides: the SuperNodes printed (partition-id 0..nodes-1) and the run's clients (run
 config `nodes`, which sets the config's data.clients). Every path printed is absolute (the Flower project shipped
 in the package, the federation's directory), so each command runs from any directory. The last command is
-`dpfl flower check`, which exits non-zero when the run failed (`flwr run` exits 0 either way).
+`dpfl flower check`, which exits non-zero when the run failed (`flwr run` exits 0 either way). With a config of the
+user's own files (data.silos), each SuperNode is given its own silo (node config `silo`) and the run that config.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,12 +47,24 @@ def _q(path: Path | str) -> str:
     return shlex.quote(str(path))
 
 
+UNQUOTABLE = set("\"'$`\\\n")  # characters a path may not hold to be printed inside the commands' quotes
+
+
 def guide(nodes: int = 3, port: int = 9092, project: Path = PROJECT, folder: Path | None = None,
-          secure: Secure | None = None, dpfl: str = "dpfl") -> str:
+          secure: Secure | None = None, dpfl: str = "dpfl", config: Path | None = None,
+          silos: Sequence[str] | None = None) -> str:
     """Shell commands: a SuperLink, `nodes` SuperNodes (partition-id 0..nodes-1), `flwr run`, `dpfl flower check`.
 
     folder: the federation's directory (Flower's CLI configuration, the run directories); default ./dpfl-flower.
-    secure: TLS between SuperLink and SuperNodes (and `flwr`) and SuperNode authentication, else --insecure."""
+    secure: TLS between SuperLink and SuperNodes (and `flwr`) and SuperNode authentication, else --insecure.
+    config: the dpfl config the run gets (run config `config`), instead of the project's; silos: one file or folder
+    per node (node config `silo`), the user's own data of that config."""
+    if silos is not None and len(silos) != nodes:
+        raise ValueError(f"{len(silos)} silos for {nodes} SuperNodes: one each")
+    for path in [*(silos or ()), *([str(config)] if config is not None else [])]:
+        if UNQUOTABLE & set(str(path)):
+            raise ValueError(f"{path}: a path with quotes, $, ` or \\ cannot be printed in the commands; move or "
+                             "link it")
     folder = (folder or Path("dpfl-flower")).expanduser().resolve()
     project = Path(project).expanduser().resolve()
     home = folder / "flwr"
@@ -102,15 +116,20 @@ def guide(nodes: int = 3, port: int = 9092, project: Path = PROJECT, folder: Pat
                   "refused)"]
         lines += [f"flwr supernode register {_q(secure.node_public(i))} {CONNECTION}" for i in range(nodes)]
     lines += ["", "# 3. one SuperNode per dpfl client (partition-id = the dpfl client id), each in its own terminal"]
+    if silos is not None:
+        lines += ["#    each reads only its own silo (silo=...; on another machine: the path there) and checks it "
+                  "against the config's data.schema"]
     for i in range(nodes):
         tls = node_tls[0] if secure is None else node_tls[i]
+        own = f' silo="{silos[i]}"' if silos is not None else ""
         lines.append(f"flower-supernode {tls} --superlink {link} --port {port + 10 + i} "
-                     f"--node-config 'partition-id={i}'")
+                     f"--node-config 'partition-id={i}{own}'")
+    run_config = f"nodes={nodes} out=\\\"$OUT\\\"" + (f" config=\\\"{config}\\\"" if config is not None else "")
     lines += [
         "",
         "# 4. submit the run (step 2's terminal, once 1 and 3 are up); --stream shows the ServerApp's progress",
         f"OUT={_q(folder)}/run-$(date +%Y%m%d-%H%M%S)",
-        f"flwr run {_q(project)} {CONNECTION} --stream --run-config \"nodes={nodes} out=\\\"$OUT\\\"\"",
+        f"flwr run {_q(project)} {CONNECTION} --stream --run-config \"{run_config}\"",
         "",
         "# 5. the verdict: the privacy report of the finished run (exit 0), or why it failed (exit 1); `flwr run` "
         "exits 0 either way",

@@ -1,7 +1,10 @@
 """What the server and the nodes say to each other, and which dpfl algorithms a Flower federation can run.
 
 Messages (Flower message types):
-- query, no content: the node answers `{"node": {"partition-id": i}}` (its dpfl client id, from its node config).
+- query, `{"config": {"yaml": <the dpfl config>}}`: the node loads its records for that config (its silo file, node
+  config `silo`, when the config reads the user's own files) and answers `{"node": {"partition-id": i, "records":
+  n}}`: its dpfl client id (node config `partition-id`) and its training-record count, which the server calibrates
+  the noise for (with the user's own files it has no other way to know it).
 - train: `{"global": <global model>, "plan": <TrainPlan as a ConfigRecord>}`; the node answers
   `{"upload": <its upload>, "facts": {"steps": T, "noise-sq-norm": ||sum xi||^2}}` (the noise norm only when the
   server sent the run seed; a node's secret noise stays on the node).
@@ -12,12 +15,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-GLOBAL, PLAN, UPLOAD, FACTS, NODE = "global", "plan", "upload", "facts", "node"
-PARTITION_ID = "partition-id"
+GLOBAL, PLAN, UPLOAD, FACTS, NODE, CONFIG = "global", "plan", "upload", "facts", "node", "config"
+PARTITION_ID, RECORDS, SILO, YAML = "partition-id", "records", "silo", "yaml"  # SILO: a node config key
 SHARED_SEED_NOTE = ("the server knew the clients' seeds (run config shared-seed = true): their batches and noise are "
                     "the simulation's, for testing equivalence only; NOT private against the server")
 SECRET_SEED_NOTE = ("each node drew its batches and noise from its own secret seed: the server never knew the "
                     "clients' noise (nor its norm: metrics.jsonl has no noise_stat_empirical)")
+NODE_SILOS_NOTE = ("each node read only its own silo (its node config `silo`) and checked it against the config's "
+                   "data.schema; the server read only the test file (data.test) and each client's training-record "
+                   "count, which its node reported (the noise calibration and the sampling rate use it)")
 SERVER_DATA_NOTE = ("demo simplification: the server rebuilt the dataset split from the config for the clients' "
                     "record counts (noise calibration) and the test set; it never trained on or read training "
                     "records, which only the nodes use")

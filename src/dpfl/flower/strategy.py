@@ -1,7 +1,10 @@
 """DpflStrategy: a Flower Strategy whose rounds are dpfl's FederatedRun, with the clients on SuperNodes.
 
 `start(grid)` builds the run from the config exactly as `dpfl run` does (data split, model, budgets, noise
-calibration), maps SuperNodes to clients, and executes it into a run directory with `run_directory.execute`:
+calibration), maps SuperNodes to clients, and executes it into a run directory with `run_directory.execute`. With
+the user's own files (data.silos) the server reads no silo: it first asks every node for its record count (each
+node reads and checks its own silo), then builds the run on those counts and the shared test file. It writes
+`run_directory.execute`:
 config.yaml, metrics.jsonl, privacy.json (from `FederatedRun.privacy_summary`, plus a `flower` block), summary.json.
 Per round, the FederatedRun selects, checks and records the ledger, then asks `FlowerClients` for the uploads:
 `configure_train` writes one train message per selected client, `aggregate_train` reads the replies (the
@@ -29,8 +32,8 @@ from dpfl.experiment.config import RunConfig, config_to_yaml
 from dpfl.experiment.federated_run import FederatedRun, RemoteRound
 from dpfl.flower.arrays import from_record, to_record
 from dpfl.flower.clients import TRAIN, FederationError, FlowerClients, discover, error_text
-from dpfl.flower.protocol import (FACTS, GLOBAL, PLAN, SECRET_SEED_NOTE, SERVER_DATA_NOTE, SHARED_SEED_NOTE, UPLOAD,
-                                  TrainPlan, unsupported)
+from dpfl.flower.protocol import (FACTS, GLOBAL, NODE_SILOS_NOTE, PLAN, SECRET_SEED_NOTE, SERVER_DATA_NOTE,
+                                  SHARED_SEED_NOTE, UPLOAD, TrainPlan, unsupported)
 
 
 class DpflStrategy(Strategy):
@@ -55,11 +58,27 @@ class DpflStrategy(Strategy):
         self._received: tuple[list[P.Params], list[int], list[float | None]] | None = None
 
     # ---- the run ------------------------------------------------------------------------------------
-    def build(self) -> FederatedRun:
-        """The server's FederatedRun (calibrated); refuses what a Flower federation cannot run (one line)."""
-        from dpfl.experiment.build import build_run
+    @property
+    def silos_on_nodes(self) -> bool:
+        """The run reads the user's own files (data.silos): each node holds its own, the server none."""
+        from dpfl.data.silos import FILES
 
-        run = build_run(self.cfg)
+        return self.cfg.data.dataset == FILES
+
+    def build(self, records: Mapping[int, int | None] | None = None) -> FederatedRun:
+        """The server's FederatedRun (calibrated); refuses what a Flower federation cannot run (one line).
+        `records`: each client's record count as its node reported it (the user's own files: the server has no
+        other way to know it)."""
+        from dpfl.experiment.build import build_run, build_run_on_nodes
+
+        if self.silos_on_nodes:
+            counts = [None if records is None else records.get(i) for i in range(self.cfg.data.clients)]
+            if None in counts:
+                raise FederationError("the nodes did not report their record counts (a dpfl older than the server's "
+                                      "on a node?)")
+            run = build_run_on_nodes(self.cfg, [int(n) for n in counts])  # type: ignore[arg-type]
+        else:
+            run = build_run(self.cfg)
         why = unsupported(run)
         if why is not None:
             raise ValueError(f"algorithm {run.algorithm.name!r} cannot run on Flower: {why}")
@@ -78,7 +97,7 @@ class DpflStrategy(Strategy):
         return {"runtime": "flower", "flwr_version": version("flwr"),
                 "nodes": len(self.clients.nodes) if self.clients is not None else None,
                 "shared_seed": self.shared_seed, "seeds": SHARED_SEED_NOTE if self.shared_seed else SECRET_SEED_NOTE,
-                "server_data": SERVER_DATA_NOTE}
+                "server_data": NODE_SILOS_NOTE if self.silos_on_nodes else SERVER_DATA_NOTE}
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
@@ -103,11 +122,15 @@ class DpflStrategy(Strategy):
         cfg = self.cfg
         self.say(f"run {cfg.name!r} ({cfg.algorithm.name}): {cfg.data.clients} clients, one SuperNode each "
                  f"(partition-id 0..{cfg.data.clients - 1}), {cfg.training.rounds} rounds; run directory {self.out}")
-        run = self.run = self.build()
-        nodes = discover(grid, run.n_clients, self.node_timeout, self.timeout, say=self.say)
-        self.say(f"all {len(nodes)} SuperNodes connected: " + ", ".join(f"client {i} = node {n}"
-                                                                     for i, n in list(nodes.items())[:10])
-                 + (" ..." if len(nodes) > 10 else ""))
+        if not self.silos_on_nodes:  # a refusal before any node is waited for
+            self.run = self.build()
+        found = discover(grid, cfg.data.clients, self.node_timeout, self.timeout, say=self.say,
+                         config_yaml=self.config_yaml)
+        nodes = found.nodes
+        self.say(f"all {len(nodes)} SuperNodes connected: " + ", ".join(
+            f"client {i} = node {n}" + (f" ({found.records[i]} records)" if found.records[i] is not None else "")
+            for i, n in list(nodes.items())[:10]) + (" ..." if len(nodes) > 10 else ""))
+        run = self.run = self.run or self.build(found.records)
         self.clients = run.remote_clients = FlowerClients(self, grid, nodes, self.timeout)
         result = Result()
         started = [time.monotonic()]
