@@ -57,7 +57,7 @@ def test_accuracy_by_seed_is_one_table_per_model_and_m_accountant_columns_first(
 def test_every_client_the_heuristic_overspent_is_listed(tmp_path, fmnist):
     """The ci grid's heuristic runs: the listed clients are exactly those whose privacy.json says accountant
     epsilon > budget. There are some (seed 0: two large-budget clients of weiavg, ~20x over), as the heuristic's
-    noise is far too small at large epsilon (docs/heterogeneous.md)."""
+    noise is far too small at large epsilon (docs/papers/pfa.md)."""
     grid = pfa.grid("ci", calibration="pfa-heuristic", methods=["weiavg", "min_eps"],
                     settings_pattern="*logr*")
     outcomes = run_jobs(grid.jobs, tmp_path)
