@@ -8,7 +8,7 @@ from round to round, that noise adds a random walk to the weights, so where the 
     ||w_r||^2  ~  ||w_0||^2 + p eta^2 * sum_{s <= r} stat_s
 
 (eta the client learning rate, p the number of parameters, w_0 the run's initial model: rebuilt from its config,
-the same seed). docs/heterogeneous.md compares final norms with a walk predicted from the calibration alone
+the same seed). docs/papers/robust_hdp.md compares final norms with a walk predicted from the calibration alone
 (`scripts/pfa_aggregate_noise.py --runs`); this reads the runs' own per-round values, so it needs runs that log them
 (written since 2026-11-30) and works for any budget list. A norm well below the walk means the aggregate's signal
 and its noise partly cancel or the model shrinks them (weight decay, a server step below 1); well above it, that the

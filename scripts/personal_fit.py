@@ -2,7 +2,7 @@
 
 A method whose clients' models score low on their own training records is limited by fitting (too few steps, the
 clipping, the noise); one whose training accuracy sits far above its test accuracy is limited by generalisation.
-R-DPCFL's docs use it to ask why Local training keeps up with the clusters (docs/rdpcfl.md).
+R-DPCFL's docs use it to ask why Local training keeps up with the clusters (docs/papers/rdpcfl.md).
 
 For each run the final state (checkpoint.pt) is loaded into the run rebuilt from its config (the same data split, the
 same algorithm), and each client's model is the one the run's own evaluation uses: its personal model where the

@@ -1,6 +1,6 @@
 """How much DP noise PFA's aggregate carries in the Robust-HDP settings, beside WeiAvg, FedAvg and the oracle.
 
-PFA is not linear in the uploads, so the round-1 noise table (docs/heterogeneous.md) leaves it out. Its aggregate is
+PFA is not linear in the uploads, so the round-1 noise table (docs/papers/robust_hdp.md) leaves it out. Its aggregate is
 (E_pub d_pub + E_pri (mu + V V^T (d_pri - mu))) / E with mu the mean of the public updates and V one direction per
 tensor (spec heterogeneous_dp §4.2, `centered`, k = 1): up to the rank-1 term, the private clients' contribution is
 replaced by the public mean. Its noise is then that of a weighted mean of the PUBLIC clients alone, with weights

@@ -1,4 +1,4 @@
-"""docs/splitting.md's full-participation tables (all 100 clients per round beside a 10% cohort), from the CSVs.
+"""docs/papers/splitting_all_clients.md's tables (all 100 clients per round beside a 10% cohort), from the CSVs.
 
 One table per seed that has all-clients runs (final accuracy, best in brackets, beside the 10% cohort's final), and
 a mean ± sd table over the seeds whose all-clients grid is complete, when there are two or more.

@@ -57,7 +57,7 @@ def test_accuracy_by_seed_is_one_table_per_model_and_m_accountant_columns_first(
 def test_every_client_the_heuristic_overspent_is_listed(tmp_path, fmnist):
     """The ci grid's heuristic runs: the listed clients are exactly those whose privacy.json says accountant
     epsilon > budget. There are some (seed 0: two large-budget clients of weiavg, ~20x over), as the heuristic's
-    noise is far too small at large epsilon (docs/heterogeneous.md)."""
+    noise is far too small at large epsilon (docs/papers/pfa.md)."""
     grid = pfa.grid("ci", calibration="pfa-heuristic", methods=["weiavg", "min_eps"],
                     settings_pattern="*logr*")
     outcomes = run_jobs(grid.jobs, tmp_path)
@@ -114,28 +114,33 @@ def published_cnn_tables(tmp_path_factory) -> Path:
     return out
 
 
+def _pfa_cnn_pages() -> str:
+    """The results pages of the PFA CNN: M = 30 in pfa.md, M = 20, 40 and 50 and accuracy against M in pfa_cnn.md."""
+    return "\n".join((ROOT / "docs" / "papers" / name).read_text() for name in ("pfa.md", "pfa_cnn.md"))
+
+
 def test_the_docs_cnn_tables_are_the_scripts_output_of_the_published_csv(published_cnn_tables):
-    """heterogeneous.md's mean ± sd tables for the PFA CNN are what the script computes from
+    """The PFA CNN's mean ± sd tables (docs/papers/pfa.md and pfa_cnn.md) are what the script computes from
     docs/results/pfa_cnn_full.csv: a row added to the CSV (a new seed) without the docs following fails here."""
     rows = [line for line in (published_cnn_tables / "accuracy_vs_M.md").read_text().splitlines()
             if line.startswith("| ") and not line.startswith("| method")]
-    docs = (ROOT / "docs" / "heterogeneous.md").read_text()
+    docs = _pfa_cnn_pages()
     assert len(rows) == 4 * 7  # 2 distributions x 2 calibrations, 7 methods each
     missing = [row for row in rows if row not in docs]
-    assert not missing, f"heterogeneous.md lacks these rows of the script's tables: {missing}"
+    assert not missing, f"docs/papers/pfa.md and pfa_cnn.md lack these rows of the script's tables: {missing}"
 
 
 def test_the_docs_cnn_seed_tables_are_the_published_csv(published_cnn_tables):
-    """heterogeneous.md's seed-by-seed tables of the PFA CNN ("seed 0 / seed 1 / ...") hold, for every M, every
-    private method's row as the script writes it from docs/results/pfa_cnn_full.csv: a seed landed in the CSV without
-    its table, or a number typed wrong, fails here."""
+    """The PFA CNN's seed-by-seed tables (docs/papers/pfa.md and pfa_cnn.md: "seed 0 / seed 1 / ...") hold, for
+    every M, every private method's row as the script writes it from docs/results/pfa_cnn_full.csv: a seed landed in
+    the CSV without its table, or a number typed wrong, fails here."""
     private = ("pfa", "pfa_plus", "weiavg", "fedavg", "min_eps")
     rows = [line for line in (published_cnn_tables / "accuracy_by_seed.md").read_text().splitlines()
             if line.startswith(tuple(f"| {m} |" for m in private))]
     assert len(rows) == 4 * len(private)  # M = 20, 30, 40, 50
-    docs = (ROOT / "docs" / "heterogeneous.md").read_text()
+    docs = _pfa_cnn_pages()
     missing = [row for row in rows if row not in docs]
-    assert not missing, f"heterogeneous.md lacks these seed-by-seed rows: {missing}"
+    assert not missing, f"docs/papers/pfa.md and pfa_cnn.md lack these seed-by-seed rows: {missing}"
 
 
 @pytest.mark.parametrize("name", ["pfa_full.csv", "pfa_cnn_full.csv"])

@@ -40,7 +40,7 @@ def test_each_control_keeps_one_effect_of_the_lie_within_half_a_percent():
     config = {j.setting: j.config for j in grid.jobs if j.method == "weiavg"}
     honest_w, honest = _weights_and_statistic(config["fmnist-Dist5"])
     lie_w, lie = _weights_and_statistic(config["fmnist-Dist5-misreport-c10"])
-    assert lie / honest == pytest.approx(1.743, abs=0.005)  # the lie's 1.74x (docs/heterogeneous.md)
+    assert lie / honest == pytest.approx(1.743, abs=0.005)  # the lie's 1.74x (docs/papers/robust_hdp_falsified.md)
     assert lie_w[10] == pytest.approx(0.369, abs=0.001)
     noise_w, noise = _weights_and_statistic(config["fmnist-Dist5-noise-only"])
     np.testing.assert_allclose(noise_w, honest_w, rtol=1e-5)  # budgets x a common factor: same weights

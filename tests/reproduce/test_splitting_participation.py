@@ -1,5 +1,6 @@
-"""The full-participation tables of docs/splitting.md (all 100 clients beside a 10% cohort) from the published CSVs:
-the module's arithmetic on hand-made rows, and the docs holding what the script writes from the real files."""
+"""The full-participation tables of docs/papers/splitting_all_clients.md (all 100 clients beside a 10% cohort) from
+the published CSVs: the module's arithmetic on hand-made rows, and the docs holding what the script writes from the
+real files."""
 
 from __future__ import annotations
 
@@ -50,13 +51,14 @@ def test_a_seed_table_shows_final_and_best_beside_the_cohort_and_says_what_did_n
 
 
 def test_the_docs_tables_are_the_scripts_output_of_the_published_csvs(capsys):
-    """splitting.md holds every table row the script prints (run as the docs say) from the two published CSVs: a
-    seed or a re-run landed in the CSV without the docs following, or a number typed wrong, fails here."""
+    """docs/papers/splitting_all_clients.md holds every table row the script prints (run as the docs say) from the
+    two published CSVs: a seed or a re-run landed in the CSV without the docs following, or a number typed wrong,
+    fails here."""
     load_script("splitting_participation_table").main([str(RESULTS / "splitting_cnn_all_clients.csv"),
                                                       str(RESULTS / "splitting_cnn_reduced.csv")])
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.startswith(tuple(f"| {p} |" for p in PRESETS))]
     assert len(rows) >= 2 * len(PRESETS)  # at least seed 0
-    docs = (ROOT / "docs" / "splitting.md").read_text()
+    docs = (ROOT / "docs" / "papers" / "splitting_all_clients.md").read_text()
     missing = [row for row in rows if row not in docs]
-    assert not missing, f"splitting.md lacks these rows of the script's tables: {missing}"
+    assert not missing, f"splitting_all_clients.md lacks these rows of the script's tables: {missing}"

@@ -18,7 +18,7 @@ Scales (base configs in configs/fdp/):
   first run), so about 11 minutes in all. Per-example gradients of LeNet-5 for 20 clients x 32 samples cost ~0.4 s
   per local step (the full grid's TK = 30000 is 3-17 hours per run), which is what bounds K and T; expect
   accuracies far below the paper's (σ = 1e-3, seed 0 reached 0.26 after 120 steps, as did the same run with
-  negligible noise: at this length the per-example clipping, not the noise, holds it back; docs/fdp.md).
+  negligible noise: at this length the per-example clipping, not the noise, holds it back; docs/papers/fdp.md).
 - `ci`: scikit-learn's digits with logistic regression, m = 10 clients of 100 samples, K = 5, T = 3, σ ∈ {1.0, 1e-3},
   1 seed: a smoke test of the pipeline (seconds per run), not the paper's setting.
 

@@ -80,7 +80,7 @@ PAPER_DATASETS = {
                 "CIFAR-10, lenet5, i.i.d., N = 100, K = 10, E = 30"),
 }
 # σ_g -> (lam, theta, interval) chosen on the validation splits by `dpfl reproduce fedceo --scale reduced --search`
-# (search.json; docs/fedceo.md has the whole search). Final val_accuracy of the choice / of udp_fedavg, seed 0:
+# (search.json; docs/papers/fedceo.md has the whole search). Final val_accuracy of the choice / of udp_fedavg, seed 0:
 # σ_g 1.0: 0.7505 / 0.7507; σ_g 1.5: 0.7503 / 0.7503; σ_g 2.0: 0.7412 / 0.7455. Every choice is the weakest
 # smoothing on offer (the largest λ or next to it, the smallest ϑ, the longest I): smoothing did not help here.
 SEARCHED = {"reduced": {"1.0": (65.0, 1.02, 25), "1.5": (10.0, 1.02, 25), "2.0": (1.0, 1.02, 25)},

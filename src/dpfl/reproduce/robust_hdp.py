@@ -18,9 +18,10 @@ reports 10x its epsilon; weiavg, pfa, robust_hdp, fedavg, oracle), whose honest 
 `<ds>-Dist5` setting: the same data, budgets and seeds, so those runs are not repeated. At `full` scale also
 `<ds>-Dist5-misreport-c10` (weiavg only; not in the spec): client 10, whose true epsilon (0.95), batch size (32)
 and IID data share are those of client 0, tells the same lie, to test whether WeiAvg's accuracy gain under
-client 0's lie at this scale (docs/heterogeneous.md) comes from client 0's data or from the lie itself. Two controls
-split that lie in its two effects (`CONTROLS`, weiavg only, full scale, not in the spec): `<ds>-Dist5-noise-only`
-is honest with every Dist5 budget scaled by 0.733, so WeiAvg keeps its honest weights (proportional to epsilon,
+client 0's lie at this scale (docs/papers/robust_hdp_falsified.md) comes from client 0's data or from the lie
+itself. Two controls split that lie in its two effects (`CONTROLS`, weiavg only, full scale, not in the spec):
+`<ds>-Dist5-noise-only` is honest with every Dist5 budget scaled by 0.733, so WeiAvg keeps its honest weights
+(proportional to epsilon,
 unchanged by a common factor) while every client's noise grows until the round-1 noise statistic is the lie's
 (1.74x the honest one); `<ds>-Dist5-weights-only` has client 10 lie with every budget scaled by 1.372, so WeiAvg
 gives client 10 the lie's 36.9% weight at the honest round-1 noise statistic. The factors were found by bisection

@@ -1,4 +1,5 @@
-"""Every client in every round against a 10% cohort on the reduced CNN: docs/splitting.md's tables, from the CSVs.
+"""Every client in every round against a 10% cohort on the reduced CNN, from the CSVs: the tables of
+docs/papers/splitting_all_clients.md.
 
 The two are separate studies with separate published CSVs (`--scale reduced-all-clients`:
 docs/results/splitting_cnn_all_clients.csv; `--scale reduced`: splitting_cnn_reduced.csv). The docs set them side
