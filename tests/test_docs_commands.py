@@ -1,0 +1,125 @@
+"""Every shell command the docs show is checked, not run: a `dpfl ...` line parses against the typer app (the command
+exists, its options and arguments are accepted), and a repository file any command names exists (issue 66, item 3).
+Paper-scale, Flower and make commands are only checked for the files they name."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+import typer
+
+from dpfl.cli.root import app
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELLS = ("bash", "sh", "shell", "console")
+REPO_DIRS = ("configs/", "docs/", "examples/", "scripts/", "benchmarks/", "src/", "tests/")
+ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")  # VAR=value before a command
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "examples").rglob("*.md"))]
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """(info string, body) of every fenced code block."""
+    found, info, body = [], None, []
+    for line in text.splitlines():
+        fence = re.match(r"^\s*```(\S*)", line)
+        if fence and info is None:
+            info, body = fence.group(1), []
+        elif fence:
+            found.append((info, "\n".join(body)))
+            info = None
+        elif info is not None:
+            body.append(line)
+    return found
+
+
+def commands(text: str) -> list[str]:
+    """The command lines of a page's shell blocks (and the `dpfl` lines of blocks without a language):
+    continuations joined, comments and prompts dropped."""
+    out: list[str] = []
+    for info, block in blocks(text):
+        if info not in SHELLS and info != "":
+            continue
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.strip()
+            if line.startswith("$ "):
+                line = line[2:]
+            if not line or line.startswith("#") or (info == "" and dpfl_args(words(line)) is None):
+                continue
+            out.append(line)
+    return out
+
+
+def words(line: str) -> list[str]:
+    """The words of one command, without a trailing comment, `VAR=x` prefixes and the `[ ]` of optional parts."""
+    try:
+        parts = shlex.split(line, comments=True)
+    except ValueError:  # an unbalanced quote inside a heredoc line, say: not a command we check
+        return []
+    while parts and ENV.match(parts[0]):
+        parts = parts[1:]
+    return [p.strip("[]") for p in parts if p.strip("[]")]
+
+
+def dpfl_args(parts: list[str]) -> list[str] | None:
+    """The arguments after `dpfl` (also `.venv/bin/dpfl`, `python -m dpfl.cli`), or None for another program."""
+    if parts and (parts[0] == "dpfl" or parts[0].endswith("/bin/dpfl")):
+        return parts[1:]
+    if len(parts) > 2 and parts[1:3] == ["-m", "dpfl.cli"]:
+        return parts[3:]
+    return None
+
+
+def parse(args: list[str]) -> None:
+    """Resolve the command path and parse its options and arguments as click would, without running it."""
+    command: click.Command = typer.main.get_command(app)
+    path = ["dpfl"]
+    while isinstance(command, click.Group) and args and not args[0].startswith("-"):
+        sub = command.get_command(click.Context(command), args[0])
+        if sub is None:
+            raise click.UsageError(f"no command {' '.join([*path[1:], args[0]])!r}")
+        path.append(args[0])
+        command, args = sub, args[1:]
+    if "--help" in args:
+        return
+    command.make_context(" ".join(path), list(args), resilient_parsing=False)
+
+
+def named_files(parts: list[str]) -> list[str]:
+    """Words that name a repository file (configs/..., docs/..., ...), not globs, placeholders or outputs."""
+    return [p for p in parts if p.startswith(REPO_DIRS) and not re.search(r"[*<>$]|\{", p)]
+
+
+CASES = [(page, line) for page in pages() for line in commands(page.read_text(encoding="utf-8"))]
+
+
+def test_the_docs_show_commands():
+    assert sum(dpfl_args(words(line)) is not None for _, line in CASES) > 50
+
+
+@pytest.mark.parametrize("page, line", CASES, ids=[f"{p.relative_to(ROOT)}:{i}" for i, (p, _) in enumerate(CASES)])
+def test_each_shown_command_parses_and_names_existing_files(page: Path, line: str):
+    parts = words(line)
+    missing = [p for p in named_files(parts) if not (ROOT / p.split(":")[0]).exists()]
+    assert not missing, f"{page.relative_to(ROOT)}: `{line}` names {missing}, which do not exist"
+    args = dpfl_args(parts)
+    if args is None:
+        return
+    try:
+        parse(args)
+    except click.ClickException as err:
+        pytest.fail(f"{page.relative_to(ROOT)}: `{line}` does not parse: {err.format_message()}")
+
+
+def test_a_bad_command_or_option_fails_the_check():
+    for bad in (["run", "configs/demo.yaml", "--no-such-option"], ["nosuchcommand"], ["data", "nosuch"]):
+        with pytest.raises(click.ClickException):
+            parse(bad)
+    parse(["run", "configs/demo.yaml", "--set", "training.rounds=2", "--out", "runs/x"])
