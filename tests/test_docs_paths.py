@@ -56,11 +56,11 @@ def test_the_scan_finds_paths_and_anchors():
 
 
 def test_a_missing_page_or_anchor_fails():
-    first_heading = next(iter(anchors(ROOT / "docs" / "privacy.md")))
-    assert missing({f"docs/privacy.md#{first_heading}": ["x"]}) == []
+    first_heading = next(iter(anchors(ROOT / "docs" / "faq.md")))
+    assert missing({f"docs/faq.md#{first_heading}": ["x"]}) == []
     assert missing({"docs/no-such-page.md": ["x"]}) == ["docs/no-such-page.md (named in x): no such file"]
-    assert missing({"docs/privacy.md#no-such-heading": ["x"]}) == \
-        ["docs/privacy.md#no-such-heading (named in x): no heading with that anchor"]
+    assert missing({"docs/faq.md#no-such-heading": ["x"]}) == \
+        ["docs/faq.md#no-such-heading (named in x): no heading with that anchor"]
     assert slug("Why the loss and the accuracy disagree") == "why-the-loss-and-the-accuracy-disagree"
 
 

@@ -1,7 +1,7 @@
 """The round's stage contracts: what each stage of select -> broadcast -> local -> upload -> server step may see
 and return, and where its state lives.
 
-Two stages carry explicit state, optax-style (docs/architecture.md, "The round and its stages"):
+Two stages carry explicit state, optax-style (docs/concepts/round.md):
 
 - an upload mechanism (`UploadMechanism`): `init() -> state`, then each round `release(state, deltas, ...)` returns
   the uploads, the new state and the round's metrics. Mechanisms compose in an ordered `MechanismChain` (clip, noise,
