@@ -82,9 +82,10 @@ PAPER_DATASETS = {
 # σ_g -> (lam, theta, interval) chosen on the validation splits by `dpfl reproduce fedceo --scale reduced --search`
 # (search.json; docs/papers/fedceo.md has the whole search). Final val_accuracy of the choice / of udp_fedavg, seed 0:
 # σ_g 1.0: 0.7505 / 0.7507; σ_g 1.5: 0.7503 / 0.7503; σ_g 2.0: 0.7412 / 0.7455. Every choice is the weakest
-# smoothing on offer (the largest λ or next to it, the smallest ϑ, the longest I): smoothing did not help here.
+# smoothing on offer (the largest λ or next to it, the smallest ϑ, the longest I): smoothing did not help here
+# (docs/papers/fedceo.md).
 SEARCHED = {"reduced": {"1.0": (65.0, 1.02, 25), "1.5": (10.0, 1.02, 25), "2.0": (1.0, 1.02, 25)},
-            "full": {"1.0": (60.0, 1.02, 30), "1.5": (3.16, 1.04, 20), "2.0": (0.562, 1.04, 20)}}  # docs/fedceo.md
+            "full": {"1.0": (60.0, 1.02, 30), "1.5": (3.16, 1.04, 20), "2.0": (0.562, 1.04, 20)}}
 CI_INTERVAL = 5
 SPEC = {"full": {"rounds": 300, "seeds": 1}, "reduced": {"rounds": 50, "seeds": 3}, "ci": {"rounds": 20, "seeds": 1}}
 BASES = {"full": "fmnist_mlp.yaml", "reduced": "reduced_fmnist_mlp.yaml", "ci": "ci_fmnist_mlp.yaml"}
