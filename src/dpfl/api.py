@@ -74,7 +74,7 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path, *, data: FederatedDa
     data: a `FederatedDataset` (e.g. from `dpfl.federated_data`) used instead of the config's dataset.
     model: an `nn.Module` used as the initial global model instead of the config's registered model; it must
     keep the engine's contract (no buffers such as BatchNorm statistics; `loss_kind` attribute or cross-entropy).
-    out: the run directory (default runs/<name>-<time>). resume: continue a killed run in `out`.
+    out: the run directory (default `runs/<name>-<time>`). resume: continue a killed run in `out`.
     overrides: ``FIELD.PATH=VALUE`` strings, as the CLI's ``--set``. on_round: called with each metrics row.
     Raises `ConfigError` (one line) for a bad config, `DataError` (a ValueError) for data that breaks its schema or
     cannot form a federated dataset, `ValueError` for bad objects or run directories.

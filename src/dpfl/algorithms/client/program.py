@@ -23,7 +23,7 @@ class LocalProgram:
 
     Exactly one of `steps` (per round) and `epochs` is set; an epoch is ceil(n_i / b_i) steps.
     `private` means sample-level DP-SGD: each step is the sampled Gaussian mechanism on the client's
-    records, with the client's own noise multiplier. `step_sizes` ([rounds][steps]) replaces spec.lr by a
+    records, with the client's own noise multiplier. `step_sizes` (`[rounds][steps]`) replaces spec.lr by a
     per-round, per-step learning rate η_{k,t} (Noisy-FedAvg's schedules); it needs a fixed `steps`.
     `round_specs` ([rounds]) replaces `spec` round by round (a splitting schedule's learning rate or proximal
     weight); it may change only lr and prox_mu, which the DP event does not depend on.
