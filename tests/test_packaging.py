@@ -77,7 +77,7 @@ def test_wheel_holds_the_package_data_entry_point_and_metadata(built):
     assert entry_points["console_scripts"]["dpfl"] == "dpfl.cli:main"
     assert f"\nVersion: {dpfl.__version__}\n" in metadata  # pyproject reads the version from dpfl.__version__
     assert "\nLicense-Expression: Apache-2.0\n" in metadata
-    for extra in ("test", "bench", "ray", "flower", "parquet"):
+    for extra in ("test", "bench", "ray", "flower", "parquet", "docs"):
         assert f"\nProvides-Extra: {extra}\n" in metadata
 
 

@@ -3,6 +3,7 @@ starting its own, and the run is still the in-process run bit for bit."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,7 +21,8 @@ from dpfl.experiment.build import build_run
 from dpfl.experiment.config.loading import load_config
 from processes import alive, descendants
 
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
+ROOT = Path(__file__).resolve().parents[2]
 # a head node and a run: integration tier
 pytestmark = pytest.mark.integration
 SETS = ["training.rounds=2", "model.name=cnn_digits"]
@@ -67,8 +69,6 @@ def head_node():
     when the test ends.
 
     Its temp dir is short (Ray's socket paths must fit 107 characters, which pytest's tmp_path can exceed)."""
-    if ray.is_initialized():
-        pytest.skip("this process already runs Ray")
     cli = str(Path(sys.executable).parent / "ray")
     port, temp = _free_port(), tempfile.mkdtemp(prefix="dpfl-ray-")
     start = [cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
@@ -78,18 +78,29 @@ def head_node():
         _wait_listening(port, head)
         yield f"127.0.0.1:{port}"
     finally:
-        ray.shutdown()
         tree = descendants(head.pid)
         _stop_tree(head)
         shutil.rmtree(temp, ignore_errors=True)
         assert not [pid for pid in tree if alive(pid)], "the head node left processes"
 
 
-def test_a_run_on_a_running_cluster_equals_the_local_run(head_node):
+def test_a_run_on_a_running_cluster_equals_the_local_run(head_node, tmp_path: Path):
+    """`dpfl run` (a process of its own: Ray is joined once there) on the head node gives the in-process local run's
+    model and ledger bit for bit, and says it joined the cluster."""
+    from dpfl.experiment.run_directory import CHECKPOINT, load_checkpoint
+
     local = build_run(load_config("configs/demo.yaml", SETS)).run()
-    run = build_run(load_config("configs/demo.yaml", ["backend=ray", f"ray.address={head_node}", *SETS]))
-    result = run.run()
+    out = tmp_path / "run"
+    args = [a for s in ["backend=ray", f"ray.address={head_node}", *SETS] for a in ("--set", s)]
+    src = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    done = subprocess.run([sys.executable, "-m", "dpfl.cli", "run", "configs/demo.yaml", *args, "--out", str(out)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": src}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    params = load_checkpoint(out / CHECKPOINT)["params"]
     for n in local.params:
-        assert torch.equal(local.params[n], result.params[n]), n
-    assert local.spent() == result.spent()
-    assert not run.backend._owned_ray  # joined the cluster, did not start Ray
+        assert torch.equal(local.params[n], params[n]), n
+    spent = {c["client"]: c["epsilon_spent"] for c in json.loads((out / "privacy.json").read_text())["clients"]}
+    assert spent == local.spent()
+    backend = json.loads((out / "summary.json").read_text())["backend"]
+    assert backend["ray"] == "joined" and backend["address"] == head_node  # joined the cluster, did not start Ray
