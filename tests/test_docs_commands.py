@@ -1,11 +1,13 @@
 """Every shell command the docs show is checked, not run: a `dpfl ...` line parses against the typer app (the command
 exists, its options and arguments are accepted), and a repository file any command names exists (issue 66, item 3).
-Paper-scale, Flower and make commands are only checked for the files they name."""
+A config a `dpfl` command names is loaded with the command's `--set` overrides (it validates); a `make` target
+and a `pip install -e '.[extras]'` exist. Paper-scale, Flower and make commands are never run."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import click
@@ -13,6 +15,7 @@ import pytest
 import typer
 
 from dpfl.cli.root import app
+from dpfl.experiment.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELLS = ("bash", "sh", "shell", "console")
@@ -65,7 +68,15 @@ def words(line: str) -> list[str]:
         return []
     while parts and ENV.match(parts[0]):
         parts = parts[1:]
-    return [p.strip("[]") for p in parts if p.strip("[]")]
+    return [w for w in (_unbracket(p) for p in parts) if w]
+
+
+def _unbracket(word: str) -> str:
+    """`[--json]` -> `--json` (an optional part); `.[ray,flower]` stays as it is."""
+    if word.startswith("["):
+        word = word[1:]
+        return word[:-1] if word.endswith("]") and "[" not in word else word
+    return word[:-1] if word.endswith("]") and "[" not in word else word
 
 
 def dpfl_args(parts: list[str]) -> list[str] | None:
@@ -77,8 +88,9 @@ def dpfl_args(parts: list[str]) -> list[str] | None:
     return None
 
 
-def parse(args: list[str]) -> None:
-    """Resolve the command path and parse its options and arguments as click would, without running it."""
+def parse(args: list[str]) -> dict:
+    """Resolve the command path and parse its options and arguments as click would, without running it; the
+    parsed parameters (none for --help)."""
     command: click.Command = typer.main.get_command(app)
     path = ["dpfl"]
     while isinstance(command, click.Group) and args and not args[0].startswith("-"):
@@ -88,8 +100,8 @@ def parse(args: list[str]) -> None:
         path.append(args[0])
         command, args = sub, args[1:]
     if "--help" in args:
-        return
-    command.make_context(" ".join(path), list(args), resilient_parsing=False)
+        return {}
+    return command.make_context(" ".join(path), list(args), resilient_parsing=False).params
 
 
 def named_files(parts: list[str]) -> list[str]:
@@ -104,18 +116,42 @@ def test_the_docs_show_commands():
     assert sum(dpfl_args(words(line)) is not None for _, line in CASES) > 50
 
 
+MAKE_TARGETS = set(re.findall(r"^(\w[\w-]*):", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M))
+EXTRAS = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"])
+
+
+def segments(parts: list[str]) -> list[list[str]]:
+    """The commands of one line joined by && or ;."""
+    out: list[list[str]] = [[]]
+    for p in parts:
+        if p in ("&&", ";", "||"):
+            out.append([])
+        else:
+            out[-1].append(p)
+    return [o for o in out if o]
+
+
 @pytest.mark.parametrize("page, line", CASES, ids=[f"{p.relative_to(ROOT)}:{i}" for i, (p, _) in enumerate(CASES)])
 def test_each_shown_command_parses_and_names_existing_files(page: Path, line: str):
-    parts = words(line)
-    missing = [p for p in named_files(parts) if not (ROOT / p.split(":")[0]).exists()]
-    assert not missing, f"{page.relative_to(ROOT)}: `{line}` names {missing}, which do not exist"
-    args = dpfl_args(parts)
-    if args is None:
-        return
-    try:
-        parse(args)
-    except click.ClickException as err:
-        pytest.fail(f"{page.relative_to(ROOT)}: `{line}` does not parse: {err.format_message()}")
+    where = f"{page.relative_to(ROOT)}: `{line}`"
+    for parts in segments(words(line)):
+        missing = [p for p in named_files(parts) if not (ROOT / p.split(":")[0]).exists()]
+        assert not missing, f"{where} names {missing}, which do not exist"
+        if parts[0] == "make":
+            assert set(parts[1:]) <= MAKE_TARGETS, f"{where}: no such make target"
+        if parts[:3] == ["pip", "install", "-e"] and len(parts) > 3:
+            asked = re.fullmatch(r"\.(?:\[([\w,]+)\])?", parts[3])
+            assert asked and set(filter(None, (asked.group(1) or "").split(","))) <= EXTRAS, f"{where}: no such extra"
+        args = dpfl_args(parts)
+        if args is None:
+            continue
+        try:
+            params = parse(args)
+        except click.ClickException as err:
+            pytest.fail(f"{where} does not parse: {err.format_message()}")
+        config = params.get("config")
+        if isinstance(config, (str, Path)) and str(config).endswith((".yaml", ".yml")) and (ROOT / config).is_file():
+            load_config(ROOT / config, list(params.get("set_") or []))  # the config and its overrides validate
 
 
 def test_a_bad_command_or_option_fails_the_check():
@@ -123,3 +159,6 @@ def test_a_bad_command_or_option_fails_the_check():
         with pytest.raises(click.ClickException):
             parse(bad)
     parse(["run", "configs/demo.yaml", "--set", "training.rounds=2", "--out", "runs/x"])
+    assert words("OMP_NUM_THREADS=1 dpfl privacy epsilon [--json]  # note") == ["dpfl", "privacy", "epsilon", "--json"]
+    assert words("pip install -e '.[ray,flower]'")[-1] == ".[ray,flower]"
+    assert segments(words("mkdir -p x && make demo")) == [["mkdir", "-p", "x"], ["make", "demo"]]
