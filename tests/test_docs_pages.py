@@ -72,3 +72,13 @@ def test_the_accountant_outputs_shown_are_todays():
             if words[:3] == ["dpfl", "privacy", "epsilon"]:
                 code, out, _ = cli(*words[1:])
                 assert code == 0 and out.strip() in text, f"{_name(page)}: {line} now prints {out.strip()}"
+
+
+def test_the_readmes_python_block_runs_as_written(in_tmp, capsys):
+    blocks = PYTHON.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert blocks
+    namespace: dict = {"__name__": "readme"}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"README.md block {i + 1}", "exec"), namespace)  # noqa: S102 - our own docs
+    assert (in_tmp / "runs" / "demo-py" / "summary.json").is_file()
+    assert "rdp" in capsys.readouterr().out  # the guarantee's source names the accountant
