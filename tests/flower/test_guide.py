@@ -74,9 +74,10 @@ def test_a_missing_node_fails_with_its_partition_id_and_progress_is_said():
 @pytest.mark.parametrize("grid, message", [
     (Grid([[11, 12]], {11: 0, 12: 5}), "node 12 holds partition-id 5, but the run has clients 0..1"),
     (Grid([[11], [11, 12]], {11: 0, 12: 0}), "nodes 11 and 12 both hold partition-id 0"),
+    (Grid([[11, 12]], {11: 0, 12: 0}), "nodes 11 and 12 both hold partition-id 0"),
     (Grid([[11]], {11: 0}, {11: "start the SuperNode with --node-config"}),
      "node 11 cannot take part: start the SuperNode"),
-], ids=["out-of-range", "duplicate", "node-error"])
+], ids=["out-of-range", "duplicate", "duplicate-at-once", "node-error"])
 def test_a_node_that_cannot_take_part_stops_the_run_at_once(grid, message):
     with pytest.raises(FederationError, match=message):
         discover(grid, 2, timeout=3600, reply_timeout=5, poll=0.0)  # no waiting for the timeout

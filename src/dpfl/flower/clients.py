@@ -57,7 +57,7 @@ def discover(grid: Grid, n_clients: int, timeout: float, reply_timeout: float,
         new = [n for n in grid.get_node_ids() if n not in asked]
         if new:
             asked.update(new)
-            for pid, (node, records) in _ask_partitions(grid, new, n_clients, reply_timeout, config_yaml).items():
+            for pid, node, records in _ask_partitions(grid, new, n_clients, reply_timeout, config_yaml):
                 if pid in found:
                     raise FederationError(f"nodes {found[pid][0]} and {node} both hold partition-id {pid}: start "
                                           "each SuperNode with its own --node-config 'partition-id=K'")
@@ -84,9 +84,9 @@ def _ids(ids: list[int]) -> str:
 
 
 def _ask_partitions(grid: Grid, nodes: list[int], n_clients: int, reply_timeout: float,
-                    config_yaml: str = "") -> dict[int, tuple[int, int | None]]:
-    """{partition-id: (node, records)} of `nodes`, each checked to be a client of the run (0..n_clients-1) and
-    unique."""
+                    config_yaml: str = "") -> list[tuple[int, int, int | None]]:
+    """(partition-id, node, records) of each of `nodes`, its partition-id checked to be a client of the run
+    (0..n_clients-1); `discover` checks that no two nodes hold the same one."""
     content = {CONFIG: ConfigRecord({YAML: config_yaml})} if config_yaml else {}
     messages = [Message(RecordDict(content), dst_node_id=n, message_type=QUERY, group_id="dpfl-discover")
                 for n in nodes]
@@ -94,7 +94,7 @@ def _ask_partitions(grid: Grid, nodes: list[int], n_clients: int, reply_timeout:
     if len(replies) < len(nodes):
         raise FederationError(f"{len(replies)} of {len(nodes)} SuperNodes answered the partition-id query in "
                               f"{reply_timeout:g} s (run config `timeout`)")
-    found: dict[int, tuple[int, int | None]] = {}
+    found: list[tuple[int, int, int | None]] = []
     for reply in replies:
         node = reply.metadata.src_node_id
         if reply.has_error():
@@ -104,10 +104,7 @@ def _ask_partitions(grid: Grid, nodes: list[int], n_clients: int, reply_timeout:
         if not 0 <= pid < n_clients:
             raise FederationError(f"node {node} holds partition-id {pid}, but the run has clients 0..{n_clients - 1} "
                                   "(run config `nodes` or the config's data.clients)")
-        if pid in found:
-            raise FederationError(f"nodes {found[pid][0]} and {node} both hold partition-id {pid}: start each "
-                                  "SuperNode with its own --node-config 'partition-id=K'")
-        found[pid] = (node, int(answer[RECORDS]) if RECORDS in answer else None)
+        found.append((pid, node, int(answer[RECORDS]) if RECORDS in answer else None))
     return found
 
 

@@ -3,9 +3,9 @@
 `start(grid)` builds the run from the config exactly as `dpfl run` does (data split, model, budgets, noise
 calibration), maps SuperNodes to clients, and executes it into a run directory with `run_directory.execute`. With
 the user's own files (data.silos) the server reads no silo: it first asks every node for its record count (each
-node reads and checks its own silo), then builds the run on those counts and the shared test file. It writes
-`run_directory.execute`:
-config.yaml, metrics.jsonl, privacy.json (from `FederatedRun.privacy_summary`, plus a `flower` block), summary.json.
+node reads and checks its own silo), then builds the run on those counts and the shared test file. The run
+directory holds config.yaml, metrics.jsonl, privacy.json (from `FederatedRun.privacy_summary`, plus a `flower`
+block), summary.json.
 Per round, the FederatedRun selects, checks and records the ledger, then asks `FlowerClients` for the uploads:
 `configure_train` writes one train message per selected client, `aggregate_train` reads the replies (the
 aggregation itself is the run's dpfl aggregator). No evaluation messages: the server evaluates on the test set.
