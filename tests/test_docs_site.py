@@ -7,7 +7,6 @@ outside docs/ pass and still fails the build on a link to a missing one."""
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import tree_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -69,8 +69,7 @@ def test_every_page_is_in_the_nav():
 
 
 def _mkdocs(config: Path, site: Path, strict: bool = True) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": path}  # the tree under test, not an installed dpfl
+    env = tree_env(NO_MKDOCS_2_WARNING="1")  # the tree under test, not an installed dpfl
     command = [sys.executable, "-m", "mkdocs", "build", "-f", str(config), "-d", str(site)]
     return subprocess.run(command + (["--strict"] if strict else []), capture_output=True, text=True, env=env,
                           timeout=600)

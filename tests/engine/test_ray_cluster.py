@@ -19,7 +19,7 @@ import torch
 
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config.loading import load_config
-from processes import alive, descendants
+from processes import alive, descendants, tree_env
 
 pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,10 +92,8 @@ def test_a_run_on_a_running_cluster_equals_the_local_run(head_node, tmp_path: Pa
     local = build_run(load_config("configs/demo.yaml", SETS)).run()
     out = tmp_path / "run"
     args = [a for s in ["backend=ray", f"ray.address={head_node}", *SETS] for a in ("--set", s)]
-    src = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     done = subprocess.run([sys.executable, "-m", "dpfl.cli", "run", "configs/demo.yaml", *args, "--out", str(out)],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": src}, capture_output=True, text=True,
-                          timeout=600)
+                          cwd=ROOT, env=tree_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     params = load_checkpoint(out / CHECKPOINT)["params"]
     for n in local.params:

@@ -5,7 +5,6 @@ used (issue 65, item 3)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import cli
+from processes import tree_env
 
 pytest.importorskip("ray")
 # starts Ray (one instance per test, each in a process of its own): the integration tier
@@ -26,21 +26,10 @@ def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _env(**changes: str | None) -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
-    out = {**os.environ, "PYTHONPATH": path}
-    for key, value in changes.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
-
-
 def test_a_local_ray_listens_on_loopback_only_with_usage_stats_off():
     # RAY_ADDRESS: Ray's own lookup would join it (and fail); dpfl starts its own
     done = _run(str(ROOT / "tests" / "engine" / "ray_local_probe.py"),
-                env=_env(RAY_USAGE_STATS_ENABLED=None, RAY_ADDRESS="127.0.0.1:9"))
+                env=tree_env(RAY_USAGE_STATS_ENABLED=None, RAY_ADDRESS="127.0.0.1:9"))
     assert done.returncode == 0, done.stdout + done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     sockets = seen["sockets"]
@@ -57,7 +46,7 @@ def test_a_local_ray_listens_on_loopback_only_with_usage_stats_off():
 def test_dpfl_run_says_which_backend_and_how_many_actors(tmp_path: Path):
     out = tmp_path / "run"
     done = _run("-m", "dpfl.cli", "run", "configs/demo.yaml", *[a for s in SETS for a in ("--set", s)], "--out",
-                str(out), env=_env())
+                str(out), env=tree_env())
     code, stdout, stderr = done.returncode, done.stdout, done.stderr
     assert code == 0, stdout + stderr
     assert ("backend: ray, 2 actors x 1 thread on a Ray this run started on 127.0.0.1 (usage statistics off)"

@@ -15,17 +15,15 @@ import sys
 import time
 from pathlib import Path
 
-from .helpers import ROOT
-from processes import alive, descendants
+from processes import alive, descendants, tree_env
 
 BIN = Path(sys.executable).parent
 
 
 def env() -> dict[str, str]:
     """The user's shell: the venv's executables on PATH, this tree's dpfl importable (for `dpfl` and the apps)."""
-    path = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": path,
-            "OMP_NUM_THREADS": "1", "FLWR_HOME": "/nonexistent-user-flwr-home"}  # the guide sets its own
+    return tree_env(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
+                    FLWR_HOME="/nonexistent-user-flwr-home")  # the guide sets its own
 
 
 def free_base_port(nodes: int) -> int:
