@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from doc_blocks import fenced
+
 from dpfl import validate_config
 from dpfl.experiment.config.loading import read_config_mapping
 from dpfl.experiment.config.yaml_io import parse_yaml
@@ -22,12 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = sorted((ROOT / "docs" / "algorithms").glob("*.md"))
 GUIDES = [ROOT / "docs" / f"{name}.md" for name in ("heterogeneous", "fedceo", "fdp", "splitting", "rdpcfl", "mpdp")]
 PAGES = ALGORITHMS + [g for g in GUIDES if g.exists()]
-BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 BASE = re.compile(r"#\s*(configs/\S+\.ya?ml)")
 
 
 def _blocks(page: Path, language: str) -> list[str]:
-    return [body for lang, body in BLOCK.findall(page.read_text(encoding="utf-8")) if lang == language]
+    return fenced(page.read_text(encoding="utf-8"), language)
 
 
 def _name(page: Path) -> str:

@@ -3,11 +3,12 @@ script."""
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
 import pytest
+
+from doc_blocks import fenced
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +21,7 @@ PAGES = {  # page -> (at least this many blocks, the run directories it leaves b
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_the_page_runs_as_written(page, tmp_path, monkeypatch, clean_registries):
     least, expected_runs = PAGES[page]
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.S)
+    blocks = fenced((ROOT / page).read_text(encoding="utf-8"), "python")
     assert len(blocks) >= least
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(ROOT / "configs")

@@ -8,32 +8,19 @@ tests/test_docs_commands.py.
 
 from __future__ import annotations
 
-import re
-import shlex
 from pathlib import Path
 
 import pytest
 
+from doc_blocks import commands, fenced, words
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([*(ROOT / "docs" / "getting-started").glob("*.md"), *(ROOT / "docs" / "concepts").glob("*.md"),
                 ROOT / "docs" / "faq.md"])
-PYTHON = re.compile(r"```python\n(.*?)```", re.S)
-BASH = re.compile(r"```bash\n(.*?)```", re.S)
 
 
 def _name(page: Path) -> str:
     return str(page.relative_to(ROOT))
-
-
-def _bash_lines(page: Path) -> list[str]:
-    """The commands of a page's bash blocks, one per line, without comments."""
-    lines = []
-    for block in BASH.findall(page.read_text(encoding="utf-8")):
-        for line in block.splitlines():
-            command = line.split(" #")[0].strip()
-            if command and not command.startswith("#"):
-                lines.append(command)
-    return lines
 
 
 @pytest.fixture
@@ -43,14 +30,14 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if PYTHON.search(p.read_text(encoding="utf-8"))], ids=_name)
+@pytest.mark.parametrize("page", [p for p in PAGES if fenced(p.read_text(encoding="utf-8"), "python")], ids=_name)
 def test_the_python_blocks_run_as_written(page, in_tmp, capsys):
     if page.name == "run-directory.md":  # the page reads the demo's run directory: a short demo first
         import dpfl
 
         dpfl.run("configs/demo.yaml", overrides=["training.rounds=2"], out="runs/demo")
     namespace: dict = {"__name__": "docs_pages"}
-    for i, block in enumerate(PYTHON.findall(page.read_text(encoding="utf-8"))):
+    for i, block in enumerate(fenced(page.read_text(encoding="utf-8"), "python")):
         exec(compile(block, f"{_name(page)} block {i + 1}", "exec"), namespace)  # noqa: S102 - our own docs
     out = capsys.readouterr().out
     if page.name == "budgets.md":
@@ -67,15 +54,15 @@ def test_the_accountant_outputs_shown_are_todays():
 
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
-        for line in _bash_lines(page):
-            words = shlex.split(line)
-            if words[:3] == ["dpfl", "privacy", "epsilon"]:
-                code, out, _ = cli(*words[1:])
+        for line in commands(text):
+            parts = words(line)
+            if parts[:3] == ["dpfl", "privacy", "epsilon"]:
+                code, out, _ = cli(*parts[1:])
                 assert code == 0 and out.strip() in text, f"{_name(page)}: {line} now prints {out.strip()}"
 
 
 def test_the_readmes_python_block_runs_as_written(in_tmp, capsys):
-    blocks = PYTHON.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    blocks = fenced((ROOT / "README.md").read_text(encoding="utf-8"), "python")
     assert blocks
     namespace: dict = {"__name__": "readme"}
     for i, block in enumerate(blocks):
