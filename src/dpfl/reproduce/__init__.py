@@ -9,7 +9,7 @@
 resumable execution), `tables` (results files), `families` (one invocation of a family's grid: plan, run,
 tables, whichever family it is). `fdp_sensitivity` (spec fdp_accounting.md §7) is not a grid: it
 trains neighbouring runs in lockstep. The CLI is `dpfl reproduce pfa|robust-hdp|fedceo|fdp-accuracy|
-fdp-sensitivity`; docs/reproduce.md describes the tooling, docs/papers/reproduce.md the grids and what is
+fdp-sensitivity`; docs/papers/reproduce.md describes the tooling, docs/papers/grids.md the grids and what is
 reduced.
 """
 
