@@ -11,7 +11,7 @@ import typer
 
 from dpfl.cli.common import console, errors, fail, user_errors
 
-flower_app = typer.Typer(no_args_is_help=True, help="Run a dpfl config as a Flower app (the dpfl[flower] extra; "
+flower_app = typer.Typer(no_args_is_help=True, help="Run a dpfl config as a Flower app (the dpfl\\[flower] extra; "
                          "docs/flower.md).")
 
 
