@@ -1,4 +1,4 @@
-"""dpfl's subpackages keep their layers (docs/concepts/architecture.md): cli > reproduce > evaluate, flower > api >
+"""dpfl's subpackages keep their layers (docs/layout.md): cli > reproduce > evaluate, flower > api >
 experiment > algorithms, attacks, results > models > engine, data > privacy > seeding. A module imports only from
 a lower layer or from a peer of its own layer, and no import cycle forms between subpackages. import-linter checks
 the two contracts in pyproject.toml; why a test: the suite is what CI runs, so an import against the layers fails CI
@@ -26,7 +26,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_package_keeps_its_layers_and_has_no_cycle():
     done = _lint(ROOT)
-    assert done.returncode == 0, f"an import breaks dpfl's layers (docs/concepts/architecture.md):\n{done.stdout}"
+    assert done.returncode == 0, f"an import breaks dpfl's layers (docs/layout.md):\n{done.stdout}"
     assert "2 kept, 0 broken" in done.stdout, done.stdout
 
 
