@@ -85,7 +85,7 @@ def _script():
 
 def test_the_script_draws_accuracy_against_m_from_published_csvs_split_by_m(tmp_path):
     """docs/results/pfa_full.csv cut into one CSV per M (a grid run one M per session) gives the same tables as the
-    whole file, and those are heterogeneous.md's published numbers."""
+    whole file, and those are the numbers docs/papers/pfa.md publishes."""
     published = ROOT / "docs" / "results" / "pfa_full.csv"
     lines = published.read_text().splitlines(keepends=True)
     header, body = lines[0], lines[1:]
