@@ -1,4 +1,5 @@
-"""The facts behind the PFA results (docs/papers/pfa.md), read from the run directories of a `dpfl reproduce pfa` output.
+"""The facts behind the PFA results (docs/papers/pfa.md), read from the run directories of a `dpfl reproduce pfa`
+output.
 
 Per run: final and best test accuracy, rounds and stop reason, uplink, the largest epsilon spent, the clients whose
 budget is at least --large-eps (the "eps ~ 10 clients" of MixGauss1/3) and the rounds that drew none of them, and
