@@ -79,9 +79,13 @@ t0=$(date +%s)
   # fails here, by name.
   timeout "$(cap "$T_INSTALL")" "$PY" -m pip install --isolated --disable-pip-version-check --no-index \
     --find-links "$WHEELS" dp-accounting pydantic cryptography opacus hypothesis &&
-  # dpfl itself, built in an isolated build venv whose setuptools comes from the wheels too
-  timeout "$(cap 30)" "$PY" -m pip install --isolated --disable-pip-version-check --no-index --no-deps \
-    --find-links "$WHEELS" "$ROOT"
+  # dpfl itself, from a copy (the build writes build/ and egg-info beside its sources), in an isolated build venv
+  # whose setuptools comes from the wheels too; else with the environment's own setuptools
+  mkdir -p "$VENV/dpfl-src" && cp -r pyproject.toml README.md src "$VENV/dpfl-src/" &&
+  { timeout "$(cap 30)" "$PY" -m pip install --isolated --disable-pip-version-check --no-index --no-deps \
+      --find-links "$WHEELS" "$VENV/dpfl-src" ||
+    timeout "$(cap 30)" "$PY" -m pip install --isolated --disable-pip-version-check --no-index --no-deps \
+      --no-build-isolation "$VENV/dpfl-src"; }
 ) > "$OUT/install.log" 2>&1
 rc=$?
 PY="$VENV/bin/python"
