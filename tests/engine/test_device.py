@@ -261,3 +261,45 @@ def test_a_run_keeps_its_model_and_records_on_its_device():
     run = build_run(cfg)
     assert run.device == torch.device("cpu") and run.pooled.device == torch.device("cpu")
     assert all(p.device.type == "cpu" for p in run.model.parameters())
+
+
+# ---- Ray actors and Flower nodes ----------------------------------------------------------------------------
+
+
+def test_gpus_per_actor_defaults_to_zero_and_reaches_the_backend():
+    pytest.importorskip("ray")
+    from dpfl.experiment.build import build_backend
+
+    assert load_config(DEMO, ["backend=ray"]).ray.gpus_per_actor == 0
+    backend = build_backend(load_config(DEMO, ["backend=ray", "ray.gpus_per_actor=0.5", "ray.actors=4"]))
+    assert backend.gpus == 0.5 and backend.describe()["gpus_per_actor"] == 0.5
+    assert "gpus_per_actor" not in build_backend(load_config(DEMO, ["backend=ray"])).describe()  # as before
+    assert _error(["backend=ray", "ray.gpus_per_actor=-1"]).startswith("ray.gpus_per_actor: out of range")
+
+
+def test_a_shard_worker_trains_on_its_device_and_answers_on_the_cpu():
+    """What an actor runs (without Ray): the records and model it is given, on its device (the CPU here), the
+    result on the CPU, equal to training in process."""
+    from dpfl.engine.backends.ray import ShardWorker
+
+    model, data = _conv_model(), _pooled([5, 4])
+    spec, plans, w = LocalSpec(lr=0.1, sampling="poisson", clip=1.0), [ClientPlan(1, 2, 2, 0.5)], P.model_params(model)
+    worker = ShardWorker(model, data, threads=1, gpu=False)
+    assert worker.device == torch.device("cpu")
+    got = worker.train(spec, plans, w, 3, 0, False, 1 << 26, None)
+    ref = run_local(model, spec, plans, data, w, seed=3, round_=0)
+    assert all(torch.equal(got.params[n], ref.params[n]) for n in w)
+
+
+def test_a_flower_node_trains_on_its_own_device():
+    pytest.importorskip("flwr")
+    from dpfl.experiment.config import config_to_yaml
+    from dpfl.flower.client_app import client_side, node_device
+
+    assert node_device({"device": "cuda:1", "partition-id": 0}) == "cuda:1"
+    assert node_device({"partition-id": 0}) is None and node_device({"device": ""}) is None
+    text = config_to_yaml(load_config(DEMO))
+    side = client_side(text, 2, device="cpu")
+    assert side.device == torch.device("cpu") and side.x.device.type == "cpu"
+    with pytest.raises(ConfigError, match="device: not a device"):
+        client_side(text, 2, device="gpu")

@@ -34,6 +34,7 @@ def aggregation_diagnostics(algorithm: Algorithm, aggregator: ServerStep, state:
     w = aggregator.aggregation_weights(state, view, channel, local.dim)
     if w is None:
         return {}
+    w = w.cpu()  # diagnostics beside the view and channel, which are on the CPU (a no-op there)
     out: dict[str, Any] = {"weights": w.to(torch.float64).tolist()}
     linear = aggregator.linear_in_updates  # PFA: private updates are projected
     stats = noise_statistics(algorithm, w, local)  # empty unless the clients run DP-SGD without momentum
