@@ -50,6 +50,7 @@ from dpfl.seeding import Purpose, derive_seed, torch_generator
 DEFAULT_MAX_ELEMENTS = 1 << 26
 
 CLIP_MODES: tuple[str, ...] = ("per_example", "batch")
+_CPU = torch.device("cpu")
 ENGINES: tuple[str, ...] = ("auto", "fast", "vmap")
 
 
@@ -290,7 +291,7 @@ def merge_groups(k: int, groups: Sequence[Sequence[int]], results: Iterable[Loca
     return LocalResult(out, steps, used, empties, noise_sq)
 
 
-def _workers(fast: FastModel | None, k: int, device: torch.device = torch.device("cpu")) -> int:
+def _workers(fast: FastModel | None, k: int, device: torch.device = _CPU) -> int:
     """How many groups of clients to run at once, one thread each (torch's thread budget, at most k).
 
     Only on the CPU (a GPU runs one group's kernels at a time anyway), and only for the fast path without

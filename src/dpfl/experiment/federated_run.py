@@ -404,7 +404,8 @@ class FederatedRun:
             if self.ledger is not None and self.enforce_budgets and self.ledger.would_exceed(i, event):
                 continue
             c = self.data.clients[i]
-            picks[i] = answer(choice, self.model, c.x_train, c.y_train, self.algorithm.local.spec.loss,
+            picks[i] = answer(choice, self.model, c.x_train.to(self.device), c.y_train.to(self.device),
+                              self.algorithm.local.spec.loss,
                               numpy_generator(self.seed, Purpose.CHOICE, r, i))
             if self.ledger is not None:
                 self.ledger.record(i, r, event)
@@ -516,7 +517,8 @@ class FederatedRun:
             if over:  # the ledger charged the planned steps: more would spend more than it recorded
                 raise ValueError(f"round {r + 1}: clients took more local steps than the ledger charged "
                                  f"((client, reported, planned): {over[:5]}); the accounting would not cover the run")
-            return LocalRound(remote.uploads, self._view(selected, expected), self._channel(selected, remote.steps),
+            uploads = P.to_device(remote.uploads, self.device)  # arrays from the nodes arrive on the CPU
+            return LocalRound(uploads, self._view(selected, expected), self._channel(selected, remote.steps),
                               remote.noise_sq_norm, P.num_parameters(w), mechanism_state)
         out = alg.local.run(LocalInputs(
             ids, starts if starts is not None else w, starts is not None, self.seed, r, w, self.pooled,
