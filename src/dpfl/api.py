@@ -68,7 +68,8 @@ class RunOutcome:
 
 def run(config: RunConfig | Mapping[str, Any] | str | Path, *, data: FederatedDataset | None = None,
         model: nn.Module | None = None, out: str | Path | None = None, resume: bool = False,
-        overrides: Sequence[str] = (), on_round: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
+        overrides: Sequence[str] = (), on_round: Callable[[dict[str, Any]], None] | None = None,
+        device: str | None = None) -> RunOutcome:
     """Run `config` (a RunConfig, a mapping like the YAML, or a YAML path) into `out` and return its outcome.
 
     data: a `FederatedDataset` (e.g. from `dpfl.federated_data`) used instead of the config's dataset.
@@ -76,10 +77,12 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path, *, data: FederatedDa
     keep the engine's contract (no buffers such as BatchNorm statistics; `loss_kind` attribute or cross-entropy).
     out: the run directory (default `runs/<name>-<time>`). resume: continue a killed run in `out`.
     overrides: ``FIELD.PATH=VALUE`` strings, as the CLI's ``--set``. on_round: called with each metrics row.
+    device: where to train ("cpu", "cuda", "cuda:N"), the config's `device` (as the CLI's ``--device``); None keeps
+    the config's. The returned `params` and `model` are on the CPU whatever the device (read from the checkpoint).
     Raises `ConfigError` (one line) for a bad config, `DataError` (a ValueError) for data that breaks its schema or
     cannot form a federated dataset, `ValueError` for bad objects or run directories.
     """
-    cfg = _config(config, overrides, data, model)
+    cfg = _config(config, [*overrides, *([] if device is None else [f"device={device}"])], data, model)
     if data is not None and data.n_clients != cfg.data.clients:
         raise ConfigError(f"data.clients: the config says {cfg.data.clients} clients, the data object has "
                           f"{data.n_clients}", "data.clients")
@@ -146,7 +149,7 @@ def _outcome(cfg: RunConfig, out: Path, template: nn.Module | None) -> RunOutcom
     state = load_checkpoint(out / CHECKPOINT)
     params = {n: t.detach().clone() for n, t in state["params"].items()}
     if template is not None:
-        trained = copy.deepcopy(template)
+        trained = copy.deepcopy(template).to("cpu")  # the run moved its model to its device
     else:  # a finished run resumed: nothing was built, so build the architecture from the config
         shape, classes = _shape_and_classes(cfg)
         trained = build_model(cfg.model.name, shape, classes, seed=cfg.seed, **cfg.model.options)

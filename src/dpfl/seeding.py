@@ -40,9 +40,14 @@ def derive_seed(seed: int, *keys: int) -> int:
     return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
 
 
-def torch_generator(seed: int, purpose: Purpose, round_: int = 0, client: int = 0) -> torch.Generator:
-    """A CPU torch generator for one (purpose, round, client) stream."""
-    g = torch.Generator()
+def torch_generator(seed: int, purpose: Purpose, round_: int = 0, client: int = 0,
+                    device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch generator for one (purpose, round, client) stream, on `device` (the tensors it fills live there).
+
+    The key, not the device, decides the stream's seed: a CUDA generator draws a different sequence from the CPU
+    one with the same seed (Philox, not Mersenne Twister), so CPU and CUDA runs agree in distribution, not bitwise.
+    """
+    g = torch.Generator(device=device)
     g.manual_seed(derive_seed(seed, int(purpose), round_, client))
     return g
 

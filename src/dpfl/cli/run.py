@@ -66,6 +66,11 @@ def _import_plugins(modules: list[str]) -> None:
             raise UserError(f"--import {name}: {type(err).__name__}: {err}".splitlines()[0]) from None
 
 
+def device_override(device: str | None) -> list[str]:
+    """`--device D` as the override it stands for (`device=D`, after any --set, so it wins); none without it."""
+    return [] if device is None else [f"device={device}"]
+
+
 def run(
     config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set training.rounds=5 "
@@ -76,6 +81,9 @@ def run(
         "--import", help="Import this Python module first (repeatable; the current directory is searched), so the "
                          "datasets, models, losses, aggregators and local programs it registers can be named in the "
                          "config.")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", help="Where to train: cpu, cuda or cuda:N (the config's `device`; the same as --set "
+                         "device=...).")] = None,
 ) -> None:
     """Run a federated experiment described by a YAML config (an MP-DP config in the old flat schema, `scheme: mpdp`,
     is converted, with a one-line note)."""
@@ -84,7 +92,7 @@ def run(
 
     try:
         _import_plugins(import_ or [])
-        cfg = load_config(config, list(set_ or []),
+        cfg = load_config(config, [*(set_ or []), *device_override(device)],
                           notice=lambda line: errors.print(line, markup=False, highlight=False))
         out = out or Path("runs") / cfg.name
         summary = _run_with_progress(cfg, out, resume)

@@ -1,4 +1,8 @@
-"""Evaluation of one model (a parameter dict) on a test set, in batches."""
+"""Evaluation of one model (a parameter dict) on a test set, in batches.
+
+The model runs where its parameters are: each batch of records is moved there (a no-op on the CPU), so a test
+set may stay on the CPU while a CUDA run evaluates.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +22,9 @@ def outputs(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tenso
     released model can compute (the attacks' view of it)."""
     was_training = model.training
     model.eval()
+    device = _device(params)
     try:
-        return torch.cat([functional_call(model, dict(params), (x[lo : lo + batch_size],))
+        return torch.cat([functional_call(model, dict(params), (x[lo : lo + batch_size].to(device),)).to(x.device)
                           for lo in range(0, len(x), batch_size)])
     finally:
         model.train(was_training)
@@ -34,11 +39,17 @@ def evaluate(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tens
     loss_fn = per_sample_loss(loss)
     correct, total_loss = 0, 0.0
     classify = loss != "mse"
+    device = _device(params)
     for lo in range(0, len(x), batch_size):
-        xb, yb = x[lo : lo + batch_size], y[lo : lo + batch_size]
+        xb, yb = x[lo : lo + batch_size].to(device), y[lo : lo + batch_size].to(device)
         out = functional_call(model, dict(params), (xb,))
         total_loss += float(loss_fn(out, yb).sum())
         if classify:
             correct += int((out.argmax(-1) == yb).sum())
     n = len(x)
     return (correct / n if classify else None), total_loss / n
+
+
+def _device(params: Mapping[str, torch.Tensor]) -> torch.device:
+    """Where the parameters are (the CPU for an empty dict)."""
+    return next(iter(params.values())).device if params else torch.device("cpu")

@@ -16,6 +16,11 @@ The result is a pure function of (start parameters, client data, plans, seed, ro
 batches and noise come from its own generators keyed by (seed, round, client), so K clients run
 together give the same parameters as the same clients run one by one.
 
+Device: the engine trains where the pooled records are (`data.device`): the start (and anchor) parameters are
+moved there, every index, mask, noise and generator is made there, and the result stays there. CPU and CUDA
+draw different (equally distributed) random streams from the same keys, so their runs agree in distribution,
+not bitwise; on one device and torch version a run repeats exactly.
+
 Noisy-FedAvg / Noisy-FedProx (spec fdp_accounting §1.1) need per-step learning rates eta_{k,t} (a
 plan may carry its own `step_lrs`; without them every step uses `spec.lr`, bit-for-bit the old path)
 and two clipping modes: "per_example" (clip each sample's gradient, then average) and "batch" (clip
@@ -26,7 +31,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -35,7 +41,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpfl.engine import params as P
 from dpfl.engine.losses import per_sample_loss
-from dpfl.engine.per_sample import FastModel, Unsupported, compile_model
+from dpfl.engine.per_sample import FastModel, Unsupported, compile_model, segment_sum
 from dpfl.engine.pooled import PooledData
 from dpfl.engine.sampling import SAMPLINGS, BatchStream, NoiseStream
 from dpfl.seeding import Purpose, derive_seed, torch_generator
@@ -44,6 +50,7 @@ from dpfl.seeding import Purpose, derive_seed, torch_generator
 DEFAULT_MAX_ELEMENTS = 1 << 26
 
 CLIP_MODES: tuple[str, ...] = ("per_example", "batch")
+_CPU = torch.device("cpu")
 ENGINES: tuple[str, ...] = ("auto", "fast", "vmap")
 
 
@@ -201,6 +208,9 @@ def run_local(
     k = len(plans)
     if k == 0:
         raise ValueError("no clients to train")
+    device = data.device
+    start = P.to_device(start, device)
+    anchor = P.to_device(anchor, device) if anchor is not None else None
     start_stack = {n: t.clone() for n, t in start.items()} if stacked_start else P.broadcast(start, k)
     names = trainable_names(spec, start_stack)
     dim = P.num_parameters(start_stack, leading=1)
@@ -214,7 +224,7 @@ def run_local(
     # gradients; on the generic path (DP-SGD only) per-sample copies of all tensors and per-sample gradients of
     # the trainable ones
     record_cost = per_record if fast is not None else (dim + dim_t if per_sample else 0)
-    workers = _workers(fast, k)
+    workers = _workers(fast, k, device)
     budget = max_elements // workers
     if per_sample and spec.micro_batch is None and record_cost * width > budget:
         # one client's step alone would exceed the budget (e.g. a full-batch round): accumulate it over physical
@@ -232,10 +242,12 @@ def run_local(
         groups = [order[lo : lo + chunk] for lo in range(0, k, chunk)]
 
     def run(rows: list[int]) -> LocalResult:
-        return _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, torch.tensor(rows)), names,
-                          seed, round_, fast, anchor)
+        index = torch.tensor(rows, device=device)
+        return _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, index), names, seed,
+                          round_, fast, anchor)
 
-    with torch.random.fork_rng(devices=[]):
+    # dropout masks come from torch's global RNG (CUDA's, on a GPU): seeded per round, restored after
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), _fixed_kernels(device):
         torch.manual_seed(derive_seed(seed, int(Purpose.DROPOUT), round_))
         if workers > 1:
             results = _in_threads(run, groups, workers)
@@ -244,18 +256,20 @@ def run_local(
         return merge_groups(k, groups, results)
 
 
-def replay_noise(plans: Sequence[ClientPlan], dim: int, seed: int, round_: int) -> torch.Tensor:
+def replay_noise(plans: Sequence[ClientPlan], dim: int, seed: int, round_: int,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
     """[K, dim]: each plan's summed standard-normal DP-SGD noise sum_t xi_t of round `round_`, redrawn from the
     generators `run_local` drew it from, in the same blocks and the same order of additions, so it equals the sum the
     client's steps added (times z_i C); zeros for a plan without noise. `dim` is the trainable coordinates' count.
 
     Engine-only diagnostics of what the noise became after aggregation (PFA's `pfa_noise_passthrough`): in a real
-    deployment each client's noise stays on the client.
+    deployment each client's noise stays on the client. `device`: where the clients trained (their generators'
+    device decides the stream), and where the result is.
     """
-    out = torch.zeros(len(plans), dim)
+    out = torch.zeros(len(plans), dim, device=device)
     for i, plan in enumerate(plans):
         if plan.noise_multiplier > 0:
-            stream = NoiseStream(dim, plan.steps, torch_generator(seed, Purpose.NOISE, round_, plan.stream))
+            stream = NoiseStream(dim, plan.steps, torch_generator(seed, Purpose.NOISE, round_, plan.stream, device))
             for _ in range(plan.steps):
                 out[i] += stream.next()
     return out
@@ -267,31 +281,47 @@ def merge_groups(k: int, groups: Sequence[Sequence[int]], results: Iterable[Loca
     out: P.Params = {}
     steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
     for rows, res in zip(groups, results, strict=True):
-        index = torch.tensor(list(rows), dtype=torch.int64)
         for n, t in res.params.items():
             if n not in out:
                 out[n] = t.new_empty((k, *t.shape[1:]))
-            out[n][index] = t
+            out[n][torch.tensor(list(rows), dtype=torch.int64, device=t.device)] = t
         for j, i in enumerate(rows):
             steps[i], used[i], empties[i] = res.steps[j], res.records_used[j], res.empty_batches[j]
             noise_sq[i] = res.noise_sq_norm[j]
     return LocalResult(out, steps, used, empties, noise_sq)
 
 
-def _workers(fast: FastModel | None, k: int) -> int:
+def _workers(fast: FastModel | None, k: int, device: torch.device = _CPU) -> int:
     """How many groups of clients to run at once, one thread each (torch's thread budget, at most k).
 
-    Only for the fast path without active dropout: its masks come from torch's global RNG in a fixed
-    order, which concurrent groups would interleave. Everything else a client draws has its own generator,
+    Only on the CPU (a GPU runs one group's kernels at a time anyway), and only for the fast path without
+    active dropout: its masks come from torch's global RNG in a fixed order, which concurrent groups would
+    interleave. Everything else a client draws has its own generator,
     so the grouping changes the result only by float rounding (the cost model may pick another GEMM layout
     for a group's batch sizes); a given thread count always gives the same grouping, so runs repeat exactly.
     """
-    if fast is None or fast.stochastic():
+    if fast is None or fast.stochastic() or device.type != "cpu":
         return 1
     return max(1, min(k, torch.get_num_threads()))
 
 
 _THREAD_COUNT_LOCK = threading.Lock()
+
+
+@contextmanager
+def _fixed_kernels(device: torch.device) -> Iterator[None]:
+    """While a CUDA cohort trains, cuDNN uses deterministic convolution algorithms, chosen without benchmarking, so
+    a run repeats bit for bit on the same GPU and torch version (restored after; nothing changes on the CPU)."""
+    if device.type != "cuda":
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    saved = cudnn.deterministic, cudnn.benchmark
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        cudnn.deterministic, cudnn.benchmark = saved
 
 
 def _in_threads(run, groups: list[list[int]], workers: int) -> list[LocalResult]:
@@ -352,6 +382,7 @@ def _run_chunk(
 ) -> LocalResult:
     """Plans sorted by decreasing steps; w0 stacked in the same order; only `names` train."""
     k = len(plans)
+    device = data.device
     loss_fn = per_sample_loss(spec.loss)
     keep = set(names)
     # The trainable tensors live side by side in one [K, D] matrix (`w[n]` are views of it), so the step's
@@ -364,21 +395,21 @@ def _run_chunk(
     trained = P.unflatten(flat, trainable0)  # views of `flat` (column blocks of a row-major matrix)
     w = {n: trained[n] if n in keep else frozen[n] for n in w0}  # the parameters' own order
     buf = torch.zeros_like(flat) if spec.momentum else None
-    clients = torch.tensor([p.client for p in plans])
+    clients = torch.tensor([p.client for p in plans], device=device)
     batches = [
         BatchStream(spec.sampling, data.size(p.client), p.batch_size,
-                    torch_generator(seed, Purpose.BATCH, round_, p.stream), p.steps)
+                    torch_generator(seed, Purpose.BATCH, round_, p.stream, device), p.steps)
         for p in plans
     ]
     dim = sum(w[n][0].numel() for n in names)  # noise lives on trainable coordinates only
     noisy = [p.noise_multiplier > 0 for p in plans]
     noises = [
-        NoiseStream(dim, p.steps, torch_generator(seed, Purpose.NOISE, round_, p.stream)) if noisy[i] else None
+        NoiseStream(dim, p.steps, torch_generator(seed, Purpose.NOISE, round_, p.stream, device)) if noisy[i] else None
         for i, p in enumerate(plans)
     ]
-    noise_sums = torch.zeros(k, dim) if any(noisy) else None
-    nominal = torch.tensor([float(p.batch_size) for p in plans])
-    noise_scale = torch.tensor([p.noise_multiplier * (spec.clip or 0.0) for p in plans])
+    noise_sums = torch.zeros(k, dim, device=device) if any(noisy) else None
+    nominal = torch.tensor([float(p.batch_size) for p in plans], device=device)
+    noise_scale = torch.tensor([p.noise_multiplier * (spec.clip or 0.0) for p in plans], device=device)
     used, empties = [0] * k, [0] * k
     per_sample = spec.clip is not None and spec.clip_mode == "per_example"
     if fast is not None:
@@ -390,15 +421,15 @@ def _run_chunk(
     # entries past a client's last step are never read.
     lrs = None
     if any(p.step_lrs is not None for p in plans):
-        lrs = torch.full((k, max_steps), float(spec.lr), dtype=torch.float64)
+        lrs = torch.full((k, max_steps), float(spec.lr), dtype=torch.float64, device=device)
         for i, p in enumerate(plans):
             if p.step_lrs is not None and p.steps:
-                lrs[i, : p.steps] = torch.tensor(p.step_lrs, dtype=torch.float64)
+                lrs[i, : p.steps] = torch.tensor(p.step_lrs, dtype=torch.float64, device=device)
     active = k
     for t in range(max_steps):
         while active and plans[active - 1].steps <= t:
             active -= 1
-        idx = [batches[i].next() for i in range(active)]
+        idx = [batches[i].next().to(device) for i in range(active)]  # no-op where the generators are
         for i, ix in enumerate(idx):
             used[i] += len(ix)
             empties[i] += int(len(ix) == 0)
@@ -409,7 +440,7 @@ def _run_chunk(
             if fast is not None:
                 x, y, owner = data.gather_packed(clients[:active], idx)
                 g = fast.grad_sum(wa, fa, x, y, owner, loss_fn)
-                denom = _drawn(idx, nominal.dtype)
+                denom = _drawn(idx, nominal.dtype, device)
             else:
                 x, y, mask = data.gather(clients[:active], idx)
                 g = _batch_gradient(grads_of, wa, x, y, mask, fa)
@@ -430,7 +461,8 @@ def _run_chunk(
             g = _accumulated(clipped, x, y, owner, spec.micro_batch)
             g = P.flatten({n: g[n] for n in names})
             if noise_sums is not None:
-                xi = torch.stack([noises[i].next() if noisy[i] else torch.zeros(dim) for i in range(active)])
+                xi = torch.stack([noises[i].next().to(device) if noisy[i] else torch.zeros(dim, device=device)
+                                  for i in range(active)])
                 noise_sums[:active] += xi
                 g.add_(xi * noise_scale[:active, None])
             # Poisson: the nominal size (the random actual size would leak). Fixed / shuffle sizes are
@@ -438,7 +470,7 @@ def _run_chunk(
             if spec.sampling == "poisson":
                 denom = nominal[:active]
             else:
-                denom = _drawn(idx, nominal.dtype)
+                denom = _drawn(idx, nominal.dtype, device)
             g.div_(denom.unsqueeze(1))
         if spec.prox_mu:
             g.add_(spec.prox_mu * (flat[:active] - (pull if anchor is not None else pull[:active])))
@@ -454,9 +486,9 @@ def _run_chunk(
     return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq)
 
 
-def _drawn(idx: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+def _drawn(idx: Sequence[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Records each client drew at this step (at least 1, so an empty batch divides a zero sum by 1)."""
-    return torch.tensor([float(len(ix)) for ix in idx], dtype=dtype).clamp(min=1)
+    return torch.tensor([float(len(ix)) for ix in idx], dtype=dtype, device=device).clamp(min=1)
 
 
 def _batch_gradient(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
@@ -495,7 +527,7 @@ def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner:
     per_sample = grads_of({n: v.index_select(0, owner) for n, v in w.items()}, x, y, frozen=fs)
     factor = torch.clamp(clip / (P.global_norms(per_sample) + 1e-12), max=1.0)
     for n, g in per_sample.items():  # scale in place: per-sample gradients are the largest tensors here
-        out[n].index_add_(0, owner, g.mul_(factor.reshape(-1, *([1] * (g.dim() - 1)))))
+        out[n] = segment_sum(g.mul_(factor.reshape(-1, *([1] * (g.dim() - 1)))), owner, out[n].shape[0])
     return out
 
 

@@ -6,12 +6,44 @@ many clients' models are just one more tensor dimension.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 Params = dict[str, torch.Tensor]
+
+
+def to_device(params: Mapping[str, torch.Tensor], device: torch.device | str) -> Params:
+    """`params` on `device` (tensors already there are kept, not copied)."""
+    return {name: t.to(device) for name, t in params.items()}
+
+
+def move(obj: Any, device: torch.device | str) -> Any:
+    """Every tensor in `obj` (nested dicts, lists, tuples, dataclasses of them) on `device`; the rest as it is.
+
+    A run's state (server step state, client state, upload mechanism state) goes through this to the CPU for a
+    checkpoint and back to the run's device on resume, so checkpoints do not depend on where the run trained.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # the same mapping type (an OrderedDict, a defaultdict's factory)
+        out.clear()
+        out.update((k, move(v, device)) for k, v in obj.items())
+        return out
+    if isinstance(obj, list):
+        return [move(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        items = [move(v, device) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: move(getattr(obj, f.name), device) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
+    return obj
 
 
 def model_params(model: nn.Module) -> Params:

@@ -62,6 +62,16 @@ CACHE_FLOATS = 8 << 20
 # Strategy overrides for tests and measurements (None: the cost model chooses).
 FORCE_SEGMENTED: str | None = None  # "loop" (one GEMM per client) or "pad" (one batched GEMM over padded clients)
 FORCE_CONV: str | None = None  # "gemm" (im2col GEMMs, col2im) or "native" (oneDNN per client)
+# How sums over records are added up (a client's records; col2im's overlapping windows): on the CPU with index_add_,
+# which adds in index order; on other devices with kernels whose order is fixed (a padded per-client sum, F.fold),
+# since CUDA's index_add_ adds with atomics in no fixed order and a run would not repeat bit for bit. The results
+# agree to float rounding. None: by device; True / False force the ordered / index_add_ kernels (tests).
+FORCE_ORDERED_SUMS: bool | None = None
+
+
+def ordered_sums(device: torch.device) -> bool:
+    """Whether sums over records on `device` use the fixed-order kernels (see FORCE_ORDERED_SUMS)."""
+    return FORCE_ORDERED_SUMS if FORCE_ORDERED_SUMS is not None else device.type != "cpu"
 
 
 class Unsupported(Exception):
@@ -80,7 +90,8 @@ class Packing:
 
     def __init__(self, owner: Tensor, k: int) -> None:
         self.owner, self.k, self.s = owner, k, int(owner.numel())
-        self.counts_t = torch.bincount(owner, minlength=k) if self.s else torch.zeros(k, dtype=torch.int64)
+        self.counts_t = (torch.bincount(owner, minlength=k) if self.s
+                         else torch.zeros(k, dtype=torch.int64, device=owner.device))
         self.counts: list[int] = self.counts_t.tolist()
         bounds, lo = [], 0
         for n in self.counts:
@@ -104,7 +115,7 @@ class Packing:
     def pos(self) -> Tensor:
         if self._pos is None:
             starts = torch.cumsum(self.counts_t, 0) - self.counts_t
-            self._pos = self.owner * self.bmax + (torch.arange(self.s) - starts[self.owner])
+            self._pos = self.owner * self.bmax + (torch.arange(self.s, device=self.owner.device) - starts[self.owner])
         return self._pos
 
     def pad(self, t: Tensor) -> Tensor:
@@ -171,7 +182,20 @@ def seg_tmm(a: Tensor, c: Tensor, pk: Packing) -> Tensor:
 
 def seg_sum(v: Tensor, pk: Packing) -> Tensor:
     """out[k] = sum of v[s] over client k's samples: `[S, ...]` -> `[k, ...]`."""
+    if ordered_sums(v.device):
+        return pk.pad(v).sum(1) if pk.bmax else v.new_zeros(pk.k, *v.shape[1:])
     return v.new_zeros(pk.k, *v.shape[1:]).index_add_(0, pk.owner, v)
+
+
+def segment_sum(v: Tensor, owner: Tensor, k: int) -> Tensor:
+    """out[j] = sum of v[s] over the samples with owner[s] == j: `[S, ...]` -> `[k, ...]` (`seg_sum` without a
+    packing; `owner` in any order)."""
+    if not ordered_sums(v.device):
+        return v.new_zeros(k, *v.shape[1:]).index_add_(0, owner, v)
+    if len(owner) and bool((owner[1:] < owner[:-1]).any()):
+        order = torch.argsort(owner, stable=True)
+        v, owner = v[order], owner[order]
+    return seg_sum(v, Packing(owner, k))
 
 
 # ------------------------------------------------------------------------------------------------ layers
@@ -277,7 +301,7 @@ class _Conv2d:
         # im2col column order: (C, kh, kw) gathered from NCHW memory when there are few channels (runs of kw
         # contiguous floats), else (kh, kw, C) from channels-last memory (runs of C contiguous floats).
         self.channels_last = self.cin > 4
-        self._grid: dict[tuple[int, int], Tensor] = {}
+        self._grid: dict[tuple, Tensor] = {}  # keyed by input size and device
 
     def geometry(self, h: int, w: int) -> tuple[int, int]:
         ho = (h + 2 * self.ph - self.dh * (self.kh - 1) - 1) // self.sh + 1
@@ -296,28 +320,32 @@ class _Conv2d:
         ho, wo = self.geometry(shape[1], shape[2])
         return 2 * ho * wo * self.ckk + self.cout * self.ckk + 4 * ho * wo * self.cout + 2 * math.prod(shape)
 
-    def grid(self, h: int, w: int) -> Tensor:
+    def grid(self, h: int, w: int, device: torch.device) -> Tensor:
         """Padded-grid position (row * Wp + col) of every (output position, kernel offset), in (ho, wo, i, j) order:
-        `[Ho*Wo*kh*kw]`, made once per input size (im2col gathers with it, col2im adds with it)."""
-        key = (h, w)
+        `[Ho*Wo*kh*kw]`, made once per input size and device (im2col gathers with it, col2im adds with it)."""
+        key = (h, w, device)
         idx = self._grid.get(key)
         if idx is None:
             ho, wo = self.geometry(h, w)
             wp = w + 2 * self.pw
-            rows = (torch.arange(ho) * self.sh).view(-1, 1, 1, 1) + (torch.arange(self.kh) * self.dh).view(1, 1, -1, 1)
-            cols = (torch.arange(wo) * self.sw).view(1, -1, 1, 1) + (torch.arange(self.kw) * self.dw).view(1, 1, 1, -1)
+
+            def span(n: int) -> Tensor:
+                return torch.arange(n, device=device)
+
+            rows = (span(ho) * self.sh).view(-1, 1, 1, 1) + (span(self.kh) * self.dh).view(1, 1, -1, 1)
+            cols = (span(wo) * self.sw).view(1, -1, 1, 1) + (span(self.kw) * self.dw).view(1, 1, 1, -1)
             idx = (rows * wp + cols).reshape(-1)
             self._grid[key] = idx
         return idx
 
-    def _nchw_index(self, h: int, w: int) -> Tensor:
+    def _nchw_index(self, h: int, w: int, device: torch.device) -> Tensor:
         """For the (C, kh, kw) column order: flat index into one padded NCHW sample of every (position, c, i, j)."""
-        key = ("nchw", h, w)
+        key = ("nchw", h, w, device)
         idx = self._grid.get(key)
         if idx is None:
             plane = (h + 2 * self.ph) * (w + 2 * self.pw)
-            g = self.grid(h, w).view(-1, 1, self.kh * self.kw)  # [L, 1, kh*kw]
-            idx = (g + plane * torch.arange(self.cin).view(1, -1, 1)).reshape(-1)  # (L, C, kh*kw)
+            g = self.grid(h, w, device).view(-1, 1, self.kh * self.kw)  # [L, 1, kh*kw]
+            idx = (g + plane * torch.arange(self.cin, device=device).view(1, -1, 1)).reshape(-1)  # (L, C, kh*kw)
             self._grid[key] = idx
         return idx
 
@@ -332,12 +360,12 @@ class _Conv2d:
             if self.ph or self.pw:
                 x = F.pad(x, (0, 0, self.pw, self.pw, self.ph, self.ph))
             x = x.reshape(s, hp * wp, self.cin)
-            return x.index_select(1, self.grid(h, w)).view(s, ho * wo, self.ckk)  # (kh, kw, C) columns
+            return x.index_select(1, self.grid(h, w, a.device)).view(s, ho * wo, self.ckk)  # (kh, kw, C) columns
         x = a
         if self.ph or self.pw:
             x = F.pad(x, (self.pw, self.pw, self.ph, self.ph))
         x = x.reshape(s, self.cin * hp * wp)
-        return x.index_select(1, self._nchw_index(h, w)).view(s, ho * wo, self.ckk)  # (C, kh, kw) columns
+        return x.index_select(1, self._nchw_index(h, w, a.device)).view(s, ho * wo, self.ckk)  # (C, kh, kw) columns
 
     def _wmat(self, step: _Step) -> Tensor:
         """Weights as `[k, Cout, C*kh*kw]` in the im2col column order (made once per step)."""
@@ -459,11 +487,19 @@ class _Conv2d:
     def _col2im(self, du: Tensor, s: int, h: int, w: int, ho: int, wo: int) -> Tensor:
         """Sum the im2col gradient back onto the input grid: `[S, Ho*Wo, C*kh*kw]` -> `[S, C, H, W]` (one index_add)."""
         hp, wp = h + 2 * self.ph, w + 2 * self.pw
+        if ordered_sums(du.device):  # F.fold sums each input pixel's windows in a fixed order (CUDA: one thread each)
+            if self.channels_last:  # (kh, kw, C) columns -> F.fold's (C, kh, kw)
+                cols = du.view(s, ho * wo, self.kh * self.kw, self.cin).permute(0, 3, 2, 1)
+            else:
+                cols = du.view(s, ho * wo, self.ckk).transpose(1, 2)
+            return F.fold(cols.reshape(s, self.ckk, ho * wo), (h, w), (self.kh, self.kw), dilation=(self.dh, self.dw),
+                          padding=(self.ph, self.pw), stride=(self.sh, self.sw))
         if self.channels_last:
             src = du.view(s, -1, self.cin)  # [S, Ho*Wo*kh*kw, C]
-            out = du.new_zeros(s, hp * wp, self.cin).index_add_(1, self.grid(h, w), src).view(s, hp, wp, self.cin)
+            out = du.new_zeros(s, hp * wp, self.cin).index_add_(1, self.grid(h, w, du.device), src)
+            out = out.view(s, hp, wp, self.cin)
             return out[:, self.ph : self.ph + h, self.pw : self.pw + w].permute(0, 3, 1, 2)
-        out = du.new_zeros(s, self.cin * hp * wp).index_add_(1, self._nchw_index(h, w), du.reshape(s, -1))
+        out = du.new_zeros(s, self.cin * hp * wp).index_add_(1, self._nchw_index(h, w, du.device), du.reshape(s, -1))
         return out.view(s, self.cin, hp, wp)[:, :, self.ph : self.ph + h, self.pw : self.pw + w]
 
 class _Dropout:
@@ -487,9 +523,10 @@ class _Dropout:
         shape = (h.shape[0], h.shape[1], *([1] * (h.dim() - 2))) if self.feature else tuple(h.shape)
         pk = step.pk
         if step.padded_dropout:
-            noise = torch.empty(pk.k * pk.bmax, *shape[1:], dtype=h.dtype).bernoulli_(1 - p).index_select(0, pk.pos)
+            noise = torch.empty(pk.k * pk.bmax, *shape[1:], dtype=h.dtype, device=h.device).bernoulli_(1 - p)
+            noise = noise.index_select(0, pk.pos)
         else:
-            noise = torch.empty(shape, dtype=h.dtype).bernoulli_(1 - p)
+            noise = torch.empty(shape, dtype=h.dtype, device=h.device).bernoulli_(1 - p)
         return h * noise.div_(1 - p)
 
 
@@ -582,7 +619,7 @@ class FastModel:
             x, y, owner = x[order], y[order], owner[order]
         pk = Packing(owner, k)
         step = _Step(pk, {**frozen, **params}, set(params), clip is not None, padded_dropout)
-        anchor = torch.zeros((), requires_grad=True)
+        anchor = torch.zeros((), requires_grad=True, device=x.device)
         with torch.enable_grad():
             h = x
             for layer in self.layers:

@@ -16,12 +16,16 @@ def _head(ids: Sequence[int], limit: int = 10) -> str:
 
 @dataclass(frozen=True)
 class PooledData:
-    """Concatenated client records; client `i` owns rows `offsets[i] : offsets[i] + sizes[i]`."""
+    """Concatenated client records; client `i` owns rows `offsets[i] : offsets[i] + sizes[i]`.
+
+    `x`, `y` and `offsets` live on the run's device (`to`); `sizes` stays on the CPU: it is bookkeeping (record
+    counts read as Python ints), never an operand of the training tensors.
+    """
 
     x: torch.Tensor
     y: torch.Tensor
-    offsets: torch.Tensor  # int64 [n_clients]
-    sizes: torch.Tensor  # int64 [n_clients]
+    offsets: torch.Tensor  # int64 [n_clients], on x's device
+    sizes: torch.Tensor  # int64 [n_clients], on the CPU
 
     @classmethod
     def from_clients(cls, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> PooledData:
@@ -32,7 +36,20 @@ class PooledData:
             empty = torch.nonzero(sizes < 1).flatten()
             raise ValueError(f"{len(empty)} of {len(sizes)} clients have no training records: {_head(empty.tolist())}")
         offsets = torch.cumsum(sizes, 0) - sizes
-        return cls(torch.cat(list(xs)), torch.cat(list(ys)), offsets, sizes)
+        x = torch.cat(list(xs))
+        return cls(x, torch.cat(list(ys)), offsets.to(x.device), sizes)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the records are, and so where the engine trains on them."""
+        return self.x.device
+
+    def to(self, device: torch.device | str) -> PooledData:
+        """The same records on `device` (this object itself when they are there already)."""
+        device = torch.device(device)
+        if self.x.device == device and self.y.device == device and self.offsets.device == device:
+            return self
+        return PooledData(self.x.to(device), self.y.to(device), self.offsets.to(device), self.sizes.cpu())
 
     @property
     def n_clients(self) -> int:
@@ -55,8 +72,8 @@ class PooledData:
         """
         k = len(local_idx)
         width = max((len(i) for i in local_idx), default=0)
-        rows = torch.zeros(k, width, dtype=torch.int64)
-        mask = torch.zeros(k, width, dtype=torch.bool)
+        rows = torch.zeros(k, width, dtype=torch.int64, device=self.device)
+        mask = torch.zeros(k, width, dtype=torch.bool, device=self.device)
         for j, idx in enumerate(local_idx):
             m = len(idx)
             rows[j, :m] = idx
@@ -70,8 +87,8 @@ class PooledData:
 
         No padding: per-sample work is proportional to the records actually drawn.
         """
-        counts = torch.tensor([len(i) for i in local_idx], dtype=torch.int64)
-        owner = torch.repeat_interleave(torch.arange(len(local_idx)), counts)
+        counts = torch.tensor([len(i) for i in local_idx], dtype=torch.int64, device=self.device)
+        owner = torch.repeat_interleave(torch.arange(len(local_idx), device=self.device), counts)
         if len(owner) == 0:
             return self.x[:0], self.y[:0], owner
         rows = torch.cat(list(local_idx)) + self.offsets[clients].repeat_interleave(counts)

@@ -2,7 +2,8 @@
 
 Each client draws from its own generator, so its batches are the same whether it trains alone or in a
 cohort. A Poisson batch is used exactly as drawn (never truncated or padded into the sum): the
-accountant's sampled Gaussian mechanism assumes exactly that event.
+accountant's sampled Gaussian mechanism assumes exactly that event. Masks, permutations and noise are drawn on
+the generator's device, so a CUDA run's randomness never leaves the GPU.
 """
 
 from __future__ import annotations
@@ -49,13 +50,13 @@ class BatchStream:
         if self.kind == "poisson":
             return self._next_poisson()
         if self.kind == "fixed":
-            return torch.randperm(self.n, generator=self.g)[: self.batch_size]
+            return torch.randperm(self.n, generator=self.g, device=self.g.device)[: self.batch_size]
         return self._next_shuffle()
 
     def _next_poisson(self) -> torch.Tensor:
         if self._block is None or self._block_pos == self._block.shape[0]:
             rows = max(1, min(self.remaining + 1, _BLOCK_ELEMENTS // self.n))
-            self._block = torch.rand(rows, self.n, generator=self.g) < self.rate
+            self._block = torch.rand(rows, self.n, generator=self.g, device=self.g.device) < self.rate
             self._block_pos = 0
         row = self._block[self._block_pos]
         self._block_pos += 1
@@ -63,7 +64,7 @@ class BatchStream:
 
     def _next_shuffle(self) -> torch.Tensor:
         if self._perm is None or self._perm_pos >= self.n:
-            self._perm = torch.randperm(self.n, generator=self.g)
+            self._perm = torch.randperm(self.n, generator=self.g, device=self.g.device)
             self._perm_pos = 0
         idx = self._perm[self._perm_pos : self._perm_pos + self.batch_size]
         self._perm_pos += self.batch_size
@@ -85,7 +86,7 @@ class NoiseStream:
     def next(self) -> torch.Tensor:
         if self._block is None or self._pos == self._block.shape[0]:
             rows = max(1, min(self.remaining, _BLOCK_ELEMENTS // max(1, self.dim)))
-            self._block = torch.randn(rows, self.dim, generator=self.g)
+            self._block = torch.randn(rows, self.dim, generator=self.g, device=self.g.device)
             self._pos = 0
         out = self._block[self._pos]
         self._pos += 1

@@ -363,7 +363,8 @@ def build_backend(cfg: RunConfig) -> Backend:
     except BackendError as err:
         raise ConfigError(f"backend: {err}", "backend") from None
     assert cfg.ray is not None  # filled in by the schema
-    return RayBackend(actors=cfg.ray.actors, threads=cfg.ray.threads_per_actor, address=cfg.ray.address)
+    return RayBackend(actors=cfg.ray.actors, threads=cfg.ray.threads_per_actor, address=cfg.ray.address,
+                      gpus=cfg.ray.gpus_per_actor)
 
 
 def build_run(cfg: RunConfig, *, data: FederatedDataset | None = None, model: nn.Module | None = None) -> FederatedRun:
@@ -384,8 +385,6 @@ def build_run_on_nodes(cfg: RunConfig, records: Sequence[int]) -> FederatedRun:
 
 def _assemble(cfg: RunConfig, data: FederatedDataset, model: nn.Module | None) -> FederatedRun:
     """The run of `cfg` on `data`, with the user's `model` (copied) or the config's."""
-    if cfg.device != "cpu":
-        raise ConfigError(f"device: the engine runs on cpu only for now (got {cfg.device!r}; allowed: cpu)", "device")
     if model is not None:
         model = copy.deepcopy(model)
     else:
@@ -434,6 +433,7 @@ def _assemble(cfg: RunConfig, data: FederatedDataset, model: nn.Module | None) -
             calibration=cfg.privacy.calibration,
             participation=cfg.privacy.participation,
             backend=build_backend(cfg),
+            device=cfg.device,
         )
     except ValueError as err:
         where = "privacy.budgets" if calibrating else "config"

@@ -83,6 +83,10 @@ class FederatedRun:
     batch_sizes: per client (or one).
     backend: where the cohort's local training runs (engine/backends: in process by default, or Ray actors); the
     run's result does not depend on it (all randomness is keyed by seed, round and client).
+    device: where the model, the clients' records and every engine tensor live ("cpu", "cuda", "cuda:N"). The
+    model is moved there (it is built on the CPU, so the initial weights do not depend on the device); test sets
+    stay on the CPU and are evaluated batch by batch there. Checkpointed states are on the CPU whatever the device,
+    and a resumed state is moved to this run's device.
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class FederatedRun:
         calibration: str = "accountant",
         participation: str = "expected",
         backend: Backend | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -114,14 +119,16 @@ class FederatedRun:
         if declared is not None and declared != algorithm.local.spec.loss:
             raise ValueError(f"the model is trained with loss {declared!r} but the local program uses "
                              f"{algorithm.local.spec.loss!r}; pass loss={declared!r} to the local program")
-        self.data, self.model, self.algorithm = data, model, algorithm
+        self.device = torch.device(device)
+        self.data, self.model, self.algorithm = data, model.to(self.device), algorithm
         self.rounds, self.seed, self.eval_every, self.max_elements = rounds, seed, eval_every, max_elements
         self.accountant = accountant
         self.backend: Backend = backend if backend is not None else LocalBackend()
         self.events = RunEvents(self)  # what a round costs each client (run_accounting)
         # every client's training records in one tensor; a federation's server holds counts only (data.on_nodes)
         self._pooled = (None if on_nodes(data) else
-                        PooledData.from_clients([c.x_train for c in data.clients], [c.y_train for c in data.clients]))
+                        PooledData.from_clients([c.x_train for c in data.clients],
+                                                [c.y_train for c in data.clients]).to(self.device))
         n = len(data.clients)
         self.n_clients = n
         self.n_records = self._pooled.sizes.numpy() if self._pooled is not None else data.train_sizes
@@ -210,6 +217,8 @@ class FederatedRun:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
         state = state if state is not None else self.initial_state()
+        if self.device.type != "cpu":  # a checkpoint's tensors are on the CPU
+            state = _state_on(state, self.device)
         if state.ledger is not None:
             if self.ledger is None:
                 raise ValueError("the checkpoint has a privacy ledger but this run is not accounted")
@@ -282,9 +291,10 @@ class FederatedRun:
         ledger = self.ledger.to_dict() if self.ledger is not None else None
         personal = self.algorithm.personal
         client_state = copy.deepcopy(personal.state_dict()) if personal is not None else None
-        return RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop,
-                        self.steps_done.tolist(), copy.deepcopy(states.server), client_state,
-                        copy.deepcopy(states.mechanism))
+        state = RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop,
+                         self.steps_done.tolist(), copy.deepcopy(states.server), client_state,
+                         copy.deepcopy(states.mechanism))
+        return state if self.device.type == "cpu" else _state_on(state, torch.device("cpu"))
 
     def _one_round(self, r: int, w: P.Params, retired: set[int],
                    states: StageStates) -> tuple[P.Params, dict[str, Any], StageStates] | None:
@@ -394,7 +404,8 @@ class FederatedRun:
             if self.ledger is not None and self.enforce_budgets and self.ledger.would_exceed(i, event):
                 continue
             c = self.data.clients[i]
-            picks[i] = answer(choice, self.model, c.x_train, c.y_train, self.algorithm.local.spec.loss,
+            picks[i] = answer(choice, self.model, c.x_train.to(self.device), c.y_train.to(self.device),
+                              self.algorithm.local.spec.loss,
                               numpy_generator(self.seed, Purpose.CHOICE, r, i))
             if self.ledger is not None:
                 self.ledger.record(i, r, event)
@@ -506,7 +517,8 @@ class FederatedRun:
             if over:  # the ledger charged the planned steps: more would spend more than it recorded
                 raise ValueError(f"round {r + 1}: clients took more local steps than the ledger charged "
                                  f"((client, reported, planned): {over[:5]}); the accounting would not cover the run")
-            return LocalRound(remote.uploads, self._view(selected, expected), self._channel(selected, remote.steps),
+            uploads = P.to_device(remote.uploads, self.device)  # arrays from the nodes arrive on the CPU
+            return LocalRound(uploads, self._view(selected, expected), self._channel(selected, remote.steps),
                               remote.noise_sq_norm, P.num_parameters(w), mechanism_state)
         out = alg.local.run(LocalInputs(
             ids, starts if starts is not None else w, starts is not None, self.seed, r, w, self.pooled,
@@ -611,3 +623,12 @@ class FederatedRun:
         step's state after the last round, whose own releases it reports). privacy.json's content:
         privacy_report.privacy_summary."""
         return privacy_report.privacy_summary(self, stop_reason, rounds_run, history, retired, server_state)
+
+
+def _state_on(state: RunState, device: torch.device) -> RunState:
+    """`state` with every tensor (parameters, server step, client and upload mechanism states) on `device`: to the
+    CPU for a checkpoint, to the run's device on resume. Ledgers and rows hold no tensors."""
+    return replace(state, params=P.to_device(state.params, device),
+                   aggregator_state=P.move(state.aggregator_state, device),
+                   client_state=P.move(state.client_state, device),
+                   mechanism_state=P.move(state.mechanism_state, device))

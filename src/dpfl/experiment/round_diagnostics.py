@@ -34,6 +34,7 @@ def aggregation_diagnostics(algorithm: Algorithm, aggregator: ServerStep, state:
     w = aggregator.aggregation_weights(state, view, channel, local.dim)
     if w is None:
         return {}
+    w = w.cpu()  # diagnostics beside the view and channel, which are on the CPU (a no-op there)
     out: dict[str, Any] = {"weights": w.to(torch.float64).tolist()}
     linear = aggregator.linear_in_updates  # PFA: private updates are projected
     stats = noise_statistics(algorithm, w, local)  # empty unless the clients run DP-SGD without momentum
@@ -86,10 +87,10 @@ def noise_passthrough(run: FederatedRun, local: LocalRound, r: int) -> dict[str,
     if any(p.step_lrs is not None for p in plans):
         return {}
     like = {n: local.uploads[n] for n in trainable_names(spec, local.uploads)}  # as run_local flattens them
-    sums = replay_noise(plans, P.num_parameters(like, leading=1), run.seed, r).to(torch.float64)
+    sums = replay_noise(plans, P.num_parameters(like, leading=1), run.seed, r, run.device).to(torch.float64)
     # the noise in client i's update: -(eta / b_i) z_i C sum_t xi_t (Poisson: the nominal batch divides)
     scale = torch.tensor([-spec.lr * p.noise_multiplier * (spec.clip or 0.0) / p.batch_size for p in plans],
-                         dtype=torch.float64)
+                         dtype=torch.float64, device=sums.device)
     flat = P.unflatten(sums * scale[:, None], like, leading=1)
     noise = {n: flat[n] if n in flat else torch.zeros_like(u, dtype=torch.float64)
              for n, u in local.uploads.items()}

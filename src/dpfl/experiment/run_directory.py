@@ -160,9 +160,11 @@ class _Found:
 
 
 def _placed_alike(cfg: RunConfig) -> str:
-    """The config without where it runs (backend, ray): a run may resume on another backend, since its result does
-    not depend on it (all randomness is keyed by seed, round and client); config.yaml keeps the one it started on."""
-    return config_to_yaml(cfg.model_copy(update={"backend": "local", "ray": None}))
+    """The config without where it runs (backend, ray, device): a run may resume on another backend, since its result
+    does not depend on it (all randomness is keyed by seed, round and client), and on another device (checkpoints
+    hold CPU tensors), where its later rounds draw that device's random streams: the same in distribution, not the
+    rounds an uninterrupted run would have produced. config.yaml keeps where it started."""
+    return config_to_yaml(cfg.model_copy(update={"backend": "local", "ray": None, "device": "cpu"}))
 
 
 def _inspect(cfg: RunConfig, out: Path) -> _Found:
@@ -213,7 +215,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if problem is None:
         try:
             with torch.serialization.safe_globals(_NUMPY_SCALAR_GLOBALS):
-                data = torch.load(path, weights_only=True)
+                data = torch.load(path, weights_only=True, map_location="cpu")  # whatever device wrote it
         except Exception as e:  # noqa: BLE001 - a damaged payload raises many types (pickle, zip, EOF...)
             problem = f"cannot be loaded: {type(e).__name__}: {' '.join(str(e).split())[:100]}"
     if problem is not None:

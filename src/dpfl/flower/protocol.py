@@ -17,6 +17,7 @@ from typing import Any
 
 GLOBAL, PLAN, UPLOAD, FACTS, NODE, CONFIG = "global", "plan", "upload", "facts", "node", "config"
 PARTITION_ID, RECORDS, SILO, YAML = "partition-id", "records", "silo", "yaml"  # SILO: a node config key
+DEVICE = "device"  # a node config key: where the node trains (cpu, cuda, cuda:N); default the run config's device
 SHARED_SEED_NOTE = ("the server knew the clients' seeds (run config shared-seed = true): their batches and noise are "
                     "the simulation's, for testing equivalence only; NOT private against the server")
 SECRET_SEED_NOTE = ("each node drew its batches and noise from its own secret seed: the server never knew the "

@@ -6,6 +6,11 @@ cost (records a client processes: steps x batch size) so the actors finish toget
 back in plan order. Every client's batches and noise are keyed by (seed, round, client), so the round's
 result does not depend on how the cohort is sharded (tests/engine/test_ray_backend.py checks it bit for bit).
 
+Devices: with `gpus` > 0 every actor asks Ray for that many GPUs (a fraction shares one) and trains its shards on
+the GPU Ray gives it; otherwise on its CPUs, whatever the run's device. Everything crosses the object store on the
+CPU (the model, the records, the start model and the results), so a driver on a GPU and actors on CPUs, or the
+reverse, exchange plain tensors; the merged result is moved to the device of the start model.
+
 An actor that dies mid-round (its process or node lost) is replaced and its shard retried once; a second
 failure raises `BackendError` and the round is not applied, so a run directory keeps its last checkpoint and
 resumes. An error inside the local program (a bad plan, say) is the program's error, raised as it would be
@@ -20,10 +25,12 @@ its own; joining is `address`'s job. `describe()` says what a run used.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -93,11 +100,13 @@ def machine_only() -> Iterator[None]:
 
 
 class ShardWorker:
-    """One actor: the model and the records, kept for the whole run; trains whatever shard it is given."""
+    """One actor: the model and the records, kept for the whole run on its device (its GPU when it has one);
+    trains whatever shard it is given and returns the result on the CPU."""
 
-    def __init__(self, model: nn.Module, data: PooledData, threads: int) -> None:
+    def __init__(self, model: nn.Module, data: PooledData, threads: int, gpu: bool = False) -> None:
         torch.set_num_threads(threads)
-        self.model, self.data = model, data
+        self.device = torch.device("cuda" if gpu else "cpu")  # Ray shows an actor only the GPUs it was given
+        self.model, self.data = model.to(self.device), data.to(self.device)
 
     def ready(self) -> int:
         return os.getpid()
@@ -105,8 +114,9 @@ class ShardWorker:
     def train(self, spec: LocalSpec, plans: Sequence[ClientPlan], start: Mapping[str, torch.Tensor], seed: int,
               round_: int, stacked_start: bool, max_elements: int,
               anchor: Mapping[str, torch.Tensor] | None) -> LocalResult:
-        return run_local(self.model, spec, plans, self.data, start, seed=seed, round_=round_,
-                         stacked_start=stacked_start, max_elements=max_elements, anchor=anchor)
+        res = run_local(self.model, spec, plans, self.data, start, seed=seed, round_=round_,
+                        stacked_start=stacked_start, max_elements=max_elements, anchor=anchor)
+        return res if self.device.type == "cpu" else replace(res, params=P.to_device(res.params, "cpu"))
 
 
 def _usage_stats() -> bool:
@@ -118,12 +128,17 @@ def _usage_stats() -> bool:
     return bool(usage_stats_enabled())
 
 
+def _on_cpu(model: nn.Module) -> bool:
+    return all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
+
+
 def has_dropout(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
 
 
 class RayBackend:
-    """`actors` Ray actors with `threads` torch threads each, on `address` (None: a Ray instance on this machine).
+    """`actors` Ray actors with `threads` torch threads and `gpus` GPUs each, on `address` (None: a Ray instance on
+    this machine).
 
     Ray is started on first use (or the running instance is used) and stopped by `close` only if this backend
     started it.
@@ -131,10 +146,12 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, *, actors: int = 2, threads: int = 1, address: str | None = None) -> None:
+    def __init__(self, *, actors: int = 2, threads: int = 1, address: str | None = None, gpus: float = 0.0) -> None:
         if actors < 1 or threads < 1:
             raise ValueError(f"actors and threads must be >= 1, got {actors} and {threads}")
-        self.n_actors, self.threads, self.address = actors, threads, address
+        if not gpus >= 0:
+            raise ValueError(f"gpus must be >= 0, got {gpus}")
+        self.n_actors, self.threads, self.address, self.gpus = actors, threads, address, float(gpus)
         self.actors: list[Any] = []
         self.retries = 0  # shards retried after an actor died (reported by benchmarks and tests)
         self._owned_ray = False
@@ -147,7 +164,7 @@ class RayBackend:
         ray = import_ray()
         if not ray.is_initialized():
             need = self.n_actors * self.threads
-            with warnings.catch_warnings():  # Ray's notices about GPUs and future defaults; dpfl runs on CPUs
+            with warnings.catch_warnings():  # Ray's notices about GPUs and future defaults
                 warnings.simplefilter("ignore", FutureWarning)
                 if self.address:
                     ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
@@ -165,19 +182,25 @@ class RayBackend:
         if available < self.n_actors * self.threads:
             raise BackendError(f"backend 'ray': {self.n_actors} actors x {self.threads} threads need "
                                f"{self.n_actors * self.threads} CPUs; the Ray cluster has {available:g}")
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if self.gpus and gpus < self.n_actors * self.gpus:
+            raise BackendError(f"backend 'ray': {self.n_actors} actors x {self.gpus:g} GPUs (ray.gpus_per_actor) need "
+                               f"{self.n_actors * self.gpus:g} GPUs; the Ray cluster has {gpus:g}")
         return ray
 
     def describe(self) -> dict[str, Any]:
         """What the run used (summary.json `backend`): actors, threads, and the Ray it ran on (None before the
         first round started Ray): `ray` "started" (by this backend, on this machine), "joined" (`address`) or
         "running" (a Ray this process had started), its `node_address`, whether usage statistics were on."""
-        return {"name": self.name, "actors": self.n_actors, "threads_per_actor": self.threads,
+        gpus = {"gpus_per_actor": self.gpus} if self.gpus else {}  # absent on CPUs: summaries as before
+        return {"name": self.name, "actors": self.n_actors, "threads_per_actor": self.threads, **gpus,
                 "actor_restarts": self.retries, **(self.started or {"ray": None})}
 
     def _spawn(self) -> Any:
         ray = import_ray()
         assert self._refs is not None
-        return ray.remote(num_cpus=self.threads)(ShardWorker).remote(*self._refs, self.threads)
+        return (ray.remote(num_cpus=self.threads, num_gpus=self.gpus)(ShardWorker)
+                .remote(*self._refs, self.threads, self.gpus > 0))
 
     def _bind(self, model: nn.Module, data: PooledData) -> None:
         """Start the actors with this model and these records (again, if the run gave others)."""
@@ -188,7 +211,9 @@ class RayBackend:
                                "cohort at once, so a shard would draw others; use backend 'local'")
         ray = self._start_ray()
         self._kill_actors()
-        self._refs = (ray.put(model), ray.put(data))
+        # through the object store on the CPU: an actor unpickles CPU tensors and moves them to its own device
+        on_cpu = model if _on_cpu(model) else copy.deepcopy(model).to("cpu")
+        self._refs = (ray.put(on_cpu), ray.put(data.to("cpu")))
         self.actors = [self._spawn() for _ in range(self.n_actors)]
         try:
             ray.get([a.ready.remote() for a in self.actors], timeout=START_TIMEOUT_S)
@@ -226,8 +251,10 @@ class RayBackend:
         self._bind(model, data)
         ray = import_ray()
         shards = deal(plans, len(self.actors))
+        device = next(iter(start.values())).device  # where the run keeps its models, and gets the result
+        start = P.to_device(start, "cpu")
         shared = None if stacked_start else ray.put(dict(start))  # one broadcast per round, read by every actor
-        anchor_ref = ray.put(dict(anchor)) if anchor is not None else None
+        anchor_ref = ray.put(P.to_device(anchor, "cpu")) if anchor is not None else None
 
         def submit(j: int) -> Any:
             rows = shards[j]
@@ -237,7 +264,8 @@ class RayBackend:
 
         pending = [submit(j) for j in range(len(shards))]
         results = [self._collect(j, ref, submit, round_) for j, ref in enumerate(pending)]
-        return merge_groups(len(plans), shards, results)
+        merged = merge_groups(len(plans), shards, results)
+        return merged if device.type == "cpu" else replace(merged, params=P.to_device(merged.params, device))
 
     def _collect(self, j: int, ref: Any, submit: Any, round_: int) -> LocalResult:
         """Shard j's result; if its actor died, a new actor retries it once."""

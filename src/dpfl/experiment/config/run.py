@@ -7,6 +7,7 @@ assumptions of Noisy-FedAvg/FedProx are checked; per-client lists must have one 
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -38,12 +39,36 @@ from dpfl.experiment.config.vocabulary import (
 from dpfl.privacy.budget_distributions import RHDP_BATCH20, RHDP_EPS20
 
 
+_DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]{0,3}))?")
+
+
+def check_device(v: str) -> str:
+    """`v` if it names a device this machine has ("cpu", "cuda", "cuda:N"); else a one-line validation error.
+
+    Checked where the config is validated (a CUDA run is refused before anything is built or written): a GPU
+    index is checked against `torch.cuda.device_count()`.
+    """
+    if not isinstance(v, str) or _DEVICE.fullmatch(v) is None:
+        _fail("", "not a device", v, "'cpu', 'cuda' or 'cuda:N' (N a GPU index)")
+    if v == "cpu":
+        return v
+    import torch
+
+    if not torch.cuda.is_available():
+        _fail("", "cuda is not available on this machine (no CUDA GPU, or a CPU-only PyTorch build)", v, "'cpu'")
+    count = torch.cuda.device_count()
+    if v.startswith("cuda:") and int(v[5:]) >= count:
+        index = "'cuda:0'" if count == 1 else f"'cuda:0' to 'cuda:{count - 1}'"
+        _fail("", f"this machine has {count} CUDA GPU{'s' if count != 1 else ''}", v, f"'cpu', 'cuda' or {index}")
+    return v
+
+
 class RunConfig(_Section):
     """One run. See configs/*.yaml for examples and `config_to_yaml` for every field with its value."""
 
     name: str = Field("run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     seed: int = Field(0, ge=0)
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: str = "cpu"
     backend: Literal["local", "ray"] = "local"
     ray: RayConfig | None = None
     data: DataConfig
@@ -58,12 +83,8 @@ class RunConfig(_Section):
     @field_validator("device")
     @classmethod
     def _device_available(cls, v: str) -> str:
-        if v == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                _fail("", "cuda is not available on this machine", v, "cpu")
-        return v
+        """cpu, cuda (the current GPU) or cuda:N (GPU N), refused in one line where this machine has no such GPU."""
+        return check_device(v)
 
     @model_validator(mode="after")
     def _ray_section(self) -> RunConfig:
