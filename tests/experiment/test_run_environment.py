@@ -57,6 +57,7 @@ def test_a_fresh_run_records_what_ran_it(stopped):
     assert line["torch_threads"] == torch.get_num_threads()
     # the kernels torch dispatches (AVX2 and AVX-512 round differently), and the CPU that MKL and oneDNN dispatch on
     assert line["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and "cpu_model" in line
+    assert line["device"] == "cpu" and "gpu" not in line  # the run's device (CUDA adds its GPU's name)
     commit = line["source_commit"]  # the tests run from a git checkout (CI clones the repository)
     assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0 and isinstance(line["source_modified"], bool))
 
@@ -78,7 +79,7 @@ def test_each_resume_that_trains_adds_a_line_from_its_checkpoint_round_and_a_fin
 def test_a_resume_under_other_threads_is_flagged_in_the_report(stopped, tmp_path, monkeypatch):
     run = Path(shutil.copytree(stopped, tmp_path / "run"))
     real = environment.describe
-    monkeypatch.setattr(environment, "describe", lambda r: {**real(r), "torch_threads": 99})
+    monkeypatch.setattr(environment, "describe", lambda r, device: {**real(r, device), "torch_threads": 99})
     assert _resume(run)[0] == 0
     assert [line["torch_threads"] for line in _lines(run)] == [torch.get_num_threads(), 99]
     assert "**Resumed under another torch_threads**" in (run / "report.md").read_text()

@@ -114,7 +114,7 @@ def _execute_held(cfg: RunConfig, out: Path, run: FederatedRun | None, build: Ca
         fingerprint = _sha256(text.encode("utf-8"))
         truncate_jsonl(out / METRICS, 0)
         state = None
-    record_environment(out, state.round if state is not None else 0)  # what ran from which round
+    record_environment(out, state.round if state is not None else 0, str(run.device))  # what ran from which round
     if on_start is not None:
         on_start(run, state.round if state is not None else 0)
     started = time.perf_counter()

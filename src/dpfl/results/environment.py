@@ -29,7 +29,7 @@ __all__ = ["ENVIRONMENT_FILE", "REPRODUCIBILITY_KEYS", "describe", "describe_job
 ENVIRONMENT_FILE = "environment.jsonl"
 # What changes a run's numbers (everything else in a line only describes the machine or the time).
 REPRODUCIBILITY_KEYS = ("dpfl", "source_commit", "source_modified", "torch", "numpy", "torch_threads",
-                        "cpu_capability", "cpu_model")
+                        "cpu_capability", "cpu_model", "device")
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,9 +54,10 @@ def _source_revision() -> tuple[str | None, bool | None]:
 _source_revision()  # at import: the revision of the code this process started with
 
 
-def describe(started_round: int) -> dict[str, Any]:
+def describe(started_round: int, device: str = "cpu") -> dict[str, Any]:
     """This process's environment as one environment.jsonl line, for an execution that starts after
-    `started_round` rounds (0: a fresh start)."""
+    `started_round` rounds (0: a fresh start) and trains on `device` (a CUDA device adds its GPU's name: CUDA
+    kernels, and so the last digits, differ between GPU models as the CPU's do between CPUs)."""
     import numpy as np  # here, not at import: the study writers that only format a line stay light
     import torch
 
@@ -69,7 +70,8 @@ def describe(started_round: int) -> dict[str, Any]:
             "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_model": _cpu_model(),
-            "platform": platform.platform(), "processor": platform.machine()}
+            "platform": platform.platform(), "processor": platform.machine(), "device": device,
+            **({"gpu": torch.cuda.get_device_name(torch.device(device))} if device.startswith("cuda") else {})}
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,12 +100,12 @@ def read_environment(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
                                    "depends on it)", ENVIRONMENT_FILE) from None
 
 
-def record_environment(run_dir: str | os.PathLike[str], started_round: int) -> dict[str, Any]:
+def record_environment(run_dir: str | os.PathLike[str], started_round: int, device: str = "cpu") -> dict[str, Any]:
     """Append this execution's line (after dropping a partial last line a kill may have left) and return it."""
     path = Path(run_dir) / ENVIRONMENT_FILE
     rows = read_environment(run_dir)
     truncate_jsonl(path, len(rows))
-    line = describe(started_round)
+    line = describe(started_round, device)
     append_jsonl(path, line)
     return line
 
