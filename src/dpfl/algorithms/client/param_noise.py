@@ -53,7 +53,7 @@ class ParameterNoise(UploadMechanism):
     def apply(self, deltas: P.Params, clients: Sequence[int], seed: int, round_: int) -> P.Params:
         flat = P.flatten(deltas)
         ids = [c + self.noise_offset for c in clients]
-        return P.unflatten(flat + self.std * upload_noise(flat.shape[1], ids, seed, round_), deltas)
+        return P.unflatten(flat + self.std * upload_noise(flat.shape[1], ids, seed, round_, flat.device), deltas)
 
     def event(self, client: int, round_: int, cohort: int) -> DpEvent | None:
         """Round `round_` of a participating client, `cohort` uploads averaged (the view decides the noise left)."""

@@ -78,7 +78,8 @@ class ClippedNoisyUpdate(UploadMechanism):
         factor = (self.clip / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
         flat = flat * factor[:, None]
         if self.upload_multiplier > 0:
-            flat = flat + self.upload_multiplier * self.clip * upload_noise(flat.shape[1], clients, seed, round_)
+            noise = upload_noise(flat.shape[1], clients, seed, round_, flat.device)
+            flat = flat + self.upload_multiplier * self.clip * noise
         if self.upload_scale != 1.0:
             flat = flat * self.upload_scale
         return P.unflatten(flat, deltas)

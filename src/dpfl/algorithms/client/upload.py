@@ -21,13 +21,15 @@ from dpfl.seeding import Purpose, torch_generator
 UPLOAD_STREAM_OFFSET = 1 << 20
 
 
-def upload_noise(dim: int, clients: Sequence[int], seed: int, round_: int) -> torch.Tensor:
-    """Standard normal `[K, dim]`, one row per client from that client's upload stream."""
+def upload_noise(dim: int, clients: Sequence[int], seed: int, round_: int,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """Standard normal `[K, dim]` on `device` (the uploads'), one row per client from that client's upload stream."""
     rows = [
-        torch.randn(dim, generator=torch_generator(seed, Purpose.NOISE, round_, UPLOAD_STREAM_OFFSET + c))
+        torch.randn(dim, generator=torch_generator(seed, Purpose.NOISE, round_, UPLOAD_STREAM_OFFSET + c, device),
+                    device=device)
         for c in clients
     ]
-    return torch.stack(rows) if rows else torch.zeros(0, dim)
+    return torch.stack(rows) if rows else torch.zeros(0, dim, device=device)
 
 
 @dataclass(frozen=True)
