@@ -46,7 +46,8 @@ def solve(M, **kwargs):
     max_col_sum seed 0, 926 iterations, 6 s on one thread, 45-70 s with the default threads)."""
     limit = threadpool_limits(1, user_api="blas") if threadpool_limits else contextlib.nullcontext()
     with limit:
-        return pcp(M, **kwargs)
+        L, S, info = pcp(M, **kwargs)
+    return L.numpy(), S.numpy(), info
 
 
 def recovery(L, S, L0, support):
@@ -119,8 +120,11 @@ def test_pcp_input_checks_and_zero_matrix():
         pcp(np.array([[1.0, np.nan]]))
     L, S, info = pcp(np.zeros((5, 3)))
     assert info.converged and info.iterations == 0 and not L.any() and not S.any()
+    assert L.dtype == torch.float64 and isinstance(S, torch.Tensor)
     L, S, info = pcp(torch.ones(6, 3), max_iter=2)  # torch input; not converged flag when max_iter is hit
-    assert L.dtype == np.float64 and info.iterations <= 2
+    assert L.dtype == torch.float64 and info.iterations <= 2
+    L, S, info = pcp(torch.ones(6, 3), max_iter=2, dtype=torch.float32)
+    assert L.dtype == S.dtype == torch.float32
 
 
 # -- test 6: Robust-HDP approaches the oracle ---------------------------------------------------------
