@@ -8,9 +8,11 @@ random client updates:
   (fold, LAPACK SVD of every slice, unfold) as ``t_tsvd_old``;
 * ``pcp_iter``: one iteration of Robust-HDP's PCP on the P x K update matrix (blocks of 200,000 rows, the
   defaults), as the mean over ``--pcp-iters`` iterations: the fused tall route (n x n Gram matrix, QR when
-  it cannot resolve the kept values) and the dense-SVD loop it replaced (``pcp_iter_old``). A whole PCP solve
-  at the spec's defaults (tol 1e-7, constant mu) takes thousands of iterations (5,459 at P = 1e5, K = 30 on
-  planted data), so the per-iteration cost is what can be compared;
+  it cannot resolve the kept values) and the plain dense-SVD loop (``pcp_iter_old``);
+* ``pcp_solve``: whole PCP solves of the first row block (tol 1e-7) at each ``--pcp-growths`` rho (default 1.5,
+  the spec's revised default; 1.02; 1.0, the authors' constant mu): iterations and seconds of each
+  (``pcp_solve[rho] = {"iterations", "seconds", "rank"}``), where P K <= ``--pcp-solve-limit`` (a constant mu takes
+  thousands of iterations: 5,459 at P = 1e5, K = 30 on planted data);
 * ``pfa``: PFA's aggregation core for K/2 public and K/2 private clients, k = 1: the float64 group means, the
   top singular vectors of the public updates and the projection of the private mean; the current route (the
   m x m problem, chunked float64) and the previous one (float64 copies and a thin SVD of the K/2 x P matrix);
@@ -35,7 +37,6 @@ import platform
 import sys
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -89,17 +90,35 @@ def time_t_tsvd(updates, old: bool) -> float:
     return timed(previous if old else new, repeats=3)
 
 
+def update_matrix(updates) -> torch.Tensor:
+    """The P x K float64 matrix Robust-HDP runs PCP on (clients as columns)."""
+    return torch.cat([u.reshape(u.shape[0], -1) for u in updates.values()], dim=1).to(torch.float64).T.contiguous()
+
+
+def time_pcp_solves(updates, growths) -> dict:
+    """Whole PCP solves (tol 1e-7, the spec's) of the first row block at each mu growth: iterations, seconds, rank."""
+    from dpfl.algorithms.server import rpca
+
+    M = update_matrix(updates)[:200_000]
+    out = {}
+    for rho in growths:
+        t0 = time.perf_counter()
+        _, _, info = rpca.pcp(M, mu_growth=rho)
+        out[f"{rho:g}"] = {"iterations": info.iterations, "seconds": time.perf_counter() - t0, "rank": info.rank,
+                           "converged": info.converged}
+    return out
+
+
 def time_pcp_iteration(updates, iters: int, old: bool) -> float:
     from dpfl.algorithms.server import rpca
     from dpfl.algorithms.server.robust_hdp import row_blocks
 
-    M = torch.cat([u.reshape(u.shape[0], -1) for u in updates.values()], dim=1).to(torch.float64).numpy().T
-    M = np.ascontiguousarray(M)
+    M = update_matrix(updates)
     total = 0.0
     for start, stop in row_blocks(M.shape[0], 200_000, "all"):
         block = M[start:stop]
         lam = 1.0 / math.sqrt(max(block.shape))
-        mu = block.size / (4.0 * np.abs(block).sum())
+        mu = block.numel() / (4.0 * float(block.abs().sum()))
         if old:
             t = timed(lambda block=block, lam=lam, mu=mu: rpca._pcp_dense(block, lam, mu, 0.0, iters, 1.0, math.inf))
         else:
@@ -167,6 +186,8 @@ def one(params: int, clients: int, args) -> dict:
     row["t_tsvd"] = time_t_tsvd(updates, old=False)
     row["pcp_iter"] = time_pcp_iteration(updates, args.pcp_iters, old=False)
     row["pfa"] = time_pfa(updates, old=False)
+    n_params_k = n_params * clients
+    row["pcp_solve"] = time_pcp_solves(updates, args.pcp_growths) if n_params_k <= args.pcp_solve_limit else None
     if not args.skip_old:
         row["t_tsvd_old"] = time_t_tsvd(updates, old=True)
         row["pcp_iter_old"] = (time_pcp_iteration(updates, args.pcp_iters, old=True)
@@ -182,6 +203,10 @@ def parse_args(argv=None):
     p.add_argument("--params", type=int, nargs="*", default=list(PARAMS))
     p.add_argument("--clients", type=int, nargs="*", default=list(CLIENTS))
     p.add_argument("--pcp-iters", type=int, default=10, help="PCP iterations timed per block (mean reported)")
+    p.add_argument("--pcp-growths", type=float, nargs="*", default=[1.5, 1.02, 1.0],
+                   help="mu growths of the whole PCP solves (1.0: constant mu)")
+    p.add_argument("--pcp-solve-limit", type=float, default=3e6,
+                   help="whole PCP solves only where P x K is at most this")
     p.add_argument("--skip-old", action="store_true", help="do not time the previous implementations")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
@@ -213,6 +238,14 @@ def main(argv=None) -> int:
               f"{r['t_tsvd_share']:>6.1%} | {r['pcp_iter']:>9.4f} {fmt(r.get('pcp_iter_old')):>7} "
               f"{r['pcp_iter_share']:>6.1%} | "
               f"{r['pfa']:>7.3f} {fmt(r.get('pfa_old')):>7} {r['pfa_share']:>6.1%}")
+    print()
+    print(f"{'P':>10} {'K':>4} | whole PCP solves (tol 1e-7): rho -> iterations, seconds, rank")
+    for r in rows:
+        solves = r.get("pcp_solve")
+        text = "not run (P K above --pcp-solve-limit)" if solves is None else "; ".join(
+            f"{rho}: {v['iterations']} it, {v['seconds']:.2f} s, rank {v['rank']}"
+            + ("" if v["converged"] else " (not converged)") for rho, v in solves.items())
+        print(f"{r['params']:>10,} {r['clients']:>4} | {text}")
     print(f"(threads {out['threads']}; load average {load_before[0]:.2f} -> {out['loadavg_after'][0]:.2f}; "
           "shares: step time / round time; PCP per iteration)")
     return 0

@@ -13,6 +13,7 @@ import torch
 
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.algorithms.server.robust_hdp import RobustHDP, last_weights, noise_weights, round_weights, row_blocks
+from dpfl.algorithms.server import rpca
 from dpfl.algorithms.server.rpca import pcp
 from dpfl.algorithms.server.view import ServerView
 from dpfl.algorithms.stages import RoundInputs
@@ -46,7 +47,8 @@ def solve(M, **kwargs):
     max_col_sum seed 0, 926 iterations, 6 s on one thread, 45-70 s with the default threads)."""
     limit = threadpool_limits(1, user_api="blas") if threadpool_limits else contextlib.nullcontext()
     with limit:
-        return pcp(M, **kwargs)
+        L, S, info = pcp(M, **kwargs)
+    return L.numpy(), S.numpy(), info
 
 
 def recovery(L, S, L0, support):
@@ -119,8 +121,11 @@ def test_pcp_input_checks_and_zero_matrix():
         pcp(np.array([[1.0, np.nan]]))
     L, S, info = pcp(np.zeros((5, 3)))
     assert info.converged and info.iterations == 0 and not L.any() and not S.any()
+    assert L.dtype == torch.float64 and isinstance(S, torch.Tensor)
     L, S, info = pcp(torch.ones(6, 3), max_iter=2)  # torch input; not converged flag when max_iter is hit
-    assert L.dtype == np.float64 and info.iterations <= 2
+    assert L.dtype == torch.float64 and info.iterations <= 2
+    L, S, info = pcp(torch.ones(6, 3), max_iter=2, dtype=torch.float32)
+    assert L.dtype == S.dtype == torch.float32
 
 
 # -- test 6: Robust-HDP approaches the oracle ---------------------------------------------------------
@@ -358,3 +363,94 @@ def test_robust_hdp_is_a_frozen_config():
     assert agg == RobustHDP(p_prime=1_000, max_iter=5) and repr(agg).startswith("RobustHDP(p_prime=1000, ")
     with pytest.raises(dataclasses.FrozenInstanceError):
         agg.p_prime = 2  # type: ignore[misc]
+
+
+# -- spec §4.4 (revised) / issue 67 5(a): a growing mu against the authors' constant mu, thesis Table 3.4 setting ---
+# The setting of the thesis's Table 3.4 (docs/papers/robust_hdp.md): 20 clients, cnn_rhdp (p = 28,938), the rhdp20
+# batch sizes, N_i = 2,400 training records, one local epoch (T_i = ceil(2400 / b_i) steps) of Poisson DP-SGD at
+# C = 3, eta = 0.01, noise calibrated for 200 rounds. Round 1's uploads are synthesised instead of trained (no
+# Fashion-MNIST in the default tier): u_i = T_i eta g + drift_i + n_i, g a shared direction with ||g|| = C / 2 over
+# the full model, drift 10% of that per step, n_i ~ N(0, T_i eta^2 C^2 z_i^2 / b_i^2 I) (the per-coordinate update
+# noise of spec §4.5). z_i: dpfl's calibration of Dist5 (dp_accounting conversion, delta 1e-4); mean 7.82, the
+# table's z-bar for fmnist-Dist5 (integration test below recomputes them).
+RHDP_Z_DIST5 = (6.06, 5.75, 17.27, 7.56, 8.19, 9.95, 7.1, 6.9, 6.29, 7.15, 6.06, 5.99, 6.77, 6.97, 14.14, 6.06, 6.06,
+                6.94, 8.35, 6.87)
+TABLE34_P = 28_938
+
+
+def table34_uploads(p: int, z=RHDP_Z_DIST5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(M, s2): the p x 20 update matrix of the first p coordinates (p = 28,938: the whole model) and the
+    per-coordinate noise variances."""
+    from dpfl.privacy.budget_distributions import RHDP_BATCH20
+
+    c, eta, b = 3.0, 0.01, np.array(RHDP_BATCH20, dtype=np.float64)
+    steps = np.ceil(2400 / b)
+    s2 = steps * eta**2 * c**2 * np.asarray(z) ** 2 / b**2
+    rng = np.random.default_rng(seed)
+    per_coordinate = c / 2 / np.sqrt(TABLE34_P)
+    g = rng.standard_normal(p) * per_coordinate
+    drift = 0.1 * eta * per_coordinate * rng.standard_normal((p, 20)) * np.sqrt(steps)
+    return eta * g[:, None] * steps + drift + rng.standard_normal((p, 20)) * np.sqrt(s2), s2
+
+
+def pcp_weights(M, **kwargs):
+    """(L, S, Robust-HDP's weights, iterations) of one PCP of M (one row block)."""
+    L, S, info = solve(M, **kwargs)
+    return L, S, noise_weights(np.einsum("ij,ij->j", S, S)).numpy(), info.iterations
+
+
+def check_same_solution(M, s2, mu_growth):
+    """The growing mu's weights, L and S against the constant mu's (tol 1e-7, the spec's), measured against how well
+    the constant mu itself pins them down: the distance from its own iterate at tol 1e-9 (2x that gap allowed)."""
+    L0, S0, w0, it0 = pcp_weights(M, mu_growth=1.0)
+    L9, S9, w9, _ = pcp_weights(M, mu_growth=1.0, tol=1e-9)
+    L, S, w, it = pcp_weights(M, mu_growth=mu_growth)
+    rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))  # noqa: E731
+    gap_w, gap_l, gap_s = float(np.abs(w9 - w0).max()), rel(L9, L0), rel(S9, S0)
+    stat = lambda w: float((w**2 * s2).sum())  # noqa: E731
+    assert it < it0 / 5, (it, it0)
+    assert np.abs(w - w0).max() <= 2 * gap_w, (np.abs(w - w0).max(), gap_w)
+    assert stat(w) == pytest.approx(stat(w0), rel=1e-5)
+    assert rel(L, L0) <= 2 * gap_l and rel(S, S0) <= 2 * gap_s, (rel(L, L0), gap_l, rel(S, S0), gap_s)
+
+
+# Measured (p = 5,000; constant mu: 1,611 iterations, rank 13, noise statistic 1.000125 x the oracle's):
+#   rho 1.02: 255 iterations, rank 13, weights within 1.1e-5 (the constant mu's own tol gap 2.9e-5), L 6.0e-3
+#             (gap 7.1e-3), S 1.6e-4 (gap 1.8e-4), statistic 1.000125;
+#   rho 1.05: 126 iterations, weights 2.2e-4, L 3.4e-2: outside the gap;
+#   rho 1.5 (the spec's revised default): 29 iterations, rank 17, weights 9.9e-3 off, L 15x its norm, statistic
+#             1.0040. The primal residual falls like 1/mu and meets tol 1e-7 before the split has converged; a
+#             tighter tol does not help (at 1e-10, 61 iterations, the same iterate: mu is then at its cap).
+# The same at the full p = 28,938 on Dist1, Dist5 and Dist8 (integration test below; rho 1.5: weights 1.0e-1, 1.7e-2,
+# 1.5e-1 off, statistic 1.025, 1.0047, 1.047). Reported to the spec's owners: the revised default does not reach the
+# constant mu's weights on this setting; rho = 1.02 does, in 250 iterations instead of 1,600-3,700.
+@pytest.mark.parametrize("mu_growth", [
+    1.02,
+    pytest.param(rpca.MU_GROWTH, marks=pytest.mark.xfail(strict=True, reason="the spec's revised default rho = 1.5 "
+                                                          "stops at another iterate on this setting (see above)"))])
+def test_growing_and_constant_mu_reach_the_same_weights_on_the_table_3_4_setting(mu_growth):
+    M, s2 = table34_uploads(5_000)  # scaled down: the first 5,000 coordinates (constant mu: ~2 s, not ~45 s)
+    check_same_solution(M, s2, mu_growth)
+
+
+def test_table_3_4_weights_through_the_aggregator_equal_the_pcp_weights():
+    M, _ = table34_uploads(5_000)
+    _, _, w, _ = pcp_weights(M, mu_growth=1.02)
+    step = run(RobustHDP(mu_growth=1.02), {"w": torch.from_numpy(np.ascontiguousarray(M.T))})
+    np.testing.assert_allclose(last_weights(step.state).numpy(), w, rtol=1e-12)
+
+
+@pytest.mark.integration  # calibration ~25 s and three constant-mu solves of 28,938 x 20 (~2 min)
+def test_growing_mu_on_the_full_table_3_4_setting():
+    import math
+
+    from dpfl.privacy.budget_distributions import RHDP_BATCH20, RHDP_EPS20
+    from dpfl.privacy.events import dpsgd_event
+    from dpfl.privacy.two_stage import calibrate_grid
+
+    z = [calibrate_grid(lambda s, b=b: dpsgd_event(s, 200 * math.ceil(2400 / b), sampling="poisson",
+                                                   sample_rate=b / 2400), eps, 1e-4)
+         for eps, b in zip(RHDP_EPS20["Dist5"], RHDP_BATCH20, strict=True)]
+    assert z == pytest.approx(RHDP_Z_DIST5, abs=1e-9)
+    M, s2 = table34_uploads(TABLE34_P)
+    check_same_solution(M, s2, 1.02)

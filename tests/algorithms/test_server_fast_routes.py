@@ -36,8 +36,9 @@ def _matrix(rng, m, n, singular_values):
 
 
 def _close(a, b, rel=REL):
+    a, b = np.asarray(a), np.asarray(b)
     scale = max(float(np.abs(b).max()), 1e-300)
-    assert float(np.abs(np.asarray(a) - np.asarray(b)).max()) <= rel * scale
+    assert float(np.abs(a - b).max()) <= rel * scale
 
 
 @pytest.mark.parametrize("spectrum, qr_route", [
@@ -52,7 +53,7 @@ def test_rpca_svt_of_a_tall_matrix_equals_the_dense_svt(spectrum, qr_route, monk
     calls = []
     real = rpca._qr_factors
     monkeypatch.setattr(rpca, "_qr_factors", lambda a: calls.append(1) or real(a))
-    out, rank = rpca.svt(x, tau)
+    out, rank = rpca.svt(torch.from_numpy(x), tau)
     assert bool(calls) == qr_route
     assert rank == len(spectrum)
     _close(out, _dense_svt(x, tau))
@@ -60,7 +61,7 @@ def test_rpca_svt_of_a_tall_matrix_equals_the_dense_svt(spectrum, qr_route, monk
 
 def test_rpca_svt_that_keeps_nothing_is_zero():
     x = _matrix(np.random.default_rng(1), 200, 10, [1.0, 0.5])
-    out, rank = rpca.svt(x, 2.0)
+    out, rank = rpca.svt(torch.from_numpy(x), 2.0)
     assert rank == 0 and not out.any()
 
 
@@ -81,7 +82,8 @@ def test_fused_pcp_loop_equals_the_dense_loop(shape, mu_growth):
     norm_m = float(np.linalg.norm(M))
     lam = 1.0 / np.sqrt(max(m, n))
     mu = rpca.mu_default(M, rpca.default_mu_norm(mu_growth))  # m n / (4 ||M||_1) at a constant mu
-    L_ref, S_ref, state = rpca._pcp_dense(M, lam, mu, 1e-9 * norm_m, 10_000, mu_growth, rpca.MU_MAX_FACTOR * mu)
+    L_ref, S_ref, state = rpca._pcp_dense(torch.from_numpy(M), lam, mu, 1e-9 * norm_m, 10_000, mu_growth,
+                                           rpca.MU_MAX_FACTOR * mu)
     assert info.converged and state[1]
     assert info.iterations == state[0]
     _close(L, L_ref, 1e-7)
@@ -96,7 +98,8 @@ def test_fused_pcp_loop_falls_back_to_qr_and_still_matches():
     M = _matrix(rng, 400, 10, [1e4, 1e3, 1e-2, 1e-3])
     L, S, info = rpca.pcp(M, max_iter=40, lam=10.0, mu=1e4, mu_growth=1.0)
     lam, mu = 10.0, 1e4
-    L_ref, S_ref, state = rpca._pcp_dense(M, lam, mu, 1e-7 * float(np.linalg.norm(M)), 40, 1.0, float("inf"))
+    L_ref, S_ref, state = rpca._pcp_dense(torch.from_numpy(M), lam, mu, 1e-7 * float(np.linalg.norm(M)), 40, 1.0,
+                                           float("inf"))
     assert info.svt_fallbacks > 0
     assert info.iterations == state[0]
     _close(L, L_ref, 1e-7)

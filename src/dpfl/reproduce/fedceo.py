@@ -248,9 +248,10 @@ def fedceo_params(scale: str, sigma: str, searched: dict[str, Params] | None = N
 
 
 def fedceo_override(lam: float, theta: float, interval: int) -> str:
-    """The `--set` string of a FedCEO method with these parameters."""
+    """The `--set` string of a FedCEO method with these parameters. The T-tSVD runs in float64, as it did when the
+    published numbers were made (the default became float32 in issue 67)."""
     return (f"algorithm={{name: fedceo, params: {{lam: {lam!r}, theta: {theta!r}, interval: {interval}, "
-            "layers: all, personalize: true}}")
+            "layers: all, personalize: true, prox_dtype: float64}}")
 
 
 def udp_fedavg(variant: Variant = DEFAULT) -> Method:

@@ -41,7 +41,7 @@ class MeanRegularized(ServerStep):
         if _personal(state) is None:
             state = {**(state or {}), "personal": _stacked(global_params, self.n_clients)}
         idx = torch.as_tensor([int(c) for c in clients], dtype=torch.int64)
-        return {n: t.index_select(0, idx) for n, t in state["personal"].items()}, state
+        return {n: t.index_select(0, idx.to(t.device)) for n, t in state["personal"].items()}, state
 
     def update(self, state: Any, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> ServerUpdate:
         """theta_i <- start_i + upload_i for the participants (in new tensors: `state` stays as it was); the new
@@ -49,7 +49,7 @@ class MeanRegularized(ServerStep):
         personal, starts = _personal(state), inputs.starts
         assert personal is not None and starts is not None
         idx = inputs.view.clients.to(torch.int64)
-        new = {n: t.index_copy(0, idx, (starts[n] + uploads[n]).to(t.dtype)) for n, t in personal.items()}
+        new = {n: t.index_copy(0, idx.to(t.device), (starts[n] + uploads[n]).to(t.dtype)) for n, t in personal.items()}
         return ServerUpdate({n: t.mean(dim=0) for n, t in new.items()}, {**state, "personal": new}, {})
 
     def personal_models(self, state: Any, global_params: P.Params | None = None) -> dict[int, P.Params]:  # noqa: ARG002

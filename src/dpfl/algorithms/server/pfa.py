@@ -114,7 +114,7 @@ def weighted_rows64(flat: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     then copying each group's rows out of it. Rows with weight 0 add exact zeros, so this equals
     `w_group @ X[group]` up to the order of the float64 additions.
     """
-    weights = weights.to(torch.float64)
+    weights = weights.to(device=flat.device, dtype=torch.float64)  # the view's weights live on the CPU
     if flat.dtype == torch.float64:
         return weights @ flat
     out = torch.empty((weights.shape[0], flat.shape[1]), dtype=torch.float64, device=flat.device)

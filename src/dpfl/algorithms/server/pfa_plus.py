@@ -43,7 +43,7 @@ BROADCASTS = ("private", "all")
 def centred_codes64(flat: torch.Tensor, mu: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """(flat − μ) V in float64 ([n, p] -> [n, k]), summed over column chunks instead of materialising the
     n × p float64 difference (equal up to the order of the float64 additions)."""
-    mu, V = mu.to(torch.float64), V.to(torch.float64)
+    mu, V = (t.to(device=flat.device, dtype=torch.float64) for t in (mu, V))
     out = torch.zeros((flat.shape[0], V.shape[1]), dtype=torch.float64, device=flat.device)
     for cols, block in float64_column_chunks(flat):
         out += (block - mu[cols]) @ V[cols]
@@ -143,7 +143,8 @@ class PFAPlus(ServerStep):
             blocks = self.pfa.blocks({n: u[~pub] for n, u in uploads.items()})
             for name, flat in blocks.items():
                 sub = previous[name]
-                V, mu = sub.V.to(torch.float32), sub.mu.to(torch.float32)  # the broadcast, as received
+                # the broadcast, as received (on the uploads' device: a resumed state may hold CPU tensors)
+                V, mu = (t.to(device=flat.device, dtype=torch.float32) for t in (sub.V, sub.mu))
                 codes[name] = centred_codes64(flat, mu, V).to(torch.float32)
             code_floats = sum(s.k for s in previous.values())
             basis_floats = sum(s.V.numel() for s in previous.values()) + (dim if self.pfa.sends_center else 0)
@@ -183,7 +184,9 @@ class PFAPlus(ServerStep):
                 d_pri_hat = sub.project(means[1])
             else:
                 prev = previous[name]  # type: ignore[index]
-                d_pri_hat = prev.mu + prev.V @ (g.w_pri @ payload.codes[name].to(torch.float64))
+                codes = payload.codes[name].to(torch.float64)
+                mu, V, w_pri = (t.to(codes.device) for t in (prev.mu, prev.V, g.w_pri))
+                d_pri_hat = mu + V @ (w_pri @ codes)
             out[name] = g.combine(d_pub, d_pri_hat)
         if g.w_pri is not None:
             state = {**state, "previous": {n: {"mu": s.mu, "V": s.V} for n, s in fitted.items()},

@@ -18,6 +18,7 @@ whatever epsilons the clients report (spec §6).
 - `last`: {"clients": int64 [K], "weights": float64 [K]} of the update that returned the state (None before the
   first): the weights come from the uploads, which the round's diagnostics (`aggregation_weights`) do not see.
   A checkpoint written before this key existed resumes with None (the loop reads it only after an update).
+The PCP runs in float64 on the uploads' device (`rpca`); the state's tensors stay on the CPU.
 `update`'s metrics are the robust PCA's iterations, convergence, relative residual and rank(L) per row block, and the
 per-client sigma_i^2 estimates.
 """
@@ -57,16 +58,18 @@ def row_blocks(p: int, p_prime: int, blocks: str) -> list[tuple[int, int]]:
     return ranges[:1] if blocks == "first" else ranges
 
 
-def noise_weights(sigma2: np.ndarray, floor: float = 1e-6) -> np.ndarray:
-    """w_i ∝ 1 / max(sigma_i^2, floor * max_k sigma_k^2), normalised; uniform if every sigma_i^2 is 0."""
-    sigma2 = np.asarray(sigma2, dtype=np.float64)
-    k = len(sigma2)
-    top = float(sigma2.max(initial=0.0))
+def noise_weights(sigma2, floor: float = 1e-6) -> torch.Tensor:
+    """w_i ∝ 1 / max(sigma_i^2, floor * max_k sigma_k^2), normalised; uniform if every sigma_i^2 is 0.
+
+    float64, on `sigma2`'s device (a tensor) or the CPU (a sequence or array)."""
+    sigma2 = torch.as_tensor(sigma2, dtype=torch.float64)
+    k = sigma2.numel()
     if k == 0:
-        return np.zeros(0)
+        return sigma2.new_zeros(0)
+    top = float(sigma2.max())
     if top <= 0.0:
-        return np.full(k, 1.0 / k)
-    inv = 1.0 / np.maximum(sigma2, floor * top)
+        return sigma2.new_full((k,), 1.0 / k)
+    inv = 1.0 / torch.clamp_min(sigma2, floor * top)
     return inv / inv.sum()
 
 
@@ -164,12 +167,14 @@ class RobustHDP(ServerStep):
                 f"mu_norm={self.mu_norm!r}, server_lr={self.server_lr})")
 
     # -- estimation ---------------------------------------------------------------------------------
-    def estimate_noise(self, M: np.ndarray) -> tuple[np.ndarray, list[dict[str, Any]]]:
-        """sigma_i^2 per column of M (p x K) from the sparse parts of the blocks' PCP, and per-block info."""
+    def estimate_noise(self, M: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """sigma_i^2 per column of M (p x K; float64 on M's device) from the sparse parts of the blocks' PCP, and
+        per-block info."""
+        M = torch.as_tensor(M)
         p, k = M.shape
         ranges = row_blocks(p, self.p_prime, self.blocks)
         q = max(1, p // self.p_prime)  # number of blocks in the split, whichever are used
-        sigma2 = np.zeros(k)
+        sigma2 = M.new_zeros(k, dtype=torch.float64)
         infos = []
         for start, stop in ranges:
             _, S, info = pcp(M[start:stop], lam=self.lam, tol=self.tol, max_iter=self.max_iter,
@@ -178,7 +183,7 @@ class RobustHDP(ServerStep):
             if not info.converged:
                 warnings.warn(f"Robust-HDP: PCP on rows [{start}, {stop}) did not converge in {info.iterations} "
                               f"iterations (relative residual {info.rel_residual:.3g})", RuntimeWarning, stacklevel=3)
-            sigma2 += np.einsum("ij,ij->j", S, S)
+            sigma2 += torch.einsum("ij,ij->j", S, S)
             infos.append({"rows": (start, stop), "iterations": info.iterations, "converged": info.converged,
                           "residual": info.residual, "rel_residual": info.rel_residual, "rank": info.rank,
                           "lam": info.lam, "mu": info.mu})
@@ -187,14 +192,15 @@ class RobustHDP(ServerStep):
         return sigma2, infos
 
     def noise_aware_weights(self, uploads: P.Params) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The float64 weights of the uploads `[K, ...]` and their estimation record: per row block the PCP's
-        iterations, residuals, convergence, rank(L), lam and mu (`blocks`), and the sigma_i^2 estimates."""
-        M = P.flatten(uploads).detach().to(torch.float64).cpu().numpy().T  # p x K, clients as columns
-        if not np.isfinite(M).all():
+        """The float64 weights of the uploads `[K, ...]` (on their device) and their estimation record: per row
+        block the PCP's iterations, residuals, convergence, rank(L), lam and mu (`blocks`), and the sigma_i^2
+        estimates."""
+        M = P.flatten(uploads).detach().to(torch.float64).T  # p x K, clients as columns, on the uploads' device
+        if not bool(torch.isfinite(M).all()):
             raise ValueError("Robust-HDP got a non-finite client update")
         sigma2, infos = self.estimate_noise(M)
         w = noise_weights(sigma2, self.floor)
-        return torch.from_numpy(w), {"blocks": infos, "sigma2": sigma2.tolist()}
+        return w, {"blocks": infos, "sigma2": sigma2.tolist()}
 
     # -- the server step ----------------------------------------------------------------------------
     def init(self, params: P.Params) -> dict[str, Any]:
@@ -228,8 +234,9 @@ class RobustHDP(ServerStep):
             w, diag = self.noise_aware_weights(uploads)
             if self.schedule == "once":
                 once = {int(c): float(wi) for c, wi in zip(clients, w, strict=True)}
-        mean = {n: torch.einsum("k,k...->...", w.to(u.dtype), u) for n, u in uploads.items()}
-        new_state = {**state, "once": once, "last": {"clients": clients, "weights": w}}
+        mean = {n: torch.einsum("k,k...->...", w.to(device=u.device, dtype=u.dtype), u) for n, u in uploads.items()}
+        # the state is host-side (K numbers): checkpoints and the round's diagnostics read it on the CPU
+        new_state = {**state, "once": once, "last": {"clients": clients, "weights": w.cpu()}}
         return ServerUpdate(P.axpy(self.server_lr, mean, params), new_state, pcp_metrics(diag))
 
     def aggregation_weights(self, state: dict[str, Any], view: ServerView, channel: object,

@@ -2,7 +2,9 @@
 
 A `Subspace` is an affine subspace μ + span(V) with V (p × k) orthonormal; its projection is
 P(x) = μ + V Vᵀ (x − μ). `fit_subspace` builds one from the |S_pub| × p matrix U of public updates
-in one of the four modes of §4.2, with an exact (thin SVD) or a Lanczos solver. Everything is float64.
+in one of the four modes of §4.2, with an exact (thin SVD) or a Lanczos solver. Everything is float64, on the
+device of U (issue 67); random draws come from the generator passed in, on its device, and are moved to U's (m or
+p × k numbers), so a CPU generator gives the same subspace on every device.
 """
 
 from __future__ import annotations
@@ -81,7 +83,13 @@ def _top_right_gram(A: torch.Tensor, k: int) -> torch.Tensor | None:
         return None
     V = A.T @ (W.flip(1)[:, :k] / s[:k])
     Q, R = torch.linalg.qr(V)  # V is orthonormal to ~eps (s_max/s_k)^2: one QR pass makes VᵀV = I
-    return Q * torch.sign(torch.diagonal(R)).where(torch.diagonal(R) != 0, torch.ones((), dtype=Q.dtype))
+    return Q * _signs(R)
+
+
+def _signs(R: torch.Tensor) -> torch.Tensor:
+    """sign(diag R), with 1 where the diagonal is 0 (makes a QR factor's columns unique), on R's device."""
+    d = torch.diagonal(R)
+    return torch.where(d != 0, torch.sign(d), torch.ones((), dtype=d.dtype, device=d.device))
 
 
 def _top_right_qr(A: torch.Tensor, k: int) -> torch.Tensor:
@@ -107,11 +115,11 @@ def top_right_singular_lanczos(A: torch.Tensor, k: int, iters: int, generator: t
     # The Krylov space of AᵀA from a start vector in A's row space has dimension <= rank(A) <= m, so
     # rows are allocated for m + 2 vectors and grown only if the iteration runs on (not iters × p floats).
     Q = A.new_zeros((min(n_steps, A.shape[0] + 1) + 1, p))
-    alphas: list[float] = []
+    alphas: list[torch.Tensor] = []  # 0-d tensors on A's device: only beta is read on the host (breakdown test)
     betas: list[float] = []
     # a random unit vector in the row space of A (Aᵀr, r ~ N(0, I_m) from the round seed): the Krylov space
     # then never picks up null-space directions, which would otherwise give spurious Ritz values ~1e-16·s_max²
-    q = A.T @ torch.randn(A.shape[0], generator=generator, dtype=torch.float64)
+    q = A.T @ _draw((A.shape[0],), generator, A.device)
     if q.norm() == 0:
         return A.new_zeros((p, 0))
     Q[0] = q / q.norm()
@@ -119,7 +127,7 @@ def top_right_singular_lanczos(A: torch.Tensor, k: int, iters: int, generator: t
     m = 0
     for j in range(n_steps):
         w = A.T @ (A @ Q[j])
-        alpha = float(Q[j] @ w)
+        alpha = Q[j] @ w
         # full reorthogonalisation (twice is enough) against every Lanczos vector so far
         for _ in range(2):
             w = w - Q[: j + 1].T @ (Q[: j + 1] @ w)
@@ -128,14 +136,15 @@ def top_right_singular_lanczos(A: torch.Tensor, k: int, iters: int, generator: t
         beta = float(w.norm())
         if beta1 is None:
             # scale for the breakdown test; max with |α_1| guards a start vector that is an eigenvector
-            beta1 = max(beta, abs(alpha))
+            beta1 = max(beta, abs(float(alpha)))
         if beta <= BREAKDOWN_TOL * beta1 or j == n_steps - 1:
             break
         betas.append(beta)
         if j + 1 >= Q.shape[0]:
             Q = torch.cat([Q, Q.new_zeros((min(Q.shape[0], n_steps + 1 - Q.shape[0]), p))])
         Q[j + 1] = w / beta
-    T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    # the m x m tridiagonal problem on the host (m <= rank + 1 numbers; LAPACK, whatever A's device)
+    T = torch.diag(torch.stack(alphas).cpu())
     if m > 1:
         off = torch.tensor(betas[: m - 1], dtype=torch.float64)
         T = T + torch.diag(off, 1) + torch.diag(off, -1)
@@ -145,12 +154,17 @@ def top_right_singular_lanczos(A: torch.Tensor, k: int, iters: int, generator: t
     top = float(theta[0]) if theta.numel() else 0.0
     rank = int((theta > RANK_TOL**2 * top).sum()) if top > 0 else 0
     k = _truncate_warn(k, rank, "numerical rank of the public updates (Lanczos)")
-    V = Q[:m].T @ S[:, :k]
+    V = Q[:m].T @ S[:, :k].to(Q.device)
     # Ritz vectors are orthonormal up to rounding; one QR pass makes VᵀV = I to machine precision
     if k:
         V, R = torch.linalg.qr(V)
-        V = V * torch.sign(torch.diagonal(R)).where(torch.diagonal(R) != 0, torch.ones(()))
+        V = V * _signs(R)
     return V
+
+
+def _draw(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Standard normal float64 numbers from `generator` on its own device, then on `device`."""
+    return torch.randn(shape, generator=generator, dtype=torch.float64, device=generator.device).to(device)
 
 
 def fit_subspace(
@@ -198,7 +212,7 @@ def fit_subspace(
         if generator is None:
             raise ValueError("subspace 'random' needs a generator (the round seed)")
         kk = _truncate_warn(k, p, "tensor size")
-        G = torch.randn(p, kk, generator=generator, dtype=torch.float64)
+        G = _draw((p, kk), generator, U.device)
         V, _ = torch.linalg.qr(G)
         return Subspace(centred_mu if random_center else zero, V)
     mu = centred_mu if mode == "centered" else zero

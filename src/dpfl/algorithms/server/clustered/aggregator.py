@@ -189,7 +189,7 @@ class ClusteredAggregator(ServerStep):
             return None, {**state, "models": models, "trained": {}}
         trained = {int(c): self.cluster_of(state, int(c), round_) for c in clients}
         idx = torch.as_tensor([trained[int(c)] for c in clients], dtype=torch.int64)
-        starts = {n: t.index_select(0, idx) for n, t in models.items()}
+        starts = {n: t.index_select(0, idx.to(t.device)) for n, t in models.items()}
         return starts, {**state, "models": models, "trained": trained}
 
     def update(self, state: Any, params: P.Params, uploads: Any, inputs: RoundInputs) -> ServerUpdate:
@@ -207,7 +207,7 @@ class ClusteredAggregator(ServerStep):
             for m in sorted(set(trained.values())):
                 rows = torch.as_tensor([k for k, c in enumerate(clients) if trained[c] == m], dtype=torch.int64)
                 for n, t in models.items():
-                    t[m] += uploads[n].index_select(0, rows).mean(dim=0).to(t.dtype)
+                    t[m] += uploads[n].index_select(0, rows.to(uploads[n].device)).mean(dim=0).to(t.dtype)
             state = {**state, "models": models}
         return ServerUpdate(_global_model(state["models"]), state, self._diagnostics(state))
 
@@ -276,7 +276,8 @@ class ClusteredAggregator(ServerStep):
         if sorted(clients) != list(range(self.n_clients)):
             raise ValueError("R-DPCFL's round 1 needs every client's update (full participation)")
         order = np.argsort(clients)
-        x = P.flatten(uploads).to(torch.float64).numpy()[order]
+        # the GMM is scikit-learn's: the updates go to the host once, in the single clustering round of the run
+        x = P.flatten(uploads).to(torch.float64).cpu().numpy()[order]
         features = pca_features(x, project=self.project, scaler=self.scaler)
         gmm_seed = derive_seed(self.seed, int(Purpose.CLUSTER), 0, 1) % (2**32)
         fit: ClusterFit = (fit_clusters(features, self.n_clusters, gmm_seed) if self.n_clusters is not None
