@@ -52,11 +52,12 @@ class CentralDPFedAvg(ServerStep):
             raise ValueError("the server's noise multiplier is not calibrated yet (run it through FederatedRun)")
         if not expected_clients > 0:
             raise ValueError("central DP-FedAvg needs a positive expected number of clients")
-        flat = P.flatten(uploads) if len(view) else torch.zeros(0, P.num_parameters(global_params))
+        device = next(iter(global_params.values())).device
+        flat = P.flatten(uploads) if len(view) else torch.zeros(0, P.num_parameters(global_params), device=device)
         factor = (self.clip / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
         total = (flat * factor[:, None]).sum(0)
         if self.noise_multiplier > 0:
-            g = torch_generator(seed, Purpose.SERVER_NOISE, round_)
-            total = total + self.noise_multiplier * self.clip * torch.randn(total.shape[0], generator=g)
+            g = torch_generator(seed, Purpose.SERVER_NOISE, round_, device=device)
+            total = total + self.noise_multiplier * self.clip * torch.randn(total.shape[0], generator=g, device=device)
         update = P.unflatten(total / expected_clients, global_params, leading=0)
         return P.axpy(self.server_lr, update, global_params)

@@ -49,6 +49,6 @@ class FedAvg(ServerStep):
 
     def aggregate(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int,
                   round_: int) -> P.Params:
-        w = self.weights(view)
-        mean = {n: torch.einsum("k,k...->...", w, u) for n, u in uploads.items()}
+        w = self.weights(view)  # from the view's metadata, on the CPU: to the uploads' device
+        mean = {n: torch.einsum("k,k...->...", w.to(u.device), u) for n, u in uploads.items()}
         return P.axpy(self.server_lr, mean, global_params)
