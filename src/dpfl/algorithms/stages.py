@@ -109,6 +109,9 @@ class UploadMechanism:
     accounted: bool = True
     hidden_sampling: bool = False  # charges every client every round (`round_event`) instead of participations
     secure_sum: bool = False  # the server sees only secure-aggregation sums of the uploads
+    # True when `event` depends on the round and the cohort only, not on the client: the run then answers a round's
+    # budget check once per group of alike clients instead of once per client (see `events_for_every_client`)
+    same_event_for_every_client: bool = False
     calibration_family: str | None = None  # the run_calibration family of a noise that `with_noise` can set
     # what the report says of a mechanism that is not `accounted`
     unaccounted_label: str = " (NOT accounted: no epsilon is computed for it)"
@@ -131,6 +134,10 @@ class UploadMechanism:
     def event(self, client: int, round_: int, cohort: int) -> DpEvent | None:
         """The DP event of one participation in round `round_` when `cohort` uploads are averaged (None: none)."""
         return None
+
+    def events_for_every_client(self) -> bool:
+        """Whether `event` is the same for every client of a round: declared, or `event` not overridden (None)."""
+        return self.same_event_for_every_client or type(self).event is UploadMechanism.event
 
     def round_event(self, selection: Selection, population: int) -> DpEvent | None:
         """With `hidden_sampling`: one round's cost to every client of the population."""
@@ -195,6 +202,9 @@ class MechanismChain(UploadMechanism):
             states.append(new)
             metrics.update(m)
         return MechanismRelease(out, tuple(states), metrics)
+
+    def events_for_every_client(self) -> bool:
+        return all(m.events_for_every_client() for m in self.links)
 
     def event(self, client: int, round_: int, cohort: int) -> DpEvent | None:
         events = [e for m in self.links if (e := m.event(client, round_, cohort)) is not None]

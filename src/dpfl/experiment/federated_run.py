@@ -444,18 +444,19 @@ class FederatedRun:
         """
         if self.ledger is None or not self.enforce_budgets:
             return active
+        candidates = np.asarray(active, dtype=np.int64)
         if self.heuristic_steps is not None:  # PFA semantics: a client may spend its T* steps
-            fits = [int(i) for i in active if self.steps_done[i] + self.events.steps(i, r) <= self.heuristic_steps[i]]
-            return np.array(fits, dtype=np.int64)
-        candidates = [int(i) for i in active]
+            steps = self.events.steps_of(candidates, r)
+            return candidates[self.steps_done[candidates] + steps <= self.heuristic_steps[candidates]]
         while True:
             cohort = self._cohort_size(len(candidates))
-            checks = [(i, server_event if server_event is not None else self.events.client(i, r, cohort))
-                      for i in candidates]
-            over = self.ledger.exceeding((i, e) for i, e in checks if e is not None)
-            keep = [i for i in candidates if i not in over]
+            if server_event is not None:
+                index, events = np.zeros(len(candidates), dtype=np.int64), [server_event]
+            else:
+                index, events = self.events.client_groups(candidates, r, cohort)
+            keep = candidates[~self.ledger.exceeding_mask(candidates, index, events)]
             if len(keep) == len(candidates) or self._cohort_size(len(keep)) == cohort:
-                return np.array(keep, dtype=np.int64)
+                return keep
             candidates = keep
 
     def _cohort_size(self, eligible: int) -> int:
@@ -569,8 +570,7 @@ class FederatedRun:
         if not finite or (test_loss is not None and not math.isfinite(test_loss)):
             row["diverged"] = True  # the loop stops after this row (stop_reason "diverged")
         if self.ledger is not None:
-            spent = self.ledger.spent_all()
-            row["epsilon"] = [spent[i] for i in range(self.n_clients)]
+            row["epsilon"] = self.ledger.spent_array().tolist()  # clients 0..n-1, one value per history class
             row["epsilon_max"] = max(row["epsilon"])
         row["seconds"] = seconds
         if isinstance(self.backend, LocalBackend):

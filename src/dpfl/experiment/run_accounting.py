@@ -161,6 +161,29 @@ class RunEvents:
             cache[key] = event
         return event  # type: ignore[return-value]
 
+    def client_groups(self, clients: np.ndarray, r: int, cohort: int) -> tuple[np.ndarray, list[DpEvent | None]]:
+        """`client(i, r, cohort)` for every client of `clients` at once: (an index into the events per client, the
+        distinct events). The same event objects as `client` (one cache), found once per distinct (records, batch
+        size, noise) with numpy instead of once per client; per client only where the upload stage's event depends
+        on the client (`UploadMechanism.events_for_every_client`)."""
+        run = self._run
+        ids = np.asarray(clients, dtype=np.int64)
+        upload = run.algorithm.upload
+        if upload.accounted and not upload.events_for_every_client():
+            events: list[DpEvent | None] = []
+            seen: dict[int, int] = {}
+            index = np.empty(len(ids), dtype=np.int64)
+            for j, i in enumerate(ids.tolist()):
+                e = self.client(i, r, cohort)
+                index[j] = seen.setdefault(id(e), len(events))
+                if index[j] == len(events):
+                    events.append(e)
+            return index, events
+        keys = np.stack([run.n_records[ids].astype(np.float64), run.batch_sizes[ids].astype(np.float64),
+                         np.asarray(run.noise, dtype=np.float64)[ids]], axis=1)
+        unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        return inverse.reshape(-1).astype(np.int64), [self.client(int(ids[j]), r, cohort) for j in first.tolist()]
+
     def batch(self, i: int, r: int) -> int:
         """Client i's batch size in round r (the local program may schedule it: R-DPCFL's full-batch round 1)."""
         run = self._run
@@ -169,6 +192,14 @@ class RunEvents:
     def steps(self, i: int, r: int) -> int:
         """Client i's local steps in round r as planned: what its ledger is charged and its T* budget counts."""
         return self._run.algorithm.local.steps_for(int(self._run.n_records[i]), self.batch(i, r))
+
+    def steps_of(self, clients: np.ndarray, r: int) -> np.ndarray:
+        """`steps(i, r)` of every client of `clients`, once per distinct (records, batch size)."""
+        ids = np.asarray(clients, dtype=np.int64)
+        pairs = np.stack([self._run.n_records[ids], self._run.batch_sizes[ids]], axis=1).astype(np.int64)
+        unique, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+        steps = np.array([self.steps(int(ids[j]), r) for j in first.tolist()], dtype=np.int64)
+        return steps[inverse.reshape(-1)] if len(ids) else np.zeros(0, dtype=np.int64)
 
     def _event_cache(self) -> dict:
         """The client-event cache of the current local program and upload stage (emptied when either changes,

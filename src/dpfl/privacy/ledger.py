@@ -145,6 +145,19 @@ class PrivacyLedger:
         self._spent: dict[int, float] = {}
         self._eps_cache: dict[tuple, float] = {}
         self._curves: dict[int, np.ndarray] = {}  # event id -> its RDP curve at the ledger's orders ("rdp" only)
+        # Clients grouped by history: clients with the same signature (events and counts) are one class, so a
+        # population's budget check and spent epsilons are answered once per class (`exceeding_mask`,
+        # `spent_array`) with per-client work left to numpy. Class 0 is the empty history.
+        self._ids = np.array(clients, dtype=np.int64)
+        self._ids_are_positions = bool(np.array_equal(self._ids, np.arange(len(clients))))  # a run's 0..n-1
+        self._position = None if self._ids_are_positions else {c: i for i, c in enumerate(clients)}
+        self._class = np.zeros(len(clients), dtype=np.int64)
+        self._class_signature: list[tuple[tuple[int, int], ...]] = [()]
+        self._class_of_signature: dict[tuple[tuple[int, int], ...], int] = {(): 0}
+        self._class_after: dict[tuple[int, int], int] = {}  # (class, event id) -> the class after that event
+        self._delta_array = np.array([self._delta[c] for c in clients], dtype=np.float64)
+        self._budget_array = np.array([np.nan if self._budget[c] is None else self._budget[c] for c in clients],
+                                      dtype=np.float64)
 
     # ------------------------------------------------------------------ queries on configuration
     @property
@@ -216,6 +229,11 @@ class PrivacyLedger:
         if not clients:
             return
         self._log.append((r, eid, tuple(sorted(clients))))
+        positions = (np.array(clients, dtype=np.int64) if self._position is None else
+                     np.fromiter((self._position[c] for c in clients), dtype=np.int64, count=len(clients)))
+        before = self._class[positions]
+        for old in np.unique(before).tolist():
+            self._class[positions[before == old]] = self._next_class(old, eid)
         for c in clients:
             counts = self._counts.setdefault(c, {})
             counts[eid] = counts.get(eid, 0) + 1
@@ -237,6 +255,31 @@ class PrivacyLedger:
         self._dirty.clear()
         self._open_round = None
         self._closed_round = r
+
+    def _next_class(self, current: int, eid: int) -> int:
+        """The class of a history of class `current` after one more event `eid`."""
+        after = self._class_after.get((current, eid))
+        if after is None:
+            counts = dict(self._class_signature[current])
+            counts[eid] = counts.get(eid, 0) + 1
+            signature = tuple(sorted(counts.items()))
+            after = self._class_of_signature.get(signature)
+            if after is None:
+                after = self._class_of_signature[signature] = len(self._class_signature)
+                self._class_signature.append(signature)
+            self._class_after[(current, eid)] = after
+        return after
+
+    def _positions(self, client_ids: np.ndarray) -> np.ndarray:
+        """Positions of `client_ids` in the ledger's client list (unknown ids refused, as `_check_client` does)."""
+        ids = np.asarray(client_ids, dtype=np.int64)
+        if self._position is None:
+            bad = (ids < 0) | (ids >= len(self._ids))
+            if bad.any():
+                self._check_client(int(ids[bad][0]))
+            return ids
+        position = self._position
+        return np.fromiter((position[self._check_client(int(c))] for c in ids), dtype=np.int64, count=len(ids))
 
     # ------------------------------------------------------------------ accounting
     def _signature(self, client_id: int) -> tuple[tuple[int, int], ...]:
@@ -340,6 +383,41 @@ class PrivacyLedger:
             if hit:
                 out.add(c)
         return out
+
+    def exceeding_mask(self, client_ids: np.ndarray, event_index: np.ndarray,
+                       events: Sequence[dpa.DpEvent | None], tol: float = 1e-9) -> np.ndarray:
+        """`exceeding` for a population at once: True where client `client_ids[j]`'s event `events[event_index[j]]`
+        would take it past its budget (an index of -1, or a None event, checks nothing).
+
+        Answered once per distinct (history class, event, budget, delta) with `would_exceed` on one client of
+        it, so the work per client is numpy's, not Python's: clients of one class have the same events, so the
+        same relation and the same answer.
+        """
+        ids = np.asarray(client_ids, dtype=np.int64)
+        index = np.asarray(event_index, dtype=np.int64)
+        if ids.shape != index.shape or ids.ndim != 1:
+            raise ValueError(f"client_ids and event_index must be 1-D of one length, got {ids.shape}, {index.shape}")
+        absent = np.array([e is None for e in events] + [True], dtype=bool)  # index -1: the appended True
+        checked = ~absent[index]
+        out = np.zeros(len(ids), dtype=bool)
+        if not checked.any():
+            return out
+        pos = self._positions(ids[checked])
+        keys = np.stack([self._class[pos].astype(np.float64), index[checked].astype(np.float64),
+                         self._budget_array[pos], self._delta_array[pos]], axis=1)
+        unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        answers = np.array([self.would_exceed(int(ids[checked][j]), events[int(index[checked][j])], tol)  # type: ignore[arg-type]
+                            for j in first.tolist()], dtype=bool)
+        out[checked] = answers[inverse.reshape(-1)]
+        return out
+
+    def spent_array(self) -> np.ndarray:
+        """`spent` of every client in `client_ids` order, computed once per distinct (history class, delta)."""
+        keys = np.stack([self._class.astype(np.float64), self._delta_array], axis=1)
+        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+        eps = np.array([self._epsilon(self._class_signature[int(k)], None, float(d)) for k, d in unique.tolist()],
+                       dtype=np.float64)
+        return eps[inverse.reshape(-1)] if len(keys) else np.zeros(0)
 
     def guarantee(self, client_id: int) -> Guarantee:
         """The client's spent epsilon, labelled with its delta, relation, accountant and unit."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from dp_accounting import DpEvent
 
@@ -30,6 +31,7 @@ class ParameterNoise(UploadMechanism):
     accounting: NoisyRunAccounting
     unit: str | None = "sample"
     accounted: bool = True
+    same_event_for_every_client: ClassVar[bool] = True  # `event` reads the round and the cohort only
     noise_offset: int = 0
     calibration_family = "param_noise"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
 

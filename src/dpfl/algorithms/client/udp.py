@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 from dataclasses import dataclass, replace
 
 from dp_accounting import DpEvent, SelfComposedDpEvent
@@ -44,6 +45,7 @@ class ClippedNoisyUpdate(UploadMechanism):
     cohort: float = 1.0
     unit: str = "client"
     accounted: bool = True
+    same_event_for_every_client: ClassVar[bool] = True  # `event` reads the round and the cohort only
     upload_scale: float = 1.0
     hidden_sampling: bool = False
     secure_sum: bool = False  # uploads go through secure aggregation: the server sees only sums of >= `cohort`

@@ -45,6 +45,9 @@ class FullUpdate(UploadMechanism):
     def event(self, client: int, round_: int, cohort: int) -> DpEvent | None:
         return None
 
+    def events_for_every_client(self) -> bool:
+        return True  # no event at all
+
     def bytes_per_upload(self, dim: int) -> int:
         return 4 * dim
 
