@@ -26,8 +26,7 @@ def hetero_run(algorithm="dp_fedavg_local", **privacy):
 
 
 def per_client_eligible(run, candidates, r, cohort):
-    over = run.ledger.exceeding((int(i), run.events.client(int(i), r, cohort)) for i in candidates)
-    return [int(i) for i in candidates if int(i) not in over]
+    return [int(i) for i in candidates if not run.ledger.would_exceed(int(i), run.events.client(int(i), r, cohort))]
 
 
 @pytest.mark.parametrize("round_", [0, 2])

@@ -1,6 +1,6 @@
-"""The ledger's population-wide answers (`exceeding_mask`, `spent_array`) equal its per-client ones (`exceeding`,
-`spent`), after random histories, budgets and deltas: they group clients by history class, so a wrong class (a
-history counted twice, a class shared by two histories) would change an answer here."""
+"""The ledger's population-wide answers (`exceeding_mask`, `spent_array`, and `exceeding`, `spent_all` built on them)
+equal its per-client ones (`would_exceed`, `spent`), after random histories, budgets and deltas: they group clients by
+history class, so a wrong class (a history counted twice, a class shared by two histories) would change an answer."""
 
 from __future__ import annotations
 
@@ -37,12 +37,15 @@ def test_population_answers_equal_the_per_client_answers(seed, ids):
     events = [EVENTS[0], None, EVENTS[2], EVENTS[3]]
     index = rng.integers(-1, len(events), size=len(clients))
     mask = ledger.exceeding_mask(clients, index, events)
-    expected = ledger.exceeding((int(c), events[i]) for c, i in zip(clients, index, strict=True)
-                                if i >= 0 and events[i] is not None)
+    expected = {int(c) for c, i in zip(clients, index, strict=True)
+                if i >= 0 and events[i] is not None and ledger.would_exceed(int(c), events[i])}
     assert set(clients[mask].tolist()) == expected
+    assert ledger.exceeding((int(c), events[i]) for c, i in zip(clients, index, strict=True)
+                            if i >= 0 and events[i] is not None) == expected
     assert 0 < len(expected) < len(clients)  # both answers occur: the check can fail either way
     spent = ledger.spent_array()
     assert spent.tolist() == [ledger.spent(int(c)) for c in clients]  # the same floats, not just close
+    assert ledger.spent_all() == {int(c): ledger.spent(int(c)) for c in clients}
 
 
 def test_the_classes_follow_a_ledger_read_back():

@@ -19,6 +19,7 @@ from dp_accounting import ComposedDpEvent, DpEvent
 
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.privacy.budgets import ClientBudget
+from dpfl.privacy.ledger import index_by_identity
 from dpfl.privacy.run_calibration import (CalibratedNoise, PlannedRun, calibrate_run, calibration_targets,
                                           refuse_a_run_that_trains_nothing)
 
@@ -170,15 +171,7 @@ class RunEvents:
         ids = np.asarray(clients, dtype=np.int64)
         upload = run.algorithm.upload
         if upload.accounted and not upload.events_for_every_client():
-            events: list[DpEvent | None] = []
-            seen: dict[int, int] = {}
-            index = np.empty(len(ids), dtype=np.int64)
-            for j, i in enumerate(ids.tolist()):
-                e = self.client(i, r, cohort)
-                index[j] = seen.setdefault(id(e), len(events))
-                if index[j] == len(events):
-                    events.append(e)
-            return index, events
+            return index_by_identity(self.client(i, r, cohort) for i in ids.tolist())
         keys = np.stack([run.n_records[ids].astype(np.float64), run.batch_sizes[ids].astype(np.float64),
                          np.asarray(run.noise, dtype=np.float64)[ids]], axis=1)
         unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)

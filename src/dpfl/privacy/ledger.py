@@ -42,7 +42,7 @@ from dpfl.privacy.orders import normalize_orders
 from dpfl.privacy.rdp_curves import RDP_CURVES
 from dpfl.privacy.serialization import decode_float, encode_float, event_from_dict, event_to_dict
 
-__all__ = ["LedgerEntry", "PrivacyLedger", "UNITS"]
+__all__ = ["LedgerEntry", "PrivacyLedger", "UNITS", "index_by_identity"]
 
 UNITS: tuple[str, ...] = ("sample", "client")
 _FORMAT = "dpfl.privacy_ledger"
@@ -103,6 +103,21 @@ def _check_budget(name: str, value: object) -> float:
     return float(value)
 
 
+def index_by_identity(events: Iterable[dpa.DpEvent | None]) -> tuple[np.ndarray, list[dpa.DpEvent | None]]:
+    """(for each event, its index among the distinct objects; those objects): the `event_index, events` pair of
+    `PrivacyLedger.exceeding_mask` for one event per client, where clients with equal events share one object."""
+    index: list[int] = []
+    distinct: list[dpa.DpEvent | None] = []
+    seen: dict[int, int] = {}  # id(event) -> its index in `distinct` (which keeps the object alive)
+    for event in events:
+        k = seen.get(id(event))
+        if k is None:
+            k = seen[id(event)] = len(distinct)
+            distinct.append(event)
+        index.append(k)
+    return np.array(index, dtype=np.int64), distinct
+
+
 class PrivacyLedger:
     """Per-client DP event ledgers with per-client delta, budget, relation and spent epsilon."""
 
@@ -128,13 +143,12 @@ class PrivacyLedger:
         self.orders: tuple[float, ...] | None = None if orders is None else normalize_orders(orders)
         self._clients: list[int] = clients
         self._known: set[int] = set(clients)
-        self._delta: dict[int, float] = _per_client("deltas", deltas, clients, _check_delta)  # type: ignore[assignment]
-        self._budget: dict[int, float | None] = _per_client("budgets", budgets, clients, _check_budget)
+        delta_of = _per_client("deltas", deltas, clients, _check_delta)
+        budget_of = _per_client("budgets", budgets, clients, _check_budget)
         self._events: list[dpa.DpEvent] = []
         self._event_ids: dict[str, int] = {}
         self._event_relation: list[str] = []
         self._log: list[tuple[int, int, tuple[int, ...]]] = []
-        self._counts: dict[int, dict[int, int]] = {}
         self._relation: dict[int, str] = {}
         self._last_event: dict[int, int] = {}
         self._user_meta: dict[int, dict[str, Any]] = {}
@@ -142,12 +156,12 @@ class PrivacyLedger:
         self._dirty: set[int] = set()
         self._open_round: int | None = None  # largest round recorded since the last close_round
         self._closed_round: int | None = None
-        self._spent: dict[int, float] = {}
         self._eps_cache: dict[tuple, float] = {}
         self._curves: dict[int, np.ndarray] = {}  # event id -> its RDP curve at the ledger's orders ("rdp" only)
         # Clients grouped by history: clients with the same signature (events and counts) are one class, so a
         # population's budget check and spent epsilons are answered once per class (`exceeding_mask`,
-        # `spent_array`) with per-client work left to numpy. Class 0 is the empty history.
+        # `spent_array`) with per-client work left to numpy. Class 0 is the empty history. A client's signature,
+        # delta and budget are read from these arrays at its position (`_at`).
         self._ids = np.array(clients, dtype=np.int64)
         self._ids_are_positions = bool(np.array_equal(self._ids, np.arange(len(clients))))  # a run's 0..n-1
         self._position = None if self._ids_are_positions else {c: i for i, c in enumerate(clients)}
@@ -155,8 +169,9 @@ class PrivacyLedger:
         self._class_signature: list[tuple[tuple[int, int], ...]] = [()]
         self._class_of_signature: dict[tuple[tuple[int, int], ...], int] = {(): 0}
         self._class_after: dict[tuple[int, int], int] = {}  # (class, event id) -> the class after that event
-        self._delta_array = np.array([self._delta[c] for c in clients], dtype=np.float64)
-        self._budget_array = np.array([np.nan if self._budget[c] is None else self._budget[c] for c in clients],
+        self._delta_array = np.array([delta_of[c] for c in clients], dtype=np.float64)
+        # nan: no budget (a budget itself is > 0, never nan)
+        self._budget_array = np.array([np.nan if budget_of[c] is None else budget_of[c] for c in clients],
                                       dtype=np.float64)
 
     # ------------------------------------------------------------------ queries on configuration
@@ -165,10 +180,21 @@ class PrivacyLedger:
         return list(self._clients)
 
     def delta(self, client_id: int) -> float:
-        return self._delta[self._check_client(client_id)]  # type: ignore[return-value]
+        return self._delta(self._check_client(client_id))
 
     def budget(self, client_id: int) -> float | None:
-        return self._budget[self._check_client(client_id)]
+        return self._budget(self._check_client(client_id))
+
+    def _at(self, c: int) -> int:
+        """The position of known client `c` in the per-client arrays."""
+        return c if self._position is None else self._position[c]
+
+    def _delta(self, c: int) -> float:
+        return float(self._delta_array[self._at(c)])
+
+    def _budget(self, c: int) -> float | None:
+        budget = float(self._budget_array[self._at(c)])
+        return None if budget != budget else budget  # nan: no budget
 
     def relation(self, client_id: int) -> str | None:
         """``"add_remove"``/``"replace_one"`` once the client has events, else None."""
@@ -229,17 +255,13 @@ class PrivacyLedger:
         if not clients:
             return
         self._log.append((r, eid, tuple(sorted(clients))))
-        positions = (np.array(clients, dtype=np.int64) if self._position is None else
-                     np.fromiter((self._position[c] for c in clients), dtype=np.int64, count=len(clients)))
+        positions = np.fromiter((self._at(c) for c in clients), dtype=np.int64, count=len(clients))
         before = self._class[positions]
         for old in np.unique(before).tolist():
             self._class[positions[before == old]] = self._next_class(old, eid)
         for c in clients:
-            counts = self._counts.setdefault(c, {})
-            counts[eid] = counts.get(eid, 0) + 1
             self._relation[c] = relation
             self._last_event[c] = eid
-            self._spent.pop(c, None)
         self._dirty.update(clients)
         self._open_round = r if self._open_round is None else max(self._open_round, r)
 
@@ -278,12 +300,12 @@ class PrivacyLedger:
             if bad.any():
                 self._check_client(int(ids[bad][0]))
             return ids
-        position = self._position
-        return np.fromiter((position[self._check_client(int(c))] for c in ids), dtype=np.int64, count=len(ids))
+        return np.fromiter((self._at(self._check_client(int(c))) for c in ids), dtype=np.int64, count=len(ids))
 
     # ------------------------------------------------------------------ accounting
     def _signature(self, client_id: int) -> tuple[tuple[int, int], ...]:
-        return tuple(sorted(self._counts.get(client_id, {}).items()))
+        """The client's events and their counts, sorted by event id: its history class's signature."""
+        return self._class_signature[int(self._class[self._at(client_id)])]
 
     def _epsilon(self, signature: tuple, extra: dpa.DpEvent | None, delta: float) -> float:
         """Epsilon at ``delta`` of the events counted in ``signature`` plus ``extra``.
@@ -337,25 +359,21 @@ class PrivacyLedger:
         return self._spent_of(self._check_client(client_id))
 
     def _spent_of(self, c: int) -> float:
-        eps = self._spent.get(c)
-        if eps is None:
-            eps = self._epsilon(self._signature(c), None, self._delta[c])  # type: ignore[arg-type]
-            self._spent[c] = eps
-        return eps
+        return self._epsilon(self._signature(c), None, self._delta(c))  # cached per (signature, delta)
 
     def spent_all(self) -> dict[int, float]:
-        return {c: self._spent_of(c) for c in self._clients}
+        return dict(zip(self._clients, self.spent_array().tolist(), strict=True))
 
     def epsilon_if(self, client_id: int, extra_event: dpa.DpEvent) -> float:
         """Epsilon the client would have spent after ``extra_event`` too (budget pre-check)."""
         c = self._check_client(client_id)
         self._check_relation(c, self._relation_of(extra_event))
-        return self._epsilon(self._signature(c), extra_event, self._delta[c])  # type: ignore[arg-type]
+        return self._epsilon(self._signature(c), extra_event, self._delta(c))
 
     def would_exceed(self, client_id: int, extra_event: dpa.DpEvent, tol: float = 1e-9) -> bool:
         """True iff ``epsilon_if(client_id, extra_event) > budget * (1 + tol)``."""
         c = self._check_client(client_id)
-        budget = self._budget[c]
+        budget = self._budget(c)
         if budget is None:
             raise ValueError(f"client {c} has no epsilon budget; pass budgets= to PrivacyLedger")
         if not tol >= 0.0:
@@ -367,22 +385,17 @@ class PrivacyLedger:
     def exceeding(self, checks: Iterable[tuple[int, dpa.DpEvent]], tol: float = 1e-9) -> set[int]:
         """The clients among ``(client, event)`` pairs for which ``would_exceed(client, event, tol)`` is True.
 
-        Each check is answered once per distinct (history, relation, budget, delta, event object): in a large
-        population most clients share all of these, and an eligibility pass over every client each round
-        would otherwise pay the accountant's bookkeeping per client. Pass the same event object for clients
-        whose events are equal to profit from it.
+        Each check is answered once per distinct (history, budget, delta, event object), by `exceeding_mask`: in a
+        large population most clients share all of these. Pass the same event object for clients whose events are
+        equal to profit from it.
         """
-        answers: dict[tuple, bool] = {}
-        out: set[int] = set()
-        for client_id, event in checks:
-            c = self._check_client(client_id)
-            key = (self._signature(c), self._relation.get(c), self._budget[c], self._delta[c], id(event))
-            hit = answers.get(key)
-            if hit is None:
-                hit = answers[key] = self.would_exceed(c, event, tol)
-            if hit:
-                out.add(c)
-        return out
+        pairs = [(self._check_client(client_id), event) for client_id, event in checks]
+        for c, event in pairs:
+            if not isinstance(event, dpa.DpEvent):
+                raise ValueError(f"exceeding: client {c}'s event must be a DpEvent, got {event!r}")
+        ids = np.array([c for c, _ in pairs], dtype=np.int64)
+        index, events = index_by_identity(event for _, event in pairs)
+        return set(ids[self.exceeding_mask(ids, index, events, tol)].tolist())
 
     def exceeding_mask(self, client_ids: np.ndarray, event_index: np.ndarray,
                        events: Sequence[dpa.DpEvent | None], tol: float = 1e-9) -> np.ndarray:
@@ -402,11 +415,12 @@ class PrivacyLedger:
         out = np.zeros(len(ids), dtype=bool)
         if not checked.any():
             return out
-        pos = self._positions(ids[checked])
-        keys = np.stack([self._class[pos].astype(np.float64), index[checked].astype(np.float64),
+        ids, index = ids[checked], index[checked]
+        pos = self._positions(ids)
+        keys = np.stack([self._class[pos].astype(np.float64), index.astype(np.float64),
                          self._budget_array[pos], self._delta_array[pos]], axis=1)
         unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        answers = np.array([self.would_exceed(int(ids[checked][j]), events[int(index[checked][j])], tol)  # type: ignore[arg-type]
+        answers = np.array([self.would_exceed(int(ids[j]), events[int(index[j])], tol)  # type: ignore[arg-type]
                             for j in first.tolist()], dtype=bool)
         out[checked] = answers[inverse.reshape(-1)]
         return out
@@ -423,7 +437,7 @@ class PrivacyLedger:
         """The client's spent epsilon, labelled with its delta, relation, accountant and unit."""
         c = self._check_client(client_id)
         return Guarantee(
-            self.spent(c), self._delta[c], self._relation.get(c, ADD_REMOVE), self.accountant, self.unit  # type: ignore[arg-type]
+            self.spent(c), self._delta(c), self._relation.get(c, ADD_REMOVE), self.accountant, self.unit  # type: ignore[arg-type]
         )
 
     # ------------------------------------------------------------------ history and metadata
@@ -456,8 +470,8 @@ class PrivacyLedger:
             "relation": self._relation.get(c),
             "unit": self.unit,
             "accountant": self.accountant,
-            "delta": self._delta[c],
-            "budget": self._budget[c],
+            "delta": self._delta(c),
+            "budget": self._budget(c),
         }
         eid = self._last_event.get(c)
         info = describe_event(self._events[eid]) if eid is not None else None
@@ -476,7 +490,7 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able snapshot; ``from_dict(to_dict())`` restores an identical ledger."""
-        budgets = [self._budget[c] for c in self._clients]  # all None or all numbers (constructor)
+        budgets = [self._budget(c) for c in self._clients]  # all None or all numbers (constructor)
         return {
             "format": _FORMAT,
             "version": _VERSION,
@@ -484,7 +498,7 @@ class PrivacyLedger:
             "unit": self.unit,
             "orders": None if self.orders is None else list(self.orders),
             "clients": list(self._clients),
-            "deltas": [self._delta[c] for c in self._clients],
+            "deltas": self._delta_array.tolist(),
             "budgets": None if budgets[:1] == [None] else [encode_float(b) for b in budgets],  # type: ignore[arg-type]
             "events": [event_to_dict(e) for e in self._events],
             "log": [[r, eid, list(clients)] for r, eid, clients in self._log],
