@@ -29,7 +29,8 @@ from torch import nn
 from dpfl.data.federated import FederatedDataset
 from dpfl.data.registry import PROVIDED
 from dpfl.experiment.build import build_run
-from dpfl.experiment.config import ConfigError, RunConfig, apply_overrides, load_config, validate_config
+from dpfl.experiment.config import (ConfigError, RunConfig, apply_overrides, device_override, load_config,
+                                    validate_config)
 from dpfl.experiment.run_directory import CHECKPOINT, execute, load_checkpoint
 from dpfl.models import build_model
 from dpfl.results.privacy_report import PrivacyReport, read_privacy_report
@@ -82,7 +83,7 @@ def run(config: RunConfig | Mapping[str, Any] | str | Path, *, data: FederatedDa
     Raises `ConfigError` (one line) for a bad config, `DataError` (a ValueError) for data that breaks its schema or
     cannot form a federated dataset, `ValueError` for bad objects or run directories.
     """
-    cfg = _config(config, [*overrides, *([] if device is None else [f"device={device}"])], data, model)
+    cfg = _config(config, [*overrides, *device_override(device)], data, model)
     if data is not None and data.n_clients != cfg.data.clients:
         raise ConfigError(f"data.clients: the config says {cfg.data.clients} clients, the data object has "
                           f"{data.n_clients}", "data.clients")

@@ -20,7 +20,7 @@ from torch import nn
 
 import dpfl
 from cli_runner import cli
-from dpfl.cli.run import device_override
+from dpfl.experiment.config import device_override
 from dpfl.engine import params as P
 from dpfl.engine import per_sample as PS
 from dpfl.engine.local_training import ClientPlan, LocalSpec, run_local

@@ -66,11 +66,6 @@ def _import_plugins(modules: list[str]) -> None:
             raise UserError(f"--import {name}: {type(err).__name__}: {err}".splitlines()[0]) from None
 
 
-def device_override(device: str | None) -> list[str]:
-    """`--device D` as the override it stands for (`device=D`, after any --set, so it wins); none without it."""
-    return [] if device is None else [f"device={device}"]
-
-
 def run(
     config: Annotated[Path, typer.Argument(help="YAML config of the run.")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: --set training.rounds=5 "
@@ -87,7 +82,7 @@ def run(
 ) -> None:
     """Run a federated experiment described by a YAML config (an MP-DP config in the old flat schema, `scheme: mpdp`,
     is converted, with a one-line note)."""
-    from dpfl.experiment.config import load_config
+    from dpfl.experiment.config import device_override, load_config
     from dpfl.results.outcome import print_outcome
 
     try:

@@ -64,7 +64,7 @@ from dpfl.experiment.config.data import DataConfig
 from dpfl.experiment.config.errors import ConfigError
 from dpfl.experiment.config.loading import config_to_dict, config_to_yaml, load_config, validate_config
 from dpfl.experiment.config.model import PROVIDED_MODEL, ModelConfig
-from dpfl.experiment.config.overrides import apply_overrides, parse_override
+from dpfl.experiment.config.overrides import apply_overrides, device_override, parse_override
 from dpfl.experiment.config.privacy import MisreportConfig, PrivacyConfig
 from dpfl.experiment.config.run import RunConfig
 from dpfl.experiment.config.training import (
@@ -120,6 +120,7 @@ __all__ = [
     "TrainingConfig",
     "UniformBudgets",
     "apply_overrides",
+    "device_override",
     "config_to_dict",
     "config_to_yaml",
     "load_config",

@@ -22,6 +22,12 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     return path, value
 
 
+def device_override(device: str | None) -> list[str]:
+    """`--device D` (the CLI) or `device=D` (`dpfl.run`) as the override it stands for, `device=D`, to go after
+    any --set so it wins; none without it."""
+    return [] if device is None else [f"device={device}"]
+
+
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """A copy of `data` with each ``FIELD.PATH=VALUE`` set in turn (missing mappings are created).
 
