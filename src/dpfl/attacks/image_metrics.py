@@ -51,12 +51,13 @@ def psnr(x: torch.Tensor, ref: torch.Tensor) -> float:
 def feature_mse(extractor: nn.Module, x: torch.Tensor, ref: torch.Tensor) -> float:
     """Mean squared difference of the extractor's penultimate features (over features, then over the batch)."""
     _check_pair(x, ref)
-    dtype = next(iter(extractor.parameters()), x).dtype  # float64 reconstructions into a float32 extractor
+    like = next(iter(extractor.parameters()), x)  # float64 reconstructions into a float32 extractor, on its device
+    dtype, device = like.dtype, like.device
     was_training = extractor.training
     extractor.eval()
     try:
         with torch.no_grad():
-            fx, fr = extractor(x.detach().to(dtype)), extractor(ref.detach().to(dtype))
+            fx, fr = (extractor(t.detach().to(device=device, dtype=dtype)) for t in (x, ref))
     finally:
         extractor.train(was_training)
     return float((fx.to(torch.float64) - fr.to(torch.float64)).pow(2).flatten(1).mean(1).mean())

@@ -12,7 +12,8 @@ Both assume the attacker knows the labels (the spec's setting; for batch 1 they 
 gradient). The module is generic: a model, the observed gradient, the labels and the input shape. Adapting an
 algorithm's upload to "the gradient at these weights" is the caller's job (`gradient_from_update` covers a FedAvg
 upload of one local step). Everything is deterministic given `seed`: dummies are drawn from a seeded
-torch.Generator and no global RNG is touched.
+torch.Generator and no global RNG is touched. The attacks run where the model's parameters are (a CUDA model: on the
+GPU); inputs, labels and targets are moved there.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def observed_gradient(
     """
     if x.dim() < 2:
         raise ValueError(f"x must be a batch [B, ...], got shape {tuple(x.shape)}")
-    y = _labels(y, x.shape[0])
     params = _params(model)
+    x, y = x.to(params[0].device), _labels(y, x.shape[0]).to(params[0].device)
     grads = torch.autograd.grad(_batch_loss(model, x, y, loss), params)
     return [g.detach() for g in grads]
 
@@ -111,7 +112,7 @@ def _check_targets(params: list[torch.Tensor], target_grads: Sequence[torch.Tens
                              f"{tuple(p.shape)}")
         if not torch.isfinite(t).all():
             raise ValueError(f"target gradient {i} has non-finite entries")
-    return [t.to(p.dtype) for p, t in zip(params, targets, strict=True)]
+    return [t.to(device=p.device, dtype=p.dtype) for p, t in zip(params, targets, strict=True)]
 
 
 def _setup(
@@ -122,15 +123,16 @@ def _setup(
         raise ValueError(f"shape must be the full batch shape (B, ...) with positive sizes, got {shape}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
-    labels = _labels(labels, shape[0])
     params = _params(model)
+    labels = _labels(labels, shape[0]).to(params[0].device)
     return params, _check_targets(params, target_grads), labels, shape
 
 
-def _dummy(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """Uniform [0, 1] start, the range of the images sought (Geiping et al. start from noise too)."""
+def _dummy(shape: tuple[int, ...], dtype: torch.dtype, seed: int, device: torch.device) -> torch.Tensor:
+    """Uniform [0, 1] start, the range of the images sought (Geiping et al. start from noise too). Drawn on the CPU
+    and moved to the model's device, so the start is the same whatever the device."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.rand(shape, generator=gen, dtype=torch.float64).to(dtype).requires_grad_(True)
+    return torch.rand(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_(True)
 
 
 def _dummy_grads(
@@ -160,7 +162,7 @@ def dlg(
     `shape` is the full batch shape (B, ...); the model's weights are used as they are (eval/train mode included).
     """
     params, targets, labels, shape = _setup(model, target_grads, labels, shape, steps)
-    x = _dummy(shape, params[0].dtype, seed)
+    x = _dummy(shape, params[0].dtype, seed, params[0].device)
     opt = torch.optim.LBFGS([x], lr=1.0, max_iter=steps, history_size=history_size, tolerance_grad=0.0,
                             tolerance_change=0.0, line_search_fn="strong_wolfe")
     best = {"loss": float("inf"), "x": x.detach().clone()}
@@ -224,7 +226,7 @@ def inverting_gradients(
         raise ValueError(f"lr must be positive, got {lr}")
     if float(torch.sqrt(sum(t.pow(2).sum() for t in targets))) == 0.0:
         raise ValueError("the target gradient is zero, so its direction (the cosine objective) is undefined")
-    x = _dummy(shape, params[0].dtype, seed)
+    x = _dummy(shape, params[0].dtype, seed, params[0].device)
     opt = torch.optim.Adam([x], lr=lr)
     milestones = [int(steps * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
@@ -261,7 +263,7 @@ def evaluate(result: InversionResult, truth: torch.Tensor, extractor: nn.Module 
     rec = result.reconstruction.detach().clamp(0.0, 1.0)
     if rec.shape != truth.shape:
         raise ValueError(f"reconstruction shape {tuple(rec.shape)} does not match the truth {tuple(truth.shape)}")
-    truth = truth.detach().to(rec.dtype)
+    truth = truth.detach().to(device=rec.device, dtype=rec.dtype)
     out = {"psnr": psnr(rec, truth), "image_mse": image_mse(rec, truth)}
     if extractor is not None:
         out["feature_mse"] = feature_mse(extractor, rec, truth)
