@@ -201,7 +201,7 @@ def run_local(
 
     layout "packed" packs the records each client drew at a step back to back (no padding; reading the Poisson
     batch sizes costs host syncs every step); "padded" gives every client the same number of slots per step, the
-    largest batch any client draws in a block of steps (one host read per block), padding slots weighted 0: the same
+    step's largest batch (the batch sizes of a block of steps read at once), padding slots weighted 0: the same
     records, the same sums to float rounding, fixed-shape batched work for a GPU. "auto": padded on CUDA, packed
     elsewhere, unless the environment variable DPFL_ENGINE_LAYOUT says "packed" or "padded".
     """
@@ -536,8 +536,8 @@ class _Slots:
         self._owners: dict[tuple[int, int], torch.Tensor] = {}
 
     def at(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Step t's slots `[K_t, cap]` (local indices, weights) and records drawn `[K_t]` (at least 1), for the
-        clients of the block; the engine takes the prefix still training."""
+        """Step t's slots `[K_t, cap_t]` (local indices, weights; cap_t the step's largest batch) and records drawn
+        `[K_t]` (at least 1), for the clients of the block; the engine takes the prefix still training."""
         blk = self.block
         if blk is None or t >= blk.start + blk.counts.shape[0]:
             blk = self.block = next(self.blocks)
@@ -548,8 +548,8 @@ class _Slots:
             self.empties[:k] += ((blk.counts == 0) & live).sum(0)
             self._weight = blk.mask.to(self.dtype)
             self._drawn = blk.counts.clamp(min=1).to(self.dtype)
-        j = t - blk.start
-        return blk.index[j], self._weight[j], self._drawn[j]
+        j, cap = t - blk.start, blk.caps[t - blk.start]  # the step's largest batch: the slots past it are all padding
+        return blk.index[j, :, :cap], self._weight[j, :, :cap], self._drawn[j]
 
     def owner(self, k: int, c: int) -> torch.Tensor:
         """[k * c]: each slot's client, k clients of c slots."""
@@ -573,7 +573,7 @@ def _padded_step(slots: _Slots, t: int, active: int, spec: LocalSpec, fast: Fast
         return _batch_gradient(grads_of, wa, x, y, weight, fa), drawn
     # physical micro-batches: columns of slots, every client the same number of them (at most `micro` records at once,
     # or one slot of every client)
-    width = cap if spec.micro_batch is None else max(1, spec.micro_batch // max(1, active))
+    width = max(1, cap if spec.micro_batch is None else spec.micro_batch // max(1, active))
     total: P.Params | None = None
     for lo in range(0, max(cap, 1), width):
         part_index, part_weight = index[:, lo: lo + width], weight[:, lo: lo + width]

@@ -119,13 +119,16 @@ class NoiseStream:
 class SlotBlock:
     """Steps `start .. start + len(counts)` of a cohort's first `k` clients as fixed-capacity batches: each client's
     batch at a step fills `cap` slots, its drawn records first (in the order `BatchStream.next` gives them), then
-    padding slots that index the client's record 0 and carry `mask` False (clip weight 0)."""
+    padding slots that index the client's record 0 and carry `mask` False (clip weight 0). `caps[j]`, the largest
+    batch at step j, is known on the host: slots past it are padding for every client (a step may use the first
+    `caps[j]` only)."""
 
     start: int
     index: torch.Tensor  # [T, k, cap] int64: local record indices
     mask: torch.Tensor  # [T, k, cap] bool: True on a drawn record
     counts: torch.Tensor  # [T, k] int64: records drawn (0 past a client's last step)
     cap: int
+    caps: list[int]
 
 
 class SlotBatches:
@@ -133,9 +136,9 @@ class SlotBatches:
     the clients' own `BatchStream`s in the same blocks as `next`, so the records are the same as the packed layout's.
 
     `steps` must be non-increasing (the clients still training at a step are a prefix). `cap` is the largest batch
-    any client draws in the block, so a Poisson batch always fits whole (never truncated); finding it costs one host
-    read per block (Poisson only; fixed and shuffle sizes are known on the host). A block holds about `budget`
-    mask / index elements at most; everything it yields lives on `device`.
+    any client draws in the block (`caps` per step), so a Poisson batch always fits whole (never truncated); finding
+    them costs one host read per block (Poisson only, the batch sizes; fixed and shuffle sizes are known on the host).
+    A block holds about `budget` mask / index elements at most; everything it yields lives on `device`.
     """
 
     def __init__(self, streams: Sequence[BatchStream], steps: Sequence[int], device: torch.device | str,
@@ -159,13 +162,14 @@ class SlotBatches:
                 counts = torch.zeros(span, k, dtype=torch.int64, device=dev)
                 for i, m in enumerate(masks):
                     counts[: lens[i], i] = m.sum(1)
-                cap = int(counts.max())  # the block's one host read
+                caps = [max(row) for row in counts.tolist()]  # the block's one host read
             else:
                 drawn = [[s.next().to(dev) for _ in range(m)] for s, m in zip(streams, lens, strict=True)]
                 sizes = [[len(ix) for ix in d] for d in drawn]
-                cap = max(max(z) for z in sizes)
+                caps = [max(z[j] for z in sizes if j < len(z)) for j in range(span)]
                 counts = torch.tensor([[z[j] if j < len(z) else 0 for z in sizes] for j in range(span)],
                                       dtype=torch.int64, device=dev)
+            cap = max(caps)
             sub = max(1, min(span, self.budget // max(1, k * cap)))
             for lo in range(0, span, sub):
                 hi = min(span, lo + sub)
@@ -181,7 +185,7 @@ class SlotBatches:
                         index[:m, i, : part.shape[1]] = part
                 c = counts[lo:hi]
                 mask = torch.arange(cap, device=dev) < c.unsqueeze(2)
-                yield SlotBlock(t + lo, index, mask, c, cap)
+                yield SlotBlock(t + lo, index, mask, c, cap, caps[lo:hi])
             t += span
 
 
