@@ -199,3 +199,38 @@ def test_a_uniform_packing_reads_nothing_from_the_device():
     assert torch.equal(pk.pad(x), x.view(3, 4, 2)) and torch.equal(pk.unpad(pk.pad(x)), x)
     with pytest.raises(ValueError, match="slots"):
         Packing(owner, 4, slots=4)
+
+
+def _old_cpu_choice(pk: Packing, rows: int, d: int, e: int) -> bool:
+    """The CPU cost model as it was before the per-device profiles (constants inline)."""
+    flops = 2.0 * pk.s * rows * d * e
+    loop = pk.nonempty * 6.0 + flops / 50_000.0
+    padded_floats = pk.k * pk.bmax * rows * (d + e)
+    pad = 4 * 6.0 + flops * (pk.k * pk.bmax) / max(1, pk.s) / 50_000.0 \
+        + 2.0 * padded_floats * (0.25e-3, 2e-3)[padded_floats > (8 << 20)]
+    return loop <= pad
+
+
+def test_the_cost_model_keeps_the_cpus_choices_and_batches_on_cuda():
+    """CPU packings decide as before; the CUDA profile (a call is a kernel launch) takes the padded batched GEMM for a
+    cohort, and so does a uniform packing (no copies) of more than four clients on the CPU."""
+    import dpfl.engine.per_sample as PS
+
+    g = torch.Generator().manual_seed(0)
+    flips = 0
+    for k in (1, 3, 24, 200):
+        counts = torch.randint(0, 40, (k,), generator=g)
+        pk = Packing(torch.repeat_interleave(torch.arange(k), counts), k)
+        assert pk.costs == PS.cost_profile(torch.device("cpu"))
+        for rows, d, e in ((1, 512, 32), (1, 32, 10), (49, 64, 16), (196, 16, 32), (1, 4096, 4096)):
+            cpu = pk.loop_is_cheaper(rows, d, e)
+            assert cpu == _old_cpu_choice(pk, rows, d, e)
+            pk.costs = PS.cost_profile(torch.device("cuda"))
+            cuda = pk.loop_is_cheaper(rows, d, e)
+            pk.costs = PS.cost_profile(torch.device("cpu"))
+            if k >= 24 and d * e <= 512 * 32:  # small layers: launches dominate (a 4096 x 4096 layer may loop)
+                assert not cuda, (k, rows, d, e)
+            flips += cpu != cuda
+    assert flips  # the profiles decide differently somewhere
+    uniform = Packing(torch.arange(24).repeat_interleave(8), 24, slots=8)
+    assert not uniform.loop_is_cheaper(1, 512, 32)

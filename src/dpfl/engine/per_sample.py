@@ -59,6 +59,36 @@ NATIVE_CONV_US = 150.0  # one oneDNN convolution call on a small batch (primitiv
 NATIVE_FLOPS_PER_US = 90_000.0  # oneDNN direct convolution with >= 8 channels (proportionally less below)
 COPY_US_PER_FLOAT = (0.25e-3, 2e-3)  # strided copies (im2col / col2im) within cache / beyond CACHE_FLOATS
 CACHE_FLOATS = 8 << 20
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """One device type's costs for the cost model (microseconds): a call's fixed cost, GEMM throughput, a native
+    convolution's call and throughput, copy cost per float within / beyond `cache_floats`. Only choices between
+    equivalent computations depend on them (per-client GEMMs or one padded batched GEMM; im2col or native)."""
+
+    call_us: float
+    flops_per_us: float
+    native_conv_us: float
+    native_flops_per_us: float
+    copy_us_per_float: tuple[float, float]
+    cache_floats: int
+
+
+# The CPU: the constants above (measured on the project's 2-core machine). CUDA: a call is a kernel launch (~10 us),
+# GEMMs run at tens of TFLOP/s and copies at HBM bandwidth (~1e-6 us a float read and written), so on a GPU the padded
+# batched GEMM wins whenever there are more than a few clients. Estimates from data sheets, not measured here.
+COST_PROFILES: dict[str, CostProfile] = {
+    "cpu": CostProfile(CALL_US, FLOPS_PER_US, NATIVE_CONV_US, NATIVE_FLOPS_PER_US, COPY_US_PER_FLOAT, CACHE_FLOATS),
+    "cuda": CostProfile(10.0, 20e6, 20.0, 20e6, (4e-6, 4e-6), 12 << 20),
+}
+
+
+def cost_profile(device: torch.device) -> CostProfile:
+    """The cost model's profile for `device`'s type (the CPU's for a type without one of its own)."""
+    return COST_PROFILES.get(device.type, COST_PROFILES["cpu"])
+
+
 # Strategy overrides for tests and measurements (None: the cost model chooses).
 FORCE_SEGMENTED: str | None = None  # "loop" (one GEMM per client) or "pad" (one batched GEMM over padded clients)
 FORCE_CONV: str | None = None  # "gemm" (im2col GEMMs, col2im) or "native" (oneDNN per client)
@@ -114,6 +144,7 @@ class Packing:
         self.nonempty = len(self.active)
         self._row_sizes: dict[int, list[int]] = {}
         self._pos: Tensor | None = None
+        self.costs = cost_profile(owner.device)  # the cost model's profile for where the records are
 
     def row_sizes(self, r: int) -> list[int]:
         """Rows per client when each sample has `r` rows (the split sizes of a `[S * r, ...]` matrix)."""
@@ -150,11 +181,12 @@ class Packing:
         sample."""
         if FORCE_SEGMENTED is not None:
             return FORCE_SEGMENTED == "loop"
+        c = self.costs
         flops = 2.0 * self.s * rows * d * e
-        loop = self.nonempty * CALL_US + flops / FLOPS_PER_US
+        loop = self.nonempty * c.call_us + flops / c.flops_per_us
         padded_floats = self.k * self.bmax * rows * (d + e)
-        copies = 0.0 if self.uniform else 2.0 * padded_floats * COPY_US_PER_FLOAT[padded_floats > CACHE_FLOATS]
-        pad = 4 * CALL_US + flops * (self.k * self.bmax) / max(1, self.s) / FLOPS_PER_US + copies
+        copies = 0.0 if self.uniform else 2.0 * padded_floats * c.copy_us_per_float[padded_floats > c.cache_floats]
+        pad = 4 * c.call_us + flops * (self.k * self.bmax) / max(1, self.s) / c.flops_per_us + copies
         return loop <= pad
 
 
