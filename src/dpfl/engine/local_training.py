@@ -4,8 +4,11 @@ Clients share one architecture, so their parameters are stacked `[K, ...]` and o
 `torch.func.vmap` runs them all; for DP-SGD a second `vmap` over samples gives per-sample gradients.
 For DP-SGD the sampled records of all clients are packed back to back, each sample carrying its
 client's parameters, so per-sample work is proportional to the records drawn (no padding); plain SGD
-pads batches and masks. Different step counts are handled by ordering clients by step count, so the
-clients still training at step t are always a prefix of the stack.
+pads batches and masks. On CUDA (`layout` "padded") every client instead fills as many slots as the step's largest
+batch, padding slots weighted 0: fixed-shape batched work with no host sync per step (the batch sizes of a block
+of steps are read at once), the same records and sums to float rounding (dropout masks are drawn in the layout's
+shape, so with dropout the layouts differ in the masks). Different step counts are handled by ordering clients by
+step count, so the clients still training at step t are always a prefix of the stack.
 
 A spec may train only some tensors (`trainable`, e.g. CENTAUR's head or representation phase). The
 others are frozen: they are used in the forward pass but never differentiated, clipped, noised,
