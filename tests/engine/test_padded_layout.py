@@ -234,3 +234,22 @@ def test_the_cost_model_keeps_the_cpus_choices_and_batches_on_cuda():
     assert flips  # the profiles decide differently somewhere
     uniform = Packing(torch.arange(24).repeat_interleave(8), 24, slots=8)
     assert not uniform.loop_is_cheaper(1, 512, 32)
+
+
+@pytest.mark.parametrize("engine", ["fast", "vmap"])
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_padded_with_dropout_draws_the_same_records_and_repeats(engine, clip):
+    """Dropout masks are drawn in the layout's shape, so the parameters differ from the packed layout's; the records,
+    the counts and a rerun do not."""
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 10))
+
+    data, spec = _data(), LocalSpec(lr=0.1, sampling="poisson", clip=clip)
+    plans = [replace(p, noise_multiplier=0.0) for p in PLANS] if clip is None else PLANS
+    w = P.model_params(model())
+    runs = [run_local(model(), spec, plans, data, w, seed=3, round_=1, engine=engine, layout=layout)
+            for layout in ("packed", "padded", "padded")]
+    assert runs[0].records_used == runs[1].records_used and runs[0].empty_batches == runs[1].empty_batches
+    assert all(torch.equal(runs[1].params[n], runs[2].params[n]) for n in w)
+    assert all(bool(torch.isfinite(runs[1].params[n]).all()) for n in w)
