@@ -4,8 +4,11 @@ Clients share one architecture, so their parameters are stacked `[K, ...]` and o
 `torch.func.vmap` runs them all; for DP-SGD a second `vmap` over samples gives per-sample gradients.
 For DP-SGD the sampled records of all clients are packed back to back, each sample carrying its
 client's parameters, so per-sample work is proportional to the records drawn (no padding); plain SGD
-pads batches and masks. Different step counts are handled by ordering clients by step count, so the
-clients still training at step t are always a prefix of the stack.
+pads batches and masks. On CUDA (`layout` "padded") every client instead fills as many slots as the step's largest
+batch, padding slots weighted 0: fixed-shape batched work with no host sync per step (the batch sizes of a block
+of steps are read at once), the same records and sums to float rounding (dropout masks are drawn in the layout's
+shape, so with dropout the layouts differ in the masks). Different step counts are handled by ordering clients by
+step count, so the clients still training at step t are always a prefix of the stack.
 
 A spec may train only some tensors (`trainable`, e.g. CENTAUR's head or representation phase). The
 others are frozen: they are used in the forward pass but never differentiated, clipped, noised,
@@ -30,6 +33,7 @@ each client's mean mini-batch gradient; no per-sample gradients, so it cannot ca
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -43,7 +47,7 @@ from dpfl.engine import params as P
 from dpfl.engine.losses import per_sample_loss
 from dpfl.engine.per_sample import FastModel, Unsupported, compile_model, segment_sum
 from dpfl.engine.pooled import PooledData
-from dpfl.engine.sampling import SAMPLINGS, BatchStream, NoiseStream
+from dpfl.engine.sampling import SAMPLINGS, BatchStream, NoiseStream, SlotBatches, SlotBlock
 from dpfl.seeding import Purpose, derive_seed, torch_generator
 
 # Bound on per-sample-gradient elements held at once (floats); larger cohorts are run in chunks.
@@ -52,6 +56,9 @@ DEFAULT_MAX_ELEMENTS = 1 << 26
 CLIP_MODES: tuple[str, ...] = ("per_example", "batch")
 _CPU = torch.device("cpu")
 ENGINES: tuple[str, ...] = ("auto", "fast", "vmap")
+LAYOUTS: tuple[str, ...] = ("auto", "packed", "padded")
+# Forces run_local's layout "auto" to "packed" or "padded" on any device (tests, benchmarks: padded on the CPU).
+LAYOUT_ENV = "DPFL_ENGINE_LAYOUT"
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,7 @@ def run_local(
     max_elements: int = DEFAULT_MAX_ELEMENTS,
     engine: str = "auto",
     anchor: Mapping[str, torch.Tensor] | None = None,
+    layout: str = "auto",
 ) -> LocalResult:
     """Run every plan's local program from `start` (one model, or `[K, ...]` if stacked_start).
 
@@ -193,6 +201,12 @@ def run_local(
     engine "auto" takes the fast exact path (`engine/per_sample.py`) when the model and input are supported
     and the generic vmap path otherwise; "fast" requires the fast path (ValueError if unsupported); "vmap"
     forces the generic path. Both compute the same update to float tolerance.
+
+    layout "packed" packs the records each client drew at a step back to back (no padding; reading the Poisson
+    batch sizes costs host syncs every step); "padded" gives every client the same number of slots per step, the
+    step's largest batch (the batch sizes of a block of steps read at once), padding slots weighted 0: the same
+    records, the same sums to float rounding, fixed-shape batched work for a GPU. "auto": padded on CUDA, packed
+    elsewhere, unless the environment variable DPFL_ENGINE_LAYOUT says "packed" or "padded".
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -209,6 +223,7 @@ def run_local(
     if k == 0:
         raise ValueError("no clients to train")
     device = data.device
+    padded = _padded(layout, device)
     start = P.to_device(start, device)
     anchor = P.to_device(anchor, device) if anchor is not None else None
     start_stack = {n: t.clone() for n, t in start.items()} if stacked_start else P.broadcast(start, k)
@@ -244,7 +259,7 @@ def run_local(
     def run(rows: list[int]) -> LocalResult:
         index = torch.tensor(rows, device=device)
         return _run_chunk(model, spec, [plans[i] for i in rows], data, P.select(start_stack, index), names, seed,
-                          round_, fast, anchor)
+                          round_, fast, anchor, padded)
 
     # dropout masks come from torch's global RNG (CUDA's, on a GPU): seeded per round, restored after
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), _fixed_kernels(device):
@@ -254,6 +269,17 @@ def run_local(
         else:
             results = (run(rows) for rows in groups)
         return merge_groups(k, groups, results)
+
+
+def _padded(layout: str, device: torch.device) -> bool:
+    """Whether `run_local`'s `layout` means the padded layout on `device`."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "auto":
+        layout = os.environ.get(LAYOUT_ENV) or "auto"
+        if layout not in LAYOUTS:
+            raise ValueError(f"{LAYOUT_ENV} must be one of {LAYOUTS[1:]}, got {layout!r}")
+    return layout == "padded" or (layout == "auto" and device.type == "cuda")
 
 
 def replay_noise(plans: Sequence[ClientPlan], dim: int, seed: int, round_: int,
@@ -379,8 +405,10 @@ def _run_chunk(
     round_: int,
     fast: FastModel | None = None,
     anchor: Mapping[str, torch.Tensor] | None = None,
+    padded: bool = False,
 ) -> LocalResult:
-    """Plans sorted by decreasing steps; w0 stacked in the same order; only `names` train."""
+    """Plans sorted by decreasing steps; w0 stacked in the same order; only `names` train; `padded`: the padded
+    layout (`run_local`'s `layout`)."""
     k = len(plans)
     device = data.device
     loss_fn = per_sample_loss(spec.loss)
@@ -412,6 +440,7 @@ def _run_chunk(
     noise_scale = torch.tensor([p.noise_multiplier * (spec.clip or 0.0) for p in plans], device=device)
     used, empties = [0] * k, [0] * k
     per_sample = spec.clip is not None and spec.clip_mode == "per_example"
+    slots = _Slots(batches, plans, data, clients, flat.dtype) if padded else None
     if fast is not None:
         grads_of = None
     else:
@@ -429,37 +458,28 @@ def _run_chunk(
     for t in range(max_steps):
         while active and plans[active - 1].steps <= t:
             active -= 1
-        idx = [batches[i].next().to(device) for i in range(active)]  # no-op where the generators are
-        for i, ix in enumerate(idx):
-            used[i] += len(ix)
-            empties[i] += int(len(ix) == 0)
         wa = {n: w[n][:active] for n in names}
         fa = {n: v[:active] for n, v in frozen.items()}
+        if slots is not None:
+            g, drawn = _padded_step(slots, t, active, spec, fast, grads_of, loss_fn, wa, fa, per_sample)
+            g = P.flatten({n: g[n] for n in names})
+            if not per_sample:
+                g.div_(drawn.unsqueeze(1))
+        else:
+            idx = [batches[i].next().to(device) for i in range(active)]  # no-op where the generators are
+            for i, ix in enumerate(idx):
+                used[i] += len(ix)
+                empties[i] += int(len(ix) == 0)
+            g = _packed_step(idx, spec, fast, grads_of, loss_fn, wa, fa, data, clients[:active], per_sample)
+            g = P.flatten({n: g[n] for n in names})
+            drawn = _drawn(idx, nominal.dtype, device) if not per_sample or spec.sampling != "poisson" else None
+            if not per_sample:
+                g.div_(drawn.unsqueeze(1))
         if not per_sample:
-            # Mean loss gradient over the actual batch; in "batch" mode then clipped to C per client.
-            if fast is not None:
-                x, y, owner = data.gather_packed(clients[:active], idx)
-                g = fast.grad_sum(wa, fa, x, y, owner, loss_fn)
-                denom = _drawn(idx, nominal.dtype, device)
-            else:
-                x, y, mask = data.gather(clients[:active], idx)
-                g = _batch_gradient(grads_of, wa, x, y, mask, fa)
-                denom = mask.sum(1).clamp(min=1).to(nominal.dtype)
-            g = P.flatten({n: g[n] for n in names}).div_(denom.unsqueeze(1))
-            if spec.clip is not None:
+            if spec.clip is not None:  # clip_mode "batch": the client's mean gradient, clipped to C
                 factor = torch.clamp(spec.clip / (torch.linalg.vector_norm(g, dim=1) + 1e-12), max=1.0)
                 g.mul_(factor.unsqueeze(1))
         else:
-            x, y, owner = data.gather_packed(clients[:active], idx)
-
-            def clipped(xs: torch.Tensor, ys: torch.Tensor, os: torch.Tensor, wa: P.Params = wa,
-                        fa: P.Params = fa) -> P.Params:  # this step's weights, bound now
-                if fast is not None:
-                    return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn)
-                return _clipped_sum(grads_of, wa, xs, ys, os, spec.clip, fa)
-
-            g = _accumulated(clipped, x, y, owner, spec.micro_batch)
-            g = P.flatten({n: g[n] for n in names})
             if noise_sums is not None:
                 xi = torch.stack([noises[i].next().to(device) if noisy[i] else torch.zeros(dim, device=device)
                                   for i in range(active)])
@@ -467,11 +487,7 @@ def _run_chunk(
                 g.add_(xi * noise_scale[:active, None])
             # Poisson: the nominal size (the random actual size would leak). Fixed / shuffle sizes are
             # data-independent: average the clipped gradients over the records actually drawn.
-            if spec.sampling == "poisson":
-                denom = nominal[:active]
-            else:
-                denom = _drawn(idx, nominal.dtype, device)
-            g.div_(denom.unsqueeze(1))
+            g.div_((nominal[:active] if spec.sampling == "poisson" else drawn).unsqueeze(1))
         if spec.prox_mu:
             g.add_(spec.prox_mu * (flat[:active] - (pull if anchor is not None else pull[:active])))
         if buf is not None:
@@ -480,10 +496,100 @@ def _run_chunk(
             flat[:active].sub_(spec.lr * g)
         else:
             flat[:active].sub_(lrs[:active, t].to(g.dtype).unsqueeze(1) * g)
+    if slots is not None:
+        used, empties = slots.used.tolist(), slots.empties.tolist()
     noise_sq: list[float] = [0.0] * k
     if noise_sums is not None:
         noise_sq = (noise_sums.pow(2).sum(1) * noise_scale.pow(2)).tolist()
     return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq)
+
+
+def _packed_step(idx: Sequence[torch.Tensor], spec: LocalSpec, fast: FastModel | None, grads_of, loss_fn, wa: P.Params,
+                 fa: P.Params, data: PooledData, clients: torch.Tensor, per_sample: bool) -> P.Params:
+    """The packed layout's per-client gradient sums of one step: clipped per sample (DP-SGD) or not."""
+    if not per_sample:
+        if fast is not None:
+            x, y, owner = data.gather_packed(clients, idx)
+            return fast.grad_sum(wa, fa, x, y, owner, loss_fn)
+        x, y, mask = data.gather(clients, idx)
+        return _batch_gradient(grads_of, wa, x, y, mask, fa)
+    x, y, owner = data.gather_packed(clients, idx)
+
+    def clipped(xs: torch.Tensor, ys: torch.Tensor, os: torch.Tensor) -> P.Params:
+        if fast is not None:
+            return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn)
+        return _clipped_sum(grads_of, wa, xs, ys, os, spec.clip, fa)
+
+    return _accumulated(clipped, x, y, owner, spec.micro_batch)
+
+
+class _Slots:
+    """The padded layout's batches for one chunk of plans (sorted by decreasing steps): blocks of `SlotBatches`,
+    with the records drawn and the empty batches counted on the device (read once, after the round)."""
+
+    def __init__(self, batches: Sequence[BatchStream], plans: Sequence[ClientPlan], data: PooledData,
+                 clients: torch.Tensor, dtype: torch.dtype) -> None:
+        device = data.device
+        self.data, self.clients, self.dtype = data, clients, dtype
+        self.steps = torch.tensor([p.steps for p in plans], device=device)
+        self.blocks = iter(SlotBatches(batches, [p.steps for p in plans], device))
+        self.block: SlotBlock | None = None
+        self.used = torch.zeros(len(plans), dtype=torch.int64, device=device)
+        self.empties = torch.zeros(len(plans), dtype=torch.int64, device=device)
+        self._owners: dict[tuple[int, int], torch.Tensor] = {}
+
+    def at(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Step t's slots `[K_t, cap_t]` (local indices, weights; cap_t the step's largest batch) and records drawn
+        `[K_t]` (at least 1), for the clients of the block; the engine takes the prefix still training."""
+        blk = self.block
+        if blk is None or t >= blk.start + blk.counts.shape[0]:
+            blk = self.block = next(self.blocks)
+            k = blk.counts.shape[1]
+            live = (blk.start + torch.arange(blk.counts.shape[0], device=blk.counts.device)).unsqueeze(1) \
+                < self.steps[:k].unsqueeze(0)  # steps a client takes (a finished client's slots are all empty)
+            self.used[:k] += blk.counts.sum(0)
+            self.empties[:k] += ((blk.counts == 0) & live).sum(0)
+            self._weight = blk.mask.to(self.dtype)
+            self._drawn = blk.counts.clamp(min=1).to(self.dtype)
+        j, cap = t - blk.start, blk.caps[t - blk.start]  # the step's largest batch: the slots past it are all padding
+        return blk.index[j, :, :cap], self._weight[j, :, :cap], self._drawn[j]
+
+    def owner(self, k: int, c: int) -> torch.Tensor:
+        """[k * c]: each slot's client, k clients of c slots."""
+        o = self._owners.get((k, c))
+        if o is None:
+            o = self._owners[(k, c)] = torch.arange(k, device=self.clients.device).repeat_interleave(c)
+        return o
+
+
+def _padded_step(slots: _Slots, t: int, active: int, spec: LocalSpec, fast: FastModel | None, grads_of, loss_fn,
+                 wa: P.Params, fa: P.Params, per_sample: bool) -> tuple[P.Params, torch.Tensor]:
+    """The padded layout's per-client gradient sums of step t, and the records each client drew (at least 1)."""
+    index, weight, drawn = slots.at(t)
+    index, weight, drawn, clients = index[:active], weight[:active], drawn[:active], slots.clients[:active]
+    cap = index.shape[1]
+    if not per_sample:
+        x, y = slots.data.gather_slots(clients, index)
+        if fast is not None:
+            return fast.grad_sum(wa, fa, x, y, slots.owner(active, cap), loss_fn, weight.reshape(-1), cap), drawn
+        x, y = x.view(active, cap, *x.shape[1:]), y.view(active, cap, *y.shape[1:])
+        return _batch_gradient(grads_of, wa, x, y, weight, fa), drawn
+    # physical micro-batches: columns of slots, every client the same number of them (at most `micro` records at once,
+    # or one slot of every client)
+    width = max(1, cap if spec.micro_batch is None else spec.micro_batch // max(1, active))
+    total: P.Params | None = None
+    for lo in range(0, max(cap, 1), width):
+        part_index, part_weight = index[:, lo: lo + width], weight[:, lo: lo + width]
+        c = part_index.shape[1]
+        x, y = slots.data.gather_slots(clients, part_index)
+        if fast is not None:
+            part = fast.clipped_sum(wa, fa, x, y, slots.owner(active, c), spec.clip, loss_fn, part_weight.reshape(-1),
+                                    c)
+        else:
+            part = _clipped_sum(grads_of, wa, x, y, slots.owner(active, c), spec.clip, fa, part_weight.reshape(-1), c)
+        total = part if total is None else {n: total[n].add_(part[n]) for n in total}
+    assert total is not None
+    return total, drawn
 
 
 def _drawn(idx: Sequence[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -513,12 +619,15 @@ def _accumulated(clipped, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor,
 
 
 def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, clip: float,
-                 frozen: P.Params | None = None) -> P.Params:
+                 frozen: P.Params | None = None, weight: torch.Tensor | None = None,
+                 slots: int | None = None) -> P.Params:
     """Sum over each client's batch of per-sample gradients w.r.t. `w`, clipped to one global L2 norm `clip`.
 
     Samples are packed back to back; each takes its client's parameters (`owner`), so the work is
     proportional to the records drawn, with no padding. An empty batch sums to zero (noise-only step).
     Frozen tensors enter the forward pass only, so the norm is over the trainable coordinates.
+    `weight` [S] (0 / 1) multiplies each sample's clip factor (padding slots: 0); `slots`: every client holds that
+    many consecutive samples (the padded layout), so the per-client sums are plain sums over a `[k, slots]` view.
     """
     out = {n: torch.zeros_like(v) for n, v in w.items()}
     if len(owner) == 0:
@@ -526,8 +635,12 @@ def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner:
     fs = {n: v.index_select(0, owner) for n, v in (frozen or {}).items()}
     per_sample = grads_of({n: v.index_select(0, owner) for n, v in w.items()}, x, y, frozen=fs)
     factor = torch.clamp(clip / (P.global_norms(per_sample) + 1e-12), max=1.0)
+    if weight is not None:
+        factor = factor * weight.to(factor.dtype)
     for n, g in per_sample.items():  # scale in place: per-sample gradients are the largest tensors here
-        out[n] = segment_sum(g.mul_(factor.reshape(-1, *([1] * (g.dim() - 1)))), owner, out[n].shape[0])
+        g = g.mul_(factor.reshape(-1, *([1] * (g.dim() - 1))))
+        k = out[n].shape[0]
+        out[n] = g.view(k, slots, *g.shape[1:]).sum(1) if slots is not None else segment_sum(g, owner, k)
     return out
 
 

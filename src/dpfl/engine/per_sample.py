@@ -59,6 +59,36 @@ NATIVE_CONV_US = 150.0  # one oneDNN convolution call on a small batch (primitiv
 NATIVE_FLOPS_PER_US = 90_000.0  # oneDNN direct convolution with >= 8 channels (proportionally less below)
 COPY_US_PER_FLOAT = (0.25e-3, 2e-3)  # strided copies (im2col / col2im) within cache / beyond CACHE_FLOATS
 CACHE_FLOATS = 8 << 20
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """One device type's costs for the cost model (microseconds): a call's fixed cost, GEMM throughput, a native
+    convolution's call and throughput, copy cost per float within / beyond `cache_floats`. Only choices between
+    equivalent computations depend on them (per-client GEMMs or one padded batched GEMM; im2col or native)."""
+
+    call_us: float
+    flops_per_us: float
+    native_conv_us: float
+    native_flops_per_us: float
+    copy_us_per_float: tuple[float, float]
+    cache_floats: int
+
+
+# The CPU: the constants above (measured on the project's 2-core machine). CUDA: a call is a kernel launch (~10 us),
+# GEMMs run at tens of TFLOP/s and copies at HBM bandwidth (~1e-6 us a float read and written), so on a GPU the padded
+# batched GEMM wins whenever there are more than a few clients. Estimates from data sheets, not measured here.
+COST_PROFILES: dict[str, CostProfile] = {
+    "cpu": CostProfile(CALL_US, FLOPS_PER_US, NATIVE_CONV_US, NATIVE_FLOPS_PER_US, COPY_US_PER_FLOAT, CACHE_FLOATS),
+    "cuda": CostProfile(10.0, 20e6, 20.0, 20e6, (4e-6, 4e-6), 12 << 20),
+}
+
+
+def cost_profile(device: torch.device) -> CostProfile:
+    """The cost model's profile for `device`'s type (the CPU's for a type without one of its own)."""
+    return COST_PROFILES.get(device.type, COST_PROFILES["cpu"])
+
+
 # Strategy overrides for tests and measurements (None: the cost model chooses).
 FORCE_SEGMENTED: str | None = None  # "loop" (one GEMM per client) or "pad" (one batched GEMM over padded clients)
 FORCE_CONV: str | None = None  # "gemm" (im2col GEMMs, col2im) or "native" (oneDNN per client)
@@ -86,13 +116,24 @@ class Packing:
 
     The padded layout `[k, bmax, ...]` puts sample s at row `pos[s] = owner[s] * bmax + rank of s in its client`,
     the layout the generic plain-SGD path vmaps over (its dropout masks are drawn in that shape).
+
+    With `slots`, every client holds exactly `slots` consecutive rows (the engine's padded layout, padding rows
+    weighted 0 by the caller): the sizes are known, nothing is read from the device, and the padded layout is the
+    packed one (`pad` / `unpad` are reshapes).
     """
 
-    def __init__(self, owner: Tensor, k: int) -> None:
+    def __init__(self, owner: Tensor, k: int, slots: int | None = None) -> None:
         self.owner, self.k, self.s = owner, k, int(owner.numel())
-        self.counts_t = (torch.bincount(owner, minlength=k) if self.s
-                         else torch.zeros(k, dtype=torch.int64, device=owner.device))
-        self.counts: list[int] = self.counts_t.tolist()
+        self.uniform = slots is not None
+        if slots is not None:
+            if self.s != k * slots:
+                raise ValueError(f"{self.s} records are not {k} clients of {slots} slots")
+            self.counts_t = torch.full((k,), slots, dtype=torch.int64, device=owner.device)
+            self.counts: list[int] = [slots] * k
+        else:
+            self.counts_t = (torch.bincount(owner, minlength=k) if self.s
+                             else torch.zeros(k, dtype=torch.int64, device=owner.device))
+            self.counts = self.counts_t.tolist()
         bounds, lo = [], 0
         for n in self.counts:
             bounds.append((lo, lo + n))
@@ -103,6 +144,7 @@ class Packing:
         self.nonempty = len(self.active)
         self._row_sizes: dict[int, list[int]] = {}
         self._pos: Tensor | None = None
+        self.costs = cost_profile(owner.device)  # the cost model's profile for where the records are
 
     def row_sizes(self, r: int) -> list[int]:
         """Rows per client when each sample has `r` rows (the split sizes of a `[S * r, ...]` matrix)."""
@@ -113,6 +155,8 @@ class Packing:
 
     @property
     def pos(self) -> Tensor:
+        if self._pos is None and self.uniform:
+            self._pos = torch.arange(self.s, device=self.owner.device)
         if self._pos is None:
             starts = torch.cumsum(self.counts_t, 0) - self.counts_t
             self._pos = self.owner * self.bmax + (torch.arange(self.s, device=self.owner.device) - starts[self.owner])
@@ -120,12 +164,16 @@ class Packing:
 
     def pad(self, t: Tensor) -> Tensor:
         """`[S, ...]` -> `[k, bmax, ...]`, zeros in the padding."""
+        if self.uniform:
+            return t.contiguous().view(self.k, self.bmax, *t.shape[1:])
         out = t.new_zeros(self.k * self.bmax, *t.shape[1:])
         out.index_copy_(0, self.pos, t)
         return out.view(self.k, self.bmax, *t.shape[1:])
 
     def unpad(self, t: Tensor) -> Tensor:
         """`[k, bmax, ...]` -> `[S, ...]`."""
+        if self.uniform:
+            return t.reshape(self.k * self.bmax, *t.shape[2:])
         return t.reshape(self.k * self.bmax, *t.shape[2:]).index_select(0, self.pos)
 
     def loop_is_cheaper(self, rows: int, d: int, e: int) -> bool:
@@ -133,11 +181,12 @@ class Packing:
         sample."""
         if FORCE_SEGMENTED is not None:
             return FORCE_SEGMENTED == "loop"
+        c = self.costs
         flops = 2.0 * self.s * rows * d * e
-        loop = self.nonempty * CALL_US + flops / FLOPS_PER_US
+        loop = self.nonempty * c.call_us + flops / c.flops_per_us
         padded_floats = self.k * self.bmax * rows * (d + e)
-        pad = 4 * CALL_US + flops * (self.k * self.bmax) / max(1, self.s) / FLOPS_PER_US \
-            + 2.0 * padded_floats * COPY_US_PER_FLOAT[padded_floats > CACHE_FLOATS]
+        copies = 0.0 if self.uniform else 2.0 * padded_floats * c.copy_us_per_float[padded_floats > c.cache_floats]
+        pad = 4 * c.call_us + flops * (self.k * self.bmax) / max(1, self.s) / c.flops_per_us + copies
         return loop <= pad
 
 
@@ -624,12 +673,14 @@ class FastModel:
         return elements
 
     def _run(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor], x: Tensor, y: Tensor,
-             owner: Tensor, loss_fn, clip: float | None, padded_dropout: bool):
+             owner: Tensor, loss_fn, clip: float | None, padded_dropout: bool, weight: Tensor | None = None,
+             slots: int | None = None):
         k = next(iter(params.values())).shape[0]
-        if len(owner) and bool((owner[1:] < owner[:-1]).any()):
+        if slots is None and len(owner) and bool((owner[1:] < owner[:-1]).any()):
             order = torch.argsort(owner, stable=True)
             x, y, owner = x[order], y[order], owner[order]
-        pk = Packing(owner, k)
+            weight = weight[order] if weight is not None else None
+        pk = Packing(owner, k, slots)
         step = _Step(pk, {**frozen, **params}, set(params), clip is not None, padded_dropout)
         anchor = torch.zeros((), requires_grad=True, device=x.device)
         with torch.enable_grad():
@@ -643,36 +694,45 @@ class FastModel:
             loss = loss_fn(h, y)
             if loss.shape != (pk.s,):
                 raise Unsupported(f"the loss returned shape {tuple(loss.shape)}, expected ({pk.s},)")
+            if weight is not None and clip is None:  # unclipped sums: the weight scales each record's gradient
+                loss = loss * weight
             torch.autograd.grad(loss.sum(), anchor, allow_unused=True)
         missing = set(params) - set(step.makers)
         if missing:  # every trainable tensor must have been reached; never silently drop a gradient
             raise RuntimeError(f"fast per-sample path: no gradient for {sorted(missing)}")
         if clip is not None and sorted(step.norm_names) != sorted(params):
             raise RuntimeError("fast per-sample path: the clipping norm does not cover every trainable tensor")
-        return step, pk
+        return step, pk, weight
 
     def clipped_sum(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor] | None, x: Tensor, y: Tensor,
-                    owner: Tensor, clip: float, loss_fn) -> dict[str, Tensor]:
+                    owner: Tensor, clip: float, loss_fn, weight: Tensor | None = None,
+                    slots: int | None = None) -> dict[str, Tensor]:
         """Per client, the sum over its samples of the per-sample gradients w.r.t. `params` (stacked `[k, ...]`),
-        each clipped to global L2 norm `clip`: the same as `local_training._clipped_sum`."""
+        each clipped to global L2 norm `clip`: the same as `local_training._clipped_sum`.
+
+        `weight` [S] (0 / 1) multiplies each sample's clip factor: a padding slot's weight 0 removes it from the sum.
+        `slots`: every client holds exactly that many consecutive samples (`owner` is uniform; see `Packing`)."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, clip, padded_dropout=False)
+        step, _, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, clip, False, weight, slots)
         factor = torch.clamp(clip / (step.sq_norms.sqrt() + 1e-12), max=1.0)
+        if weight is not None:
+            factor = factor * weight.to(factor.dtype)
         return {n: step.makers[n](factor).reshape(v.shape) for n, v in params.items()}
 
     def per_sample_norms(self, params, frozen, x, y, owner, loss_fn) -> Tensor:
         """||g_s|| over the trainable tensors, per sample (in the order of a stably sorted `owner`)."""
-        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, padded_dropout=False)
+        step, _, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, padded_dropout=False)
         return step.sq_norms.sqrt()
 
     def grad_sum(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor] | None, x: Tensor, y: Tensor,
-                 owner: Tensor, loss_fn) -> dict[str, Tensor]:
+                 owner: Tensor, loss_fn, weight: Tensor | None = None, slots: int | None = None) -> dict[str, Tensor]:
         """Per client, the sum over its samples of the loss gradients (no clipping): dropout masks are drawn
-        in the padded `[k, bmax, ...]` layout of the generic plain-SGD path."""
+        in the padded `[k, bmax, ...]` layout of the generic plain-SGD path. `weight` and `slots` as in
+        `clipped_sum` (the weight multiplies each sample's loss)."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, None, padded_dropout=True)
+        step, _, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, None, True, weight, slots)
         return {n: step.makers[n](None).reshape(v.shape) for n, v in params.items()}
 
 

@@ -93,3 +93,9 @@ class PooledData:
             return self.x[:0], self.y[:0], owner
         rows = torch.cat(list(local_idx)) + self.offsets[clients].repeat_interleave(counts)
         return self.x[rows], self.y[rows], owner
+
+    def gather_slots(self, clients: torch.Tensor, local_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fixed-capacity batches: `local_idx` `[k, c]` (client j's record indices in row j) -> records `[k * c, ...]`
+        client by client, every client `c` rows (the engine's padded layout; which slots count is the caller's)."""
+        rows = (local_idx + self.offsets[clients].unsqueeze(1)).reshape(-1)
+        return self.x[rows], self.y[rows]
