@@ -253,3 +253,24 @@ def test_padded_with_dropout_draws_the_same_records_and_repeats(engine, clip):
     assert runs[0].records_used == runs[1].records_used and runs[0].empty_batches == runs[1].empty_batches
     assert all(torch.equal(runs[1].params[n], runs[2].params[n]) for n in w)
     assert all(bool(torch.isfinite(runs[1].params[n]).all()) for n in w)
+
+
+def test_convolution_costs_follow_the_records_device_profile():
+    """A convolution's choice between im2col GEMMs and one native convolution per client reads the packing's profile:
+    the CPU's gives the old constants' numbers exactly; on CUDA (launch-bound per-client calls) a cohort's native
+    per-client convolutions cost more than the GEMM path."""
+    import dpfl.engine.per_sample as PS
+
+    conv = PS._Conv2d(nn.Conv2d(16, 32, 5), "c.")
+    pk = Packing(torch.arange(24).repeat_interleave(8), 24)
+    l = 24 * 24
+    gemm, native, im2col, col2im = conv._costs(pk, l)
+    flops, floats = 2.0 * pk.s * l * conv.cout * conv.ckk, float(pk.s * l * conv.ckk)
+    assert gemm == flops / PS.FLOPS_PER_US + pk.nonempty * PS.CALL_US
+    assert native == flops / PS.NATIVE_FLOPS_PER_US + pk.nonempty * PS.NATIVE_CONV_US
+    assert im2col == floats * PS.COPY_US_PER_FLOAT[floats > PS.CACHE_FLOATS]
+    assert col2im == 2 * im2col + 2 * PS.CALL_US
+    pk.costs = PS.cost_profile(torch.device("cuda"))
+    c_gemm, c_native, c_im2col, _ = conv._costs(pk, l)
+    assert c_gemm + c_im2col < c_native  # on a GPU the batched GEMM path wins
+    assert c_gemm < gemm and c_im2col < im2col

@@ -436,16 +436,18 @@ class _Conv2d:
     # -- cost model (microseconds) of the ways to do this layer's products for the step's packing
     def _costs(self, pk: Packing, l: int) -> tuple[float, float, float, float]:
         """(GEMM on U, one oneDNN convolution per client, im2col, col2im) for one product of this layer."""
+        c = pk.costs  # the profile of the records' device type
         flops = 2.0 * pk.s * l * self.cout * self.ckk
         floats = float(pk.s * l * self.ckk)
-        gemm = flops / FLOPS_PER_US + pk.nonempty * CALL_US
-        native = flops / (NATIVE_FLOPS_PER_US * min(1.0, min(self.cin, self.cout) / 8)) + pk.nonempty * NATIVE_CONV_US
-        im2col = floats * COPY_US_PER_FLOAT[floats > CACHE_FLOATS]
+        gemm = flops / c.flops_per_us + pk.nonempty * c.call_us
+        native = (flops / (c.native_flops_per_us * min(1.0, min(self.cin, self.cout) / 8))
+                  + pk.nonempty * c.native_conv_us)
+        im2col = floats * c.copy_us_per_float[floats > c.cache_floats]
         if FORCE_CONV == "gemm":
             return gemm, math.inf, 0.0, 0.0
         if FORCE_CONV == "native":
             return gemm, 0.0, math.inf, math.inf
-        return gemm, native, im2col, 2 * im2col + 2 * CALL_US
+        return gemm, native, im2col, 2 * im2col + 2 * c.call_us
 
     def forward(self, a: Tensor, step: _Step):
         pk, p = step.pk, step.params
