@@ -45,7 +45,7 @@ from dpfl.privacy.orders import normalize_orders
 from dpfl.privacy.rdp_curves import RDP_CURVES
 from dpfl.privacy.serialization import decode_float, encode_float, event_from_dict, event_to_dict
 
-__all__ = ["LedgerEntry", "PrivacyLedger", "UNITS", "index_by_identity"]
+__all__ = ["LedgerEntry", "PrivacyLedger", "UNITS", "group_keys", "group_rows", "index_by_identity"]
 
 UNITS: tuple[str, ...] = ("sample", "client")
 _FORMAT = "dpfl.privacy_ledger"
@@ -100,6 +100,27 @@ def _per_client_array(name: str, value: Mapping[int, float] | Sequence[float] | 
         mapped = _per_client(name, value, clients.tolist(), check)
         return np.array([mapped[c] for c in clients.tolist()], dtype=np.float64)
     return np.full(n, check(name, value), dtype=np.float64)
+
+
+def group_rows(columns: Sequence[np.ndarray]) -> np.ndarray:
+    """For each row of the equal-length `columns` (numbers), the index of its distinct row (0, 1, ...): the key
+    `group_keys` groups by, made without a sort of the rows where a column holds one value for everyone."""
+    code = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
+    for column in columns:
+        values = np.asarray(column)
+        if not len(values) or bool((values == values[0]).all()):
+            continue  # one value: it splits nothing
+        inverse = np.unique(values, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        width = int(inverse.max()) + 1
+        if (int(code.max()) + 1) * width >= 2**62:  # keep the combined code in int64: renumber it densely first
+            code = np.unique(code, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        code = code * width + inverse
+    return code
+
+
+def group_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Public name of `_groups`: (one position per distinct key, each key's group) of non-negative int64 keys."""
+    return _groups(keys)
 
 
 def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -255,6 +276,13 @@ class PrivacyLedger:
     @property
     def client_ids(self) -> list[int]:
         return self._ids.tolist()
+
+    @property
+    def client_ids_array(self) -> np.ndarray:
+        """`client_ids` as a read-only int64 array (no list of a population)."""
+        view = self._ids.view()
+        view.flags.writeable = False
+        return view
 
     def delta(self, client_id: int) -> float:
         return self._delta(self._check_client(client_id))
@@ -534,26 +562,44 @@ class PrivacyLedger:
         out[checked] = answers[inverse]
         return out
 
-    def _keys(self, pos: np.ndarray, index: np.ndarray | None, n_events: int) -> np.ndarray:
-        """One non-negative int64 per client at `pos`: equal exactly where (history class, event index, budget and
-        delta) are equal, or (class, delta) where `index` is None."""
-        classes = self._class[pos].astype(np.int64)
+    def _keys(self, pos: np.ndarray | None, index: np.ndarray | None, n_events: int) -> np.ndarray:
+        """One non-negative int64 per client at `pos` (None: everyone): equal exactly where (history class, event
+        index, budget and delta) are equal, or (class, delta) where `index` is None."""
+        if pos is None:
+            classes, delta_group = self._class.astype(np.int64), self._delta_group
+        else:
+            classes, delta_group = self._class[pos].astype(np.int64), self._delta_group[pos]
         if index is None:
-            return classes * len(self._delta_values) + self._delta_group[pos]
+            return classes * len(self._delta_values) + delta_group if len(self._delta_values) > 1 else classes
+        bd = self._bd_group if pos is None else self._bd_group[pos]
         if len(self._class_signature) * max(1, n_events) * len(self._bd_values) < 2**62:
-            return (classes * max(1, n_events) + index) * len(self._bd_values) + self._bd_group[pos]
-        rows = np.stack([classes, index, self._bd_group[pos].astype(np.int64)], axis=1)  # too many to combine
+            return (classes * max(1, n_events) + index) * len(self._bd_values) + bd
+        rows = np.stack([classes, index, bd.astype(np.int64)], axis=1)  # too many to combine
         return np.unique(rows, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+    def _spent_groups(self, pos: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the spent epsilon of each distinct (history class, delta) among the clients at `pos` (None: everyone),
+        each client's group)."""
+        if (len(self._ids) if pos is None else len(pos)) == 0:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        first, inverse = _groups(self._keys(pos, None, 0))
+        at = first if pos is None else pos[first]
+        eps = np.array([self._epsilon(self._class_signature[int(self._class[p])], None, float(self._delta_array[p]))
+                        for p in at.tolist()], dtype=np.float64)
+        return eps, inverse
 
     def _spent_at(self, pos: np.ndarray | None) -> np.ndarray:
         """`spent` of the clients at positions `pos` (None: everyone), once per distinct (history class, delta)."""
-        pos = np.arange(len(self._ids)) if pos is None else pos
-        if not len(pos):
-            return np.zeros(0)
-        first, inverse = _groups(self._keys(pos, None, 0))
-        eps = np.array([self._epsilon(self._class_signature[int(self._class[pos[j]])], None,
-                                      float(self._delta_array[pos[j]])) for j in first.tolist()], dtype=np.float64)
+        eps, inverse = self._spent_groups(pos)
         return eps[inverse]
+
+    def spent_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the distinct spent epsilons, increasing; how many clients spent each): `spent_array`'s values counted,
+        from the history classes, without a sort of the population."""
+        eps, inverse = self._spent_groups(None)
+        counts = np.bincount(inverse, minlength=len(eps))
+        values, where = np.unique(eps, return_inverse=True)
+        return values, np.bincount(where.reshape(-1), weights=counts, minlength=len(values)).astype(np.int64)
 
     def spent_array(self) -> np.ndarray:
         """`spent` of every client in `client_ids` order, computed once per distinct (history class, delta)."""
