@@ -100,3 +100,16 @@ def test_a_clients_standing_state_in_the_ledger_is_a_few_dozen_bytes():
     _bytes_per_client(1_000)  # the accountant's caches (the event's RDP curve) are not a client's
     small, large = _bytes_per_client(20_000), _bytes_per_client(200_000)
     assert 40 <= large <= small < 40.5
+
+
+@pytest.mark.parametrize("deltas", ["one", "several"])
+def test_spent_counts_count_the_spent_array(deltas):
+    """`spent_counts` (kept class counts with one delta, grouped otherwise) is `np.unique` of `spent_array`."""
+    ids = list(range(50))
+    new, _ = both(3, ids)
+    if deltas == "one":
+        new = PrivacyLedger.from_dict({**new.to_dict(), "deltas": [1e-5] * 50})
+    values, counts = new.spent_counts()
+    expected = np.unique(new.spent_array(), return_counts=True)
+    assert values.tolist() == expected[0].tolist() and counts.tolist() == expected[1].tolist()
+    assert len(values) > 2

@@ -308,7 +308,8 @@ class FederatedRun:
         active = self._active(retired)
         server_event = self.events.server(len(active))
         eligible = self._eligible(active, server_event, r)
-        self._retire(retired, np.setdiff1d(active, eligible, assume_unique=True))
+        if len(eligible) != len(active):
+            self._retire(retired, np.setdiff1d(active, eligible, assume_unique=True))
         if len(eligible) < alg.selection.min_candidates():
             return None
         if server_event is not None and len(eligible) != len(active):

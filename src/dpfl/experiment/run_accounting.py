@@ -56,12 +56,19 @@ def reported_epsilons(budgets: Sequence[ClientBudget] | None, n: int, misreport:
 
 def participation_rates(algorithm: Algorithm, n: int) -> list[float]:
     """Per client: the probability of taking part in a round, counting re-draws for a required group (PFA)."""
+    return participation_rate_array(algorithm, n).tolist()
+
+
+def participation_rate_array(algorithm: Algorithm, n: int) -> np.ndarray:
+    """`participation_rates` as a float64 array, with numpy: the same numbers."""
     sel, agg = algorithm.selection, algorithm.aggregator
     required = agg.public_clients
     if not required:
-        return [sel.participation_rate(n)] * n
-    members = set(required)
-    return [sel.participation_rate_given(n, len(members), i in members) for i in range(n)]
+        return np.full(n, float(sel.participation_rate(n)))
+    members = np.array(sorted(set(required)), dtype=np.int64)
+    rates = np.full(n, float(sel.participation_rate_given(n, len(members), False)))
+    rates[members] = float(sel.participation_rate_given(n, len(members), True))
+    return rates
 
 
 def planned_run(run: FederatedRun, mechanism: str) -> PlannedRun:
@@ -104,12 +111,48 @@ def client_noise(run: FederatedRun, given: float | Sequence[float] | None
         if (z < 0).any():
             raise ValueError("noise multipliers must be >= 0")
         return z, None, None
-    plan = planned_run(run, "dpsgd")
+    plan, inverse = _grouped_dpsgd_plan(run)
     calibrated = calibrate_run(plan)
     if run.enforce_budgets:  # Maximum-epsilon (budgets not enforced) trains every round whatever was planned
         refuse_a_run_that_trains_nothing(plan, calibrated)
+    calibrated = replace(calibrated, noise=calibrated.noise[inverse], targets=calibrated.targets[inverse],
+                         participations=calibrated.participations[inverse],
+                         steps=None if calibrated.steps is None else calibrated.steps[inverse])
     heuristic_steps = calibrated.steps if run.calibration == "pfa-heuristic" else None
     return calibrated.noise, calibrated, heuristic_steps
+
+
+def _grouped_dpsgd_plan(run: FederatedRun) -> tuple[PlannedRun, np.ndarray]:
+    """`planned_run(run, "dpsgd")` with one client per class of clients alike in everything their noise depends on
+    (target, delta, records, batch size, participation rate), and each client's class: calibrating the classes and
+    giving each client its class's noise is `calibrate_run` of the whole plan, client by client the same numbers,
+    in Python work per class, not per client (10,000,000 clients of one size: one class).
+
+    The classes' plan draws all its clients ("all"): DP-SGD's calibration reads the selection only through the
+    participation rates, which it is given."""
+    assert run.budgets is not None
+    alg, n = run.algorithm, run.n_clients
+    budgets = Budgets.of(run.budgets, n)
+    targets = (budgets.epsilons.copy() if run.calibrate_to == "own" else  # calibration_targets' "own", from the array
+               np.asarray(calibration_targets(budgets, run.eps_reported, run.calibrate_to, run.enforce_budgets),
+                          dtype=float))
+    unlimited = np.flatnonzero(np.isinf(targets))
+    if len(unlimited):  # calibrate_run's refusal, naming the clients rather than their classes
+        raise ValueError(f"clients {unlimited[:10].tolist()} have unlimited budgets, so no noise can be calibrated for "
+                         "them; give the noise explicitly")
+    rates = participation_rate_array(alg, n)
+    records, batch = np.asarray(run.n_records, dtype=np.int64), np.asarray(run.batch_sizes, dtype=np.int64)
+    first, inverse = group_keys(group_rows([targets, budgets.deltas, records.astype(float), batch.astype(float),
+                                            rates]))
+    local = alg.local
+    plan = PlannedRun("dpsgd", budgets[first], run.rounds, accountant=run.accountant, selection="all",
+                      participation=run.participation, records=records[first].tolist(),
+                      batch_sizes=batch[first].tolist(),
+                      local_steps=[local.steps_for(int(m), int(b)) for m, b in zip(records[first], batch[first],
+                                                                                    strict=True)],
+                      local_sampling=local.sampling, participation_rates=rates[first].tolist(),
+                      targets=targets[first], method=run.calibration)
+    return plan, inverse
 
 
 def calibrate_stage(run: FederatedRun) -> tuple[Algorithm, CalibratedNoise] | None:

@@ -108,10 +108,11 @@ class Budgets(Sequence[ClientBudget]):
     @overload
     def __getitem__(self, i: int) -> ClientBudget: ...
     @overload
-    def __getitem__(self, i: slice) -> Budgets: ...
+    def __getitem__(self, i: slice | np.ndarray) -> Budgets: ...
 
-    def __getitem__(self, i: int | slice) -> ClientBudget | Budgets:
-        if isinstance(i, slice):
+    def __getitem__(self, i: int | slice | np.ndarray) -> ClientBudget | Budgets:
+        """One client's budget, or (a slice, an index array) the budgets of those clients."""
+        if isinstance(i, (slice, np.ndarray)):
             return Budgets(self.epsilons[i], self.deltas[i])
         return _checked(float(self.epsilons[i]), float(self.deltas[i]))
 

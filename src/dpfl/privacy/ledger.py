@@ -263,6 +263,7 @@ class PrivacyLedger:
         # `spent_array`) with per-client work left to numpy. Class 0 is the empty history. A client's class, delta,
         # budget and last event are read from these arrays at its position (`_at`); its relation is its class's.
         self._class = np.zeros(n, dtype=np.int32)
+        self._class_count = [n]  # clients in each class (spent_counts without a pass over the population)
         self._last_event = np.full(n, -1, dtype=np.int32)
         self._class_signature: list[tuple[tuple[int, int], ...]] = [()]
         self._class_relation: list[str | None] = [None]
@@ -383,7 +384,11 @@ class PrivacyLedger:
         self._log.append((r, eid, np.sort(ids)))
         before = self._class[pos]
         for old in np.unique(before).tolist():
-            self._class[pos[before == old]] = self._next_class(old, eid)
+            moved = pos[before == old]
+            new = self._next_class(old, eid)
+            self._class[moved] = new
+            self._class_count[old] -= len(moved)
+            self._class_count[new] += len(moved)
         self._last_event[pos] = eid
         self._dirty.append(pos)
         self._open_round = r if self._open_round is None else max(self._open_round, r)
@@ -421,6 +426,7 @@ class PrivacyLedger:
             if after is None:
                 after = self._class_of_signature[signature] = len(self._class_signature)
                 self._class_signature.append(signature)
+                self._class_count.append(0)
                 self._class_relation.append(self._event_relation[eid])  # one relation per history (record_many)
             self._class_after[(current, eid)] = after
         return after
@@ -596,8 +602,15 @@ class PrivacyLedger:
     def spent_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """(the distinct spent epsilons, increasing; how many clients spent each): `spent_array`'s values counted,
         from the history classes, without a sort of the population."""
-        eps, inverse = self._spent_groups(None)
-        counts = np.bincount(inverse, minlength=len(eps))
+        if len(self._delta_values) == 1:  # one delta: a class is a group, and its count is kept
+            counts = np.array(self._class_count, dtype=np.int64)
+            held = np.flatnonzero(counts)
+            delta = float(self._delta_values[0, 0]) if len(self._ids) else 0.0
+            eps = np.array([self._epsilon(self._class_signature[k], None, delta) for k in held.tolist()])
+            counts = counts[held]
+        else:
+            eps, inverse = self._spent_groups(None)
+            counts = np.bincount(inverse, minlength=len(eps))
         values, where = np.unique(eps, return_inverse=True)
         return values, np.bincount(where.reshape(-1), weights=counts, minlength=len(values)).astype(np.int64)
 
