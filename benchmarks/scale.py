@@ -102,10 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"settings": rows, "load_average_at_end": load}))
         return 0
-    print(f"{'population':>10} {'cohort':>7} {'records/client':>14} {'setup s':>8} {'s/round':>8} {'peak RSS MiB':>13}")
+    print(f"{'population':>10} {'cohort':>7} {'records/client':>14} {'setup s':>8} {'s/round':>8} "
+          f"{'round s (2nd+)':>14} {'peak RSS MiB':>13}")
     for r in rows:
+        later = r["round_seconds"][1:] or r["round_seconds"]
         print(f"{r['population']:>10} {r['cohort']:>7} {r['records_per_client']:>14} {r['setup_seconds']:>8.2f} "
-              f"{r['seconds_per_round']:>8.3f} {r['peak_rss_mib']:>13.0f}")
+              f"{r['seconds_per_round']:>8.3f} {sum(later) / len(later):>14.3f} {r['peak_rss_mib']:>13.0f}")
+    print("s/round: the run's seconds (its rounds and the privacy report at the end) / rounds; round s: a round's "
+          "own seconds (metrics row), the first round's one-off costs left out")
     print(f"(load average at the end: {load:.2f}; threads {rows[0]['threads'] if rows else '-'})")
     return 0
 

@@ -435,9 +435,8 @@ class PrivacyLedger:
         """Positions of `client_ids` in the ledger's client list (unknown ids refused, as `_check_client` does)."""
         ids = np.asarray(client_ids, dtype=np.int64)
         if self._ids_are_positions:
-            bad = (ids < 0) | (ids >= len(self._ids))
-            if bad.any():
-                self._check_client(int(ids[bad][0]))
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(self._ids)):
+                self._check_client(int(ids[(ids < 0) | (ids >= len(self._ids))][0]))
             return ids
         assert self._sorted is not None and self._order is not None
         j = np.minimum(np.searchsorted(self._sorted, ids), max(0, len(self._sorted) - 1))
@@ -579,7 +578,8 @@ class PrivacyLedger:
             return classes * len(self._delta_values) + delta_group if len(self._delta_values) > 1 else classes
         bd = self._bd_group if pos is None else self._bd_group[pos]
         if len(self._class_signature) * max(1, n_events) * len(self._bd_values) < 2**62:
-            return (classes * max(1, n_events) + index) * len(self._bd_values) + bd
+            keys = classes * n_events + index if n_events > 1 else classes  # a term with one value splits nothing
+            return keys * len(self._bd_values) + bd if len(self._bd_values) > 1 else keys
         rows = np.stack([classes, index, bd.astype(np.int64)], axis=1)  # too many to combine
         return np.unique(rows, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
