@@ -144,3 +144,21 @@ def test_budget_modules_do_not_import_each_other_in_a_cycle():
     assert not {n for n in dpfl_imports("dpfl.privacy.budget_distributions")
                 if n.startswith("dpfl.privacy.budgets") or n == "dpfl.privacy"}
     assert "dpfl.privacy.budget_distributions" in dpfl_imports("dpfl.privacy.budgets")
+
+
+def test_budgets_hold_arrays_and_make_each_client_budget_on_access():
+    from dpfl.privacy.budgets import Budgets
+
+    listed = [ClientBudget(1.0, 1e-5), ClientBudget(float("inf"), 1e-6), ClientBudget(2.5, 1e-5)]
+    held = Budgets.of(listed)
+    assert held == listed and list(held) == listed and held[1] == listed[1] and held[-1] == listed[2]
+    assert held.tolist() == listed and held[1:] == listed[1:] and len(held) == 3
+    assert held.epsilons.tolist() == [1.0, float("inf"), 2.5] and not held.epsilons.flags.writeable
+    assert Budgets.of(ClientBudget(3.0, 1e-5), 4) == [ClientBudget(3.0, 1e-5)] * 4
+    assert Budgets(np.full(2, 2.0), 1e-5) != Budgets(np.full(2, 2.0), 1e-6)
+    with pytest.raises(ValueError, match="budgets has 3 entries for 2 clients"):
+        Budgets.of(listed, 2)
+    with pytest.raises(ValueError, match="epsilon must be a number > 0"):
+        Budgets([1.0, 0.0], 1e-5)
+    with pytest.raises(ValueError, match=r"delta must be a number in \(0, 1\)"):
+        Budgets([1.0, 2.0], [1e-5, 1.0])

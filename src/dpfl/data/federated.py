@@ -10,14 +10,15 @@ they were.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 import torch
 
 from dpfl.data.arrays import ArrayDataset
-from dpfl.data.partition import dirichlet, dirichlet_quota, iid, iid_equal, label_shards
+from dpfl.data.partition import dirichlet, dirichlet_quota, iid_equal, iid_flat, label_shards
 from dpfl.data.splits import stratified_split
 from dpfl.seeding import Purpose, numpy_generator
 
@@ -28,13 +29,99 @@ def _empty_like_rows(x: torch.Tensor) -> torch.Tensor:
     return x[:0].clone()
 
 
-def _rows_per_client(x: torch.Tensor, y: torch.Tensor,
-                     indices: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(x[idx], y[idx]) for each client's row indices, gathered in one operation and split into views."""
-    sizes = [len(idx) for idx in indices]
-    flat = torch.from_numpy(np.concatenate(indices) if indices else np.empty(0, dtype=np.int64))
-    xs, ys = torch.split(x[flat], sizes), torch.split(y[flat], sizes)
-    return list(zip(xs, ys, strict=True))
+SPLITS = ("train", "test", "val")
+
+
+class PooledClients(Sequence["ClientData"]):
+    """Every client's train, test and validation records as one tensor per split plus offsets: client i's rows of a
+    split are ``offsets[i] : offsets[i + 1]``. A sequence of ClientData, each made on access from views, so a
+    population holds 24 bytes per client (three offsets) besides its records, not six tensor objects per client.
+
+    ``splits`` maps each of "train", "test", "val" to (x, y, offsets), offsets an int64 array of n_clients + 1.
+    """
+
+    def __init__(self, splits: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]]) -> None:
+        if set(splits) != set(SPLITS):
+            raise ValueError(f"splits must be {SPLITS}, got {sorted(splits)}")
+        lengths = {len(offsets) for _, _, offsets in splits.values()}
+        if len(lengths) != 1 or min(lengths) < 1:
+            raise ValueError("every split needs the same n_clients + 1 offsets")
+        for name, (x, y, offsets) in splits.items():
+            if offsets[0] != 0 or offsets[-1] != len(x) or len(x) != len(y) or (np.diff(offsets) < 0).any():
+                raise ValueError(f"split {name!r}: offsets must rise from 0 to its {len(x)} rows")
+        self._splits = {name: (x, y, np.asarray(offsets, dtype=np.int64)) for name, (x, y, offsets) in splits.items()}
+
+    def __len__(self) -> int:
+        return len(self._splits["train"][2]) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> ClientData: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ClientData]: ...
+
+    def __getitem__(self, i: int | slice) -> ClientData | list[ClientData]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        j = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"client {i} out of range ({n} clients)")
+        views = []
+        for name in SPLITS:
+            x, y, offsets = self._splits[name]
+            lo, hi = int(offsets[j]), int(offsets[j + 1])
+            views += [x[lo:hi], y[lo:hi]]
+        return ClientData(*views)
+
+    def __iter__(self) -> Iterator[ClientData]:
+        return (self[j] for j in range(len(self)))
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """(x, y, offsets) of split `name` ("train", "test" or "val") for every client."""
+        return self._splits[name]
+
+    def sizes(self, name: str) -> np.ndarray:
+        """Each client's record count in split `name`."""
+        return np.diff(self._splits[name][2])
+
+    def map_features(self, cast) -> PooledClients:  # noqa: ANN001 (a tensor -> tensor function)
+        """These clients with `cast` applied to every split's features."""
+        return PooledClients({name: (cast(x), y, offsets) for name, (x, y, offsets) in self._splits.items()})
+
+    @classmethod
+    def gather(cls, x: torch.Tensor, y: torch.Tensor, splits: dict[str, tuple[np.ndarray, np.ndarray]]
+               ) -> PooledClients:
+        """Clients whose split `name` holds rows ``flat[offsets[i]:offsets[i + 1]]`` of (x, y), for `splits` mapping
+        name -> (flat row indices, offsets): one gather per split for all clients."""
+        return cls({name: (x[torch.from_numpy(flat)], y[torch.from_numpy(flat)], offsets)
+                    for name, (flat, offsets) in splits.items()})
+
+
+def _offsets(sizes: Sequence[int] | np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
+
+
+def _local_splits(parts: Sequence[np.ndarray], pool: np.ndarray, labels: np.ndarray, test_fraction: float,
+                  val_fraction: float, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each client's share `parts[i]` (positions in `pool`) split into train, test and validation rows: split name ->
+    (the rows of every client in client order, offsets)."""
+    splits: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
+    for i, part in enumerate(parts):
+        if test_fraction > 0:
+            train_pos, test_pos = stratified_split(labels[part], test_fraction,
+                                                   numpy_generator(seed, Purpose.PARTITION, 1, i))
+        else:  # nothing held out, nothing drawn (a generator per client costs ~60 us, 6 s for 100,000 clients)
+            train_pos, test_pos = np.arange(len(part), dtype=np.int64), np.empty(0, dtype=np.int64)
+        val_pos = np.empty(0, dtype=np.int64)
+        if val_fraction > 0 and len(train_pos):
+            # a fraction of the rest that makes the validation split val_fraction of the whole share
+            keep, held = stratified_split(labels[part[train_pos]], val_fraction / (1.0 - test_fraction),
+                                          numpy_generator(seed, Purpose.PARTITION, 2, i))
+            train_pos, val_pos = train_pos[keep], train_pos[held]
+        for name, pos in (("train", train_pos), ("test", test_pos), ("val", val_pos)):
+            splits[name].append(pool[part[pos]])
+    return {name: (np.concatenate(idx).astype(np.int64) if idx else np.zeros(0, dtype=np.int64),
+                   _offsets([len(a) for a in idx])) for name, idx in splits.items()}
 
 
 @dataclass
@@ -75,10 +162,11 @@ class FederatedDataset:
     """Clients' data, the global test set and what a model needs to know (classes, sample shape).
 
     ``n_classes == 0`` marks real-valued targets (least squares). ``info`` records how the split
-    was made (dataset name, partition, seed, ...) for the run's config and reports.
+    was made (dataset name, partition, seed, ...) for the run's config and reports. ``clients`` is any sequence of
+    ClientData: a list, or (``from_arrays``) a PooledClients that makes each on access.
     """
 
-    clients: list[ClientData]
+    clients: Sequence[ClientData]
     x_test: torch.Tensor
     y_test: torch.Tensor
     n_classes: int
@@ -91,16 +179,27 @@ class FederatedDataset:
 
     @property
     def train_sizes(self) -> np.ndarray:
+        if isinstance(self.clients, PooledClients):
+            return self.clients.sizes("train")
         return np.array([c.n_train for c in self.clients], dtype=np.int64)
 
     @property
     def test_sizes(self) -> np.ndarray:
+        if isinstance(self.clients, PooledClients):
+            return self.clients.sizes("test")
         return np.array([c.n_test for c in self.clients], dtype=np.int64)
 
     def label_counts(self) -> np.ndarray:
         """(n_clients, n_classes) counts of each class in each client's train split."""
         if self.n_classes < 1:
             raise ValueError("label_counts needs class labels; this dataset has real-valued targets (n_classes=0)")
+        if isinstance(self.clients, PooledClients):
+            _, y, offsets = self.clients.split("train")
+            owner = np.repeat(np.arange(len(self.clients), dtype=np.int64), np.diff(offsets))
+            labels = y.numpy().astype(np.int64)
+            width = max(self.n_classes, int(labels.max()) + 1 if len(labels) else 0)
+            return np.bincount(owner * width + labels, minlength=len(self.clients) * width).reshape(
+                len(self.clients), width).astype(np.int64)
         return np.stack(
             [np.bincount(c.y_train.numpy(), minlength=self.n_classes) for c in self.clients]
         ).astype(np.int64)
@@ -108,10 +207,14 @@ class FederatedDataset:
     def with_feature_dtype(self, dtype: torch.dtype) -> FederatedDataset:
         """This dataset with floating-point features in `dtype` (a float64 network reads float64 records; a float32
         record converts exactly); itself if they already are, or if the features are not floating point."""
-        xs = [self.x_test, *(t for c in self.clients for t in (c.x_train, c.x_test, c.x_val))]
+        xs = [self.x_test, *((self.clients.split(name)[0] for name in SPLITS) if isinstance(self.clients, PooledClients)
+                             else (t for c in self.clients for t in (c.x_train, c.x_test, c.x_val)))]
         if not dtype.is_floating_point or all(t is None or not t.is_floating_point() or t.dtype == dtype for t in xs):
             return self
         cast = lambda t: t.to(dtype) if t is not None and t.is_floating_point() else t  # noqa: E731
+        if isinstance(self.clients, PooledClients):
+            return FederatedDataset(self.clients.map_features(cast), cast(self.x_test), self.y_test, self.n_classes,
+                                    self.input_shape, dict(self.info))
         clients = [ClientData(cast(c.x_train), c.y_train, cast(c.x_test), c.y_test, cast(c.x_val), c.y_val)
                    for c in self.clients]
         return FederatedDataset(clients, cast(self.x_test), self.y_test, self.n_classes, self.input_shape,
@@ -178,8 +281,9 @@ class FederatedDataset:
             pool = np.sort(chosen)
         labels = ds.y_train.numpy()[pool]
         rng = numpy_generator(seed, Purpose.PARTITION)
+        parts: list[np.ndarray] | tuple[np.ndarray, np.ndarray]
         if partition == "iid":
-            parts = iid(len(pool), n_clients, rng, sizes=sizes)
+            parts = iid_flat(len(pool), n_clients, rng, sizes=sizes)
         elif partition == "iid_equal":
             parts = iid_equal(len(pool), n_clients, rng, samples_per_client)
         elif partition == "shards":
@@ -189,27 +293,18 @@ class FederatedDataset:
             parts = dirichlet_quota(labels, n_clients, alpha, quota, rng)
         else:
             parts = dirichlet(labels, n_clients, alpha, rng)
-        splits: dict[str, list[np.ndarray]] = {"train": [], "test": [], "val": []}
-        for i, part in enumerate(parts):
-            if client_test_fraction > 0:
-                train_pos, test_pos = stratified_split(
-                    labels[part], client_test_fraction, numpy_generator(seed, Purpose.PARTITION, 1, i)
-                )
-            else:  # nothing held out, nothing drawn (a generator per client costs ~60 us, 6 s for 100,000 clients)
-                train_pos, test_pos = np.arange(len(part), dtype=np.int64), np.empty(0, dtype=np.int64)
-            val_pos = np.empty(0, dtype=np.int64)
-            if client_val_fraction > 0 and len(train_pos):
-                # a fraction of the rest that makes the validation split client_val_fraction of the whole share
-                keep, held = stratified_split(labels[part[train_pos]],
-                                              client_val_fraction / (1.0 - client_test_fraction),
-                                              numpy_generator(seed, Purpose.PARTITION, 2, i))
-                train_pos, val_pos = train_pos[keep], train_pos[held]
-            for name, pos in (("train", train_pos), ("test", test_pos), ("val", val_pos)):
-                splits[name].append(pool[part[pos]])
-        # One gather per split for all clients, then views per client: thousands of tiny index ops would each
-        # pay torch's thread start-up (20x slower than the gather itself on a busy 2-core machine).
-        views = {name: _rows_per_client(ds.x_train, ds.y_train, idx) for name, idx in splits.items()}
-        clients = [ClientData(*views["train"][i], *views["test"][i], *views["val"][i]) for i in range(len(parts))]
+        if isinstance(parts, tuple) and client_test_fraction == 0 and client_val_fraction == 0:
+            # iid's flat form (indices, counts) and nothing held out: no Python per client
+            flat, counts = parts
+            none = (np.zeros(0, dtype=np.int64), np.zeros(len(counts) + 1, dtype=np.int64))
+            flat_of = {"train": (pool[flat], _offsets(counts)), "test": none, "val": none}
+        else:
+            if isinstance(parts, tuple):
+                flat, counts = parts
+                parts = np.split(flat, np.cumsum(counts)[:-1])
+            flat_of = _local_splits(parts, pool, labels, client_test_fraction, client_val_fraction, seed)
+        # One gather per split for all clients, kept pooled: a client's ClientData is made of views on access.
+        clients = PooledClients.gather(ds.x_train, ds.y_train, flat_of)
         info = dict(
             dataset=ds.name, n_clients=n_clients, partition=partition, seed=int(seed),
             client_test_fraction=client_test_fraction, max_train_samples=max_train_samples,

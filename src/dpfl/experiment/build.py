@@ -33,7 +33,7 @@ from dpfl.data import federated_dataset
 from dpfl.data.clustered import clustered_split
 from dpfl.data.registry import load_dataset
 from dpfl.data.errors import ChecksumError, DataError, DatasetNotFoundError
-from dpfl.data.federated import ClientData, FederatedDataset
+from dpfl.data.federated import SPLITS, ClientData, FederatedDataset, PooledClients
 from dpfl.data.on_nodes import records_on_nodes
 from dpfl.data.registry import PROVIDED
 from dpfl.data.schema import Scaling, SiloSchema
@@ -59,7 +59,7 @@ from dpfl.experiment.federated_run import FederatedRun
 from dpfl.models import build_model
 from dpfl.models.registry import BUILTIN_MODELS
 from dpfl.privacy.budget_distributions import draw_batch_sizes
-from dpfl.privacy.budgets import ClientBudget, draw_budgets
+from dpfl.privacy.budgets import Budgets, draw_budgets
 from dpfl.seeding import Purpose, numpy_generator
 
 __all__ = [
@@ -207,8 +207,8 @@ def _silo_declarations(cfg: RunConfig) -> tuple[SiloSchema, Scaling | None]:
     return d.schema_.to_schema(), (d.scaling.to_scaling(d.schema_) if d.scaling != "none" else None)
 
 
-def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
-    """One ClientBudget per client (None when the run is not private).
+def resolve_budgets(cfg: RunConfig) -> Budgets | None:
+    """One ClientBudget per client, as Budgets (arrays; None when the run is not private).
 
     Distributions are drawn from the run seed's budget stream (the PFA / Robust-HDP ones by name, see
     `dpfl.privacy.budget_distributions`; `rhdp20` is a fixed list and draws nothing). A param_noise run
@@ -218,9 +218,9 @@ def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
     p, n = cfg.privacy, cfg.data.clients
     b = p.budgets
     if b is None:
-        return [ClientBudget(float("inf"), p.delta)] * n if p.mechanism == "param_noise" else None
+        return Budgets(np.full(n, float("inf")), p.delta) if p.mechanism == "param_noise" else None
     if isinstance(b, float):
-        eps = [b] * n
+        eps = np.full(n, b)
     elif isinstance(b, list):
         eps = list(b)
     else:
@@ -245,8 +245,8 @@ def resolve_budgets(cfg: RunConfig) -> list[ClientBudget] | None:
             drawn = draw_budgets(kind, n, rng, **params)
         except ValueError as err:
             raise ConfigError(f"privacy.budgets: {err}", "privacy.budgets") from None
-        eps = [float(e) for e in drawn]
-    return [ClientBudget(e, p.delta) for e in eps]
+        eps = drawn
+    return Budgets(eps, p.delta)
 
 
 def resolve_batch_sizes(cfg: RunConfig, data: FederatedDataset | None = None) -> list[int]:
@@ -313,7 +313,16 @@ def check_model_contract(model: nn.Module, data: FederatedDataset, *, user: bool
 
 def _refuse_labels_beyond(data: FederatedDataset, width: int) -> None:
     """A label the model has no score for is the data's problem (a label outside the classes), said as such."""
-    splits = [("test", data.y_test)] + [(f"client {i} {name}", y) for i, c in enumerate(data.clients)
+    clients = data.clients
+    if isinstance(clients, PooledClients):  # only the first client with such a label is named: found with numpy
+        first: list[tuple[int, int, str]] = []  # (client, split order, split) of each split's first such label
+        for order, name in enumerate(SPLITS):
+            _, y, offsets = clients.split(name)
+            beyond = np.flatnonzero(y.numpy() >= width) if y.numel() else np.zeros(0, dtype=np.int64)
+            if len(beyond):
+                first.append((int(np.searchsorted(offsets, beyond[0], side="right")) - 1, order, name))
+        clients = [] if not first else [None] * min(first)[0] + [clients[min(first)[0]]]
+    splits = [("test", data.y_test)] + [(f"client {i} {name}", y) for i, c in enumerate(clients) if c is not None
                                           for name, y in (("train", c.y_train), ("test", c.y_test), ("val", c.y_val))]
     for where, y in splits:
         if y is not None and y.numel() and int(y.max()) >= width:

@@ -44,7 +44,8 @@ from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_n
                                             reported_epsilons)
 from dpfl.experiment.run_records import (INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates,
                                         EVALUATED_AT_STOP, mechanism_state_problem, plain_row, resumed_server_state)
-from dpfl.privacy.budgets import ClientBudget
+from dpfl.data.federated import PooledClients
+from dpfl.privacy.budgets import Budgets, ClientBudget
 from dpfl.privacy.ledger import PrivacyLedger
 from dpfl.privacy.run_calibration import PARTICIPATIONS, CalibratedNoise, PlannedRun
 from dpfl.results.privacy_report import PrivacyReport
@@ -126,19 +127,16 @@ class FederatedRun:
         self.backend: Backend = backend if backend is not None else LocalBackend()
         self.events = RunEvents(self)  # what a round costs each client (run_accounting)
         # every client's training records in one tensor; a federation's server holds counts only (data.on_nodes)
-        self._pooled = (None if on_nodes(data) else
-                        PooledData.from_clients([c.x_train for c in data.clients],
-                                                [c.y_train for c in data.clients]).to(self.device))
+        self._pooled = None if on_nodes(data) else _pooled_records(data.clients).to(self.device)
         n = len(data.clients)
         self.n_clients = n
         self.n_records = self._pooled.sizes.numpy() if self._pooled is not None else data.train_sizes
-        with_val = [c for c in data.clients if getattr(c, "n_val", 0)]  # the union the searches select on
-        self.val_data = ((torch.cat([c.x_val for c in with_val]), torch.cat([c.y_val for c in with_val]))
-                         if with_val else None)
+        self.val_data = _validation_union(data.clients)  # the union the searches select on
         self.batch_sizes = per_client(batch_sizes, n, "batch_sizes", int)
         if (self.batch_sizes < 1).any():
             raise ValueError("every batch size must be >= 1")
-        self.budgets = per_client(budgets, n, "budgets", None) if budgets is not None else None
+        # one ClientBudget per client, held as arrays (made on access)
+        self.budgets: Budgets | None = Budgets.of(budgets, n) if budgets is not None else None
         private = algorithm.unit is not None and algorithm.accounted
         if private and self.budgets is None:
             raise ValueError(f"algorithm {algorithm.name!r} is private ({algorithm.unit}-level): give budgets")
@@ -155,12 +153,14 @@ class FederatedRun:
         self.calibration, self.participation = calibration, participation
         self.heuristic_steps: np.ndarray | None = None  # T*_i under the heuristic
         self.steps_done = np.zeros(self.n_clients, dtype=np.int64)
+        self._retired_mask: np.ndarray | None = None  # `_active`: the retired clients as a mask, and their set
+        self._retired_of: set[int] | None = None
         self.ledger: PrivacyLedger | None = None
         if private and self.budgets is not None:
             self.ledger = PrivacyLedger(
-                list(range(n)),
-                deltas={i: b.delta for i, b in enumerate(self.budgets)},
-                budgets={i: b.epsilon for i, b in enumerate(self.budgets)},
+                range(n),
+                deltas=self.budgets.deltas,
+                budgets=self.budgets.epsilons,
                 accountant=accountant,
                 unit=algorithm.unit,
             )
@@ -232,6 +232,7 @@ class FederatedRun:
         self.steps_done = np.array(state.steps_done, dtype=np.int64)
         stop_reason = state.stop_reason
         r = state.round
+        del state  # its per-client list (steps_done) is in self.steps_done now
         try:
             w, r, history, stop_reason, states = self._rounds(w, r, retired, history, stop_reason, states, on_round,
                                                               on_checkpoint, checkpoint_every)
@@ -304,10 +305,11 @@ class FederatedRun:
         server = alg.aggregator
         t0, cpu0 = time.perf_counter(), time.process_time()
         dim = P.num_parameters(w)
-        active = np.array([i for i in range(self.n_clients) if i not in retired], dtype=np.int64)
+        active = self._active(retired)
         server_event = self.events.server(len(active))
         eligible = self._eligible(active, server_event, r)
-        retired.update(int(i) for i in set(active.tolist()) - set(eligible.tolist()))
+        if len(eligible) != len(active):
+            self._retire(retired, np.setdiff1d(active, eligible, assume_unique=True))
         if len(eligible) < alg.selection.min_candidates():
             return None
         if server_event is not None and len(eligible) != len(active):
@@ -413,6 +415,24 @@ class FederatedRun:
         return picks
 
     # ---- selection and the ledger ----------------------------------------------------------------
+    def _active(self, retired: set[int]) -> np.ndarray:
+        """The clients not in `retired`, in order, from a mask kept beside the set (`_retire`): numpy's work per
+        client each round, Python's only per client that retires."""
+        mask = self._retired_mask
+        if mask is None or self._retired_of is not retired or int(mask.sum()) != len(retired):
+            mask = np.zeros(self.n_clients, dtype=bool)
+            if retired:
+                mask[np.fromiter(retired, dtype=np.int64, count=len(retired))] = True
+            self._retired_mask, self._retired_of = mask, retired
+        return np.flatnonzero(~mask)
+
+    def _retire(self, retired: set[int], clients: np.ndarray) -> None:
+        """Add `clients` to `retired` and to its mask."""
+        if len(clients):
+            self._active(retired)  # the mask of `retired` as it is (made once, then kept)
+            retired.update(clients.tolist())
+            self._retired_mask[clients] = True
+
     def _select(self, eligible: np.ndarray, r: int) -> np.ndarray:
         """The round's participants; re-drawn (up to REDRAWS times) while the aggregator rejects the sample.
 
@@ -474,7 +494,7 @@ class FederatedRun:
         if self.ledger is None:
             return
         if server_event is not None:
-            self.ledger.record_many([int(i) for i in eligible], r, server_event)
+            self.ledger.record_many(np.asarray(eligible, dtype=np.int64), r, server_event)
         for i in selected:
             event = self.events.client(int(i), r, len(selected))
             if event is not None:
@@ -570,8 +590,7 @@ class FederatedRun:
         if not finite or (test_loss is not None and not math.isfinite(test_loss)):
             row["diverged"] = True  # the loop stops after this row (stop_reason "diverged")
         if self.ledger is not None:
-            row["epsilon"] = self.ledger.spent_array().tolist()  # clients 0..n-1, one value per history class
-            row["epsilon_max"] = max(row["epsilon"])
+            row.update(run_evaluation.epsilon_columns(self.ledger))  # one value per history class
         row["seconds"] = seconds
         if isinstance(self.backend, LocalBackend):
             # This process's CPU time (all threads): unlike wall time, not inflated by other processes sharing the
@@ -623,6 +642,26 @@ class FederatedRun:
         step's state after the last round, whose own releases it reports). privacy.json's content:
         privacy_report.privacy_summary."""
         return privacy_report.privacy_summary(self, stop_reason, rounds_run, history, retired, server_state)
+
+
+def _pooled_records(clients: Any) -> PooledData:
+    """Every client's training records in one tensor: a PooledClients' own train split (no copy, no Python per
+    client), else the clients' tensors concatenated."""
+    if isinstance(clients, PooledClients):
+        x, y, offsets = clients.split("train")
+        sizes = np.diff(offsets)
+        if len(sizes) and (sizes >= 1).all():
+            return PooledData(x, y, torch.from_numpy(offsets[:-1].copy()), torch.from_numpy(sizes))
+    return PooledData.from_clients([c.x_train for c in clients], [c.y_train for c in clients])  # (or says who is empty)
+
+
+def _validation_union(clients: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The union of the clients' validation splits in client order, or None when no client has one."""
+    if isinstance(clients, PooledClients):
+        x, y, _ = clients.split("val")
+        return (x, y) if len(x) else None
+    with_val = [c for c in clients if getattr(c, "n_val", 0)]
+    return (torch.cat([c.x_val for c in with_val]), torch.cat([c.y_val for c in with_val])) if with_val else None
 
 
 def _state_on(state: RunState, device: torch.device) -> RunState:

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpfl.algorithms.algorithm import Algorithm
+from dpfl.experiment.run_evaluation import PER_CLIENT_LIMIT
 from dpfl.privacy.accountant import epsilon, guarantee
-from dpfl.privacy.budgets import ClientBudget
+from dpfl.privacy.budgets import Budgets, ClientBudget
+from dpfl.privacy.ledger import group_keys, group_rows
 
 if TYPE_CHECKING:
     from dpfl.experiment.federated_run import FederatedRun
@@ -54,37 +56,46 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
         out["warning"] = ("no epsilon in dpfl's per-client ledger: the method states its own guarantee in `stage` "
                           "(read its `guarantee` and `label`)" if notes is not None and "guarantee" in notes else
                           "a privacy mechanism ran for which dpfl computes no epsilon; no guarantee is reported")
+    summary = False
     if run.ledger is not None and run.budgets is not None:
-        spent = run.ledger.spent_all()
-        out["clients"] = [
-            {"client": i, "epsilon_budget": run.budgets[i].epsilon, "delta": run.budgets[i].delta,
-             "noise_multiplier": float(run.noise[i]) if alg.local.private else None,
-             "batch_size": int(run.batch_sizes[i]), "records": int(run.n_records[i]),
-             "epsilon_spent": spent[i], "epsilon_reported": float(run.eps_reported[i])}
-            for i in range(run.n_clients)
-        ]
+        spent_array = run.ledger.spent_array()
+        budgets = Budgets.of(run.budgets, run.n_clients)
+        fdp = alg.upload.fdp_accounting
+        heuristic = None
+        if run.heuristic_steps is not None:
+            heuristic = run.calibrated.targets.astype(float) * np.sqrt(
+                np.minimum(1.0, run.steps_done / run.heuristic_steps))
+        summary = run.n_clients > PER_CLIENT_LIMIT and fdp is None
+        if summary:  # a population: its classes of alike clients, not a list of millions (docs/scale.md)
+            out["clients_summary"] = client_classes(run, budgets, spent_array, heuristic)
+        else:
+            spent = spent_array.tolist()
+            out["clients"] = [
+                {"client": i, "epsilon_budget": run.budgets[i].epsilon, "delta": run.budgets[i].delta,
+                 "noise_multiplier": float(run.noise[i]) if alg.local.private else None,
+                 "batch_size": int(run.batch_sizes[i]), "records": int(run.n_records[i]),
+                 "epsilon_spent": spent[i], "epsilon_reported": float(run.eps_reported[i])}
+                for i in range(run.n_clients)
+            ]
         out["calibrated_to"] = run.calibrate_to if alg.local.private else None
         out["calibration"] = run.calibration if alg.local.private else None
-        if run.heuristic_steps is not None:
+        if heuristic is not None:
             out["heuristic"] = ("noise from PFA's heuristic formula sigma = 10 q sqrt(T* log10(1/delta)) / "
                                 "epsilon, which is NOT a DP guarantee; epsilon_spent is the accountant's epsilon "
                                 "of that noise, epsilon_heuristic what the formula claims")
-            for c in out["clients"]:
-                i = c["client"]
-                c["epsilon_heuristic"] = float(run.calibrated.targets[i]) * float(
-                    np.sqrt(min(1.0, run.steps_done[i] / run.heuristic_steps[i])))
-        out["meets_budgets"] = all(spent[i] <= run.budgets[i].epsilon * (1 + 1e-9) for i in range(run.n_clients))
+            for c in out.get("clients", ()):
+                c["epsilon_heuristic"] = float(heuristic[c["client"]])
+        over = np.flatnonzero(~(spent_array <= budgets.epsilons * (1 + 1e-9))).tolist()
+        out["meets_budgets"] = not over
         if not out["meets_budgets"]:
-            over = [i for i in range(run.n_clients) if spent[i] > run.budgets[i].epsilon * (1 + 1e-9)]
             out["warning"] = (f"NOT PRIVATE AS PROMISED: clients {over[:10]}{'...' if len(over) > 10 else ''} "
                               "spent more than their budgets (a non-private reference run)")
         if run.calibrated is not None:
             out["noise_calibration"] = run.calibrated.summary()
-        fdp = alg.upload.fdp_accounting
         if fdp is not None:
             out["fdp"] = fdp_report(fdp, history, run.budgets, run.n_records)
         elif alg.unit == "sample":
-            out.update(sample_level_views(run, list(spent.values())))
+            out.update(sample_level_views(run, spent_array))
     view = (aggregate_view(alg, run.budgets, run.accountant, run.n_clients, rounds_run, len(retired))
             if rounds_run and run.budgets is not None else None)
     if view is not None:
@@ -100,11 +111,46 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
         out["guarantee"] = run_guarantee(out, run.budgets, run.accountant, alg)
         for c, eps in zip(out["clients"], out["guarantee"].pop("per_client"), strict=True):
             c["epsilon_guarantee"] = eps
+    elif summary:
+        out["guarantee"] = run_guarantee(out, run.budgets, run.accountant, alg, spent=spent_array)
+        out["guarantee"].pop("per_client")  # each class's epsilon_guarantee: its epsilon_spent (no f-DP block)
+    return out
+
+
+def client_classes(run: FederatedRun, budgets: Budgets, spent: np.ndarray,
+                   heuristic: np.ndarray | None) -> dict[str, Any]:
+    """privacy.json's `clients_summary` for a population above PER_CLIENT_LIMIT clients: each class of clients
+    alike in every field a `clients` row has but the client id (budget, delta, noise, batch size, records, spent,
+    reported and guarantee epsilons), with its number of clients and its first client, in the order of the first
+    clients. The classes are listed up to PER_CLIENT_LIMIT of them; beyond, each field's smallest and largest value."""
+    private = run.algorithm.local.private
+    columns = {"epsilon_budget": budgets.epsilons, "delta": budgets.deltas,
+               "noise_multiplier": np.asarray(run.noise, dtype=float) if private else None,
+               "batch_size": np.asarray(run.batch_sizes), "records": np.asarray(run.n_records),
+               "epsilon_spent": spent, "epsilon_reported": np.asarray(run.eps_reported, dtype=float),
+               "epsilon_guarantee": spent}
+    if heuristic is not None:
+        columns["epsilon_heuristic"] = heuristic
+    _, inverse = group_keys(group_rows([v for v in columns.values() if v is not None]))
+    _, first, counts = np.unique(inverse, return_index=True, return_counts=True)  # each class's first client
+    order = np.argsort(first, kind="stable")
+    first, counts = first[order], counts[order]
+    out: dict[str, Any] = {"clients": run.n_clients, "classes_count": len(first),
+                           "why": f"more than {PER_CLIENT_LIMIT} clients: each class of alike clients once, not "
+                                  "one row per client (docs/scale.md)"}
+    if len(first) <= PER_CLIENT_LIMIT:
+        cast = {"batch_size": int, "records": int}
+        out["classes"] = [
+            {"clients": int(n), "first_client": int(j),
+             **{k: None if v is None else cast.get(k, float)(v[j]) for k, v in columns.items()}}
+            for n, j in zip(counts.tolist(), first.tolist(), strict=True)]
+    else:
+        out["range"] = {k: None if v is None else [float(v.min()), float(v.max())] for k, v in columns.items()}
     return out
 
 
 def run_guarantee(privacy: Mapping[str, Any], budgets: Sequence[ClientBudget] | None, accountant: str,
-                  algorithm: Algorithm) -> dict[str, Any]:
+                  algorithm: Algorithm, spent: np.ndarray | None = None) -> dict[str, Any]:
     """The run's ONE epsilon per client, which number it is, and why any other epsilon in privacy.json differs.
 
     Accounted runs: the per-client ledger's epsilon, except for Noisy-FedAvg/FedProx, whose guarantee is the
@@ -112,7 +158,7 @@ def run_guarantee(privacy: Mapping[str, Any], budgets: Sequence[ClientBudget] | 
     shifted-interpolation bound where it applies (aggregate view, final release, an ASSUMED smoothness L).
     """
     assert budgets is not None
-    spent = [c["epsilon_spent"] for c in privacy["clients"]]
+    spent = [c["epsilon_spent"] for c in privacy["clients"]] if spent is None else spent.tolist()
     others: list[dict[str, Any]] = []
     fdp = privacy.get("fdp")
     if fdp is None:
@@ -163,21 +209,22 @@ def fdp_report(accounting: Any, history: Sequence[Mapping[str, Any]], budgets: S
     return accounting.report(part, cohorts, deltas, len(history))
 
 
-def sample_level_views(run: FederatedRun, spent: list[float]) -> dict[str, Any]:
+def sample_level_views(run: FederatedRun, spent: np.ndarray) -> dict[str, Any]:
     """Per participation and composed, and the plain statement that no user-level guarantee exists.
 
     Reads the run's budgets, rounds, accountant, its clients' records, batch sizes and noise, and the event one
-    participation costs each (`run.events.client`)."""
+    participation costs each (`run.events.client`), once per distinct (records, batch size, noise, delta)."""
     assert run.budgets is not None
-    cache: dict[tuple, float] = {}
+    deltas = Budgets.of(run.budgets, run.n_clients).deltas
+    first, _ = group_keys(group_rows([np.asarray(run.n_records, dtype=float), np.asarray(run.batch_sizes, dtype=float),
+                                      np.asarray(run.noise, dtype=float), deltas]))
     per = []
-    for i in range(run.n_clients):
-        key = (int(run.n_records[i]), int(run.batch_sizes[i]), float(run.noise[i]), run.budgets[i].delta)
-        if key not in cache:  # DP-SGD's event depends on neither round nor cohort, except a scheduled round 1
-            events = {id(e): e for e in (run.events.client(i, r, 1) for r in range(min(2, run.rounds)))}
-            cache[key] = max(epsilon(e, key[3], run.accountant) if e is not None else 0.0 for e in events.values())
-        per.append(cache[key])
-    return {"eps_per_participation": max(per), "eps_total_max": max(spent), "eps_total_mean": float(np.mean(spent)),
+    for i in first.tolist():  # DP-SGD's event depends on neither round nor cohort, except a scheduled round 1
+        events = {id(e): e for e in (run.events.client(i, r, 1) for r in range(min(2, run.rounds)))}
+        per.append(max(epsilon(e, float(deltas[i]), run.accountant) if e is not None else 0.0 for e in events.values()))
+    spent_list = spent.tolist()
+    return {"eps_per_participation": max(per), "eps_total_max": max(spent_list),
+            "eps_total_mean": float(np.mean(spent)),
             "user_level": None,
             "user_level_note": "sample-level DP only: a client's whole dataset is not protected as a unit"}
 
@@ -194,7 +241,7 @@ def aggregate_view(algorithm: Algorithm, budgets: Sequence[ClientBudget] | None,
     event = up.aggregate_event(sel, population, rounds_run)
     if event is None:
         return None
-    delta = min(b.delta for b in budgets)
+    delta = float(budgets.deltas.min()) if isinstance(budgets, Budgets) else min(b.delta for b in budgets)
     g = guarantee(event, delta, accountant, unit="client")
     out = {"epsilon": g.epsilon, "delta": delta, "relation": g.relation, "noise_multiplier": up.noise,
            "sample_rate": sel.participation_rate(population), "rounds": rounds_run,

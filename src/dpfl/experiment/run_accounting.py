@@ -18,8 +18,8 @@ import numpy as np
 from dp_accounting import ComposedDpEvent, DpEvent
 
 from dpfl.algorithms.algorithm import Algorithm
-from dpfl.privacy.budgets import ClientBudget
-from dpfl.privacy.ledger import index_by_identity
+from dpfl.privacy.budgets import Budgets, ClientBudget
+from dpfl.privacy.ledger import group_keys, group_rows, index_by_identity
 from dpfl.privacy.run_calibration import (CalibratedNoise, PlannedRun, calibrate_run, calibration_targets,
                                           refuse_a_run_that_trains_nothing)
 
@@ -42,7 +42,8 @@ def per_client(value: Any, n: int, name: str, cast: Any) -> np.ndarray:
 # ---- calibration -----------------------------------------------------------------------------
 def reported_epsilons(budgets: Sequence[ClientBudget] | None, n: int, misreport: Mapping[int, float]) -> np.ndarray:
     """What each of the `n` clients tells the server its epsilon is (true budget unless it lies)."""
-    true = np.array([b.epsilon for b in budgets] if budgets is not None else [np.inf] * n, dtype=float)
+    true = (np.full(n, np.inf) if budgets is None else budgets.epsilons.copy() if isinstance(budgets, Budgets)
+            else np.array([b.epsilon for b in budgets], dtype=float))
     reported = true.copy()
     for client, factor in misreport.items():
         if not 0 <= int(client) < n:
@@ -55,12 +56,19 @@ def reported_epsilons(budgets: Sequence[ClientBudget] | None, n: int, misreport:
 
 def participation_rates(algorithm: Algorithm, n: int) -> list[float]:
     """Per client: the probability of taking part in a round, counting re-draws for a required group (PFA)."""
+    return participation_rate_array(algorithm, n).tolist()
+
+
+def participation_rate_array(algorithm: Algorithm, n: int) -> np.ndarray:
+    """`participation_rates` as a float64 array, with numpy: the same numbers."""
     sel, agg = algorithm.selection, algorithm.aggregator
     required = agg.public_clients
     if not required:
-        return [sel.participation_rate(n)] * n
-    members = set(required)
-    return [sel.participation_rate_given(n, len(members), i in members) for i in range(n)]
+        return np.full(n, float(sel.participation_rate(n)))
+    members = np.array(sorted(set(required)), dtype=np.int64)
+    rates = np.full(n, float(sel.participation_rate_given(n, len(members), False)))
+    rates[members] = float(sel.participation_rate_given(n, len(members), True))
+    return rates
 
 
 def planned_run(run: FederatedRun, mechanism: str) -> PlannedRun:
@@ -77,14 +85,14 @@ def planned_run(run: FederatedRun, mechanism: str) -> PlannedRun:
         steps = [local.steps_for(int(m), int(b)) for m, b in zip(run.n_records, run.batch_sizes, strict=True)]
         kw = dict(records=run.n_records.tolist(), batch_sizes=run.batch_sizes.tolist(), local_steps=steps,
                   local_sampling=local.sampling, participation_rates=participation_rates(alg, run.n_clients),
-                  targets=calibration_targets(list(run.budgets), run.eps_reported, run.calibrate_to,
+                  targets=calibration_targets(run.budgets, run.eps_reported, run.calibrate_to,
                                               run.enforce_budgets),
                   method=run.calibration)
     elif mechanism == "udp":
         kw = dict(upload_cohort=alg.upload.event_cohort, hidden_sampling=alg.upload.hidden_sampling)
     elif mechanism == "param_noise":
         kw = dict(noisy=alg.upload.accounting)
-    return PlannedRun(mechanism, list(run.budgets), run.rounds, accountant=run.accountant, selection=sel.kind,
+    return PlannedRun(mechanism, run.budgets, run.rounds, accountant=run.accountant, selection=sel.kind,
                       k=sel.k, rate=sel.rate, participation=run.participation, **kw)
 
 
@@ -103,12 +111,48 @@ def client_noise(run: FederatedRun, given: float | Sequence[float] | None
         if (z < 0).any():
             raise ValueError("noise multipliers must be >= 0")
         return z, None, None
-    plan = planned_run(run, "dpsgd")
+    plan, inverse = _grouped_dpsgd_plan(run)
     calibrated = calibrate_run(plan)
     if run.enforce_budgets:  # Maximum-epsilon (budgets not enforced) trains every round whatever was planned
         refuse_a_run_that_trains_nothing(plan, calibrated)
+    calibrated = replace(calibrated, noise=calibrated.noise[inverse], targets=calibrated.targets[inverse],
+                         participations=calibrated.participations[inverse],
+                         steps=None if calibrated.steps is None else calibrated.steps[inverse])
     heuristic_steps = calibrated.steps if run.calibration == "pfa-heuristic" else None
     return calibrated.noise, calibrated, heuristic_steps
+
+
+def _grouped_dpsgd_plan(run: FederatedRun) -> tuple[PlannedRun, np.ndarray]:
+    """`planned_run(run, "dpsgd")` with one client per class of clients alike in everything their noise depends on
+    (target, delta, records, batch size, participation rate), and each client's class: calibrating the classes and
+    giving each client its class's noise is `calibrate_run` of the whole plan, client by client the same numbers,
+    in Python work per class, not per client (10,000,000 clients of one size: one class).
+
+    The classes' plan draws all its clients ("all"): DP-SGD's calibration reads the selection only through the
+    participation rates, which it is given."""
+    assert run.budgets is not None
+    alg, n = run.algorithm, run.n_clients
+    budgets = Budgets.of(run.budgets, n)
+    targets = (budgets.epsilons.copy() if run.calibrate_to == "own" else  # calibration_targets' "own", from the array
+               np.asarray(calibration_targets(budgets, run.eps_reported, run.calibrate_to, run.enforce_budgets),
+                          dtype=float))
+    unlimited = np.flatnonzero(np.isinf(targets))
+    if len(unlimited):  # calibrate_run's refusal, naming the clients rather than their classes
+        raise ValueError(f"clients {unlimited[:10].tolist()} have unlimited budgets, so no noise can be calibrated for "
+                         "them; give the noise explicitly")
+    rates = participation_rate_array(alg, n)
+    records, batch = np.asarray(run.n_records, dtype=np.int64), np.asarray(run.batch_sizes, dtype=np.int64)
+    first, inverse = group_keys(group_rows([targets, budgets.deltas, records.astype(float), batch.astype(float),
+                                            rates]))
+    local = alg.local
+    plan = PlannedRun("dpsgd", budgets[first], run.rounds, accountant=run.accountant, selection="all",
+                      participation=run.participation, records=records[first].tolist(),
+                      batch_sizes=batch[first].tolist(),
+                      local_steps=[local.steps_for(int(m), int(b)) for m, b in zip(records[first], batch[first],
+                                                                                    strict=True)],
+                      local_sampling=local.sampling, participation_rates=rates[first].tolist(),
+                      targets=targets[first], method=run.calibration)
+    return plan, inverse
 
 
 def calibrate_stage(run: FederatedRun) -> tuple[Algorithm, CalibratedNoise] | None:
@@ -139,6 +183,7 @@ class RunEvents:
     def __init__(self, run: FederatedRun) -> None:
         self._run = run
         self._client_events: tuple[tuple[Any, Any], dict] = ((None, None), {})  # see _event_cache
+        self._settings: tuple[tuple[Any, ...], np.ndarray] | None = None  # see _setting_groups
 
     def client(self, i: int, r: int, cohort: int) -> DpEvent | None:
         """The event taking part in round r (0-based), `cohort` uploads averaged, costs client i (local program and
@@ -172,10 +217,17 @@ class RunEvents:
         upload = run.algorithm.upload
         if upload.accounted and not upload.events_for_every_client():
             return index_by_identity(self.client(i, r, cohort) for i in ids.tolist())
-        keys = np.stack([run.n_records[ids].astype(np.float64), run.batch_sizes[ids].astype(np.float64),
-                         np.asarray(run.noise, dtype=np.float64)[ids]], axis=1)
-        unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        return inverse.reshape(-1).astype(np.int64), [self.client(int(ids[j]), r, cohort) for j in first.tolist()]
+        first, inverse = group_keys(self._setting_groups()[ids])
+        return inverse, [self.client(int(ids[j]), r, cohort) for j in first.tolist()]
+
+    def _setting_groups(self) -> np.ndarray:
+        """Each client's group of equal (records, batch size, noise): made once (numpy) for the run's arrays, so a
+        round groups its candidates in one pass over them, not a sort."""
+        run = self._run
+        arrays = (run.n_records, run.batch_sizes, run.noise)
+        if self._settings is None or any(a is not b for a, b in zip(self._settings[0], arrays, strict=True)):
+            self._settings = (arrays, group_rows([np.asarray(a, dtype=np.float64) for a in arrays]))
+        return self._settings[1]
 
     def batch(self, i: int, r: int) -> int:
         """Client i's batch size in round r (the local program may schedule it: R-DPCFL's full-batch round 1)."""

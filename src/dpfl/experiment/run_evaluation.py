@@ -16,8 +16,29 @@ import torch
 from torch import nn
 
 from dpfl.algorithms.algorithm import Algorithm
+from dpfl.data.federated import PooledClients
 from dpfl.engine import params as P
 from dpfl.engine.evaluation import evaluate
+from dpfl.privacy.ledger import PrivacyLedger
+
+# Above PER_CLIENT_LIMIT clients privacy.json lists each class of alike clients, not each client; above
+# PER_CLIENT_ROW_LIMIT a metrics row gives each distinct epsilon with its count of clients, not each client's (a row
+# is written every round and kept in the history: a list per round would grow with population x rounds). At or below
+# them, per-client lists as always (docs/scale.md).
+PER_CLIENT_LIMIT = 100_000
+PER_CLIENT_ROW_LIMIT = 10_000
+
+
+def epsilon_columns(ledger: PrivacyLedger) -> dict[str, Any]:
+    """A metrics row's epsilons: `epsilon`, every client's spent epsilon (clients 0..n-1), and `epsilon_max`; above
+    PER_CLIENT_ROW_LIMIT clients `epsilon_classes`, [[epsilon, clients], ...] by increasing epsilon, instead of
+    `epsilon` (the same values, counted from the ledger's history classes: no per-client list each round)."""
+    if len(ledger.client_ids_array) <= PER_CLIENT_ROW_LIMIT:
+        eps = ledger.spent_array().tolist()
+        return {"epsilon": eps, "epsilon_max": max(eps)}
+    values, counts = ledger.spent_counts()
+    return {"epsilon_classes": [[v, c] for v, c in zip(values.tolist(), counts.tolist(), strict=True)],
+            "epsilon_max": float(values[-1])}
 
 
 def global_model_metrics(model: nn.Module, data: Any, val_data: tuple[torch.Tensor, torch.Tensor] | None,
@@ -55,6 +76,8 @@ def accuracy_on_client(model: nn.Module, clients: Sequence[Any], params: P.Param
 
 def client_accuracy(model: nn.Module, clients: Sequence[Any], w: P.Params, loss: str) -> dict[str, Any]:
     """The global model's accuracy on each client's held-out split (the RHDP protocol), if clients have one."""
+    if isinstance(clients, PooledClients) and (not len(clients) or (clients.sizes("test") == 0).any()):
+        return {}  # some client has no held-out split: nothing to report (and no Python per client to find it)
     accs = [accuracy_on_client(model, clients, w, c, loss) for c in range(len(clients))]
     if not accs or any(a is None for a in accs):
         return {}

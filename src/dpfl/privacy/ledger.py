@@ -13,13 +13,16 @@ spent epsilon is always the accountant's epsilon of the composition of the clien
   curve cache) and a signature's epsilon is ``sum(count x curve)`` converted over the orders in one step.
 
 The relation (add/remove for Poisson or full-batch, replace-one for fixed-size sampling) is detected
-from the events and stored per client; mixing relations for one client raises, because the resulting
+from the events and kept per history class; mixing relations for one client raises, because the resulting
 epsilons would not be comparable. ``to_dict``/``from_dict`` round-trip exactly for checkpoints.
+
+A client's standing state is a few numbers in arrays indexed by its position (history class, delta, budget, the
+group of its (budget, delta), its last event: 36 bytes), never a Python object per client, so a ledger of
+10,000,000 clients fits in memory; the history and the log grow with the participations, one array per round.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,7 +45,7 @@ from dpfl.privacy.orders import normalize_orders
 from dpfl.privacy.rdp_curves import RDP_CURVES
 from dpfl.privacy.serialization import decode_float, encode_float, event_from_dict, event_to_dict
 
-__all__ = ["LedgerEntry", "PrivacyLedger", "UNITS", "index_by_identity"]
+__all__ = ["LedgerEntry", "PrivacyLedger", "UNITS", "group_keys", "group_rows", "index_by_identity"]
 
 UNITS: tuple[str, ...] = ("sample", "client")
 _FORMAT = "dpfl.privacy_ledger"
@@ -71,6 +74,82 @@ def _round(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 0:
         raise ValueError(f"round_ must be an integer >= 0, got {value!r}")
     return int(value)
+
+
+def _per_client_array(name: str, value: Mapping[int, float] | Sequence[float] | np.ndarray | float | None,
+                      clients: np.ndarray, check) -> np.ndarray:
+    """One float per client in `clients` order (nan: none): from a mapping client -> value, an array or list aligned
+    with the clients (checked with numpy, not one by one), a scalar, or None (nan for everyone)."""
+    n = len(clients)
+    if value is None:
+        return np.full(n, np.nan, dtype=np.float64)
+    if isinstance(value, (np.ndarray, list, tuple)):
+        arr = np.asarray(value)
+        if arr.shape != (n,):
+            raise ValueError(f"{name} has {len(arr)} values for {n} clients")
+        if arr.dtype.kind not in "fiu":  # objects, booleans: the scalar check names the first bad one
+            return np.array([check(f"{name}[{c}]", v) for c, v in zip(clients.tolist(), arr.tolist(), strict=True)],
+                            dtype=np.float64)
+        arr = arr.astype(np.float64)
+        valid = ((arr > 0.0) & (arr < 1.0)) if name == "deltas" else (arr > 0.0)
+        if not valid.all():
+            j = int(np.flatnonzero(~valid)[0])
+            check(f"{name}[{int(clients[j])}]", float(arr[j]))
+        return arr
+    if isinstance(value, Mapping):
+        mapped = _per_client(name, value, clients.tolist(), check)
+        return np.array([mapped[c] for c in clients.tolist()], dtype=np.float64)
+    return np.full(n, check(name, value), dtype=np.float64)
+
+
+def group_rows(columns: Sequence[np.ndarray]) -> np.ndarray:
+    """For each row of the equal-length `columns` (numbers), the index of its distinct row (0, 1, ...): the key
+    `group_keys` groups by, made without a sort of the rows where a column holds one value for everyone."""
+    code = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
+    for column in columns:
+        values = np.asarray(column)
+        if not len(values) or bool((values == values[0]).all()):
+            continue  # one value: it splits nothing
+        inverse = np.unique(values, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        width = int(inverse.max()) + 1
+        if (int(code.max()) + 1) * width >= 2**62:  # keep the combined code in int64: renumber it densely first
+            code = np.unique(code, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        code = code * width + inverse
+    return code
+
+
+def group_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Public name of `_groups`: (one position per distinct key, each key's group) of non-negative int64 keys."""
+    return _groups(keys)
+
+
+def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(one position of each distinct key, for each key the index of its distinct key), like `np.unique`'s
+    `return_index`/`return_inverse` of non-negative int64 `keys`, but in one pass where the keys are few and small
+    (a population's history classes): a round's check costs O(clients), not a sort of them."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    top = int(keys.max()) + 1
+    if top > 4 * len(keys) + 1024:
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
+    one = np.full(top, -1, dtype=np.int64)
+    one[keys] = np.arange(len(keys), dtype=np.int64)  # some position of each key (which one does not matter)
+    present = np.flatnonzero(one >= 0)
+    rank = np.zeros(top, dtype=np.int64)
+    rank[present] = np.arange(len(present), dtype=np.int64)
+    return one[present], rank[keys]
+
+
+def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct rows of `values` (1- or 2-D float), each row's index among them as int32): a fixed per-client
+    fact (delta, budget) made a small integer, so a grouped check combines it with others in one int64 key."""
+    rows = values.reshape(len(values), -1)
+    rows = np.where(np.isnan(rows), -1.0, rows)  # nan (no budget) as one value; a budget or delta is > 0
+    if not len(rows) or (rows == rows[0]).all():  # one value for everyone (the common case): no sort
+        return rows[:1].copy(), np.zeros(len(rows), dtype=np.int32)
+    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+    return unique, inverse.reshape(-1).astype(np.int32)
 
 
 def _per_client(
@@ -118,22 +197,41 @@ def index_by_identity(events: Iterable[dpa.DpEvent | None]) -> tuple[np.ndarray,
     return np.array(index, dtype=np.int64), distinct
 
 
+def _client_array(client_ids: Iterable[int]) -> np.ndarray:
+    """`client_ids` as an int64 array: an integer array or a range at once, anything else checked one by one."""
+    if isinstance(client_ids, range) and client_ids.step == 1:
+        return np.arange(client_ids.start, client_ids.stop, dtype=np.int64)
+    if isinstance(client_ids, np.ndarray) and client_ids.dtype.kind in "iu":
+        return client_ids.astype(np.int64).reshape(-1)
+    return np.array([_client_id(c) for c in client_ids], dtype=np.int64)
+
+
 class PrivacyLedger:
-    """Per-client DP event ledgers with per-client delta, budget, relation and spent epsilon."""
+    """Per-client DP event ledgers with per-client delta, budget, relation and spent epsilon.
+
+    `deltas` and `budgets` are a mapping client -> value, one value for everyone, or (for a population) an array
+    aligned with `client_ids`."""
 
     def __init__(
         self,
         client_ids: Iterable[int],
-        deltas: Mapping[int, float] | float,
-        budgets: Mapping[int, float] | float | None = None,
+        deltas: Mapping[int, float] | Sequence[float] | np.ndarray | float,
+        budgets: Mapping[int, float] | Sequence[float] | np.ndarray | float | None = None,
         accountant: Accountant = "rdp",
         unit: str = "sample",
         *,
         orders: Sequence[float] | None = None,
     ) -> None:
-        clients = [_client_id(c) for c in client_ids]
-        if len(set(clients)) != len(clients):
-            raise ValueError("client_ids contains duplicates")
+        ids = _client_array(client_ids)
+        n = len(ids)
+        self._ids_are_positions = bool(n == 0 or (ids[0] == 0 and (n == 1 or bool((np.diff(ids) == 1).all()))))
+        self._order: np.ndarray | None = None  # positions sorted by client id (ids other than 0..n-1 only)
+        self._sorted: np.ndarray | None = None  # the client ids sorted
+        if not self._ids_are_positions:
+            self._order = np.argsort(ids, kind="stable")
+            self._sorted = ids[self._order]
+            if n > 1 and bool((np.diff(self._sorted) == 0).any()):
+                raise ValueError("client_ids contains duplicates")
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
         if unit not in UNITS:
@@ -141,43 +239,51 @@ class PrivacyLedger:
         self.accountant: str = accountant
         self.unit: str = unit
         self.orders: tuple[float, ...] | None = None if orders is None else normalize_orders(orders)
-        self._clients: list[int] = clients
-        self._known: set[int] = set(clients)
-        delta_of = _per_client("deltas", deltas, clients, _check_delta)
-        budget_of = _per_client("budgets", budgets, clients, _check_budget)
+        self._ids = ids
+        if deltas is None:
+            raise ValueError("deltas must be given (a number in (0, 1) per client)")
+        self._delta_array = _per_client_array("deltas", deltas, ids, _check_delta)
+        self._budget_array = _per_client_array("budgets", budgets, ids, _check_budget)  # nan: no budget
+        if budgets is not None and np.isnan(self._budget_array).any():
+            raise ValueError("budgets must give every client a number > 0 (inf for unlimited)")
         self._events: list[dpa.DpEvent] = []
         self._event_ids: dict[str, int] = {}
         self._event_relation: list[str] = []
-        self._log: list[tuple[int, int, tuple[int, ...]]] = []
-        self._relation: dict[int, str] = {}
-        self._last_event: dict[int, int] = {}
+        self._log: list[tuple[int, int, np.ndarray]] = []  # (round, event id, the client ids, sorted)
         self._user_meta: dict[int, dict[str, Any]] = {}
-        self._history: dict[int, list[tuple[int, float]]] = {}
-        self._dirty: set[int] = set()
+        # history: per closed round with participants, (round, their positions sorted, their spent epsilons)
+        self._closes: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._dirty: list[np.ndarray] = []  # positions recorded since the last close (may repeat)
         self._open_round: int | None = None  # largest round recorded since the last close_round
         self._closed_round: int | None = None
         self._eps_cache: dict[tuple, float] = {}
         self._curves: dict[int, np.ndarray] = {}  # event id -> its RDP curve at the ledger's orders ("rdp" only)
         # Clients grouped by history: clients with the same signature (events and counts) are one class, so a
         # population's budget check and spent epsilons are answered once per class (`exceeding_mask`,
-        # `spent_array`) with per-client work left to numpy. Class 0 is the empty history. A client's signature,
-        # delta and budget are read from these arrays at its position (`_at`).
-        self._ids = np.array(clients, dtype=np.int64)
-        self._ids_are_positions = bool(np.array_equal(self._ids, np.arange(len(clients))))  # a run's 0..n-1
-        self._position = None if self._ids_are_positions else {c: i for i, c in enumerate(clients)}
-        self._class = np.zeros(len(clients), dtype=np.int64)
+        # `spent_array`) with per-client work left to numpy. Class 0 is the empty history. A client's class, delta,
+        # budget and last event are read from these arrays at its position (`_at`); its relation is its class's.
+        self._class = np.zeros(n, dtype=np.int32)
+        self._class_count = [n]  # clients in each class (spent_counts without a pass over the population)
+        self._last_event = np.full(n, -1, dtype=np.int32)
         self._class_signature: list[tuple[tuple[int, int], ...]] = [()]
+        self._class_relation: list[str | None] = [None]
         self._class_of_signature: dict[tuple[tuple[int, int], ...], int] = {(): 0}
         self._class_after: dict[tuple[int, int], int] = {}  # (class, event id) -> the class after that event
-        self._delta_array = np.array([delta_of[c] for c in clients], dtype=np.float64)
-        # nan: no budget (a budget itself is > 0, never nan)
-        self._budget_array = np.array([np.nan if budget_of[c] is None else budget_of[c] for c in clients],
-                                      dtype=np.float64)
+        # fixed facts as small integers, for one int64 key per client in a grouped answer
+        self._delta_values, self._delta_group = _dense(self._delta_array)
+        self._bd_values, self._bd_group = _dense(np.stack([self._budget_array, self._delta_array], axis=1))
 
     # ------------------------------------------------------------------ queries on configuration
     @property
     def client_ids(self) -> list[int]:
-        return list(self._clients)
+        return self._ids.tolist()
+
+    @property
+    def client_ids_array(self) -> np.ndarray:
+        """`client_ids` as a read-only int64 array (no list of a population)."""
+        view = self._ids.view()
+        view.flags.writeable = False
+        return view
 
     def delta(self, client_id: int) -> float:
         return self._delta(self._check_client(client_id))
@@ -187,7 +293,10 @@ class PrivacyLedger:
 
     def _at(self, c: int) -> int:
         """The position of known client `c` in the per-client arrays."""
-        return c if self._position is None else self._position[c]
+        if self._ids_are_positions:
+            return c
+        assert self._sorted is not None and self._order is not None
+        return int(self._order[int(np.searchsorted(self._sorted, c))])
 
     def _delta(self, c: int) -> float:
         return float(self._delta_array[self._at(c)])
@@ -196,14 +305,23 @@ class PrivacyLedger:
         budget = float(self._budget_array[self._at(c)])
         return None if budget != budget else budget  # nan: no budget
 
+    def _relation_at(self, c: int) -> str | None:
+        return self._class_relation[int(self._class[self._at(c)])]
+
     def relation(self, client_id: int) -> str | None:
         """``"add_remove"``/``"replace_one"`` once the client has events, else None."""
-        return self._relation.get(self._check_client(client_id))
+        return self._relation_at(self._check_client(client_id))
 
     def _check_client(self, client_id: object) -> int:
         c = client_id if type(client_id) is int else _client_id(client_id)
-        if c not in self._known:
-            raise ValueError(f"unknown client_id {c}; this ledger holds {len(self._clients)} clients")
+        if self._ids_are_positions:
+            known = 0 <= c < len(self._ids)
+        else:
+            assert self._sorted is not None
+            j = int(np.searchsorted(self._sorted, c))
+            known = j < len(self._sorted) and int(self._sorted[j]) == c
+        if not known:
+            raise ValueError(f"unknown client_id {c}; this ledger holds {len(self._ids)} clients")
         return c
 
     # ------------------------------------------------------------------ recording
@@ -215,14 +333,18 @@ class PrivacyLedger:
             check_gdp_supports(event)
         return neighboring_relation(event)
 
+    @staticmethod
+    def _relation_refused(client_id: int, have: str, relation: str) -> ValueError:
+        return ValueError(
+            f"client {client_id} has {have} events; cannot add a {relation} event. "
+            "Poisson/full-batch (add/remove) and fixed-size (replace-one) epsilons are not "
+            "comparable, so one client's ledger must use one sampling kind"
+        )
+
     def _check_relation(self, client_id: int, relation: str) -> None:
-        have = self._relation.get(client_id)
+        have = self._relation_at(client_id)
         if have is not None and have != relation:
-            raise ValueError(
-                f"client {client_id} has {have} events; cannot add a {relation} event. "
-                "Poisson/full-batch (add/remove) and fixed-size (replace-one) epsilons are not "
-                "comparable, so one client's ledger must use one sampling kind"
-            )
+            raise self._relation_refused(client_id, have, relation)
 
     def _intern(self, event: dpa.DpEvent, relation: str) -> int:
         key = repr(event)
@@ -238,32 +360,46 @@ class PrivacyLedger:
         """Append ``event`` (e.g. one round of local DP-SGD) to one client's ledger."""
         self.record_many([client_id], round_, event)
 
-    def record_many(self, client_ids: Iterable[int], round_: int, event: dpa.DpEvent) -> None:
-        """Append the same ``event`` to several clients' ledgers; stored once, O(1) work per client."""
+    def record_many(self, client_ids: Iterable[int] | np.ndarray, round_: int, event: dpa.DpEvent) -> None:
+        """Append the same ``event`` to several clients' ledgers (a list, or an integer array for a population at
+        once); stored once, numpy's work per client."""
         r = _round(round_)
-        clients = [self._check_client(c) for c in client_ids]
-        if len(set(clients)) != len(clients):
+        ids = self._known_ids(client_ids)
+        pos = self._positions(ids)
+        if len(pos) > 1 and len(np.unique(pos)) != len(pos):
             raise ValueError(f"client_ids for round {r} contains duplicates; each client is recorded once")
         if self._closed_round is not None and r <= self._closed_round:
             raise ValueError(f"round_={r} is already closed (last closed round {self._closed_round})")
         if not isinstance(event, dpa.DpEvent):
             raise ValueError(f"event must be a dp_accounting DpEvent, got {type(event).__name__}")
         relation = self._relation_of(event)
-        for c in clients:  # validate everything before mutating anything
-            self._check_relation(c, relation)
+        refused = np.array([have is not None and have != relation for have in self._class_relation], dtype=bool)
+        bad = refused[self._class[pos]]
+        if bad.any():  # validate everything before mutating anything; name the first refused client
+            j = int(np.flatnonzero(bad)[0])
+            raise self._relation_refused(int(ids[j]), self._class_relation[int(self._class[pos[j]])], relation)  # type: ignore[arg-type]
         eid = self._intern(event, relation)
-        if not clients:
+        if not len(pos):
             return
-        self._log.append((r, eid, tuple(sorted(clients))))
-        positions = np.fromiter((self._at(c) for c in clients), dtype=np.int64, count=len(clients))
-        before = self._class[positions]
+        self._log.append((r, eid, np.sort(ids)))
+        before = self._class[pos]
         for old in np.unique(before).tolist():
-            self._class[positions[before == old]] = self._next_class(old, eid)
-        for c in clients:
-            self._relation[c] = relation
-            self._last_event[c] = eid
-        self._dirty.update(clients)
+            moved = pos[before == old]
+            new = self._next_class(old, eid)
+            self._class[moved] = new
+            self._class_count[old] -= len(moved)
+            self._class_count[new] += len(moved)
+        self._last_event[pos] = eid
+        self._dirty.append(pos)
         self._open_round = r if self._open_round is None else max(self._open_round, r)
+
+    def _known_ids(self, client_ids: Iterable[int] | np.ndarray) -> np.ndarray:
+        """`client_ids` as int64, each known to the ledger (else the first unknown one is named)."""
+        if isinstance(client_ids, np.ndarray) and client_ids.dtype.kind in "iu":
+            ids = client_ids.astype(np.int64).reshape(-1)
+            self._positions(ids)  # refuses an unknown id
+            return ids
+        return np.array([self._check_client(c) for c in client_ids], dtype=np.int64)
 
     def close_round(self, round_: int) -> None:
         """Log (round, spent epsilon) for every client with events since the last close."""
@@ -272,9 +408,10 @@ class PrivacyLedger:
             raise ValueError(f"round_={r} must be > the last closed round {self._closed_round}")
         if self._open_round is not None and r < self._open_round:
             raise ValueError(f"round_={r} is before recorded round {self._open_round}; close that round")
-        for c in sorted(self._dirty):
-            self._history.setdefault(c, []).append((r, self._spent_of(c)))
-        self._dirty.clear()
+        if self._dirty:
+            pos = np.unique(np.concatenate(self._dirty))
+            self._closes.append((r, pos, self._spent_at(pos)))
+        self._dirty = []
         self._open_round = None
         self._closed_round = r
 
@@ -289,18 +426,24 @@ class PrivacyLedger:
             if after is None:
                 after = self._class_of_signature[signature] = len(self._class_signature)
                 self._class_signature.append(signature)
+                self._class_count.append(0)
+                self._class_relation.append(self._event_relation[eid])  # one relation per history (record_many)
             self._class_after[(current, eid)] = after
         return after
 
     def _positions(self, client_ids: np.ndarray) -> np.ndarray:
         """Positions of `client_ids` in the ledger's client list (unknown ids refused, as `_check_client` does)."""
         ids = np.asarray(client_ids, dtype=np.int64)
-        if self._position is None:
-            bad = (ids < 0) | (ids >= len(self._ids))
-            if bad.any():
-                self._check_client(int(ids[bad][0]))
+        if self._ids_are_positions:
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(self._ids)):
+                self._check_client(int(ids[(ids < 0) | (ids >= len(self._ids))][0]))
             return ids
-        return np.fromiter((self._at(self._check_client(int(c))) for c in ids), dtype=np.int64, count=len(ids))
+        assert self._sorted is not None and self._order is not None
+        j = np.minimum(np.searchsorted(self._sorted, ids), max(0, len(self._sorted) - 1))
+        bad = (self._sorted[j] != ids) if len(self._sorted) else np.ones(len(ids), dtype=bool)
+        if bad.any():
+            self._check_client(int(ids[bad][0]))
+        return self._order[j]
 
     # ------------------------------------------------------------------ accounting
     def _signature(self, client_id: int) -> tuple[tuple[int, int], ...]:
@@ -362,7 +505,7 @@ class PrivacyLedger:
         return self._epsilon(self._signature(c), None, self._delta(c))  # cached per (signature, delta)
 
     def spent_all(self) -> dict[int, float]:
-        return dict(zip(self._clients, self.spent_array().tolist(), strict=True))
+        return dict(zip(self._ids.tolist(), self.spent_array().tolist(), strict=True))
 
     def epsilon_if(self, client_id: int, extra_event: dpa.DpEvent) -> float:
         """Epsilon the client would have spent after ``extra_event`` too (budget pre-check)."""
@@ -415,43 +558,91 @@ class PrivacyLedger:
         out = np.zeros(len(ids), dtype=bool)
         if not checked.any():
             return out
-        ids, index = ids[checked], index[checked]
+        if not checked.all():
+            ids, index = ids[checked], index[checked]
         pos = self._positions(ids)
-        keys = np.stack([self._class[pos].astype(np.float64), index.astype(np.float64),
-                         self._budget_array[pos], self._delta_array[pos]], axis=1)
-        unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        first, inverse = _groups(self._keys(pos, index, len(events)))
         answers = np.array([self.would_exceed(int(ids[j]), events[int(index[j])], tol)  # type: ignore[arg-type]
                             for j in first.tolist()], dtype=bool)
-        out[checked] = answers[inverse.reshape(-1)]
+        out[checked] = answers[inverse]
         return out
+
+    def _keys(self, pos: np.ndarray | None, index: np.ndarray | None, n_events: int) -> np.ndarray:
+        """One non-negative int64 per client at `pos` (None: everyone): equal exactly where (history class, event
+        index, budget and delta) are equal, or (class, delta) where `index` is None."""
+        if pos is None:
+            classes, delta_group = self._class.astype(np.int64), self._delta_group
+        else:
+            classes, delta_group = self._class[pos].astype(np.int64), self._delta_group[pos]
+        if index is None:
+            return classes * len(self._delta_values) + delta_group if len(self._delta_values) > 1 else classes
+        bd = self._bd_group if pos is None else self._bd_group[pos]
+        if len(self._class_signature) * max(1, n_events) * len(self._bd_values) < 2**62:
+            keys = classes * n_events + index if n_events > 1 else classes  # a term with one value splits nothing
+            return keys * len(self._bd_values) + bd if len(self._bd_values) > 1 else keys
+        rows = np.stack([classes, index, bd.astype(np.int64)], axis=1)  # too many to combine
+        return np.unique(rows, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+    def _spent_groups(self, pos: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the spent epsilon of each distinct (history class, delta) among the clients at `pos` (None: everyone),
+        each client's group)."""
+        if (len(self._ids) if pos is None else len(pos)) == 0:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        first, inverse = _groups(self._keys(pos, None, 0))
+        at = first if pos is None else pos[first]
+        eps = np.array([self._epsilon(self._class_signature[int(self._class[p])], None, float(self._delta_array[p]))
+                        for p in at.tolist()], dtype=np.float64)
+        return eps, inverse
+
+    def _spent_at(self, pos: np.ndarray | None) -> np.ndarray:
+        """`spent` of the clients at positions `pos` (None: everyone), once per distinct (history class, delta)."""
+        eps, inverse = self._spent_groups(pos)
+        return eps[inverse]
+
+    def spent_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the distinct spent epsilons, increasing; how many clients spent each): `spent_array`'s values counted,
+        from the history classes, without a sort of the population."""
+        if len(self._delta_values) == 1:  # one delta: a class is a group, and its count is kept
+            counts = np.array(self._class_count, dtype=np.int64)
+            held = np.flatnonzero(counts)
+            delta = float(self._delta_values[0, 0]) if len(self._ids) else 0.0
+            eps = np.array([self._epsilon(self._class_signature[k], None, delta) for k in held.tolist()])
+            counts = counts[held]
+        else:
+            eps, inverse = self._spent_groups(None)
+            counts = np.bincount(inverse, minlength=len(eps))
+        values, where = np.unique(eps, return_inverse=True)
+        return values, np.bincount(where.reshape(-1), weights=counts, minlength=len(values)).astype(np.int64)
 
     def spent_array(self) -> np.ndarray:
         """`spent` of every client in `client_ids` order, computed once per distinct (history class, delta)."""
-        keys = np.stack([self._class.astype(np.float64), self._delta_array], axis=1)
-        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
-        eps = np.array([self._epsilon(self._class_signature[int(k)], None, float(d)) for k, d in unique.tolist()],
-                       dtype=np.float64)
-        return eps[inverse.reshape(-1)] if len(keys) else np.zeros(0)
+        return self._spent_at(None)
 
     def guarantee(self, client_id: int) -> Guarantee:
         """The client's spent epsilon, labelled with its delta, relation, accountant and unit."""
         c = self._check_client(client_id)
         return Guarantee(
-            self.spent(c), self._delta(c), self._relation.get(c, ADD_REMOVE), self.accountant, self.unit  # type: ignore[arg-type]
+            self.spent(c), self._delta(c), self._relation_at(c) or ADD_REMOVE, self.accountant, self.unit  # type: ignore[arg-type]
         )
 
     # ------------------------------------------------------------------ history and metadata
     def history(self, client_id: int) -> list[tuple[int, float]]:
         """(round, epsilon spent after that round) for each closed round in which the client had events."""
-        return list(self._history.get(self._check_client(client_id), []))
+        p = self._at(self._check_client(client_id))
+        out = []
+        for r, pos, spent in self._closes:
+            j = int(np.searchsorted(pos, p))
+            if j < len(pos) and int(pos[j]) == p:
+                out.append((r, float(spent[j])))
+        return out
 
     def entries(self, client_id: int) -> list[LedgerEntry]:
         """The client's recorded events in recording order."""
         c = self._check_client(client_id)
         out = []
         for r, eid, clients in self._log:
-            i = bisect.bisect_left(clients, c)
-            if i < len(clients) and clients[i] == c:
+            i = int(np.searchsorted(clients, c))
+            if i < len(clients) and int(clients[i]) == c:
                 out.append(LedgerEntry(r, self._events[eid], self._event_relation[eid]))
         return out
 
@@ -467,14 +658,14 @@ class PrivacyLedger:
         """Mechanism facts read from the client's latest event, overridden by ``set_metadata``."""
         c = self._check_client(client_id)
         out: dict[str, Any] = {
-            "relation": self._relation.get(c),
+            "relation": self._relation_at(c),
             "unit": self.unit,
             "accountant": self.accountant,
             "delta": self._delta(c),
             "budget": self._budget(c),
         }
-        eid = self._last_event.get(c)
-        info = describe_event(self._events[eid]) if eid is not None else None
+        eid = int(self._last_event[self._at(c)])
+        info = describe_event(self._events[eid]) if eid >= 0 else None
         if info is not None:
             out.update(
                 sampling=info.sampling,
@@ -488,27 +679,45 @@ class PrivacyLedger:
         return out
 
     # ------------------------------------------------------------------ serialisation
+    def _history_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every history row (position, round, spent), by position and then round."""
+        if not self._closes:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
+        pos = np.concatenate([p for _, p, _ in self._closes])
+        rounds = np.concatenate([np.full(len(p), r, dtype=np.int64) for r, p, _ in self._closes])
+        spent = np.concatenate([s for _, _, s in self._closes])
+        order = np.argsort(pos, kind="stable")  # the closes are in round order
+        return pos[order], rounds[order], spent[order]
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able snapshot; ``from_dict(to_dict())`` restores an identical ledger."""
-        budgets = [self._budget(c) for c in self._clients]  # all None or all numbers (constructor)
+        no_budgets = bool(len(self._budget_array)) and bool(np.isnan(self._budget_array[0]))
+        pos, rounds, spent = self._history_rows()
+        starts = np.flatnonzero(np.diff(pos, prepend=-1)) if len(pos) else np.zeros(0, dtype=np.int64)
+        ends = np.append(starts[1:], len(pos)).astype(np.int64) if len(pos) else starts
+        rounds_l, spent_l, ids = rounds.tolist(), spent.tolist(), self._ids
+        history = [[int(ids[pos[a]]), [[rounds_l[j], encode_float(spent_l[j])] for j in range(a, b)]]
+                   for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        recorded = np.flatnonzero(self._class != 0)
+        open_pos = np.unique(np.concatenate(self._dirty)) if self._dirty else np.zeros(0, dtype=np.int64)
         return {
             "format": _FORMAT,
             "version": _VERSION,
             "accountant": self.accountant,
             "unit": self.unit,
             "orders": None if self.orders is None else list(self.orders),
-            "clients": list(self._clients),
+            "clients": self._ids.tolist(),
             "deltas": self._delta_array.tolist(),
-            "budgets": None if budgets[:1] == [None] else [encode_float(b) for b in budgets],  # type: ignore[arg-type]
+            "budgets": None if no_budgets else [encode_float(b) for b in self._budget_array.tolist()],
             "events": [event_to_dict(e) for e in self._events],
-            "log": [[r, eid, list(clients)] for r, eid, clients in self._log],
-            "relations": [[c, self._relation[c]] for c in self._clients if c in self._relation],
-            "history": [[c, [[r, encode_float(e)] for r, e in self._history[c]]]
-                        for c in self._clients if c in self._history],
-            "open_clients": sorted(self._dirty),
+            "log": [[r, eid, clients.tolist()] for r, eid, clients in self._log],
+            "relations": [[int(ids[p]), self._class_relation[int(k)]]
+                          for p, k in zip(recorded.tolist(), self._class[recorded].tolist(), strict=True)],
+            "history": history,
+            "open_clients": sorted(ids[open_pos].tolist()),
             "open_round": self._open_round,
             "closed_round": self._closed_round,
-            "metadata": [[c, dict(self._user_meta[c])] for c in self._clients if c in self._user_meta],
+            "metadata": [[c, dict(self._user_meta[c])] for c in sorted(self._user_meta, key=self._at)],
         }
 
     @classmethod
@@ -519,10 +728,14 @@ class PrivacyLedger:
             )
         clients = list(data["clients"])
         budgets = data["budgets"]
+        deltas = list(data["deltas"])
+        if len(deltas) != len(clients) or (budgets is not None and len(budgets) != len(clients)):
+            raise ValueError("payload's deltas or budgets list is shorter or longer than its clients: a client has no "
+                             "value")
         ledger = cls(
             clients,
-            dict(zip(clients, data["deltas"], strict=True)),
-            None if budgets is None else {c: decode_float(b) for c, b in zip(clients, budgets, strict=True)},
+            deltas,
+            None if budgets is None else [decode_float(b) for b in budgets],
             data["accountant"],
             data["unit"],
             orders=data["orders"],
@@ -537,10 +750,24 @@ class PrivacyLedger:
                 raise ValueError(f"log entry refers to unknown event id {eid!r}")
             ledger.record_many(members, r, ledger._events[eid])
         stored = {int(c): rel for c, rel in data["relations"]}
-        if stored != ledger._relation:
+        recorded = np.flatnonzero(ledger._class != 0)
+        derived = {int(ledger._ids[p]): ledger._class_relation[int(ledger._class[p])] for p in recorded.tolist()}
+        if stored != derived:
             raise ValueError("payload relations do not match its events")
-        ledger._history = {int(c): [(int(r), decode_float(e)) for r, e in h] for c, h in data["history"]}
-        ledger._dirty = {ledger._check_client(c) for c in data["open_clients"]}
+        rows = [(c, int(r), decode_float(e)) for c, h in data["history"] for r, e in h]
+        if rows:
+            pos = ledger._positions(np.array([ledger._check_client(c) for c, _, _ in rows], dtype=np.int64))
+            rounds = np.array([r for _, r, _ in rows], dtype=np.int64)
+            spent = np.array([e for _, _, e in rows], dtype=np.float64)
+            order = np.lexsort((pos, rounds))
+            pos, rounds, spent = pos[order], rounds[order], spent[order]
+            cuts = np.flatnonzero(np.diff(rounds)) + 1
+            ledger._closes = [(int(rs[0]), p, s) for rs, p, s in
+                              zip(np.split(rounds, cuts), np.split(pos, cuts), np.split(spent, cuts), strict=True)]
+        else:
+            ledger._closes = []
+        open_ids = np.array([ledger._check_client(c) for c in data["open_clients"]], dtype=np.int64)
+        ledger._dirty = [ledger._positions(open_ids)] if len(open_ids) else []
         ledger._open_round = data["open_round"]
         ledger._closed_round = data["closed_round"]
         ledger._user_meta = {int(c): dict(m) for c, m in data["metadata"]}

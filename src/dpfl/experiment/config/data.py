@@ -44,8 +44,8 @@ class DataConfig(_Section):
     spec fdp_accounting.md §8); iid_equal (equal shards of one seeded permutation, `samples_per_client` each, default
     all / clients, each in the permutation's order: MP-DP's comparison, spec bidirectional.md §11).
 
-    clients: 1 to 1,000,000 (`MAX_CLIENTS`, above the records of every dataset dpfl loads; a split needs at
-    least one training record per client, which `dpfl.data` checks against the dataset itself).
+    clients: 1 to 10,000,000 (`MAX_CLIENTS`, a cross-device population; a split needs at least one training record
+    per client, which `dpfl.data` checks against the dataset itself).
 
     silos: the user's own data, one file or folder per client (`own_data`); dataset is then 'files' and clients the
     number of silos (both filled in), nothing is split among clients, and the resolved config (config.yaml) records

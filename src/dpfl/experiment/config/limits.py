@@ -19,7 +19,7 @@ __all__ = ["MAX_BATCH_SIZE", "MAX_CLIENTS", "MAX_CONFIG_CHARS", "MAX_DEPTH", "MA
            "MAX_LOCAL_STEPS", "MAX_NOISE_MULTIPLIER", "MAX_NOISY_STEPS", "MAX_ROUNDS", "MIN_NOISE_MULTIPLIER",
            "_at_most"]
 
-MAX_CLIENTS = 1_000_000  # data.clients: above the records of every dataset dpfl loads (EMNIST byclass: 697,932)
+MAX_CLIENTS = 10_000_000  # data.clients: a cross-device population (10 million fit in 24 GiB, docs/scale.md)
 MAX_ROUNDS = 1_000_000  # training.rounds
 MAX_LOCAL_STEPS = 1_000_000  # training.local_steps
 MAX_BATCH_SIZE = 1_000_000  # every batch size; a batch above a client's records is its whole set
