@@ -134,3 +134,27 @@ def test_an_accounted_run_prints_its_warning_heuristic_and_assumptions_before_an
     assert "  per-upload amplification ASSUMED: the server cannot tell which clients took part" in lines
     assert any(line.endswith("(bound: shifted-interpolation, exact GDP conversion; holds only if the loss is L-smooth "
                              "with the ASSUMED L = 4.5)") for line in lines)
+
+
+def test_a_populations_classes_are_printed_instead_of_clients(tmp_path):
+    """privacy.json of a run above PER_CLIENT_LIMIT clients has `clients_summary`, not `clients` (docs/scale.md):
+    the outcome prints each class with its size and first client, or each field's range."""
+    run = make_accounted_run(tmp_path / "run", n_clients=2)
+    privacy = json.loads((run / "privacy.json").read_text())
+    del privacy["clients"]
+    row = {"epsilon_budget": 8.0, "delta": 1e-7, "noise_multiplier": 1.25, "batch_size": 2, "records": 2,
+           "epsilon_reported": 0.5, "epsilon_guarantee": 0.5}
+    privacy["clients_summary"] = {"clients": 1_000_000, "classes_count": 2, "why": "more than 100000 clients",
+                                  "classes": [
+        {"clients": 999_990, "first_client": 0, **row, "epsilon_spent": 0.0},
+        {"clients": 10, "first_client": 3, **row, "epsilon_spent": 0.5}]}
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    text = render(run)
+    assert "1000000 clients in 2 classes of alike clients" in text
+    cells = [[x.strip() for x in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+    assert cells == [["999990", "0", "2", "8.000", "1e-07", "1.250", "0.000"],
+                     ["10", "3", "2", "8.000", "1e-07", "1.250", "0.500"]]
+    del privacy["clients_summary"]["classes"]
+    privacy["clients_summary"]["range"] = {"epsilon_spent": [0.0, 0.5], "noise_multiplier": None}
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    assert "  epsilon_spent: 0 to 0.5" in render(run)

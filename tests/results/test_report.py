@@ -180,3 +180,22 @@ def test_a_method_that_states_its_own_guarantee_is_reported_with_it(tmp_path):
     assert "- guarantee: NOMINAL, per round and client eps = 3, delta = 1e-05 (nominal — assumes" in text
     assert "composed over the run per client (nominal, basic): eps from 9 to 9" in text
     assert "dpfl computed no guarantee for it" not in text
+
+
+def test_a_populations_report_lists_its_classes(tmp_path):
+    """privacy.json above PER_CLIENT_LIMIT clients has `clients_summary`, not `clients` (docs/scale.md): the report
+    tables each class (its size, first client and the columns a client row has), not "lists no clients"."""
+    run = make_accounted_run(tmp_path / "run", n_clients=2)
+    privacy = json.loads((run / "privacy.json").read_text())
+    row = {"epsilon_budget": 8.0, "delta": 1e-7, "noise_multiplier": 1.25, "batch_size": 2, "records": 2}
+    privacy["clients_summary"] = {"clients": 1_000_000, "classes_count": 2, "classes": [
+        {"clients": 999_990, "first_client": 0, **row, "epsilon_spent": 0.0},
+        {"clients": 10, "first_client": 3, **row, "epsilon_spent": 0.5, "epsilon_heuristic": 9.0}]}
+    del privacy["clients"]
+    (run / "privacy.json").write_text(json.dumps(privacy))
+    text = write_report(run).read_text()
+    assert "1000000 clients in 2 classes of alike clients" in text and "lists no clients" not in text
+    rows = [[x.strip() for x in line.strip("|").split("|")] for line in text.splitlines()
+            if re.match(r"^\| \d+ \| \d+ \|", line)]
+    assert rows == [["999990", "0", "8.000", "1e-07", "1.25", "0.000", "2", "2"],
+                    ["10", "3", "8.000", "1e-07", "1.25", "0.500", "2", "2"]]

@@ -42,6 +42,27 @@ def early_stop_hint(stop_reason: Any, privacy: dict[str, Any]) -> str | None:
     return "stopped early on budgets: too few clients could afford another round"
 
 
+def _print_classes(summary: dict[str, Any], console: Console) -> None:
+    """privacy.json's `clients_summary`: one row per class of alike clients (its size and first client), or each
+    field's range where the classes are too many to list."""
+    console.print(f"{summary.get('clients', '?')} clients in {summary.get('classes_count', '?')} classes of alike "
+                  f"clients (privacy.json `clients_summary`)", markup=False, highlight=False)
+    classes = summary.get("classes")
+    if classes is None:
+        for field, span in (summary.get("range") or {}).items():
+            if span is not None:  # None: a field without values (no noise in a non-private run)
+                console.print(f"  {field}: {span[0]:.4g} to {span[1]:.4g}", markup=False, highlight=False)
+        return
+    table = Table("clients", "first client", "records", "budget ε", "δ", "noise z", "spent ε")
+    for c in classes[:MAX_CLIENT_ROWS]:
+        z = c.get("noise_multiplier")
+        table.add_row(str(c["clients"]), str(c["first_client"]), str(c["records"]), format_epsilon(c["epsilon_budget"]),
+                      f"{c['delta']:.0e}", "-" if z is None else f"{z:.3f}", format_epsilon(c["epsilon_spent"]))
+    console.print(table)
+    if len(classes) > MAX_CLIENT_ROWS:
+        console.print(f"... {len(classes) - MAX_CLIENT_ROWS} more classes in {PRIVACY_FILE}")
+
+
 def print_outcome(run_dir: str | os.PathLike[str], console: Console,
                   summary: Optional[dict[str, Any]] = None) -> None:
     """Print a finished run to ``console``: name, rounds, stop reason and accuracy; then, for an accounted run,
@@ -76,7 +97,10 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
         if privacy.get("per_upload_amplification"):
             console.print(f"  per-upload amplification {privacy['per_upload_amplification']}", markup=False,
                           highlight=False)
-        clients = privacy["clients"]
+        clients = privacy.get("clients")
+        if clients is None:  # a population (docs/scale.md): its classes of alike clients
+            _print_classes(privacy.get("clients_summary") or {}, console)
+            clients = []
         # the guarantee column only where it is not the ledger's spent epsilon (Noisy-FedAvg/FedProx's f-DP bound)
         both = any(c.get("epsilon_guarantee", c["epsilon_spent"]) != c["epsilon_spent"] for c in clients)
         table = Table("client", "records", "budget ε", "δ", "noise z", "spent ε", *(["guarantee ε"] if both else []))
@@ -85,7 +109,8 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
             table.add_row(str(c["client"]), str(c["records"]), format_epsilon(c["epsilon_budget"]), f"{c['delta']:.0e}",
                           "-" if z is None else f"{z:.3f}", format_epsilon(c["epsilon_spent"]),
                           *([format_epsilon(c["epsilon_guarantee"])] if both else []))
-        console.print(table)
+        if clients:
+            console.print(table)
         guarantee = privacy.get("guarantee")
         if guarantee:
             console.print(f"the run's guarantee: epsilon <= {guarantee['epsilon_max']:.4g} for every client (each at "
@@ -93,8 +118,8 @@ def print_outcome(run_dir: str | os.PathLike[str], console: Console,
             for other in guarantee.get("other_epsilons") or []:
                 console.print(f"  also computed, not the guarantee: {other['field']} (largest "
                               f"{other['epsilon_max']:.4g}): {other['why_it_differs']}", markup=False, highlight=False)
-        if len(privacy["clients"]) > MAX_CLIENT_ROWS:
-            console.print(f"... {len(privacy['clients']) - MAX_CLIENT_ROWS} more clients in {PRIVACY_FILE}")
+        if len(clients) > MAX_CLIENT_ROWS:
+            console.print(f"... {len(clients) - MAX_CLIENT_ROWS} more clients in {PRIVACY_FILE}")
         fdp = privacy.get("fdp")
         if fdp and fdp.get("clients"):
             eps = ", ".join(f"epsilon {v:.4g} at delta {d}" for d, v in fdp["epsilon_max"].items())

@@ -408,6 +408,18 @@ def _clients_lines(privacy: Mapping[str, Any] | None) -> list[str]:
         return []
     clients = privacy.get("clients") or []
     out = ["", "## Per-client privacy", ""]
+    population = privacy.get("clients_summary")
+    if not clients and isinstance(population, Mapping):  # above PER_CLIENT_LIMIT clients (docs/scale.md)
+        out.append(f"{population.get('clients')} clients in {population.get('classes_count')} classes of alike "
+                   "clients (privacy.json `clients_summary`: each class once, with its size and first client).")
+        classes = population.get("classes") or []
+        if classes:
+            out.append("")
+            out += _table(["clients", "first client", *_CLIENT_HEADER[1:]],
+                          [[str(c.get("clients")), *_client_row({k: v for k, v in c.items() if k != "epsilon_heuristic"}
+                                                              | {"client": c.get("first_client")})]
+                           for c in classes[:FULL_TABLE_MAX_CLIENTS]], [True] * (len(_CLIENT_HEADER) + 1))
+        return out
     if not clients:
         out.append("privacy.json lists no clients.")
         return out
