@@ -22,12 +22,7 @@ from dpfl.models import build_model, model_info
 RTOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _kinds(fast):

@@ -43,14 +43,6 @@ CUDA = torch.device("cuda")
 RTOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _full_float32():
-    """No TF32 (10-bit mantissa products) while comparing with the CPU: the tolerance is about the engine."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
 
 def _linear() -> nn.Sequential:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))

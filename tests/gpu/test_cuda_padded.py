@@ -22,13 +22,6 @@ CUDA = torch.device("cuda")
 RTOL = 1e-4  # as tests/gpu/test_cuda_engine.py: float32 on two devices, TF32 off
 
 
-@pytest.fixture(autouse=True)
-def _full_float32():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
 
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
