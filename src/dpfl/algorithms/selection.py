@@ -46,7 +46,9 @@ class Selection:
         contains a public client); attempt 0 is the round's first draw.
         """
         rng = numpy_generator(seed, Purpose.SELECTION, round_, attempt)
-        candidates = np.sort(np.asarray(candidates, dtype=np.int64))
+        candidates = np.asarray(candidates, dtype=np.int64)
+        if not bool(np.all(candidates[1:] >= candidates[:-1])):  # a run's eligible ids come sorted: one pass, no sort
+            candidates = np.sort(candidates)
         if self.kind == "all":
             return candidates
         if self.kind == "fixed":
