@@ -232,7 +232,7 @@ def run_local(
     dim_t = sum(start_stack[n][0].numel() for n in names)
     # Longest-running clients first, so the active clients at any step are a prefix.
     order = sorted(range(k), key=lambda i: -plans[i].steps)
-    width = max(p.batch_size for p in plans)
+    width = held_width(plans, spec.sampling, padded)
     per_sample = spec.clip is not None and spec.clip_mode == "per_example"
     fast, per_record = _fast_model(model, engine, data, start_stack)
     # Memory per record of a step: on the fast path its activations, im2col matrices and per-sample conv weight
@@ -269,6 +269,24 @@ def run_local(
         else:
             results = (run(rows) for rows in groups)
         return merge_groups(k, groups, results)
+
+
+def held_width(plans: Sequence[ClientPlan], sampling: str, padded: bool, miss: float = 1e-3) -> int:
+    """Records one client holds at a step, as the memory budget counts them: the largest batch size; in the padded
+    layout under Poisson sampling every client holds the step's largest drawn batch, so the (1 - miss / K) quantile
+    of a Poisson with the largest expected batch (all K clients stay under it at a step with probability about
+    1 - miss). A step over it holds more memory than planned; no record is ever dropped."""
+    width = max(p.batch_size for p in plans)
+    if not padded or sampling != "poisson":
+        return width
+    target = 1.0 - miss / len(plans)
+    j, log_pmf = 0, -float(width)  # log P(X = 0) for X ~ Poisson(width)
+    cdf = math.exp(log_pmf)
+    while cdf < target:
+        j += 1
+        log_pmf += math.log(width / j)
+        cdf += math.exp(log_pmf)
+    return max(width, j)
 
 
 def _padded(layout: str, device: torch.device) -> bool:
