@@ -54,6 +54,7 @@ from dpfl.seeding import Purpose, derive_seed, torch_generator
 DEFAULT_MAX_ELEMENTS = 1 << 26
 
 CLIP_MODES: tuple[str, ...] = ("per_example", "batch")
+PRECISIONS: tuple[str, ...] = ("float32", "bfloat16")
 _CPU = torch.device("cpu")
 ENGINES: tuple[str, ...] = ("auto", "fast", "vmap")
 LAYOUTS: tuple[str, ...] = ("auto", "packed", "padded")
@@ -79,6 +80,10 @@ class LocalSpec:
     trainable names the parameter tensors that train (None: all). The rest are frozen and take no
     part in the gradient, the clipping norm, the noise (its dimension is the trainable scalar count),
     momentum or prox. Names are checked against the parameters in `run_local`.
+    precision "bfloat16" runs the gradients' matrix products (forward, backward, per-sample weight gradients) with
+    bfloat16 operands and float32 results, for GPUs with bf16 tensor cores; per-sample norms, clip factors, the
+    clipped sums, noise, averaging and the update stay float32 (float32 master weights), so clipping still bounds
+    every record's contribution to C. "float32" (default) runs everything in float32.
     """
 
     lr: float
@@ -91,6 +96,7 @@ class LocalSpec:
     clip_mode: str = "per_example"
     prox_to: str = "start"  # the prox term's anchor: the client's start, or the `anchor` run_local is given
     micro_batch: int | None = None  # per-sample gradients of at most this many records at once (DP-SGD)
+    precision: str = "float32"  # "bfloat16": the gradients' GEMMs in bf16, all else float32
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -112,6 +118,8 @@ class LocalSpec:
         if self.micro_batch is not None and (isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int)
                                              or self.micro_batch < 1):
             raise ValueError(f"micro_batch must be an integer >= 1 or None, got {self.micro_batch!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         per_sample_loss(self.loss)
         if self.trainable is not None:
             if isinstance(self.trainable, str):
@@ -462,7 +470,8 @@ def _run_chunk(
     if fast is not None:
         grads_of = None
     else:
-        grads_of = _per_sample_grad_fn(model, loss_fn) if per_sample else _batch_grad_fn(model, loss_fn)
+        bf16 = spec.precision == "bfloat16"
+        grads_of = _per_sample_grad_fn(model, loss_fn, bf16) if per_sample else _batch_grad_fn(model, loss_fn, bf16)
     max_steps = plans[0].steps if plans else 0
     # Per-step rates [K, max_steps] only if some plan has a schedule (else the scalar fast path);
     # entries past a client's last step are never read.
@@ -528,14 +537,14 @@ def _packed_step(idx: Sequence[torch.Tensor], spec: LocalSpec, fast: FastModel |
     if not per_sample:
         if fast is not None:
             x, y, owner = data.gather_packed(clients, idx)
-            return fast.grad_sum(wa, fa, x, y, owner, loss_fn)
+            return fast.grad_sum(wa, fa, x, y, owner, loss_fn, bf16=spec.precision == "bfloat16")
         x, y, mask = data.gather(clients, idx)
         return _batch_gradient(grads_of, wa, x, y, mask, fa)
     x, y, owner = data.gather_packed(clients, idx)
 
     def clipped(xs: torch.Tensor, ys: torch.Tensor, os: torch.Tensor) -> P.Params:
         if fast is not None:
-            return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn)
+            return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn, bf16=spec.precision == "bfloat16")
         return _clipped_sum(grads_of, wa, xs, ys, os, spec.clip, fa)
 
     return _accumulated(clipped, x, y, owner, spec.micro_batch)
@@ -589,7 +598,8 @@ def _padded_step(slots: _Slots, t: int, active: int, spec: LocalSpec, fast: Fast
     if not per_sample:
         x, y = slots.data.gather_slots(clients, index)
         if fast is not None:
-            return fast.grad_sum(wa, fa, x, y, slots.owner(active, cap), loss_fn, weight.reshape(-1), cap), drawn
+            return fast.grad_sum(wa, fa, x, y, slots.owner(active, cap), loss_fn, weight.reshape(-1), cap,
+                                 spec.precision == "bfloat16"), drawn
         x, y = x.view(active, cap, *x.shape[1:]), y.view(active, cap, *y.shape[1:])
         return _batch_gradient(grads_of, wa, x, y, weight, fa), drawn
     # physical micro-batches: columns of slots, every client the same number of them (at most `micro` records at once,
@@ -602,7 +612,7 @@ def _padded_step(slots: _Slots, t: int, active: int, spec: LocalSpec, fast: Fast
         x, y = slots.data.gather_slots(clients, part_index)
         if fast is not None:
             part = fast.clipped_sum(wa, fa, x, y, slots.owner(active, c), spec.clip, loss_fn, part_weight.reshape(-1),
-                                    c)
+                                    c, spec.precision == "bfloat16")
         else:
             part = _clipped_sum(grads_of, wa, x, y, slots.owner(active, c), spec.clip, fa, part_weight.reshape(-1), c)
         total = part if total is None else {n: total[n].add_(part[n]) for n in total}
@@ -662,35 +672,49 @@ def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner:
     return out
 
 
-def _per_sample_grad_fn(model: nn.Module, loss_fn):
+def _forward(model: nn.Module, params: P.Params, x: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The model's output at `params`; `bf16`: under bfloat16 autocast, the output in float32 for the loss."""
+    if not bf16:
+        return functional_call(model, params, (x,))
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        out = functional_call(model, params, (x,))
+    return out.float()
+
+
+def _float32(grads: P.Params, bf16: bool) -> P.Params:
+    """The gradients in float32 before norms and clipping (autocast leaves float32 parameters' gradients float32)."""
+    return {n: g.float() for n, g in grads.items()} if bf16 else grads
+
+
+def _per_sample_grad_fn(model: nn.Module, loss_fn, bf16: bool = False):
     """Gradient of each sample's loss at its own parameters: vmap over (parameters, x, y) triples.
 
     Differentiates w.r.t. `p` only; the optional `frozen` tensors (stacked like `p`) join the forward
-    pass without being differentiated.
+    pass without being differentiated. `bf16`: the forward / backward under bfloat16 autocast.
     """
 
     def loss_one(p, frozen, xi, yi):
-        out = functional_call(model, {**p, **frozen}, (xi.unsqueeze(0),))
+        out = _forward(model, {**p, **frozen}, xi.unsqueeze(0), bf16)
         return loss_fn(out, yi.unsqueeze(0)).sum()
 
     vg = vmap(grad(loss_one), in_dims=(0, 0, 0, 0), randomness="different")
 
     def grads_of(p, x, y, frozen=None):
-        return vg(p, frozen or {}, x, y)
+        return _float32(vg(p, frozen or {}, x, y), bf16)
 
     return grads_of
 
 
-def _batch_grad_fn(model: nn.Module, loss_fn):
-    """Per-client gradient of the masked loss sum w.r.t. `p` (frozen tensors as in `_per_sample_grad_fn`)."""
+def _batch_grad_fn(model: nn.Module, loss_fn, bf16: bool = False):
+    """Per-client gradient of the masked loss sum w.r.t. `p` (frozen tensors and `bf16` as in `_per_sample_grad_fn`)."""
 
     def masked_sum(p, frozen, x, y, m):
-        out = functional_call(model, {**p, **frozen}, (x,))
+        out = _forward(model, {**p, **frozen}, x, bf16)
         return (loss_fn(out, y) * m).sum()
 
     vg = vmap(grad(masked_sum), in_dims=(0, 0, 0, 0, 0), randomness="different")
 
     def grads_of(p, x, y, m, frozen=None):
-        return vg(p, frozen or {}, x, y, m)
+        return _float32(vg(p, frozen or {}, x, y, m), bf16)
 
     return grads_of

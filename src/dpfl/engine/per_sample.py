@@ -27,6 +27,13 @@ rounding), so the sums equal the generic path's to float tolerance (tests/engine
 Without clipping (plain SGD, FedProx, clip_mode "batch") the same forward/backward gives each client's
 gradient sum as segmented GEMMs (c_s = 1), with no per-sample anything.
 
+With `bf16` (LocalSpec.precision "bfloat16") the GEMMs of the forward, the backward and the conv per-sample weight
+gradients take bfloat16 operands and give float32 results (`_low` / `_gemm`); everything that bounds a record's
+contribution stays float32 and is computed from the very values that are summed: a conv's per-sample gradient G_s
+(the bf16 GEMM's result, in float32) is normed, scaled and summed in float32, and a Linear's clipped weight sum is a
+float32 GEMM of the same float32 a_s, g_s the ghost norm is taken of. So clipping bounds each record's contribution
+to C as in float32; only the gradients themselves carry bf16 rounding (~2^-8 relative a product).
+
 Supported: an `nn.Sequential` (nested Sequentials flattened; `forward` not overridden) of `Linear` (2-D
 input), `Conv2d` (groups 1, zero padding given as numbers), parameter-free element-wise or per-sample layers
 (ReLU, Tanh, Sigmoid, LeakyReLU, ELU, GELU, SiLU, Softplus, MaxPool2d, AvgPool2d, Flatten, Unflatten,
@@ -190,8 +197,23 @@ class Packing:
         return loop <= pad
 
 
-def seg_mm(a: Tensor, b: Tensor, pk: Packing, bias: Tensor | None = None) -> Tensor:
-    """out[s] = a[s] @ b[owner[s]] (+ bias[owner[s]]) for a `[S, r, d]`, b `[k, d, e]`, bias `[k, e]` -> `[S, r, e]`."""
+def _low(t: Tensor) -> Tensor:
+    """A GEMM operand in bfloat16 (no copy if it is already)."""
+    return t.bfloat16()
+
+
+def _gemm(fn: Callable[..., Tensor], *operands: Tensor) -> Tensor:
+    """`fn` (a GEMM, a convolution) of the operands in bfloat16, the result in float32 (bf16 mode's products; the
+    GEMM accumulates in float32, its result is rounded to bfloat16 once)."""
+    return fn(*(_low(t) for t in operands)).float()
+
+
+def seg_mm(a: Tensor, b: Tensor, pk: Packing, bias: Tensor | None = None, bf16: bool = False) -> Tensor:
+    """out[s] = a[s] @ b[owner[s]] (+ bias[owner[s]]) for a `[S, r, d]`, b `[k, d, e]`, bias `[k, e]` -> `[S, r, e]`.
+    `bf16`: the products in bfloat16 (`_gemm`), the result and the bias addition in float32."""
+    if bf16:
+        out = _gemm(lambda x, y: seg_mm(x, y, pk), a, b)
+        return out if bias is None else out.add_(bias.index_select(0, pk.owner).unsqueeze(1))
     s, r, d = a.shape
     e = b.shape[-1]
     if pk.loop_is_cheaper(r, d, e):
@@ -212,8 +234,11 @@ def seg_mm(a: Tensor, b: Tensor, pk: Packing, bias: Tensor | None = None) -> Ten
     return pk.unpad(out.view(pk.k, pk.bmax, r, e))
 
 
-def seg_tmm(a: Tensor, c: Tensor, pk: Packing) -> Tensor:
-    """out[k] = sum over client k's samples of a[s]^T @ c[s], a `[S, r, d]`, c `[S, r, e]` -> `[k, d, e]`."""
+def seg_tmm(a: Tensor, c: Tensor, pk: Packing, bf16: bool = False) -> Tensor:
+    """out[k] = sum over client k's samples of a[s]^T @ c[s], a `[S, r, d]`, c `[S, r, e]` -> `[k, d, e]`.
+    `bf16`: the products in bfloat16, the result in float32 (unclipped sums only: see the module docstring)."""
+    if bf16:
+        return _gemm(lambda x, y: seg_tmm(x, y, pk), a, c)
     s, r, d = a.shape
     e = c.shape[-1]
     if pk.loop_is_cheaper(r, d, e):
@@ -254,9 +279,10 @@ class _Step:
     """What one forward/backward needs and leaves behind: weights, packing, per-sample norms, sum makers."""
 
     def __init__(self, pk: Packing, params: Mapping[str, Tensor], trainable: set[str], clip: bool,
-                 padded_dropout: bool) -> None:
+                 padded_dropout: bool, bf16: bool = False) -> None:
         self.pk, self.params, self.trainable, self.clip = pk, params, trainable, clip
         self.padded_dropout = padded_dropout
+        self.bf16 = bf16  # GEMMs in bfloat16, results float32 (`_gemm`)
         self.sq_norms: Tensor | None = None  # [S], sum over trainable tensors of ||g_s||^2
         self.norm_names: list[str] = []
         self.makers: dict[str, Callable[[Tensor | None], Tensor]] = {}  # name -> (c or None) -> [k, ...] sum
@@ -303,7 +329,7 @@ class _Linear:
     def forward(self, a: Tensor, step: _Step):
         pk, p = step.pk, step.params
         bias = p[self.b] if self.b is not None else None
-        z = seg_mm(a.unsqueeze(1), p[self.w].transpose(1, 2), pk, bias).squeeze(1)
+        z = seg_mm(a.unsqueeze(1), p[self.w].transpose(1, 2), pk, bias, step.bf16).squeeze(1)
         return z, (a.detach() if self.w in step.trainable else None)
 
     def backward(self, gz: Tensor, a: Tensor | None, step: _Step, need_input: bool):
@@ -313,9 +339,9 @@ class _Linear:
             if step.clip:
                 step.add_sq_norm(self.w, a.pow(2).sum(1) * gz.pow(2).sum(1))
 
-            def weight_sum(c, gz=gz, a=a):
+            def weight_sum(c, gz=gz, a=a):  # clipped (c given): float32, from the a, gz the ghost norm is of
                 g = gz if c is None else gz * c.unsqueeze(1)
-                return seg_tmm(g.unsqueeze(1), a.unsqueeze(1), pk)
+                return seg_tmm(g.unsqueeze(1), a.unsqueeze(1), pk, step.bf16 and c is None)
 
             step.makers[self.w] = weight_sum
         if self.b is not None and self.b in step.trainable:
@@ -324,7 +350,7 @@ class _Linear:
             step.makers[self.b] = lambda c, gz=gz: seg_sum(gz if c is None else gz * c.unsqueeze(1), pk)
         if not need_input:
             return None
-        return seg_mm(gz.unsqueeze(1), step.params[self.w], pk).squeeze(1)
+        return seg_mm(gz.unsqueeze(1), step.params[self.w], pk, bf16=step.bf16).squeeze(1)
 
 
 class _Conv2d:
@@ -424,7 +450,7 @@ class _Conv2d:
             w = step.params[self.w]
             m = w.permute(0, 1, 3, 4, 2) if self.channels_last else w
             m = m.reshape(w.shape[0], self.cout, self.ckk)
-            step.cache[key] = m
+            step.cache[key] = m = _low(m) if step.bf16 else m
         return m
 
     def _to_weight(self, m: Tensor) -> Tensor:
@@ -457,6 +483,8 @@ class _Conv2d:
         trains = self.w in step.trainable
         # U is needed for the per-sample weight gradients (clipping), or for the weight sums when that is cheaper
         need_u = trains and (step.clip or im2col + gemm < native)
+        if step.bf16:  # U only feeds GEMMs: gathered in bfloat16 (half the copy and the memory)
+            a = _low(a)
         u = self.im2col(a) if need_u else None
         bias = p[self.b] if self.b is not None else None
         if native < gemm + (0.0 if need_u else im2col):
@@ -464,14 +492,21 @@ class _Conv2d:
         else:
             if u is None:
                 u = self.im2col(a)
-            z = seg_mm(u, self._wmat(step).transpose(1, 2), pk, bias)  # [S, L, Cout]
+            z = seg_mm(u, self._wmat(step).transpose(1, 2), pk, bias, step.bf16)  # [S, L, Cout]
             z = z.view(s, ho, wo, self.cout).permute(0, 3, 1, 2)  # NCHW view of channels-last memory
         return z, ((u if need_u else None), a.detach())
 
     def _forward_native(self, a: Tensor, step: _Step, bias: Tensor | None) -> Tensor:
         pk, wt = step.pk, step.params[self.w]
-        parts = [F.conv2d(a[lo:hi], wt[k], None if bias is None else bias[k], (self.sh, self.sw), (self.ph, self.pw),
-                          (self.dh, self.dw)) for k, (lo, hi) in enumerate(pk.bounds) if hi > lo]
+        geo = ((self.sh, self.sw), (self.ph, self.pw), (self.dh, self.dw))
+        parts = []
+        for k in pk.active:
+            lo, hi = pk.bounds[k]
+            if step.bf16:  # the convolution in bfloat16, the result and the bias addition in float32
+                z = _gemm(lambda x, y: F.conv2d(x, y, None, *geo), a[lo:hi], wt[k])
+                parts.append(z if bias is None else z.add_(bias[k].view(-1, 1, 1)))
+            else:
+                parts.append(F.conv2d(a[lo:hi], wt[k], None if bias is None else bias[k], *geo))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def backward(self, gz: Tensor, saved, step: _Step, need_input: bool):
@@ -497,7 +532,8 @@ class _Conv2d:
                 else:
                     g3 = gz.permute(0, 2, 3, 1).reshape(s, l, self.cout)
                     gcl = g3.transpose(1, 2)
-                per = torch.bmm(gcl, u)  # [S, Cout, C*kh*kw]: the per-sample weight gradients, kept for the sum
+                # [S, Cout, C*kh*kw]: the per-sample weight gradients (float32 in bf16 mode too), kept for the sum
+                per = _gemm(torch.bmm, gcl, u) if step.bf16 else torch.bmm(gcl, u)
                 step.add_sq_norm(self.w, torch.linalg.vector_norm(per.view(s, -1), dim=1).pow(2))
 
                 def weight_sum(c, per=per):
@@ -510,7 +546,7 @@ class _Conv2d:
                 g3 = gz.permute(0, 2, 3, 1).reshape(s, l, self.cout)
 
                 def weight_sum(c, g3=g3, u=u):  # noqa: ARG001 -- c is None here
-                    return self._to_weight(seg_tmm(g3, u, pk))
+                    return self._to_weight(seg_tmm(g3, u, pk, step.bf16))
 
             step.makers[self.w] = weight_sum
         if self.b is not None and self.b in step.trainable:
@@ -522,7 +558,7 @@ class _Conv2d:
             return ga
         if g3 is None:
             g3 = gz.permute(0, 2, 3, 1).reshape(s, l, self.cout)
-        du = seg_mm(g3, self._wmat(step), pk)  # [S, L, C*kh*kw]
+        du = seg_mm(g3, self._wmat(step), pk, bf16=step.bf16)  # [S, L, C*kh*kw]
         return self._col2im(du, s, h, w, ho, wo)
 
     def _backward_native(self, gz: Tensor, a: Tensor, step: _Step, need_input: bool, need_weight: bool):
@@ -531,9 +567,14 @@ class _Conv2d:
         parts, gw = [], (torch.zeros_like(wt) if need_weight else None)
         for k, (lo, hi) in enumerate(pk.bounds):
             if hi > lo:
+                gzk, ak, wk = gz[lo:hi], a[lo:hi], wt[k]
+                if step.bf16:
+                    gzk, ak, wk = _low(gzk), _low(ak), _low(wk)
                 gi, gk, _ = torch.ops.aten.convolution_backward(
-                    gz[lo:hi], a[lo:hi], wt[k], None, [self.sh, self.sw], [self.ph, self.pw], [self.dh, self.dw], False,
+                    gzk, ak, wk, None, [self.sh, self.sw], [self.ph, self.pw], [self.dh, self.dw], False,
                     [0, 0], 1, [need_input, need_weight, False])
+                if step.bf16:
+                    gi, gk = (None if gi is None else gi.float()), (None if gk is None else gk.float())
                 if need_input:
                     parts.append(gi)
                 if need_weight:
@@ -676,14 +717,14 @@ class FastModel:
 
     def _run(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor], x: Tensor, y: Tensor,
              owner: Tensor, loss_fn, clip: float | None, padded_dropout: bool, weight: Tensor | None = None,
-             slots: int | None = None):
+             slots: int | None = None, bf16: bool = False):
         k = next(iter(params.values())).shape[0]
         if slots is None and len(owner) and bool((owner[1:] < owner[:-1]).any()):
             order = torch.argsort(owner, stable=True)
             x, y, owner = x[order], y[order], owner[order]
             weight = weight[order] if weight is not None else None
         pk = Packing(owner, k, slots)
-        step = _Step(pk, {**frozen, **params}, set(params), clip is not None, padded_dropout)
+        step = _Step(pk, {**frozen, **params}, set(params), clip is not None, padded_dropout, bf16)
         anchor = torch.zeros((), requires_grad=True, device=x.device)
         with torch.enable_grad():
             h = x
@@ -708,33 +749,35 @@ class FastModel:
 
     def clipped_sum(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor] | None, x: Tensor, y: Tensor,
                     owner: Tensor, clip: float, loss_fn, weight: Tensor | None = None,
-                    slots: int | None = None) -> dict[str, Tensor]:
+                    slots: int | None = None, bf16: bool = False) -> dict[str, Tensor]:
         """Per client, the sum over its samples of the per-sample gradients w.r.t. `params` (stacked `[k, ...]`),
         each clipped to global L2 norm `clip`: the same as `local_training._clipped_sum`.
 
         `weight` [S] (0 / 1) multiplies each sample's clip factor: a padding slot's weight 0 removes it from the sum.
-        `slots`: every client holds exactly that many consecutive samples (`owner` is uniform; see `Packing`)."""
+        `slots`: every client holds exactly that many consecutive samples (`owner` is uniform; see `Packing`).
+        `bf16`: the GEMMs in bfloat16; norms, clip factors and sums in float32 (the module docstring)."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, _, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, clip, False, weight, slots)
+        step, _, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, clip, False, weight, slots, bf16)
         factor = torch.clamp(clip / (step.sq_norms.sqrt() + 1e-12), max=1.0)
         if weight is not None:
             factor = factor * weight.to(factor.dtype)
         return {n: step.makers[n](factor).reshape(v.shape) for n, v in params.items()}
 
-    def per_sample_norms(self, params, frozen, x, y, owner, loss_fn) -> Tensor:
+    def per_sample_norms(self, params, frozen, x, y, owner, loss_fn, bf16: bool = False) -> Tensor:
         """||g_s|| over the trainable tensors, per sample (in the order of a stably sorted `owner`)."""
-        step, _, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, padded_dropout=False)
+        step, _, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, padded_dropout=False, bf16=bf16)
         return step.sq_norms.sqrt()
 
     def grad_sum(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor] | None, x: Tensor, y: Tensor,
-                 owner: Tensor, loss_fn, weight: Tensor | None = None, slots: int | None = None) -> dict[str, Tensor]:
+                 owner: Tensor, loss_fn, weight: Tensor | None = None, slots: int | None = None,
+                 bf16: bool = False) -> dict[str, Tensor]:
         """Per client, the sum over its samples of the loss gradients (no clipping): dropout masks are drawn
         in the padded `[k, bmax, ...]` layout of the generic plain-SGD path. `weight` and `slots` as in
-        `clipped_sum` (the weight multiplies each sample's loss)."""
+        `clipped_sum` (the weight multiplies each sample's loss); `bf16` as there."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, _, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, None, True, weight, slots)
+        step, _, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, None, True, weight, slots, bf16)
         return {n: step.makers[n](None).reshape(v.shape) for n, v in params.items()}
 
 

@@ -49,6 +49,7 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
     return dict(
         lr=t.optimizer.lr, clients=cfg.data.clients, rounds=t.rounds, local_epochs=t.local_epochs,
         local_steps=t.local_steps, momentum=t.optimizer.momentum, micro_batch=t.micro_batch,
+        precision=t.precision,
         selection=Selection(sel.kind, sel.k, sel.rate), mechanism=p.mechanism, clip=p.clip, sampling=p.sampling,
         noise_multiplier=p.noise_multiplier, paper_eta_scaling=p.paper_eta_scaling,
         per_upload_amplification=p.per_upload_amplification, observer=p.observer, release=p.release,

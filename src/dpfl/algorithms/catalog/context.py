@@ -38,7 +38,7 @@ class AlgorithmError(ValueError):
 class RunFacts:
     """The run an algorithm is built for: its training and privacy settings, its model and its data's size.
 
-    The names are the config's: lr, momentum, micro_batch (training.optimizer / training), local_epochs or
+    The names are the config's: lr, momentum, micro_batch, precision (training.optimizer / training), local_epochs or
     local_steps, rounds, selection (training.selection), clients (data.clients); mechanism (None: the algorithm's
     default), clip, sampling, noise_multiplier (None: calibrated from the budgets by `FederatedRun`),
     paper_eta_scaling, per_upload_amplification and the f-DP fields observer, release, smoothness_L,
@@ -58,6 +58,7 @@ class RunFacts:
     local_steps: int | None = None
     momentum: float = 0.0
     micro_batch: int | None = None
+    precision: str = "float32"
     selection: Selection = field(default_factory=Selection)
     mechanism: str | None = None
     clip: float | None = None
@@ -111,6 +112,8 @@ class RunFacts:
             program = sgd(lr, **common)
         if self.micro_batch is not None:
             program = dataclasses.replace(program, spec=dataclasses.replace(program.spec, micro_batch=self.micro_batch))
+        if self.precision != "float32":
+            program = dataclasses.replace(program, spec=dataclasses.replace(program.spec, precision=self.precision))
         return program
 
 

@@ -83,6 +83,8 @@ class TrainingConfig(_Section):
     micro_batch: DP-SGD computes per-sample gradients of at most this many records at once and sums the clipped
     ones (gradient accumulation: the same step, the noise drawn once; for batches that do not fit in memory).
     Unset, a step whose records alone exceed the engine's memory budget is accumulated automatically.
+    precision: ``float32`` (default) or ``bfloat16``: the local gradients' matrix products with bfloat16 operands
+    (GPUs with bf16 tensor cores); norms, clipping, noise and the update stay float32 (`LocalSpec.precision`).
     """
 
     rounds: int = Field(ge=1)
@@ -92,6 +94,7 @@ class TrainingConfig(_Section):
     optimizer: OptimizerConfig
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     micro_batch: int | None = Field(None, ge=1, le=1_000_000)
+    precision: Literal["float32", "bfloat16"] = "float32"
 
     @field_validator("rounds", "local_steps", "local_epochs")
     @classmethod
