@@ -179,3 +179,24 @@ def test_training_precision_in_a_config_reaches_the_local_spec():
         validate_config(apply_overrides(demo, ["training.precision=float16"]))
     msg = str(info.value)
     assert len(msg.splitlines()) == 1 and "training.precision" in msg, msg
+
+
+def test_an_algorithm_that_builds_its_own_local_training_refuses_bfloat16():
+    """Noisy-FedAvg builds its own LocalSpec (clipped SGD on parameter noise): bfloat16 would be silently dropped, so
+    the config is refused naming the key; the built-in programs (dp_fedavg_local, PFA) take it."""
+    from pathlib import Path
+
+    from dpfl.experiment.build import build_algorithm
+    from dpfl.experiment.config import ConfigError, apply_overrides, parse_yaml, validate_config
+
+    demo = parse_yaml((Path(__file__).resolve().parents[2] / "configs" / "demo.yaml").read_text())
+    for name in ("dp_fedavg_local", "pfa"):
+        cfg = validate_config(apply_overrides(demo, [f"algorithm.name={name}", "training.precision=bfloat16"]))
+        assert all(phase.spec.precision == "bfloat16" for phase in build_algorithm(cfg).local.phases)
+    noisy = parse_yaml((Path(__file__).resolve().parents[2] / "configs" / "fdp" / "digits_noisy_fedavg.yaml")
+                       .read_text())
+    build_algorithm(validate_config(noisy))  # float32: fine
+    with pytest.raises(ConfigError) as info:
+        build_algorithm(validate_config(apply_overrides(noisy, ["training.precision=bfloat16"])))
+    msg = str(info.value)
+    assert len(msg.splitlines()) == 1 and "training.precision" in msg and "noisy_fedavg" in msg, msg

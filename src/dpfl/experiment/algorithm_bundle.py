@@ -17,6 +17,7 @@ from torch import nn
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.catalog.context import AlgorithmError, RunFacts
 from dpfl.algorithms.catalog.noisy import noisy_run_accounting
+from dpfl.algorithms.client.phased import PhasedProgram
 from dpfl.algorithms.client.program import LocalProgram
 from dpfl.algorithms.registry import AGGREGATORS, LOCAL_PROGRAMS, algorithm_spec
 from dpfl.algorithms.secure.aggregator import SecureAggregation
@@ -27,7 +28,7 @@ from dpfl.experiment.config import PROVIDED_MODEL, ConfigError, RunConfig
 from dpfl.models import build_model, model_info
 from dpfl.privacy.fdp_run import NoisyRunAccounting
 
-__all__ = ["build_algorithm", "model_facts", "noisy_accounting", "run_facts"]
+__all__ = ["build_algorithm", "check_precision", "model_facts", "noisy_accounting", "run_facts"]
 
 
 def run_facts(cfg: RunConfig, model: nn.Module | None = None,
@@ -70,9 +71,26 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None,
         raise ConfigError(f"algorithm: {name} is built with its data (build_run): its noise depends on the split",
                           "algorithm")
     try:
-        return spec.factory(run_facts(cfg, model, input_shape), **cfg.algorithm.params)
+        algorithm = spec.factory(run_facts(cfg, model, input_shape), **cfg.algorithm.params)
     except AlgorithmError as err:
         raise ConfigError(str(err), err.key) from None
+    check_precision(cfg, algorithm)
+    return algorithm
+
+
+def check_precision(cfg: RunConfig, algorithm: Algorithm) -> None:
+    """Refuse `training.precision` where the algorithm's local training would not run with it (an algorithm or a
+    registered local program that builds its own LocalSpec): a setting is honoured or refused, never dropped."""
+    want = cfg.training.precision
+    if want == "float32":
+        return
+    local = algorithm.local
+    phases = local.phases if isinstance(local, (LocalProgram, PhasedProgram)) else ()
+    if not phases or any(phase.spec.precision != want for phase in phases):
+        raise ConfigError(f"training.precision: algorithm {cfg.algorithm.name!r}"
+                          f"{' with local program ' + repr(cfg.algorithm.local.name) if cfg.algorithm.local else ''}"
+                          f" trains its clients with its own settings and does not run in {want}; use float32",
+                          "training.precision")
 
 
 def noisy_accounting(cfg: RunConfig) -> NoisyRunAccounting:
