@@ -100,11 +100,11 @@ def _no_clipping(monkeypatch) -> None:
     # per-sample clipping at 1e12 on both per-sample paths (fast and vmap); the noise is still z * clip with clip 1
     fast, generic = FastModel.clipped_sum, local_training._clipped_sum
     monkeypatch.setattr(FastModel, "clipped_sum",
-                        lambda self, p, frozen, x, y, owner, clip, loss_fn: fast(self, p, frozen, x, y, owner, 1e12,
-                                                                                 loss_fn))
+                        lambda self, p, frozen, x, y, owner, clip, loss_fn, *rest, **kw: fast(
+                            self, p, frozen, x, y, owner, 1e12, loss_fn, *rest, **kw))
     monkeypatch.setattr(local_training, "_clipped_sum",
-                        lambda grads_of, w, x, y, owner, clip, frozen=None: generic(grads_of, w, x, y, owner, 1e12,
-                                                                                    frozen))
+                        lambda grads_of, w, x, y, owner, clip, *rest, **kw: generic(
+                            grads_of, w, x, y, owner, 1e12, *rest, **kw))
 
 
 @pytest.mark.parametrize("bug", [_no_noise, _no_clipping], ids=["no_noise", "no_clipping"])
