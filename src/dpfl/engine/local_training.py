@@ -98,6 +98,11 @@ class LocalSpec:
     micro_batch: int | None = None  # per-sample gradients of at most this many records at once (DP-SGD)
     precision: str = "float32"  # "bfloat16": the gradients' GEMMs in bf16, all else float32
 
+    @property
+    def bf16(self) -> bool:
+        """Whether the gradients' matrix products run on bfloat16 operands (`precision`)."""
+        return self.precision == "bfloat16"
+
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
@@ -470,7 +475,7 @@ def _run_chunk(
     if fast is not None:
         grads_of = None
     else:
-        bf16 = spec.precision == "bfloat16"
+        bf16 = spec.bf16
         grads_of = _per_sample_grad_fn(model, loss_fn, bf16) if per_sample else _batch_grad_fn(model, loss_fn, bf16)
     max_steps = plans[0].steps if plans else 0
     # Per-step rates [K, max_steps] only if some plan has a schedule (else the scalar fast path);
@@ -488,21 +493,17 @@ def _run_chunk(
         wa = {n: w[n][:active] for n in names}
         fa = {n: v[:active] for n, v in frozen.items()}
         if slots is not None:
-            g, drawn = _padded_step(slots, t, active, spec, fast, grads_of, loss_fn, wa, fa, per_sample)
-            g = P.flatten({n: g[n] for n in names})
-            if not per_sample:
-                g.div_(drawn.unsqueeze(1))
+            sums, drawn = _padded_step(slots, t, active, spec, fast, grads_of, loss_fn, wa, fa, per_sample)
         else:
             idx = [batches[i].next().to(device) for i in range(active)]  # no-op where the generators are
             for i, ix in enumerate(idx):
                 used[i] += len(ix)
                 empties[i] += int(len(ix) == 0)
-            g = _packed_step(idx, spec, fast, grads_of, loss_fn, wa, fa, data, clients[:active], per_sample)
-            g = P.flatten({n: g[n] for n in names})
+            sums = _packed_step(idx, spec, fast, grads_of, loss_fn, wa, fa, data, clients[:active], per_sample)
             drawn = _drawn(idx, nominal.dtype, device) if not per_sample or spec.sampling != "poisson" else None
-            if not per_sample:
-                g.div_(drawn.unsqueeze(1))
+        g = P.flatten({n: sums[n] for n in names})
         if not per_sample:
+            g.div_(drawn.unsqueeze(1))  # the mean loss gradient over the records drawn
             if spec.clip is not None:  # clip_mode "batch": the client's mean gradient, clipped to C
                 factor = torch.clamp(spec.clip / (torch.linalg.vector_norm(g, dim=1) + 1e-12), max=1.0)
                 g.mul_(factor.unsqueeze(1))
@@ -537,14 +538,14 @@ def _packed_step(idx: Sequence[torch.Tensor], spec: LocalSpec, fast: FastModel |
     if not per_sample:
         if fast is not None:
             x, y, owner = data.gather_packed(clients, idx)
-            return fast.grad_sum(wa, fa, x, y, owner, loss_fn, bf16=spec.precision == "bfloat16")
+            return fast.grad_sum(wa, fa, x, y, owner, loss_fn, bf16=spec.bf16)
         x, y, mask = data.gather(clients, idx)
         return _batch_gradient(grads_of, wa, x, y, mask, fa)
     x, y, owner = data.gather_packed(clients, idx)
 
     def clipped(xs: torch.Tensor, ys: torch.Tensor, os: torch.Tensor) -> P.Params:
         if fast is not None:
-            return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn, bf16=spec.precision == "bfloat16")
+            return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn, bf16=spec.bf16)
         return _clipped_sum(grads_of, wa, xs, ys, os, spec.clip, fa)
 
     return _accumulated(clipped, x, y, owner, spec.micro_batch)
@@ -599,7 +600,7 @@ def _padded_step(slots: _Slots, t: int, active: int, spec: LocalSpec, fast: Fast
         x, y = slots.data.gather_slots(clients, index)
         if fast is not None:
             return fast.grad_sum(wa, fa, x, y, slots.owner(active, cap), loss_fn, weight.reshape(-1), cap,
-                                 spec.precision == "bfloat16"), drawn
+                                 spec.bf16), drawn
         x, y = x.view(active, cap, *x.shape[1:]), y.view(active, cap, *y.shape[1:])
         return _batch_gradient(grads_of, wa, x, y, weight, fa), drawn
     # physical micro-batches: columns of slots, every client the same number of them (at most `micro` records at once,
@@ -612,7 +613,7 @@ def _padded_step(slots: _Slots, t: int, active: int, spec: LocalSpec, fast: Fast
         x, y = slots.data.gather_slots(clients, part_index)
         if fast is not None:
             part = fast.clipped_sum(wa, fa, x, y, slots.owner(active, c), spec.clip, loss_fn, part_weight.reshape(-1),
-                                    c, spec.precision == "bfloat16")
+                                    c, spec.bf16)
         else:
             part = _clipped_sum(grads_of, wa, x, y, slots.owner(active, c), spec.clip, fa, part_weight.reshape(-1), c)
         total = part if total is None else {n: total[n].add_(part[n]) for n in total}

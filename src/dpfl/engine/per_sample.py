@@ -198,7 +198,8 @@ class Packing:
 
 
 def _low(t: Tensor) -> Tensor:
-    """A GEMM operand in bfloat16 (no copy if it is already)."""
+    """A GEMM operand in bfloat16 (no copy if it is already): the one place bf16 mode casts, so a test can show that
+    a float32 run never does."""
     return t.bfloat16()
 
 
@@ -745,7 +746,7 @@ class FastModel:
             raise RuntimeError(f"fast per-sample path: no gradient for {sorted(missing)}")
         if clip is not None and sorted(step.norm_names) != sorted(params):
             raise RuntimeError("fast per-sample path: the clipping norm does not cover every trainable tensor")
-        return step, pk, weight
+        return step, weight
 
     def clipped_sum(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor] | None, x: Tensor, y: Tensor,
                     owner: Tensor, clip: float, loss_fn, weight: Tensor | None = None,
@@ -758,7 +759,7 @@ class FastModel:
         `bf16`: the GEMMs in bfloat16; norms, clip factors and sums in float32 (the module docstring)."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, _, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, clip, False, weight, slots, bf16)
+        step, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, clip, False, weight, slots, bf16)
         factor = torch.clamp(clip / (step.sq_norms.sqrt() + 1e-12), max=1.0)
         if weight is not None:
             factor = factor * weight.to(factor.dtype)
@@ -766,7 +767,7 @@ class FastModel:
 
     def per_sample_norms(self, params, frozen, x, y, owner, loss_fn, bf16: bool = False) -> Tensor:
         """||g_s|| over the trainable tensors, per sample (in the order of a stably sorted `owner`)."""
-        step, _, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, padded_dropout=False, bf16=bf16)
+        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, padded_dropout=False, bf16=bf16)
         return step.sq_norms.sqrt()
 
     def grad_sum(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor] | None, x: Tensor, y: Tensor,
@@ -777,7 +778,7 @@ class FastModel:
         `clipped_sum` (the weight multiplies each sample's loss); `bf16` as there."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, _, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, None, True, weight, slots, bf16)
+        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, None, True, weight, slots, bf16)
         return {n: step.makers[n](None).reshape(v.shape) for n, v in params.items()}
 
 

@@ -51,16 +51,12 @@ class BatchStream:
 
     def next(self) -> torch.Tensor:
         """Indices (into this client's records) of the next batch."""
+        if self.kind == "poisson":  # `_masks` counts the step off `remaining`
+            return self._masks(1)[0].nonzero().squeeze(1)
         self.remaining -= 1
-        if self.kind == "poisson":
-            return self._next_poisson()
         if self.kind == "fixed":
             return torch.randperm(self.n, generator=self.g, device=self.g.device)[: self.batch_size]
         return self._next_shuffle()
-
-    def _next_poisson(self) -> torch.Tensor:
-        self.remaining += 1  # _masks counts the step itself
-        return self._masks(1)[0].nonzero().squeeze(1)
 
     def masks(self, steps: int) -> torch.Tensor:
         """The next `steps` Poisson batches as membership masks `[steps, n]` (bool), cut from the blocks `next`
