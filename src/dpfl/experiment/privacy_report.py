@@ -241,7 +241,7 @@ def aggregate_view(algorithm: Algorithm, budgets: Sequence[ClientBudget] | None,
     event = up.aggregate_event(sel, population, rounds_run)
     if event is None:
         return None
-    delta = float(budgets.deltas.min()) if isinstance(budgets, Budgets) else min(b.delta for b in budgets)
+    delta = float(Budgets.of(budgets).deltas.min())
     g = guarantee(event, delta, accountant, unit="client")
     out = {"epsilon": g.epsilon, "delta": delta, "relation": g.relation, "noise_multiplier": up.noise,
            "sample_rate": sel.participation_rate(population), "rounds": rounds_run,

@@ -42,8 +42,7 @@ def per_client(value: Any, n: int, name: str, cast: Any) -> np.ndarray:
 # ---- calibration -----------------------------------------------------------------------------
 def reported_epsilons(budgets: Sequence[ClientBudget] | None, n: int, misreport: Mapping[int, float]) -> np.ndarray:
     """What each of the `n` clients tells the server its epsilon is (true budget unless it lies)."""
-    true = (np.full(n, np.inf) if budgets is None else budgets.epsilons.copy() if isinstance(budgets, Budgets)
-            else np.array([b.epsilon for b in budgets], dtype=float))
+    true = np.full(n, np.inf) if budgets is None else Budgets.of(budgets).epsilons.astype(float)
     reported = true.copy()
     for client, factor in misreport.items():
         if not 0 <= int(client) < n:
@@ -54,13 +53,8 @@ def reported_epsilons(budgets: Sequence[ClientBudget] | None, n: int, misreport:
     return reported
 
 
-def participation_rates(algorithm: Algorithm, n: int) -> list[float]:
+def participation_rates(algorithm: Algorithm, n: int) -> np.ndarray:
     """Per client: the probability of taking part in a round, counting re-draws for a required group (PFA)."""
-    return participation_rate_array(algorithm, n).tolist()
-
-
-def participation_rate_array(algorithm: Algorithm, n: int) -> np.ndarray:
-    """`participation_rates` as a float64 array, with numpy: the same numbers."""
     sel, agg = algorithm.selection, algorithm.aggregator
     required = agg.public_clients
     if not required:
@@ -81,13 +75,7 @@ def planned_run(run: FederatedRun, mechanism: str) -> PlannedRun:
     alg, sel = run.algorithm, run.algorithm.selection
     kw: dict[str, Any] = {}
     if mechanism == "dpsgd":
-        local = alg.local
-        steps = [local.steps_for(int(m), int(b)) for m, b in zip(run.n_records, run.batch_sizes, strict=True)]
-        kw = dict(records=run.n_records.tolist(), batch_sizes=run.batch_sizes.tolist(), local_steps=steps,
-                  local_sampling=local.sampling, participation_rates=participation_rates(alg, run.n_clients),
-                  targets=calibration_targets(run.budgets, run.eps_reported, run.calibrate_to,
-                                              run.enforce_budgets),
-                  method=run.calibration)
+        kw = _dpsgd_fields(run, _targets(run), participation_rates(alg, run.n_clients))
     elif mechanism == "udp":
         kw = dict(upload_cohort=alg.upload.event_cohort, hidden_sampling=alg.upload.hidden_sampling)
     elif mechanism == "param_noise":
@@ -133,26 +121,38 @@ def _grouped_dpsgd_plan(run: FederatedRun) -> tuple[PlannedRun, np.ndarray]:
     assert run.budgets is not None
     alg, n = run.algorithm, run.n_clients
     budgets = Budgets.of(run.budgets, n)
-    targets = (budgets.epsilons.copy() if run.calibrate_to == "own" else  # calibration_targets' "own", from the array
-               np.asarray(calibration_targets(budgets, run.eps_reported, run.calibrate_to, run.enforce_budgets),
-                          dtype=float))
+    targets = _targets(run)
     unlimited = np.flatnonzero(np.isinf(targets))
     if len(unlimited):  # calibrate_run's refusal, naming the clients rather than their classes
         raise ValueError(f"clients {unlimited[:10].tolist()} have unlimited budgets, so no noise can be calibrated for "
                          "them; give the noise explicitly")
-    rates = participation_rate_array(alg, n)
+    rates = participation_rates(alg, n)
     records, batch = np.asarray(run.n_records, dtype=np.int64), np.asarray(run.batch_sizes, dtype=np.int64)
     first, inverse = group_keys(group_rows([targets, budgets.deltas, records.astype(float), batch.astype(float),
                                             rates]))
-    local = alg.local
-    plan = PlannedRun("dpsgd", budgets[first], run.rounds, accountant=run.accountant, selection="all",
-                      participation=run.participation, records=records[first].tolist(),
-                      batch_sizes=batch[first].tolist(),
-                      local_steps=[local.steps_for(int(m), int(b)) for m, b in zip(records[first], batch[first],
-                                                                                    strict=True)],
-                      local_sampling=local.sampling, participation_rates=rates[first].tolist(),
-                      targets=targets[first], method=run.calibration)
+    plan = PlannedRun("dpsgd", budgets[first], run.rounds, accountant=run.accountant,
+                      selection="all", participation=run.participation, **_dpsgd_fields(run, targets, rates, first))
     return plan, inverse
+
+
+def _targets(run: FederatedRun) -> np.ndarray:
+    """The epsilon each client's DP-SGD noise is calibrated to (`calibration_targets` of the run's settings)."""
+    assert run.budgets is not None
+    return calibration_targets(run.budgets, run.eps_reported, run.calibrate_to, run.enforce_budgets)
+
+
+def _dpsgd_fields(run: FederatedRun, targets: np.ndarray, rates: np.ndarray,
+                  rows: np.ndarray | None = None) -> dict[str, Any]:
+    """A DP-SGD `PlannedRun`'s per-client fields (records, batch sizes, local steps and sampling, participation
+    rates, targets, method) for the clients `rows` (None: every client), from the run's arrays."""
+    records, batch = np.asarray(run.n_records, dtype=np.int64), np.asarray(run.batch_sizes, dtype=np.int64)
+    if rows is not None:
+        records, batch, rates, targets = records[rows], batch[rows], rates[rows], targets[rows]
+    local = run.algorithm.local
+    return dict(records=records.tolist(), batch_sizes=batch.tolist(),
+                local_steps=[local.steps_for(int(m), int(b)) for m, b in zip(records, batch, strict=True)],
+                local_sampling=local.sampling, participation_rates=rates.tolist(), targets=targets,
+                method=run.calibration)
 
 
 def calibrate_stage(run: FederatedRun) -> tuple[Algorithm, CalibratedNoise] | None:

@@ -41,7 +41,7 @@ from typing import Literal
 import dp_accounting as dpa
 import numpy as np
 
-from dpfl.privacy.budgets import ClientBudget
+from dpfl.privacy.budgets import Budgets, ClientBudget
 from dpfl.privacy.calibration import calibrate_event, calibrate_noise_multiplier, heuristic_pfa_noise
 from dpfl.privacy.events import gaussian_event, sampled_gaussian_event
 from dpfl.privacy.fdp_run import NoisyRunAccounting
@@ -204,7 +204,7 @@ class CalibratedNoise:
         }
 
 
-def calibration_targets(budgets: Sequence[ClientBudget], reported: Sequence[float], calibrate_to: str | float,
+def calibration_targets(budgets: Sequence[ClientBudget] | Budgets, reported: Sequence[float], calibrate_to: str | float,
                         enforce_budgets: bool) -> np.ndarray:
     """The epsilon each client's noise is calibrated to.
 
@@ -213,7 +213,7 @@ def calibration_targets(budgets: Sequence[ClientBudget], reported: Sequence[floa
     A common target above some client's budget is refused unless budgets are not enforced (a labelled,
     non-private reference run).
     """
-    own = np.array([b.epsilon for b in budgets], dtype=float)
+    own = Budgets.of(budgets).epsilons.astype(float)  # a copy, from the arrays (no Python per client)
     if calibrate_to == "own":
         return own
     if calibrate_to in ("min", "max"):
@@ -223,7 +223,7 @@ def calibration_targets(budgets: Sequence[ClientBudget], reported: Sequence[floa
         common = float(calibrate_to)
     else:
         raise ValueError(f"calibrate_to must be 'own', 'min', 'max' or an epsilon > 0, got {calibrate_to!r}")
-    over = [i for i in range(len(own)) if common > own[i] * (1 + 1e-9)]
+    over = np.flatnonzero(common > own * (1 + 1e-9)).tolist()
     if over and enforce_budgets:
         raise ValueError(f"calibrating everyone to epsilon {common:g} exceeds the budgets of clients {over[:10]}"
                          f"{'...' if len(over) > 10 else ''}; this is a non-private reference: "
