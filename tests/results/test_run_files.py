@@ -138,3 +138,20 @@ def test_last_number_skips_rounds_without_a_number():
     assert last_number(rows, "acc") == 0.75
     assert last_number(rows + [{"acc": "inf"}], "acc") == math.inf  # the run files' encoding of infinity counts
     assert last_number(rows, "missing") is None and last_number([], "acc") is None
+
+
+def test_a_config_cut_at_any_line_boundary_is_truncated_and_a_whole_one_is_not(tmp_path):
+    """A cut at a line boundary leaves valid YAML with fewer sections: dpfl's end line tells it from a whole file
+    (a run directory written before the header existed keeps the older check, a final newline)."""
+    from dpfl.experiment.build import build_demo_config
+    from dpfl.experiment.config import config_to_yaml
+
+    run = make_accounted_run(tmp_path / "run")
+    text = config_to_yaml(build_demo_config())
+    (run / "config.yaml").write_text(text)
+    assert read_config_text(run) == text
+    lines = text.splitlines(keepends=True)
+    for cut in range(2, len(lines)):
+        (run / "config.yaml").write_text("".join(lines[:cut]))
+        with pytest.raises(RunDirError, match="truncated"):
+            read_config_text(run)

@@ -26,6 +26,7 @@ from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.stages import ServerStep, as_server_step
 from dpfl.experiment.config import PROVIDED_MODEL, ConfigError, RunConfig
 from dpfl.models import build_model, model_info
+from dpfl.privacy.adaptive_clipping import AdaptiveClipping
 from dpfl.privacy.fdp_run import NoisyRunAccounting
 
 __all__ = ["build_algorithm", "check_precision", "model_facts", "noisy_accounting", "run_facts"]
@@ -47,11 +48,13 @@ def run_facts(cfg: RunConfig, model: nn.Module | None = None,
 def _settings(cfg: RunConfig) -> dict[str, Any]:
     """The `RunFacts` of the config's training, privacy and data sections."""
     t, p, sel = cfg.training, cfg.privacy, cfg.training.selection
+    adaptive = AdaptiveClipping(**p.adaptive_clipping.model_dump()) if p.adaptive_clipping is not None else None
     return dict(
         lr=t.optimizer.lr, clients=cfg.data.clients, rounds=t.rounds, local_epochs=t.local_epochs,
         local_steps=t.local_steps, momentum=t.optimizer.momentum, micro_batch=t.micro_batch,
         precision=t.precision,
-        selection=Selection(sel.kind, sel.k, sel.rate), mechanism=p.mechanism, clip=p.clip, sampling=p.sampling,
+        selection=Selection(sel.kind, sel.k, sel.rate), mechanism=p.mechanism,
+        clip=adaptive.initial_clip if adaptive is not None else p.clip, adaptive_clipping=adaptive, sampling=p.sampling,
         noise_multiplier=p.noise_multiplier, paper_eta_scaling=p.paper_eta_scaling,
         per_upload_amplification=p.per_upload_amplification, observer=p.observer, release=p.release,
         smoothness_L=p.smoothness_L, honest_clients=p.honest_clients, secure_view=p.secure_aggregation, seed=cfg.seed)

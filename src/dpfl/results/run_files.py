@@ -33,6 +33,8 @@ import yaml
 
 __all__ = [
     "CONFIG_FILE",
+    "SAVED_CONFIG_END",
+    "SAVED_CONFIG_HEADER",
     "METRICS_FILE",
     "PRIVACY_FILE",
     "SUMMARY_FILE",
@@ -59,6 +61,9 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.yaml"
+# dpfl writes a resolved config between these two lines (dpfl.config_to_yaml); older run directories have neither
+SAVED_CONFIG_HEADER = "# dpfl resolved config: every field; the last line ends it\n"
+SAVED_CONFIG_END = "# end of config\n"
 METRICS_FILE = "metrics.jsonl"
 PRIVACY_FILE = "privacy.json"
 SUMMARY_FILE = "summary.json"
@@ -248,6 +253,9 @@ def read_config_text(run_dir: str | os.PathLike[str]) -> str:
     if not isinstance(data, dict):
         what = "empty" if data is None else f"not a mapping of fields (a {type(data).__name__})"
         raise _damaged(d, CONFIG_FILE, f"corrupt: {what}")
+    if text.startswith(SAVED_CONFIG_HEADER) and not text.endswith(SAVED_CONFIG_END):
+        raise _damaged(d, CONFIG_FILE, "corrupt: truncated (its last line, '# end of config', is missing; dpfl "
+                       "writes config.yaml whole)")
     if not text.endswith("\n"):
         raise _damaged(d, CONFIG_FILE, "corrupt: truncated (no final newline; dpfl writes config.yaml whole)")
     return text

@@ -21,6 +21,7 @@ from dpfl.algorithms.client.program import LocalProgram, dpsgd, sgd
 from dpfl.algorithms.secure.aggregator import SecureAggregation
 from dpfl.algorithms.selection import Selection
 from dpfl.data.federated import FederatedDataset
+from dpfl.privacy.adaptive_clipping import AdaptiveClipping
 from dpfl.privacy.budgets import ClientBudget
 
 __all__ = ["AlgorithmError", "RunFacts", "mechanism_of", "validated"]
@@ -40,7 +41,8 @@ class RunFacts:
 
     The names are the config's: lr, momentum, micro_batch, precision (training.optimizer / training), local_epochs or
     local_steps, rounds, selection (training.selection), clients (data.clients); mechanism (None: the algorithm's
-    default), clip, sampling, noise_multiplier (None: calibrated from the budgets by `FederatedRun`),
+    default), clip (with adaptive_clipping: its initial clip), adaptive_clipping (None: a fixed clip), sampling,
+    noise_multiplier (None: calibrated from the budgets by `FederatedRun`),
     paper_eta_scaling, per_upload_amplification and the f-DP fields observer, release, smoothness_L,
     honest_clients, secure_view (privacy.secure_aggregation) of the privacy section; loss, param_names,
     head_module and model_name of the model; secure: the secure-aggregation protocol run for real (or None).
@@ -62,6 +64,7 @@ class RunFacts:
     selection: Selection = field(default_factory=Selection)
     mechanism: str | None = None
     clip: float | None = None
+    adaptive_clipping: AdaptiveClipping | None = None
     sampling: str = "poisson"
     noise_multiplier: float | None = None
     paper_eta_scaling: bool = False

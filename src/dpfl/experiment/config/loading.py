@@ -18,6 +18,7 @@ from dpfl.experiment.config.overrides import apply_overrides
 from dpfl.experiment.config.own_data import resolve_paths
 from dpfl.experiment.config.run import RunConfig
 from dpfl.experiment.config.yaml_io import _load_yaml
+from dpfl.results.run_files import SAVED_CONFIG_END, SAVED_CONFIG_HEADER
 
 
 def validate_config(data: Any) -> RunConfig:
@@ -100,6 +101,10 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
 
 
 def config_to_yaml(cfg: RunConfig) -> str:
-    """The resolved config as YAML; ``load_config`` of it gives back an equal RunConfig."""
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True,
+    """The resolved config as YAML; ``load_config`` of it gives back an equal RunConfig.
+
+    It opens with `SAVED_CONFIG_HEADER` and closes with `SAVED_CONFIG_END` (comments), so that a copy cut short at a
+    line boundary, still valid YAML with fewer sections, is told from a whole one (`read_config_text`)."""
+    body = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True,
                           width=100)
+    return SAVED_CONFIG_HEADER + body + SAVED_CONFIG_END

@@ -26,6 +26,16 @@ class MisreportConfig(_Section):
     factor: float = Field(10.0, gt=0)
 
 
+class AdaptiveClippingConfig(_Section):
+    """Adaptive clipping (Andrew et al. 2021; `dpfl.privacy.adaptive_clipping`): the clip follows the target quantile
+    of the norms it clips. count_noise: the count's noise std (null: expected contributions per release / 20)."""
+
+    target_quantile: float = Field(0.5, ge=0, le=1)
+    learning_rate: float = Field(0.2, ge=0)
+    initial_clip: float = Field(0.1, gt=0)
+    count_noise: float | None = Field(None, gt=0)
+
+
 class PrivacyConfig(_Section):
     """The guarantee the run claims and how it is obtained.
 
@@ -44,6 +54,9 @@ class PrivacyConfig(_Section):
     client reports a false epsilon to the server. allow_budget_violation: required by max_eps, a
     non-private reference whose results are tagged meets_budgets: false. paper_eta_scaling (udp only): upload
     w_0 + η·(Δ̃ + ξ), FedCEO Algorithm 1's line 10 taken literally (post-processing: ε is unchanged).
+    adaptive_clipping (mechanism central: the clip of the client updates; dpsgd: each client's per-sample clip): the
+    clip starts at adaptive_clipping.initial_clip (privacy.clip stays null) and follows the target quantile of the
+    norms, its count noised within the planned noise multiplier (the update noise grows to make room).
     per_upload_amplification (udp with Poisson client selection only): account each upload as amplified by
     the client sampling, ASSUMING the server cannot tell who took part (FedCEO spec §7; labelled in privacy.json).
 
@@ -61,6 +74,7 @@ class PrivacyConfig(_Section):
     mechanism: Mechanism | None = None
     sampling: Literal["poisson", "fixed"] | None = None
     clip: float | None = Field(None, gt=0)
+    adaptive_clipping: AdaptiveClippingConfig | None = None
     noise_multiplier: float | None = Field(None, ge=0)
     budgets: Budgets | None = None
     delta: float = Field(1e-5, gt=0, lt=1)

@@ -27,6 +27,7 @@ from dpfl.experiment.config.vocabulary import (
     _CALIBRATED,
     _FDP_FIELDS,
     _NEEDS_BUDGETS,
+    _ADAPTIVE,
     _NEEDS_CLIP,
     _NOISY,
     _OBSERVER_WHY,
@@ -151,7 +152,14 @@ class RunConfig(_Section):
         elif p.sampling is not None:
             _fail("privacy.sampling", f"record sampling is only used by mechanism 'dpsgd' (this run: {mech!r}); "
                   "client sampling is training.selection", p.sampling, "null")
-        if mech in _NEEDS_CLIP and p.clip is None:
+        if p.adaptive_clipping is not None:
+            if mech not in _ADAPTIVE:
+                _fail("privacy.adaptive_clipping", f"adapts the clip of mechanism 'central' (client updates) or "
+                      f"'dpsgd' (records); not used by {not_private}", "{...}", "null")
+            if p.clip is not None:
+                _fail("privacy.clip", "with privacy.adaptive_clipping the clip starts at "
+                      "adaptive_clipping.initial_clip", p.clip, "null")
+        elif mech in _NEEDS_CLIP and p.clip is None:
             _fail("privacy.clip", f"required by mechanism {mech!r}", None, "a number > 0")
         if mech not in _NEEDS_CLIP and p.clip is not None:
             _fail("privacy.clip", f"not used by {not_private}", p.clip, "null")

@@ -38,6 +38,7 @@ _OBSERVER_WHY = {
     "none": "the run is not private",
 }
 _NEEDS_CLIP = ("dpsgd", "udp", "central", "param_noise", "mpdp", "mpdp_central")
+_ADAPTIVE = ("central", "dpsgd")  # the mechanisms whose clip privacy.adaptive_clipping adapts
 _STATED = ("mpdp", "mpdp_central")  # the method states its per-round guarantee (algorithm.params epsilon, delta)
 _NOISY = ("noisy_fedavg", "noisy_fedprox")  # Noisy-FedAvg/FedProx: f-DP accounted (spec fdp_accounting.md)
 _FDP_FIELDS = ("secure_aggregation", "release", "smoothness_L", "honest_clients")
