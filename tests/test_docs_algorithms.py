@@ -22,8 +22,8 @@ from dpfl.experiment.config.yaml_io import parse_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = sorted((ROOT / "docs" / "algorithms").glob("*.md"))
-GUIDES = [ROOT / "docs" / f"{name}.md" for name in ("heterogeneous", "fedceo", "fdp", "splitting", "rdpcfl", "mpdp")]
-PAGES = ALGORITHMS + [g for g in GUIDES if g.exists()]
+GUIDES = [ROOT / "docs" / f"{name}.md" for name in ("heterogeneous", "fdp", "splitting", "secure")]
+PAGES = ALGORITHMS + GUIDES
 BASE = re.compile(r"#\s*(configs/\S+\.ya?ml)")
 
 
