@@ -13,8 +13,10 @@ upper <= RDP + eps_error (PRV's estimate never exceeds RDP). The full grid is in
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections import Counter
+from pathlib import Path
 
 import dp_accounting as dpa
 import numpy as np
@@ -201,3 +203,52 @@ def test_leaves_group_alike_mechanisms():
                                  dpsgd_event(4.0, 4, sampling="full"), dpa.NoOpDpEvent()])
     assert prv_lib._leaves(event, 1, gauss, sampled)
     assert sampled == {(0.1, 1.0): 11} and gauss == [4 / 16.0]
+
+
+# ---------------------------------------------------------------------------------------- config and a run
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["privacy.sampling=fixed", "privacy.accountant=prv"], "privacy.accountant: 'prv' cannot account fixed-size"),
+    (["algorithm={name: dp_fedavg_central}", "privacy={clip: 1.0, budgets: 4, accountant: prv}",
+      "training.selection={kind: fixed, k: 3}"], "privacy.accountant: 'prv' cannot account fixed-size"),
+])
+def test_config_refuses_what_prv_cannot_account(sets, message):
+    from dpfl.experiment.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(CONFIGS / "demo.yaml", sets)
+
+
+def test_config_refuses_prv_for_private_selections():
+    from dpfl.experiment.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="'prv' accounts Gaussian mechanisms only; rdpcfl's private selections"):
+        load_config(CONFIGS / "rdpcfl" / "ci_digits_rotation.yaml", ["privacy.accountant=prv"])
+
+
+def test_a_prv_run_end_to_end_reports_the_upper_bound_and_its_error_bars(tmp_path):
+    """A tiny run (digits, 3 rounds, per-client budgets calibrated with prv): privacy.json's epsilon_spent is the
+    PRV upper bound of each client's events, the `prv` block and each row carry the lower bound and estimate."""
+    from cli_runner import cli
+
+    out = tmp_path / "run"
+    sets = ["name=prv", "training.rounds=3", "evaluation.every=3", "privacy.accountant=prv",
+            "privacy.budgets=[1,1,2,2,2,4,4,4,8,8]"]
+    code, text, err = cli("run", str(CONFIGS / "demo.yaml"), "--out", str(out), *[a for s in sets for a in ("--set", s)])
+    assert code == 0, text + err
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert privacy["accountant"] == "prv" and privacy["meets_budgets"]
+    block = privacy["prv"]
+    assert block["eps_error"] == block["eps_error_nominal"] == PRV_EPS_ERROR
+    assert block["delta_error_fraction"] == 1e-3 and block["reported"].startswith("upper")
+    for row in privacy["clients"]:
+        assert row["epsilon_prv_lower"] <= row["epsilon_prv_estimate"] <= row["epsilon_spent"] <= row["epsilon_budget"]
+        assert row["epsilon_spent"] - row["epsilon_prv_lower"] <= 2 * PRV_EPS_ERROR + 2e-3
+        assert row["epsilon_spent"] > 0.9 * row["epsilon_budget"]  # calibrated to (nearly) spend the budget
+    assert block["epsilon_upper"] == [min(r["epsilon_spent"] for r in privacy["clients"]),
+                                      max(r["epsilon_spent"] for r in privacy["clients"])]
+    assert privacy["noise_calibration"]["accountant"] == "prv"
+    report = (out / "report.md").read_text() if (out / "report.md").exists() else ""
+    assert not report or "PRV error bars" in report

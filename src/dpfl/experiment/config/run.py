@@ -219,7 +219,7 @@ class RunConfig(_Section):
             if not unsampled:
                 _fail("privacy.accountant", "'gdp' is exact only for Gaussian mechanisms without sampling "
                       "(Noisy-FedAvg/FedProx, udp without per_upload_amplification, central with selection 'all'); "
-                      "this run's events are sampled", p.accountant, "rdp, pld or prv")
+                      "this run's events are sampled", p.accountant, "rdp or pld")
         if mech not in _CALIBRATED or self._noise_given():
             if p.participation != "expected":
                 why = ("the noise is given, not calibrated" if mech in _CALIBRATED
