@@ -236,7 +236,8 @@ def test_a_prv_run_end_to_end_reports_the_upper_bound_and_its_error_bars(tmp_pat
     out = tmp_path / "run"
     sets = ["name=prv", "training.rounds=3", "evaluation.every=3", "privacy.accountant=prv",
             "privacy.budgets=[1,1,2,2,2,4,4,4,8,8]"]
-    code, text, err = cli("run", str(CONFIGS / "demo.yaml"), "--out", str(out), *[a for s in sets for a in ("--set", s)])
+    args = [a for s in sets for a in ("--set", s)]
+    code, text, err = cli("run", str(CONFIGS / "demo.yaml"), "--out", str(out), *args)
     assert code == 0, text + err
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["accountant"] == "prv" and privacy["meets_budgets"]
@@ -250,5 +251,7 @@ def test_a_prv_run_end_to_end_reports_the_upper_bound_and_its_error_bars(tmp_pat
     assert block["epsilon_upper"] == [min(r["epsilon_spent"] for r in privacy["clients"]),
                                       max(r["epsilon_spent"] for r in privacy["clients"])]
     assert privacy["noise_calibration"]["accountant"] == "prv"
-    report = (out / "report.md").read_text() if (out / "report.md").exists() else ""
-    assert not report or "PRV error bars" in report
+    from dpfl.results.report import write_report
+
+    report = write_report(out).read_text()
+    assert "PRV (privacy random variables" in report and "PRV error bars" in report
