@@ -225,7 +225,7 @@ def test_bad_delta(delta):
 
 
 def test_bad_accountant_and_orders():
-    with pytest.raises(ValueError, match=r"accountant must be one of \('rdp', 'pld', 'gdp'\), got 'zcdp'"):
+    with pytest.raises(ValueError, match=r"accountant must be one of \('rdp', 'pld', 'gdp', 'prv'\), got 'zcdp'"):
         epsilon(gaussian_event(1.0), 1e-5, "zcdp")
     with pytest.raises(ValueError, match="orders must be finite numbers > 1"):
         epsilon(gaussian_event(1.0), 1e-5, orders=[1.0, 2.0])

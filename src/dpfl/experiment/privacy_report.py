@@ -18,6 +18,7 @@ from dpfl.experiment.run_evaluation import PER_CLIENT_LIMIT
 from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import Budgets, ClientBudget
 from dpfl.privacy.ledger import group_keys, group_rows
+from dpfl.privacy.prv import PRV_DELTA_ERROR_FRACTION, PRV_EPS_ERROR
 
 if TYPE_CHECKING:
     from dpfl.experiment.federated_run import FederatedRun
@@ -92,6 +93,8 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
                               "spent more than their budgets (a non-private reference run)")
         if run.calibrated is not None:
             out["noise_calibration"] = run.calibrated.summary()
+        if run.accountant == "prv":
+            out["prv"] = prv_report(run.ledger.prv_bounds_array(), out.get("clients"))
         if fdp is not None:
             out["fdp"] = fdp_report(fdp, history, run.budgets, run.n_records)
         elif alg.unit == "sample":
@@ -115,6 +118,27 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
         out["guarantee"] = run_guarantee(out, run.budgets, run.accountant, alg, spent=spent_array)
         out["guarantee"].pop("per_client")  # each class's epsilon_guarantee: its epsilon_spent (no f-DP block)
     return out
+
+
+def prv_report(bounds: np.ndarray, clients: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """privacy.json's `prv` block (accountant 'prv'): the PRV accountant brackets each client's true epsilon,
+    lower <= epsilon <= upper, and epsilon_spent is the upper end (a guarantee). `bounds` is the ledger's
+    `prv_bounds_array`; each `clients` row also gets its epsilon_prv_lower and epsilon_prv_estimate."""
+    if clients is not None:
+        for c, (lower, estimate, _, _) in zip(clients, bounds.tolist(), strict=True):
+            c["epsilon_prv_lower"], c["epsilon_prv_estimate"] = lower, estimate
+    spent = bounds[:, 2] > 0 if len(bounds) else np.zeros(0, dtype=bool)
+    span = (lambda v: [float(v.min()), float(v.max())] if len(v) else None)  # noqa: E731
+    return {
+        "reported": "upper: epsilon_spent is the upper bound of the PRV accountant (Gopi, Lee, Wutschitz 2021), "
+                    "a guarantee; the true epsilon lies in [epsilon_prv_lower, epsilon_spent]",
+        "eps_error": float(bounds[spent, 3].max()) if spent.any() else PRV_EPS_ERROR,
+        "eps_error_nominal": PRV_EPS_ERROR,
+        "delta_error_fraction": PRV_DELTA_ERROR_FRACTION,
+        "epsilon_lower": span(bounds[:, 0]),
+        "epsilon_estimate": span(bounds[:, 1]),
+        "epsilon_upper": span(bounds[:, 2]),
+    }
 
 
 def client_classes(run: FederatedRun, budgets: Budgets, spent: np.ndarray,

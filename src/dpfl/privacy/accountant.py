@@ -43,6 +43,11 @@ dp_accounting's arithmetic fails).
   bound ``mu^2/2 + mu Phi^{-1}(1 - delta)`` (above the exact value by about 1 nat; inf once mu^2 overflows);
   for mu < ``GDP_MU_TINY`` delta is bounded by ``min(delta(0), Phi(mu/2 - eps/mu))``.
 
+* ``"prv"``: the PRV accountant of Gopi, Lee, Wutschitz 2021 (``dpfl.privacy.prv``, on the ``prv-accountant``
+  package): Gaussian and Poisson-subsampled Gaussian mechanisms only (add/remove adjacency; anything else raises
+  ValueError). It brackets the true epsilon, ``lower <= eps <= upper`` (``prv.prv_bounds``); ``epsilon`` returns
+  ``upper`` (a guarantee, within ~2 x ``PRV_EPS_ERROR`` = 0.02 of the true value). ``delta_for`` refuses it.
+
 The neighbouring relation is read off the event (``events.neighboring_relation``), so an epsilon for
 fixed-size sampling is always computed under replace-one; ``guarantee`` returns it labelled.
 """
@@ -71,10 +76,11 @@ from dpfl.privacy import gdp as gdp_lib
 from dpfl.privacy.events import REPLACE_ONE, neighboring_relation
 from dpfl.privacy.gdp import gdp_delta, gdp_eps, gdp_log_delta
 from dpfl.privacy.orders import normalize_orders, orders_array
+from dpfl.privacy.prv import check_prv_supports, prv_bounds
 from dpfl.privacy.rdp_curves import RDP_CURVES, Z_NO_PRIVACY
 
-Accountant = Literal["rdp", "pld", "gdp"]
-ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld", "gdp")
+Accountant = Literal["rdp", "pld", "gdp", "prv"]
+ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld", "gdp", "prv")
 PLD_VALUE_DISCRETIZATION = 1e-4
 PLD_MAX_STEP_POINTS = 2**19  # points of one mechanism's PMF (dp_accounting builds it at ~5 us a point)
 PLD_MAX_POINTS = 2**23  # points of a composed PMF / FFT length (~128 MiB per complex array, ~0.7 GB peak)
@@ -91,6 +97,7 @@ __all__ = [
     "Guarantee",
     "check_gdp_supports",
     "check_pld_supports",
+    "check_prv_supports",
     "gdp_mu",
     "delta_for",
     "pld_discretization",
@@ -401,6 +408,8 @@ def epsilon(
         return rdp_epsilon_and_order(event, delta, orders)[0]
     if accountant == "gdp":
         return _gdp_epsilon(gdp_mu(event), delta)
+    if accountant == "prv":
+        return prv_bounds(event, delta).upper  # the upper bound: a guarantee
     pld, _ = _pld(event, pld_discretization)
     return math.inf if pld is None else float(pld.get_epsilon_for_delta(delta))
 
@@ -418,6 +427,8 @@ def delta_for(
     if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not float(epsilon) >= 0.0:
         raise ValueError(f"epsilon must be a number >= 0, got {epsilon!r}")
     eps = float(epsilon)
+    if accountant == "prv":
+        raise ValueError("accountant='prv' computes epsilon at a given delta only; use accountant='pld' for delta_for")
     if accountant == "rdp":
         ords = normalize_orders(orders)
         return _rdp_delta(ords, RDP_CURVES.curve(event, ords), eps)

@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 
 import dp_accounting as dpa
 
-from dpfl.privacy.accountant import ACCOUNTANTS, Accountant, check_pld_supports, epsilon, rdp_epsilon_and_order
+from dpfl.privacy.accountant import (
+    ACCOUNTANTS,
+    Accountant,
+    check_pld_supports,
+    check_prv_supports,
+    epsilon,
+    rdp_epsilon_and_order,
+)
 from dpfl.privacy.events import Sampling, dpsgd_event
 from dpfl.privacy.orders import normalize_orders
 
@@ -129,7 +136,7 @@ def calibrate_event(
 
     ``make(z)`` builds the whole run's event at noise z; its epsilon must decrease in z. The answer never
     exceeds the target: every accepted z was checked against the accountant. RDP bisects on a window of
-    orders (see ``_rdp_search``); PLD starts from the RDP answer (PLD is tighter); GDP (exact, unsampled
+    orders (see ``_rdp_search``); PLD and PRV start from the RDP answer (they are tighter); GDP (exact, unsampled
     Gaussians only) bisects directly. ``what`` names the setting in error messages.
     """
     target = _positive("target_epsilon", target_epsilon)
@@ -141,6 +148,8 @@ def calibrate_event(
     probe = make(1.0)  # validate the event's arguments before any accounting
     if accountant == "pld":
         check_pld_supports(probe)
+    if accountant == "prv":
+        check_prv_supports(probe)
     if accountant == "gdp":
         gdp = lambda z: epsilon(make(z), delta, "gdp")  # noqa: E731
         lo, hi = _bracket(gdp, target, 1.0, max_noise, what)
@@ -149,10 +158,12 @@ def calibrate_event(
     z_rdp = _rdp_search(make, target, delta, ords, rel_tol, max_noise, what)
     if accountant == "rdp":
         return z_rdp
-    # PLD is tighter than RDP, so its answer is at most z_rdp: start there to keep the bracket short.
-    pld = lambda z: epsilon(make(z), delta, "pld")  # noqa: E731
-    lo, hi = _bracket(pld, target, z_rdp, max_noise, what)
-    return _bisect(pld, target, lo, hi, rel_tol)
+    # PLD and PRV are tighter than RDP, so their answer is at most about z_rdp: start there to keep the bracket
+    # short (_bracket moves either way: PRV's upper bound, estimate + eps_error, can exceed RDP's at a tiny epsilon).
+    # PRV bisects on its upper bound, so the answer's reported epsilon meets the target.
+    tight = lambda z: epsilon(make(z), delta, accountant)  # noqa: E731
+    lo, hi = _bracket(tight, target, z_rdp, max_noise, what)
+    return _bisect(tight, target, lo, hi, rel_tol)
 
 
 def calibrate_noise_multiplier(

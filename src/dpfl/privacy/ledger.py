@@ -37,11 +37,13 @@ from dpfl.privacy.accountant import (
     Guarantee,
     check_gdp_supports,
     check_pld_supports,
+    check_prv_supports,
     epsilon,
     rdp_to_epsilon,
 )
 from dpfl.privacy.events import ADD_REMOVE, describe_event, neighboring_relation
 from dpfl.privacy.orders import normalize_orders
+from dpfl.privacy.prv import prv_bounds
 from dpfl.privacy.rdp_curves import RDP_CURVES
 from dpfl.privacy.serialization import decode_float, encode_float, event_from_dict, event_to_dict
 
@@ -331,6 +333,8 @@ class PrivacyLedger:
             check_pld_supports(event)
         elif self.accountant == "gdp":
             check_gdp_supports(event)
+        elif self.accountant == "prv":
+            check_prv_supports(event)
         return neighboring_relation(event)
 
     @staticmethod
@@ -617,6 +621,26 @@ class PrivacyLedger:
     def spent_array(self) -> np.ndarray:
         """`spent` of every client in `client_ids` order, computed once per distinct (history class, delta)."""
         return self._spent_at(None)
+
+    def prv_bounds_array(self) -> np.ndarray:
+        """accountant 'prv' only: every client's (lower, estimate, upper, eps_error) of its spent epsilon, one row per
+        client in `client_ids` order (upper is `spent_array`; each distinct (history class, delta) accounted once,
+        from the same cache as the spent epsilon), so the report can show the error bars of what it reports."""
+        if self.accountant != "prv":
+            raise ValueError(f"prv_bounds_array needs accountant 'prv', this ledger's is {self.accountant!r}")
+        if not len(self._ids):
+            return np.zeros((0, 4))
+        first, inverse = _groups(self._keys(None, None, 0))
+        rows = []
+        for p in first.tolist():
+            signature = self._class_signature[int(self._class[p])]
+            if not signature:
+                rows.append((0.0, 0.0, 0.0, 0.0))
+                continue
+            event = dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(self._events[eid], n) for eid, n in signature])
+            b = prv_bounds(event, float(self._delta_array[p]))
+            rows.append((b.lower, b.estimate, b.upper, b.eps_error))
+        return np.array(rows, dtype=np.float64)[inverse]
 
     def guarantee(self, client_id: int) -> Guarantee:
         """The client's spent epsilon, labelled with its delta, relation, accountant and unit."""

@@ -51,6 +51,8 @@ _ACCOUNTANT_WORDS = {
     "rdp": "RDP (Rényi differential privacy), converted to (ε, δ)",
     "pld": "PLD (privacy loss distribution), giving (ε, δ) directly",
     "gdp": "GDP (Gaussian DP): exact composition of the Gaussian mechanisms and exact conversion to (ε, δ)",
+    "prv": "PRV (privacy random variables, Gopi et al. 2021): numerical composition; every ε is the upper end of "
+           "its error bars (a guarantee)",
 }
 _LOCAL_SAMPLING_WORDS = {
     "poisson": "Poisson sampling of records (each record joins each batch independently)",
@@ -243,6 +245,13 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
                    f"{sa.get('dropout')}. Threat model: {sa.get('threat_model')}. {sa.get('discretisation')}.")
     acc = privacy.get("accountant")
     out.append(f"- **Accountant:** {_ACCOUNTANT_WORDS.get(str(acc), acc) if acc is not None else 'none'}")
+    if isinstance(privacy.get("prv"), dict) and privacy["prv"].get("epsilon_lower") is not None:
+        prv = privacy["prv"]
+        out.append(f"- **PRV error bars:** the true ε lies in [lower, upper] with ε error {_fmt_eps(prv['eps_error'])} "
+                   f"and δ error {prv['delta_error_fraction']:g} × δ; lower bounds {_fmt_eps(prv['epsilon_lower'][0])}"
+                   f"–{_fmt_eps(prv['epsilon_lower'][1])}, estimates {_fmt_eps(prv['epsilon_estimate'][0])}–"
+                   f"{_fmt_eps(prv['epsilon_estimate'][1])}, reported upper bounds {_fmt_eps(prv['epsilon_upper'][0])}–"
+                   f"{_fmt_eps(prv['epsilon_upper'][1])}")
     out.append(f"- **Client sampling:** {_client_sampling_words(privacy.get('client_sampling'))}")
     ls = privacy.get("local_sampling")
     out.append(f"- **Local sampling:** {_LOCAL_SAMPLING_WORDS.get(str(ls), ls) if ls is not None else '—'}")

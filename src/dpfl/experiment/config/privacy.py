@@ -43,9 +43,10 @@ class PrivacyConfig(_Section):
     with it. sampling: the record sampling of DP-SGD. clip: the clipping norm (per sample for dpsgd, per
     update for udp and central). noise_multiplier: explicit, or null to calibrate it from the budgets; 0 (no
     noise) or in [1e-6, 1e6], the range dpfl's accountants compute reliably in float64.
-    accountant: rdp, pld, or gdp (exact, for unsampled Gaussian mechanisms only: Noisy-FedAvg/FedProx, udp
-    without per_upload_amplification, central with every client every round); null resolves to gdp for
-    Noisy-FedAvg/FedProx and rdp otherwise.
+    accountant: rdp, pld, gdp (exact, for unsampled Gaussian mechanisms only: Noisy-FedAvg/FedProx, udp
+    without per_upload_amplification, central with every client every round) or prv (Gopi et al. 2021; Gaussian and
+    Poisson-subsampled Gaussian only, no fixed-size sampling: it reports the upper end of its error bars,
+    privacy.json's `prv` block the rest); null resolves to gdp for Noisy-FedAvg/FedProx and rdp otherwise.
     calibration: `accountant` (bisection, the default) or `pfa-heuristic` (PFA's formula; NOT a
     guarantee: the accountant's epsilon of the noise used is still what is reported). participation (when the
     noise is calibrated under sampled client selection): `expected` (rounds x participation rate; a client
@@ -78,7 +79,7 @@ class PrivacyConfig(_Section):
     noise_multiplier: float | None = Field(None, ge=0)
     budgets: Budgets | None = None
     delta: float = Field(1e-5, gt=0, lt=1)
-    accountant: Literal["rdp", "pld", "gdp"] | None = None
+    accountant: Literal["rdp", "pld", "gdp", "prv"] | None = None
     calibration: Literal["accountant", "pfa-heuristic"] = "accountant"
     participation: Literal["expected", "worst_case"] = "expected"
     misreport: MisreportConfig | None = None

@@ -192,11 +192,14 @@ class RunConfig(_Section):
             _fail("privacy.misreport.client", f"no such client (data.clients is {self.data.clients})",
                   p.misreport.client, f"an integer in [0, {self.data.clients - 1}]")
         sel = self.training.selection.kind
-        if p.accountant == "pld" and ((mech == "dpsgd" and p.sampling == "fixed")
-                                      or (mech == "central" and sel == "fixed")):
+        if p.accountant in ("pld", "prv") and ((mech == "dpsgd" and p.sampling == "fixed")
+                                               or (mech == "central" and sel == "fixed")):
             what = "privacy.sampling" if mech == "dpsgd" else "training.selection.kind"
-            _fail("privacy.accountant", f"'pld' cannot account fixed-size sampling (replace-one; {what} is 'fixed')",
-                  p.accountant, "rdp")
+            _fail("privacy.accountant", f"{p.accountant!r} cannot account fixed-size sampling (replace-one; {what} is "
+                  "'fixed')", p.accountant, "rdp")
+        if p.accountant == "prv" and alg in ("rdpcfl", "ifca_dp"):
+            _fail("privacy.accountant", f"'prv' accounts Gaussian mechanisms only; {alg}'s private selections are "
+                  "zCDP (exponential mechanism)", p.accountant, "rdp")
 
     def _noise_given(self) -> bool:
         """Whether the config fixes the noise itself (else it is calibrated from the budgets)."""
