@@ -13,6 +13,7 @@ from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.algorithms.server.optimizers import unwrapped
 from dpfl.algorithms.stages import ClientState, ServerStep, UploadMechanism, as_server_step
 
 
@@ -36,7 +37,7 @@ class Algorithm:
 
     @property
     def central(self) -> bool:
-        return isinstance(self.aggregator, CentralDPFedAvg)
+        return isinstance(unwrapped(self.aggregator), CentralDPFedAvg)  # under a server optimizer too
 
     @property
     def units(self) -> set[str]:

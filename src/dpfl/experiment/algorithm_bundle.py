@@ -23,13 +23,14 @@ from dpfl.algorithms.registry import AGGREGATORS, LOCAL_PROGRAMS, algorithm_spec
 from dpfl.algorithms.secure.aggregator import SecureAggregation
 from dpfl.algorithms.secure.protocol import default_threshold
 from dpfl.algorithms.selection import Selection
+from dpfl.algorithms.server.optimizers import ServerOptimizer, with_server_optimizer
 from dpfl.algorithms.stages import ServerStep, as_server_step
 from dpfl.experiment.config import PROVIDED_MODEL, ConfigError, RunConfig
 from dpfl.models import build_model, model_info
 from dpfl.privacy.adaptive_clipping import AdaptiveClipping
 from dpfl.privacy.fdp_run import NoisyRunAccounting
 
-__all__ = ["build_algorithm", "check_precision", "model_facts", "noisy_accounting", "run_facts"]
+__all__ = ["build_algorithm", "check_precision", "model_facts", "noisy_accounting", "run_facts", "server_optimized"]
 
 
 def run_facts(cfg: RunConfig, model: nn.Module | None = None,
@@ -78,7 +79,20 @@ def build_algorithm(cfg: RunConfig, model: nn.Module | None = None,
     except AlgorithmError as err:
         raise ConfigError(str(err), err.key) from None
     check_precision(cfg, algorithm)
-    return algorithm
+    return server_optimized(cfg, algorithm)
+
+
+def server_optimized(cfg: RunConfig, algorithm: Algorithm) -> Algorithm:
+    """`algorithm` with the config's `algorithm.server_optimizer` on its server step (itself when there is none);
+    refused in one line naming the key where the optimizer would not be post-processing of the aggregate."""
+    opt = cfg.algorithm.server_optimizer
+    if opt is None:
+        return algorithm
+    where = "algorithm.server_optimizer"
+    try:
+        return with_server_optimizer(algorithm, ServerOptimizer(**opt.model_dump()))
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}", where) from None
 
 
 def check_precision(cfg: RunConfig, algorithm: Algorithm) -> None:

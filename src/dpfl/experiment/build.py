@@ -41,7 +41,8 @@ from dpfl.data.silo_files import read_records
 from dpfl.data.silos import FILES, federated_files, silo_client
 from dpfl.algorithms.catalog.context import AlgorithmError
 from dpfl.algorithms.registry import algorithm_spec
-from dpfl.experiment.algorithm_bundle import build_algorithm, check_precision, noisy_accounting, run_facts
+from dpfl.experiment.algorithm_bundle import (build_algorithm, check_precision, noisy_accounting, run_facts,
+                                              server_optimized)
 from dpfl.experiment.config import (
     PROVIDED_MODEL,
     BatchSizeChoice,
@@ -419,6 +420,7 @@ def _assemble(cfg: RunConfig, data: FederatedDataset, model: nn.Module | None) -
                 raise ConfigError(str(err), err.key) from None
             algorithm, noise = built.algorithm, built.noise_multipliers
             check_precision(cfg, algorithm)
+            algorithm = server_optimized(cfg, algorithm)
         else:
             algorithm = build_algorithm(cfg, model, tuple(data.input_shape))
     except ValueError as err:

@@ -4,11 +4,12 @@ it is registered with (`dpfl.algorithms.registry`; dpfl's own in `dpfl.algorithm
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from dpfl.algorithms.registry import algorithm_names, algorithm_spec
+from dpfl.algorithms.server.optimizers import DEFAULTS as _OPTIMIZER_DEFAULTS
 from dpfl.experiment.config.base import _Section
 from dpfl.experiment.config.errors import _allowed, _fail, _sub_validate
 
@@ -55,6 +56,32 @@ def _registered(kind: str, v: StageConfig | None) -> StageConfig | None:
     return v
 
 
+class ServerOptimizerConfig(_Section):
+    """A server optimizer on the aggregate (Reddi et al. 2021; `dpfl.algorithms.server.optimizers`): fedavgm (lr 1,
+    momentum 0.9), fedadam (lr 0.1, beta1 0.9, beta2 0.99, tau 1e-3), fedyogi (lr 0.01, beta1 0.9, beta2 0.99,
+    tau 1e-3) or fedadagrad (lr 0.1, beta1 0, tau 1e-3). A setting left out takes that default; one the optimizer
+    does not use is refused."""
+
+    name: Literal["fedavgm", "fedadam", "fedyogi", "fedadagrad"]
+    lr: float | None = Field(None, gt=0)
+    momentum: float | None = Field(None, ge=0, lt=1)
+    beta1: float | None = Field(None, ge=0, lt=1)
+    beta2: float | None = Field(None, ge=0, lt=1)
+    tau: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _settings_of_the_optimizer(self) -> ServerOptimizerConfig:
+        used = _OPTIMIZER_DEFAULTS[self.name]
+        for key in ("momentum", "beta1", "beta2", "tau"):
+            if key not in used and getattr(self, key) is not None:
+                _fail(key, f"{self.name} does not use it ({', '.join(sorted(used))} only)", getattr(self, key),
+                      "null")
+        for key, default in used.items():
+            if getattr(self, key) is None:
+                setattr(self, key, default)
+        return self
+
+
 class AlgorithmConfig(_Section):
     """An algorithm bundle by name, with its hyperparameters in `params` (checked per algorithm).
 
@@ -84,12 +111,18 @@ class AlgorithmConfig(_Section):
     aggregator / local: optional user-registered stages replacing the bundle's aggregator (any bundle whose
     guarantee holds against a server that sees each upload) or its local program (not for noisy_fedavg,
     noisy_fedprox, ppsgd, centaur); see `dpfl.algorithms.registry`.
+
+    server_optimizer: null (the default), or {name: fedavgm|fedadam|fedyogi|fedadagrad, lr, momentum (fedavgm),
+    beta1, beta2, tau}: the server moves by that optimizer on the pseudo-gradient x' - x of the algorithm's own
+    step (post-processing of the aggregate); refused at build time where it would not be (personal or cluster
+    models, the splitting preset, MP-DP's perturbed broadcast, server_lr != 1; `optimizers.refusal`).
     """
 
     name: str
     params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     aggregator: StageConfig | None = None
     local: StageConfig | None = None
+    server_optimizer: ServerOptimizerConfig | None = None
 
     @field_validator("name", mode="plain")  # plain: the registry's names, worded as a Literal's
     @classmethod
