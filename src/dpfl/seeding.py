@@ -28,6 +28,7 @@ class Purpose(enum.IntEnum):
     SECAGG = 11  # simulated dropouts of secure aggregation
     AUDIT = 12  # privacy audits: which canaries are included, their directions
     ATTACK = 13  # attack evaluations: which records an attacker is scored on
+    CLIP_COUNT = 14  # sample-level adaptive clipping: the noise of each DP-SGD step's count of unclipped records
 
 
 def derive_seed(seed: int, *keys: int) -> int:

@@ -78,7 +78,11 @@ class Algorithm:
     def mechanism(self) -> str:
         parts = []
         if self.local.private:
-            parts.append(f"DP-SGD ({self.local.sampling} sampling, per-sample clip {self.local.spec.clip})")
+            adaptive = self.local.spec.adaptive_clipping
+            clip = (f"per-sample clip {self.local.spec.clip}" if adaptive is None else "adaptive per-sample clip of "
+                    f"each client's own from {adaptive.initial_clip} to quantile {adaptive.target_quantile}, its count "
+                    "noised within its noise multiplier (Andrew et al. 2021, Theorem 1)")
+            parts.append(f"DP-SGD ({self.local.sampling} sampling, {clip})")
         if self.upload.unit:
             label = "" if self.upload.accounted else self.upload.unaccounted_label
             parts.append(f"{self.upload.describe()}{label}")

@@ -51,7 +51,8 @@ class LocalInputs:
     `broadcast`: what the server step's `broadcast` sent instead of the model in the clear (MP-DP's perturbed model),
     else None. `model`, `backend`, `data` (the clients' records, `PooledData`), `plans_for` (phase -> the clients'
     `ClientPlan`s) and `max_elements` are the engine's, for programs it trains; `global_model` is the server's model
-    (the anchor of a proximal term).
+    (the anchor of a proximal term). `state`: the local program's client-side state before the round (its
+    `init(population)`, then what the previous round returned; None: stateless).
     """
 
     clients: Sequence[int]
@@ -66,16 +67,19 @@ class LocalInputs:
     plans_for: Any = None
     max_elements: int = 0
     broadcast: Any = None
+    state: Any = None
 
 
 class LocalOutput(NamedTuple):
     """The clients' updates (what the upload mechanism receives: `[K, ...]` model deltas for training programs),
-    the local steps each took, the squared norm of each one's DP-SGD noise (diagnostics) and the round's metrics."""
+    the local steps each took, the squared norm of each one's DP-SGD noise (diagnostics), the round's metrics and
+    the local program's state after the round (None: stateless; the run loop keeps and checkpoints it)."""
 
     updates: Any
     steps: list[int]
     noise_sq_norm: list[float]
     metrics: dict[str, Any]
+    state: Any = None
 
 
 class RoundAborted(RuntimeError):

@@ -48,6 +48,7 @@ from dpfl.engine.losses import per_sample_loss
 from dpfl.engine.per_sample import FastModel, Unsupported, compile_model, segment_sum
 from dpfl.engine.pooled import PooledData
 from dpfl.engine.sampling import SAMPLINGS, BatchStream, NoiseStream, SlotBatches, SlotBlock
+from dpfl.privacy.adaptive_clipping import AdaptiveClipping, update_noise_multiplier
 from dpfl.seeding import Purpose, derive_seed, torch_generator
 
 # Bound on per-sample-gradient elements held at once (floats); larger cohorts are run in chunks.
@@ -84,6 +85,15 @@ class LocalSpec:
     bfloat16 operands and float32 results, for GPUs with bf16 tensor cores; per-sample norms, clip factors, the
     clipped sums, noise, averaging and the update stay float32 (float32 master weights), so clipping still bounds
     every record's contribution to C. "float32" (default) runs everything in float32.
+    adaptive_clipping (sample-level adaptive clipping, Andrew et al. 2021, in each client's DP-SGD): each client
+    clips to its own C_k (its plan's `clip`; `clip` here is the initial one, adaptive_clipping.initial_clip). Each
+    step releases, besides the sum of the clipped gradients noised with z_Delta,k C_k (Theorem 1: z_Delta =
+    (z^-2 - (2 sigma_b)^-2)^(-1/2), z the client's planned multiplier, so its accountant still charges z), the count
+    of its records whose gradient norm is at most C_k, noised with N(0, sigma_b^2) from its own stream
+    (Purpose.CLIP_COUNT) and divided by the expected batch m_k (q n_k under Poisson sampling, never the realised
+    size; the batch size under fixed-size sampling); then C_k <- C_k exp(-eta (b~ - gamma)). sigma_b:
+    adaptive_clipping.sigma_b(m_k). A client without noise (z = 0) releases its count without noise. None: one
+    fixed clip, bit for bit the path without it.
     """
 
     lr: float
@@ -97,6 +107,7 @@ class LocalSpec:
     prox_to: str = "start"  # the prox term's anchor: the client's start, or the `anchor` run_local is given
     micro_batch: int | None = None  # per-sample gradients of at most this many records at once (DP-SGD)
     precision: str = "float32"  # "bfloat16": the gradients' GEMMs in bf16, all else float32
+    adaptive_clipping: AdaptiveClipping | None = None  # each client's clip follows a quantile of its norms
 
     @property
     def bf16(self) -> bool:
@@ -126,6 +137,11 @@ class LocalSpec:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         per_sample_loss(self.loss)
+        if self.adaptive_clipping is not None:
+            if self.clip_mode != "per_example" or self.clip != self.adaptive_clipping.initial_clip:
+                raise ValueError(f"adaptive clipping adapts the per-example clip: it needs clip_mode 'per_example' "
+                                 f"and clip = its initial_clip {self.adaptive_clipping.initial_clip} (got "
+                                 f"clip_mode {self.clip_mode!r}, clip {self.clip})")
         if self.trainable is not None:
             if isinstance(self.trainable, str):
                 raise ValueError(f"trainable must be a sequence of parameter names, got the string {self.trainable!r}")
@@ -146,6 +162,8 @@ class ClientPlan:
     key, if given, keys the client's batch and noise generators instead of `client` (which then only
     indexes `data`): a process holding one client's records (a Flower node) trains it as client 0 of its
     own data with the run-wide id as key, and draws exactly the batches and noise the simulation draws.
+    clip: the client's own clip C_k at the start of the round, under adaptive clipping (the local program's state;
+    None: the spec's clip).
     """
 
     client: int
@@ -154,6 +172,7 @@ class ClientPlan:
     noise_multiplier: float = 0.0
     step_lrs: tuple[float, ...] | None = None
     key: int | None = None
+    clip: float | None = None
 
     @property
     def stream(self) -> int:
@@ -177,6 +196,8 @@ class ClientPlan:
             raise ValueError(f"client {self.client}: batch size must be >= 1, got {self.batch_size}")
         if self.noise_multiplier < 0:
             raise ValueError(f"client {self.client}: noise multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"client {self.client}: clip must be finite and > 0, got {self.clip}")
 
 
 @dataclass
@@ -188,6 +209,7 @@ class LocalResult:
     records_used: list[int]  # total records across the client's batches
     empty_batches: list[int]
     noise_sq_norm: list[float] = field(default_factory=list)  # ||sum_t xi_t||^2 * (zC)^2, diagnostics only
+    clips: list[float] | None = None  # adaptive clipping: each client's clip C_k after its steps (None: fixed clip)
 
 
 def run_local(
@@ -232,6 +254,10 @@ def run_local(
             raise ValueError(f"client {plan.client}: noise needs per-example clipping (DP-SGD); clip_mode is 'batch'")
         if not 0 <= plan.client < data.n_clients:
             raise ValueError(f"client id {plan.client} is outside 0..{data.n_clients - 1}")
+        if plan.clip is not None and spec.adaptive_clipping is None:
+            raise ValueError(f"client {plan.client}: a clip of its own is adaptive clipping's state; the spec has none")
+    if spec.adaptive_clipping is not None:
+        _adaptive_noise(spec.adaptive_clipping, plans, data)  # refuses a client the count's noise leaves no budget
     k = len(plans)
     if k == 0:
         raise ValueError("no clients to train")
@@ -337,7 +363,12 @@ def merge_groups(k: int, groups: Sequence[Sequence[int]], results: Iterable[Loca
     LocalResult in plan order (the engine's thread groups, a Ray backend's shards)."""
     out: P.Params = {}
     steps, used, empties, noise_sq = [0] * k, [0] * k, [0] * k, [0.0] * k
+    clips: list[float] | None = None
     for rows, res in zip(groups, results, strict=True):
+        if res.clips is not None:
+            clips = clips if clips is not None else [0.0] * k
+            for j, i in enumerate(rows):
+                clips[i] = res.clips[j]
         for n, t in res.params.items():
             if n not in out:
                 out[n] = t.new_empty((k, *t.shape[1:]))
@@ -345,7 +376,26 @@ def merge_groups(k: int, groups: Sequence[Sequence[int]], results: Iterable[Loca
         for j, i in enumerate(rows):
             steps[i], used[i], empties[i] = res.steps[j], res.records_used[j], res.empty_batches[j]
             noise_sq[i] = res.noise_sq_norm[j]
-    return LocalResult(out, steps, used, empties, noise_sq)
+    return LocalResult(out, steps, used, empties, noise_sq, clips)
+
+
+def _adaptive_noise(adaptive: AdaptiveClipping, plans: Sequence[ClientPlan], data: PooledData
+                    ) -> tuple[list[float], list[float], list[float]]:
+    """Each plan's expected batch m_k (q n_k = min(b_k, n_k) under Poisson sampling; b_k under fixed-size sampling,
+    where b_k <= n_k), its count's noise sigma_b (0 for a client without noise) and its update's noise multiplier
+    z_Delta,k (Theorem 1); a client whose sigma_b leaves its update no budget is refused, naming it."""
+    expected, sigma_b, z_delta = [], [], []
+    for p in plans:
+        m = float(min(p.batch_size, data.size(p.client)))
+        sb = adaptive.sigma_b(m)
+        try:
+            zd = update_noise_multiplier(p.noise_multiplier, sb)
+        except ValueError as err:
+            raise ValueError(f"client {p.stream}: {err}") from None
+        expected.append(m)
+        sigma_b.append(sb if p.noise_multiplier > 0 else 0.0)
+        z_delta.append(zd)
+    return expected, sigma_b, z_delta
 
 
 def _workers(fast: FastModel | None, k: int, device: torch.device = _CPU) -> int:
@@ -471,6 +521,7 @@ def _run_chunk(
     noise_scale = torch.tensor([p.noise_multiplier * (spec.clip or 0.0) for p in plans], device=device)
     used, empties = [0] * k, [0] * k
     per_sample = spec.clip is not None and spec.clip_mode == "per_example"
+    adaptive = _AdaptiveClips(spec, plans, data, seed, round_, flat.dtype) if spec.adaptive_clipping else None
     slots = _Slots(batches, plans, data, clients, flat.dtype) if padded else None
     if fast is not None:
         grads_of = None
@@ -492,14 +543,19 @@ def _run_chunk(
             active -= 1
         wa = {n: w[n][:active] for n in names}
         fa = {n: v[:active] for n, v in frozen.items()}
+        clip = counts = None
+        if adaptive is not None:  # this step's clips C_k, and where the counts of norms <= C_k go
+            clip, counts = adaptive.clips[:active], torch.zeros(active, dtype=flat.dtype, device=device)
         if slots is not None:
-            sums, drawn = _padded_step(slots, t, active, spec, fast, grads_of, loss_fn, wa, fa, per_sample)
+            sums, drawn = _padded_step(slots, t, active, spec, fast, grads_of, loss_fn, wa, fa, per_sample, clip,
+                                       counts)
         else:
             idx = [batches[i].next().to(device) for i in range(active)]  # no-op where the generators are
             for i, ix in enumerate(idx):
                 used[i] += len(ix)
                 empties[i] += int(len(ix) == 0)
-            sums = _packed_step(idx, spec, fast, grads_of, loss_fn, wa, fa, data, clients[:active], per_sample)
+            sums = _packed_step(idx, spec, fast, grads_of, loss_fn, wa, fa, data, clients[:active], per_sample, clip,
+                                counts)
             drawn = _drawn(idx, nominal.dtype, device) if not per_sample or spec.sampling != "poisson" else None
         g = P.flatten({n: sums[n] for n in names})
         if not per_sample:
@@ -511,11 +567,18 @@ def _run_chunk(
             if noise_sums is not None:
                 xi = torch.stack([noises[i].next().to(device) if noisy[i] else torch.zeros(dim, device=device)
                                   for i in range(active)])
-                noise_sums[:active] += xi
-                g.add_(xi * noise_scale[:active, None])
+                if adaptive is None:
+                    noise_sums[:active] += xi
+                    g.add_(xi * noise_scale[:active, None])
+                else:  # z_Delta,k C_k at this step's clip: the scaled noise is summed for the diagnostics
+                    xi = xi * adaptive.noise_scale(active)[:, None]
+                    noise_sums[:active] += xi
+                    g.add_(xi)
             # Poisson: the nominal size (the random actual size would leak). Fixed / shuffle sizes are
             # data-independent: average the clipped gradients over the records actually drawn.
             g.div_((nominal[:active] if spec.sampling == "poisson" else drawn).unsqueeze(1))
+            if adaptive is not None:
+                adaptive.step(t, active, counts)
         if spec.prox_mu:
             g.add_(spec.prox_mu * (flat[:active] - (pull if anchor is not None else pull[:active])))
         if buf is not None:
@@ -528,13 +591,55 @@ def _run_chunk(
         used, empties = slots.used.tolist(), slots.empties.tolist()
     noise_sq: list[float] = [0.0] * k
     if noise_sums is not None:
-        noise_sq = (noise_sums.pow(2).sum(1) * noise_scale.pow(2)).tolist()
-    return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq)
+        scale_sq = noise_scale.pow(2) if adaptive is None else 1.0  # adaptive: the sums are scaled already
+        noise_sq = (noise_sums.pow(2).sum(1) * scale_sq).tolist()
+    clips = adaptive.clips.tolist() if adaptive is not None else None
+    return LocalResult(w, [p.steps for p in plans], used, empties, noise_sq, clips)
+
+
+class _AdaptiveClips:
+    """Sample-level adaptive clipping of one chunk of plans (sorted by decreasing steps): each client's clip C_k
+    (`clips`, `[K]`), its update noise z_Delta,k, and each step's clip move from the noised count of norms <= C_k.
+
+    The count's standard-normal noise of client k's t-th step is entry t of `randn(steps_k)` from its generator
+    keyed (seed, CLIP_COUNT, round, client): drawn once per round, so the stream does not depend on the cohort, the
+    layout or the chunking."""
+
+    def __init__(self, spec: LocalSpec, plans: Sequence[ClientPlan], data: PooledData, seed: int, round_: int,
+                 dtype: torch.dtype) -> None:
+        adaptive = spec.adaptive_clipping
+        assert adaptive is not None and spec.clip is not None
+        device = data.device
+        expected, sigma_b, z_delta = _adaptive_noise(adaptive, plans, data)
+        self.gamma, self.eta = adaptive.target_quantile, adaptive.learning_rate
+        self.clips = torch.tensor([p.clip if p.clip is not None else spec.clip for p in plans], dtype=dtype,
+                                  device=device)
+        self.expected = torch.tensor(expected, dtype=dtype, device=device)
+        self.sigma_b = torch.tensor(sigma_b, dtype=dtype, device=device)
+        self.z_delta = torch.tensor(z_delta, dtype=dtype, device=device)
+        steps = max((p.steps for p in plans), default=0)
+        self.count_noise = torch.zeros(len(plans), steps, dtype=dtype, device=device)
+        for i, p in enumerate(plans):
+            if sigma_b[i] > 0 and p.steps:
+                g = torch_generator(seed, Purpose.CLIP_COUNT, round_, p.stream, device)
+                self.count_noise[i, : p.steps] = torch.randn(p.steps, generator=g, device=device, dtype=dtype)
+
+    def noise_scale(self, active: int) -> torch.Tensor:
+        """`[active]`: the update noise's std z_Delta,k C_k at the current clips."""
+        return self.z_delta[:active] * self.clips[:active]
+
+    def step(self, t: int, active: int, counts: torch.Tensor) -> None:
+        """Step t's clip move of the first `active` clients: C_k <- C_k exp(-eta (b~_k - gamma)), b~_k = (count_k +
+        sigma_b,k xi_k,t) / m_k."""
+        noised = (counts + self.count_noise[:active, t] * self.sigma_b[:active]) / self.expected[:active]
+        self.clips[:active].mul_(torch.exp(-self.eta * (noised - self.gamma)))
 
 
 def _packed_step(idx: Sequence[torch.Tensor], spec: LocalSpec, fast: FastModel | None, grads_of, loss_fn, wa: P.Params,
-                 fa: P.Params, data: PooledData, clients: torch.Tensor, per_sample: bool) -> P.Params:
-    """The packed layout's per-client gradient sums of one step: clipped per sample (DP-SGD) or not."""
+                 fa: P.Params, data: PooledData, clients: torch.Tensor, per_sample: bool,
+                 clip: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> P.Params:
+    """The packed layout's per-client gradient sums of one step: clipped per sample (DP-SGD) or not. `clip`: one clip
+    per client (adaptive clipping; None: spec.clip), `counts`: where the counts of norms <= clip are added."""
     if not per_sample:
         if fast is not None:
             x, y, owner = data.gather_packed(clients, idx)
@@ -542,11 +647,12 @@ def _packed_step(idx: Sequence[torch.Tensor], spec: LocalSpec, fast: FastModel |
         x, y, mask = data.gather(clients, idx)
         return _batch_gradient(grads_of, wa, x, y, mask, fa)
     x, y, owner = data.gather_packed(clients, idx)
+    bound = spec.clip if clip is None else clip
 
     def clipped(xs: torch.Tensor, ys: torch.Tensor, os: torch.Tensor) -> P.Params:
         if fast is not None:
-            return fast.clipped_sum(wa, fa, xs, ys, os, spec.clip, loss_fn, bf16=spec.bf16)
-        return _clipped_sum(grads_of, wa, xs, ys, os, spec.clip, fa)
+            return fast.clipped_sum(wa, fa, xs, ys, os, bound, loss_fn, bf16=spec.bf16, counts=counts)
+        return _clipped_sum(grads_of, wa, xs, ys, os, bound, fa, counts=counts)
 
     return _accumulated(clipped, x, y, owner, spec.micro_batch)
 
@@ -591,8 +697,10 @@ class _Slots:
 
 
 def _padded_step(slots: _Slots, t: int, active: int, spec: LocalSpec, fast: FastModel | None, grads_of, loss_fn,
-                 wa: P.Params, fa: P.Params, per_sample: bool) -> tuple[P.Params, torch.Tensor]:
-    """The padded layout's per-client gradient sums of step t, and the records each client drew (at least 1)."""
+                 wa: P.Params, fa: P.Params, per_sample: bool, clip: torch.Tensor | None = None,
+                 counts: torch.Tensor | None = None) -> tuple[P.Params, torch.Tensor]:
+    """The padded layout's per-client gradient sums of step t, and the records each client drew (at least 1);
+    `clip` and `counts` as in `_packed_step` (padding slots, weighted 0, are never counted)."""
     index, weight, drawn = slots.at(t)
     index, weight, drawn, clients = index[:active], weight[:active], drawn[:active], slots.clients[:active]
     cap = index.shape[1]
@@ -611,11 +719,13 @@ def _padded_step(slots: _Slots, t: int, active: int, spec: LocalSpec, fast: Fast
         part_index, part_weight = index[:, lo: lo + width], weight[:, lo: lo + width]
         c = part_index.shape[1]
         x, y = slots.data.gather_slots(clients, part_index)
+        bound = spec.clip if clip is None else clip
         if fast is not None:
-            part = fast.clipped_sum(wa, fa, x, y, slots.owner(active, c), spec.clip, loss_fn, part_weight.reshape(-1),
-                                    c, spec.bf16)
+            part = fast.clipped_sum(wa, fa, x, y, slots.owner(active, c), bound, loss_fn, part_weight.reshape(-1),
+                                    c, spec.bf16, counts)
         else:
-            part = _clipped_sum(grads_of, wa, x, y, slots.owner(active, c), spec.clip, fa, part_weight.reshape(-1), c)
+            part = _clipped_sum(grads_of, wa, x, y, slots.owner(active, c), bound, fa, part_weight.reshape(-1), c,
+                                counts)
         total = part if total is None else {n: total[n].add_(part[n]) for n in total}
     assert total is not None
     return total, drawn
@@ -647,9 +757,9 @@ def _accumulated(clipped, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor,
     return total
 
 
-def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, clip: float,
-                 frozen: P.Params | None = None, weight: torch.Tensor | None = None,
-                 slots: int | None = None) -> P.Params:
+def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor,
+                 clip: float | torch.Tensor, frozen: P.Params | None = None, weight: torch.Tensor | None = None,
+                 slots: int | None = None, counts: torch.Tensor | None = None) -> P.Params:
     """Sum over each client's batch of per-sample gradients w.r.t. `w`, clipped to one global L2 norm `clip`.
 
     Samples are packed back to back; each takes its client's parameters (`owner`), so the work is
@@ -657,15 +767,24 @@ def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner:
     Frozen tensors enter the forward pass only, so the norm is over the trainable coordinates.
     `weight` [S] (0 / 1) multiplies each sample's clip factor (padding slots: 0); `slots`: every client holds that
     many consecutive samples (the padded layout), so the per-client sums are plain sums over a `[k, slots]` view.
+    `clip` may be one norm per client (`[k]`) and `counts` (`[k]`) adds each client's count of samples whose norm is
+    at most its clip, as in `FastModel.clipped_sum`.
     """
     out = {n: torch.zeros_like(v) for n, v in w.items()}
     if len(owner) == 0:
         return out
     fs = {n: v.index_select(0, owner) for n, v in (frozen or {}).items()}
     per_sample = grads_of({n: v.index_select(0, owner) for n, v in w.items()}, x, y, frozen=fs)
-    factor = torch.clamp(clip / (P.global_norms(per_sample) + 1e-12), max=1.0)
+    norms = P.global_norms(per_sample)
+    bound = clip.index_select(0, owner) if isinstance(clip, torch.Tensor) else clip
+    factor = torch.clamp(bound / (norms + 1e-12), max=1.0)
     if weight is not None:
         factor = factor * weight.to(factor.dtype)
+    if counts is not None:
+        below = (norms <= bound).to(counts.dtype)
+        below = below if weight is None else below * weight.to(counts.dtype)
+        k = counts.shape[0]
+        counts.add_(below.view(k, slots).sum(1) if slots is not None else segment_sum(below, owner, k))
     for n, g in per_sample.items():  # scale in place: per-sample gradients are the largest tensors here
         g = g.mul_(factor.reshape(-1, *([1] * (g.dim() - 1))))
         k = out[n].shape[0]

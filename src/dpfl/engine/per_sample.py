@@ -749,20 +749,28 @@ class FastModel:
         return step, weight
 
     def clipped_sum(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor] | None, x: Tensor, y: Tensor,
-                    owner: Tensor, clip: float, loss_fn, weight: Tensor | None = None,
-                    slots: int | None = None, bf16: bool = False) -> dict[str, Tensor]:
+                    owner: Tensor, clip: float | Tensor, loss_fn, weight: Tensor | None = None,
+                    slots: int | None = None, bf16: bool = False, counts: Tensor | None = None) -> dict[str, Tensor]:
         """Per client, the sum over its samples of the per-sample gradients w.r.t. `params` (stacked `[k, ...]`),
         each clipped to global L2 norm `clip`: the same as `local_training._clipped_sum`.
 
+        `clip`: one norm, or one per client (`[k]`, adaptive clipping's C_k: a sample is clipped to its client's).
         `weight` [S] (0 / 1) multiplies each sample's clip factor: a padding slot's weight 0 removes it from the sum.
         `slots`: every client holds exactly that many consecutive samples (`owner` is uniform; see `Packing`).
-        `bf16`: the GEMMs in bfloat16; norms, clip factors and sums in float32 (the module docstring)."""
+        `bf16`: the GEMMs in bfloat16; norms, clip factors and sums in float32 (the module docstring).
+        `counts` (`[k]`, float32): adds each client's number of samples whose norm is at most its clip (weighted:
+        padding slots never count), the count adaptive clipping releases."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, clip, False, weight, slots, bf16)
-        factor = torch.clamp(clip / (step.sq_norms.sqrt() + 1e-12), max=1.0)
+        step, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, False, weight, slots, bf16)
+        norms = step.sq_norms.sqrt()
+        bound = clip.index_select(0, step.pk.owner) if isinstance(clip, Tensor) else clip  # (owner sorted by _run)
+        factor = torch.clamp(bound / (norms + 1e-12), max=1.0)
         if weight is not None:
             factor = factor * weight.to(factor.dtype)
+        if counts is not None:
+            below = (norms <= bound).to(counts.dtype)
+            counts.add_(seg_sum(below if weight is None else below * weight.to(counts.dtype), step.pk))
         return {n: step.makers[n](factor).reshape(v.shape) for n, v in params.items()}
 
     def per_sample_norms(self, params, frozen, x, y, owner, loss_fn, bf16: bool = False) -> Tensor:

@@ -43,7 +43,8 @@ from dpfl.experiment import privacy_report, round_diagnostics, run_checks, run_e
 from dpfl.experiment.run_accounting import (RunEvents, calibrate_stage, client_noise, per_client, planned_run,
                                             reported_epsilons)
 from dpfl.experiment.run_records import (INITIAL, LocalRound, RemoteRound, RunResult, RunState, StageStates,
-                                        EVALUATED_AT_STOP, mechanism_state_problem, plain_row, resumed_server_state)
+                                        EVALUATED_AT_STOP, local_state_problem, mechanism_state_problem, plain_row,
+                                        resumed_server_state)
 from dpfl.data.federated import PooledClients
 from dpfl.privacy.budgets import Budgets, ClientBudget
 from dpfl.privacy.ledger import PrivacyLedger
@@ -176,6 +177,10 @@ class FederatedRun:
         if staged is not None:
             self.algorithm, self.calibrated = staged
         run_checks.refuse_a_run_that_trains_nothing(self)
+        # sample-level adaptive clipping: the count's noise must leave every client's update some budget
+        refusal = algorithm.local.adaptive_budget_problem(self.noise, self.n_records, self.batch_sizes)
+        if refusal is not None:
+            raise ValueError(refusal)
         run_checks.note_what_the_noise_means(self)
 
     @property
@@ -249,16 +254,21 @@ class FederatedRun:
             self.privacy_summary(stop_reason, r, history, retired=retired, server_state=states.server)), states)
 
     def _stage_states(self, state: RunState) -> StageStates:
-        """The server step's and the upload mechanism's states at `state`: their `init` for a fresh run, the
-        checkpointed ones for a resumed run."""
+        """The server step's, the upload mechanism's and the local program's states at `state`: their `init` for a
+        fresh run, the checkpointed ones for a resumed run."""
         alg = self.algorithm
         if state.round == 0:
-            return StageStates(alg.aggregator.init(state.params), alg.upload.init())
-        problem = mechanism_state_problem(alg.upload, state.mechanism_state)
+            return StageStates(alg.aggregator.init(state.params), alg.upload.init(), self._local_init())
+        problem = (mechanism_state_problem(alg.upload, state.mechanism_state)
+                   or local_state_problem(alg.local, self.n_clients, state.local_state))
         if problem is not None:
             raise ValueError(f"the state after round {state.round} {problem}; it cannot resume this run")
         return StageStates(resumed_server_state(alg.aggregator.init(state.params), state.aggregator_state),
-                           state.mechanism_state)
+                           state.mechanism_state, state.local_state)
+
+    def _local_init(self) -> Any:
+        """The local program's state before round 1 (None: stateless), on the run's device."""
+        return P.move(self.algorithm.local.init(self.n_clients), self.device)
 
     def _rounds(self, w: P.Params, r: int, retired: set[int], history: list[dict[str, Any]], stop_reason: str | None,
                 states: StageStates, on_round: Callable[[dict[str, Any]], None] | None,
@@ -294,7 +304,7 @@ class FederatedRun:
         client_state = copy.deepcopy(personal.state_dict()) if personal is not None else None
         state = RunState(r, {n: t.clone() for n, t in w.items()}, sorted(retired), ledger, list(history), stop,
                          self.steps_done.tolist(), copy.deepcopy(states.server), client_state,
-                         copy.deepcopy(states.mechanism))
+                         copy.deepcopy(states.mechanism), copy.deepcopy(states.local))
         return state if self.device.type == "cpu" else _state_on(state, torch.device("cpu"))
 
     def _one_round(self, r: int, w: P.Params, retired: set[int],
@@ -320,7 +330,7 @@ class FederatedRun:
             self.steps_done[i] += self.events.steps(i, r)
         asks = server.asks_clients  # clients answer a question after aggregation: the round closes after it
         self._record(r, selected, eligible, server_event, close=not asks)  # before aggregation: spent even if it stops
-        server_state, mechanism_state = states
+        server_state, mechanism_state, local_state = states
         new_w, bytes_up, bytes_down, diagnostics = w, [], [], {}
         if len(selected):
             ids = [int(i) for i in selected]
@@ -328,9 +338,9 @@ class FederatedRun:
             if alg.personal is not None:  # w + the clients' own local parts (PPSGD)
                 starts = alg.personal.start_points(w, ids, r)
             local, server_state, discarded = self._attempts(r, w, selected, expected, starts,
-                                                            StageStates(server_state, mechanism_state))
+                                                            StageStates(server_state, mechanism_state, local_state))
             uploads, view, channel = local.uploads, local.view, local.channel
-            mechanism_state = local.mechanism_state
+            mechanism_state, local_state = local.mechanism_state, local.local_state
             shared = dim if alg.personal is None else P.num_parameters(uploads, leading=1)  # PPSGD: the shared part
             bytes_up = [alg.upload.bytes_per_upload(shared)] * len(selected)
             bytes_down = [sum(t.numel() * t.element_size() for t in w.values())] * len(selected)  # the global model
@@ -371,7 +381,7 @@ class FederatedRun:
                 self.ledger.close_round(r)
         row = self._row(r, new_w, server_state, selected, sum(bytes_up), sum(bytes_down), time.perf_counter() - t0,
                         time.process_time() - cpu0, diagnostics)
-        return new_w, {**row, **diagnostics}, StageStates(server_state, mechanism_state)
+        return new_w, {**row, **diagnostics}, StageStates(server_state, mechanism_state, local_state)
 
     def _attempts(self, r: int, w: P.Params, selected: np.ndarray, expected: float, starts: P.Params | None,
                   states: StageStates) -> tuple[LocalRound, Any, list[list[int]]]:
@@ -384,7 +394,7 @@ class FederatedRun:
             broadcast, server_state = self.algorithm.aggregator.broadcast(states.server, w, ids, self.seed, r, attempt)
             try:
                 local = self.local_round(r, w, selected, expected, starts=starts, mechanism_state=states.mechanism,
-                                         broadcast=broadcast)
+                                         broadcast=broadcast, local_state=states.local)
                 return local, server_state, discarded
             except RoundAborted as aborted:
                 discarded.append(list(aborted.uploaded))
@@ -513,25 +523,28 @@ class FederatedRun:
 
     def local_round(self, r: int, w: P.Params, selected: np.ndarray, expected: float,
                     starts: P.Params | None = None, mechanism_state: Any = INITIAL,
-                    broadcast: Any = None) -> LocalRound:
+                    broadcast: Any = None, local_state: Any = INITIAL) -> LocalRound:
         """Round r's local training of `selected` from `w`: their uploads, the server's view, the noise facts.
 
         `starts` (stacked `[K, ...]`) gives each client its own start model instead of `w`; updates are
         then relative to it. `broadcast`: an encoded model the server step sent instead (MP-DP's). Public so that
         diagnostics (e.g. the round-1 noise statistic of several aggregators on the same uploads) can reuse exactly
         the engine's round; it records nothing in the ledger.
-        `mechanism_state`: the upload mechanism's state before the round (its `init()` by default).
+        `mechanism_state`: the upload mechanism's state before the round (its `init()` by default); `local_state`:
+        the local program's (its `init(population)` by default).
         """
         alg = self.algorithm
         if mechanism_state is INITIAL:
             mechanism_state = alg.upload.init()
+        if local_state is INITIAL:
+            local_state = self._local_init()
         ids = [int(i) for i in selected]
         if self.remote_clients is not None:  # the clients train on their own machines (a Flower federation)
             if (starts is not None or alg.personal is not None or self.update_hook is not None
-                    or mechanism_state is not None or broadcast is not None):
+                    or mechanism_state is not None or broadcast is not None or local_state is not None):
                 raise ValueError(f"algorithm {alg.name!r}: remote clients run stateless local programs and upload "
                                  "mechanisms from the global model only (no personal starts, client state, mechanism "
-                                 "state, encoded broadcast or audit hook)")
+                                 "or local-program state, encoded broadcast or audit hook)")
             remote = self.remote_clients.round(self, r, w, ids)
             planned = [self.events.steps(i, r) for i in ids]
             over = [(i, int(s), p) for i, s, p in zip(ids, remote.steps, planned, strict=True) if int(s) > p]
@@ -544,7 +557,7 @@ class FederatedRun:
         out = alg.local.run(LocalInputs(
             ids, starts if starts is not None else w, starts is not None, self.seed, r, w, self.pooled,
             model=self.model, backend=self.backend, plans_for=lambda phase: self._plans(phase, selected, r),
-            max_elements=self.max_elements, broadcast=broadcast))
+            max_elements=self.max_elements, broadcast=broadcast, state=local_state))
         deltas = out.updates
         if alg.personal is not None:  # keep the local part on the client; the rest is the shared update
             deltas = alg.personal.shared_update(deltas, ids)
@@ -552,7 +565,8 @@ class FederatedRun:
             deltas = self.update_hook(ids, deltas, r)
         released = alg.upload.release(mechanism_state, deltas, ids, self.seed, r)
         return LocalRound(released.uploads, self._view(selected, expected), self._channel(selected, out.steps),
-                          out.noise_sq_norm, P.num_parameters(w), released.state, {**out.metrics, **released.metrics})
+                          out.noise_sq_norm, P.num_parameters(w), released.state, {**out.metrics, **released.metrics},
+                          out.state)
 
     def _plans(self, program: Any, selected: Sequence[int], r: int) -> list[ClientPlan]:
         """What each selected client runs in round r under `program` (one phase of the local program)."""
@@ -670,4 +684,5 @@ def _state_on(state: RunState, device: torch.device) -> RunState:
     return replace(state, params=P.to_device(state.params, device),
                    aggregator_state=P.move(state.aggregator_state, device),
                    client_state=P.move(state.client_state, device),
-                   mechanism_state=P.move(state.mechanism_state, device))
+                   mechanism_state=P.move(state.mechanism_state, device),
+                   local_state=P.move(state.local_state, device))

@@ -81,8 +81,8 @@ def noise_passthrough(run: FederatedRun, local: LocalRound, r: int) -> dict[str,
             or not isinstance(alg.upload, FullUpdate)):
         return {}
     spec = program.spec_at(r)
-    if spec.momentum != 0 or spec.sampling not in ("poisson", "fixed"):
-        return {}
+    if spec.momentum != 0 or spec.sampling not in ("poisson", "fixed") or spec.adaptive_clipping is not None:
+        return {}  # adaptive clipping: the noise's scale z_Delta,k C_k changed every step; the replay assumes z C
     plans = run._plans(program, local.view.clients.tolist(), r)
     if any(p.step_lrs is not None for p in plans):
         return {}
@@ -109,7 +109,8 @@ def noise_statistics(algorithm: Algorithm, weights: torch.Tensor, local: LocalRo
     aggregator. Empty unless the clients run DP-SGD without momentum.
     """
     spec = algorithm.local.spec
-    if not algorithm.local.private or spec.momentum != 0 or algorithm.personal is not None:
+    if (not algorithm.local.private or spec.momentum != 0 or algorithm.personal is not None
+            or spec.adaptive_clipping is not None):  # adaptive clips: sigma_i is not T eta^2 p C^2 z_i^2 / b_i^2
         return {}
     w, view, lr = weights.to(torch.float64), local.view, spec.lr
     scale = local.dim * lr * lr  # not lr**2: a float power overflows with an exception, a product to inf

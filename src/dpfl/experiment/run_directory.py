@@ -37,7 +37,7 @@ from dpfl.algorithms.stages import ServerStep
 from dpfl.experiment.build import build_run
 from dpfl.experiment.config import RunConfig, config_to_dict, config_to_yaml, load_config
 from dpfl.experiment.federated_run import FederatedRun, RunResult, RunState
-from dpfl.experiment.run_records import mechanism_state_problem, without_evaluation_at_stop
+from dpfl.experiment.run_records import local_state_problem, mechanism_state_problem, without_evaluation_at_stop
 from dpfl.experiment.run_lock import LOCK_FILE, hold_run_directory, run_held
 from dpfl.results.environment import ENVIRONMENT_FILE, read_environment, record_environment
 from dpfl.results.report import write_report
@@ -280,7 +280,8 @@ def _check_state(data: dict[str, Any], run: FederatedRun, out: Path, fingerprint
         raise _not_this_run(out, "its stop reason is not a string")
     _check_ledger(data["ledger"], run, out)
     _check_component_state(run.algorithm.aggregator, data.get("aggregator_state"), "aggregator", out, fresh.params)
-    problem = mechanism_state_problem(run.algorithm.upload, data.get("mechanism_state"))
+    problem = (mechanism_state_problem(run.algorithm.upload, data.get("mechanism_state"))
+               or local_state_problem(run.algorithm.local, n, data.get("local_state")))
     if problem is not None:
         raise _not_this_run(out, f"it {problem}")
     personal = run.algorithm.personal

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 from dpfl.algorithms.server.oracle import NoiseChannel
 from dpfl.algorithms.server.view import ServerView
@@ -48,11 +49,12 @@ INITIAL = object()  # "the stage's `init()` state", where None is a valid state
 
 
 class StageStates(NamedTuple):
-    """The explicit states the round loop holds between rounds (dpfl.algorithms.stages): the server step's and the
-    upload mechanism's."""
+    """The explicit states the round loop holds between rounds (dpfl.algorithms.stages): the server step's, the
+    upload mechanism's and the local program's (client-side: adaptive clipping's per-client clips)."""
 
     server: Any
     mechanism: Any
+    local: Any = None
 
 
 def mechanism_state_problem(mechanism: UploadMechanism, state: Any) -> str | None:
@@ -63,6 +65,25 @@ def mechanism_state_problem(mechanism: UploadMechanism, state: Any) -> str | Non
         return f"holds no state for the upload mechanism ({mechanism.describe()})"
     if state is not None and not stateful:
         return "holds upload-mechanism state, and this algorithm's mechanism keeps none"
+    return None
+
+
+def local_state_problem(program: Any, population: int, state: Any) -> str | None:
+    """Why `state` cannot be the checkpointed state of the local `program` for `population` clients (a stateful
+    program needs its state, with the shapes of its `init`; a stateless one has none), or None."""
+    initial = program.init(population)
+    if state is None and initial is not None:
+        return "holds no state for the local program (its clients' adaptive clips)"
+    if state is not None and initial is None:
+        return "holds local-program state, and this algorithm's local program keeps none"
+    if isinstance(initial, dict):
+        if not isinstance(state, dict) or set(state) != set(initial):
+            return f"holds local-program state with keys other than {sorted(initial)}"
+        for key, t in initial.items():
+            got = state[key]
+            if isinstance(t, torch.Tensor) and (not isinstance(got, torch.Tensor) or got.shape != t.shape
+                                                or got.dtype != t.dtype):
+                return f"holds local-program state {key!r} that is not {t.dtype} {tuple(t.shape)}"
     return None
 
 
@@ -88,17 +109,19 @@ class RunState:
     aggregator_state: dict[str, Any] | None = None  # stateful aggregators (PFA+ subspace, FedCEO's ŵ_k, ...)
     client_state: dict[str, Any] | None = None  # client-side state that never leaves the client (PPSGD's u_k)
     mechanism_state: Any = None  # the upload mechanism's state (None: stateless)
+    local_state: Any = None  # the local program's state (adaptive clipping's per-client clips; None: stateless)
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.round, "params": self.params, "retired": self.retired, "ledger": self.ledger,
                 "history": self.history, "stop_reason": self.stop_reason, "steps_done": self.steps_done,
                 "aggregator_state": self.aggregator_state, "client_state": self.client_state,
-                "mechanism_state": self.mechanism_state}
+                "mechanism_state": self.mechanism_state, "local_state": self.local_state}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunState:
         return cls(d["round"], d["params"], list(d["retired"]), d["ledger"], list(d["history"]), d["stop_reason"],
-                   list(d["steps_done"]), d.get("aggregator_state"), d.get("client_state"), d.get("mechanism_state"))
+                   list(d["steps_done"]), d.get("aggregator_state"), d.get("client_state"), d.get("mechanism_state"),
+                   d.get("local_state"))
 
 
 @dataclass
@@ -112,6 +135,7 @@ class LocalRound:
     dim: int  # model parameters p
     mechanism_state: Any = None  # the upload mechanism's state after the round
     mechanism_metrics: dict[str, Any] = field(default_factory=dict)  # what the mechanism reported of the round
+    local_state: Any = None  # the local program's state after the round
 
 
 @dataclass

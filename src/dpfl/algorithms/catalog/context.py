@@ -96,21 +96,32 @@ class RunFacts:
 
     def local_program(self, *, private: bool, prox_mu: float = 0.0, lr_factor: float = 1.0,
                       trainable: tuple[str, ...] | None = None, epochs: float | None = None) -> LocalProgram:
-        """The run's local program (the user's, if given); `epochs` replaces its length (CENTAUR's head phase)."""
+        """The run's local program (the user's, if given); `epochs` replaces its length (CENTAUR's head phase).
+
+        A private program carries the run's `adaptive_clipping` (sample level: each client's DP-SGD clip adapts; its
+        `spec.adaptive_clipping` says so, for a check that the setting was honoured); a user's program must carry
+        it itself, else the setting is refused. A non-private program ignores it (mechanism central adapts the
+        server's clip, not a local one)."""
         if epochs is not None:
             length: dict[str, Any] = dict(epochs=epochs)
         else:
             length = dict(steps=self.local_steps) if self.local_steps is not None else dict(epochs=self.local_epochs)
         lr = self.lr * lr_factor
+        adaptive = self.adaptive_clipping if private else None
         if self.local is not None:
-            return self.local(lr=lr, loss=self.loss, steps=length.get("steps"), epochs=length.get("epochs"),
+            user = self.local(lr=lr, loss=self.loss, steps=length.get("steps"), epochs=length.get("epochs"),
                               momentum=self.momentum, prox_mu=prox_mu, private=private,
                               clip=self.clip if private else None, sampling=self.sampling if private else None)
+            if adaptive is not None and getattr(user.spec, "adaptive_clipping", None) != adaptive:
+                raise AlgorithmError("privacy.adaptive_clipping: the user's local program (algorithm.local) does not "
+                                     "adapt its clip (its spec.adaptive_clipping differs); remove the setting or build "
+                                     "the program with dpsgd(..., adaptive_clipping=...)", "privacy.adaptive_clipping")
+            return user
         common = dict(loss=self.loss, momentum=self.momentum, prox_mu=prox_mu, trainable=trainable, **length)
         if private:
             if self.clip is None:
                 raise AlgorithmError("privacy.clip: DP-SGD needs a clip norm", "privacy.clip")
-            program = dpsgd(lr, self.clip, sampling=self.sampling, **common)
+            program = dpsgd(lr, self.clip, sampling=self.sampling, adaptive_clipping=adaptive, **common)
         else:
             program = sgd(lr, **common)
         if self.micro_batch is not None:

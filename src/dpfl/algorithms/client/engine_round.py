@@ -31,6 +31,7 @@ class Trained:
     params: P.Params
     steps: list[int]
     noise_sq_norm: list[float]  # ||sum_t xi_t||^2 of each client's DP-SGD noise (diagnostics only)
+    clips: list[float] | None = None  # adaptive clipping: each client's clip after the last phase (None: fixed)
 
 
 def train_phases(program: Any, model: nn.Module, backend: Backend, data: PooledData,
@@ -44,6 +45,7 @@ def train_phases(program: Any, model: nn.Module, backend: Backend, data: PooledD
     current, is_stacked = start, stacked
     steps: np.ndarray | None = None
     noise_sq: np.ndarray | None = None
+    clips: list[float] | None = None
     for index, phase in enumerate(program.phases):
         plans = plans_for(phase)
         phase_seed = seed if index == 0 else derive_seed(seed, PHASE_KEY, index)
@@ -54,8 +56,9 @@ def train_phases(program: Any, model: nn.Module, backend: Backend, data: PooledD
         current, is_stacked = res.params, True
         steps = np.array(res.steps, dtype=np.int64) + (0 if steps is None else steps)
         noise_sq = np.array(res.noise_sq_norm) + (0.0 if noise_sq is None else noise_sq)
+        clips = res.clips
     assert steps is not None and noise_sq is not None
-    return Trained(current, steps.tolist(), noise_sq.tolist())
+    return Trained(current, steps.tolist(), noise_sq.tolist(), clips)
 
 
 def train_on_engine(program: Any, inputs: LocalInputs) -> LocalOutput:

@@ -31,6 +31,17 @@ class PhasedProgram:
             raise ValueError("all phases of a local program must share one privacy mechanism and sampling")
         if any(p.spec.trainable is None for p in self.phases[:-1]):
             raise ValueError("every phase but the last must name the tensors it trains (spec.trainable)")
+        if any(p.spec.adaptive_clipping is not None for p in self.phases):
+            raise ValueError("privacy.adaptive_clipping: a phased local program's phases clip different tensors, so "
+                             "one adaptive clip per client cannot follow both; not supported")
+
+    def init(self, population: int) -> None:  # noqa: ARG002
+        """Stateless (adaptive clipping is refused): the loop's neutral client-side state."""
+        return None
+
+    def adaptive_budget_problem(self, noise, n_records, batch_sizes) -> None:  # noqa: ARG002
+        """None: no phase adapts its clip (refused above)."""
+        return None
 
     @property
     def spec(self) -> LocalSpec:

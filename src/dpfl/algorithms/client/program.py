@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
+import torch
 from dp_accounting import DpEvent
 
-from dpfl.algorithms.client.engine_round import train_on_engine
+from dpfl.algorithms.client.engine_round import train_on_engine, train_phases
 from dpfl.algorithms.stages import LocalInputs, LocalOutput
+from dpfl.engine import params as P
 from dpfl.engine.local_training import ClientPlan, LocalSpec
+from dpfl.privacy.adaptive_clipping import AdaptiveClipping
 from dpfl.privacy.events import dpsgd_event
+
+SAMPLE_CLIP = "sample_clip"  # the key of the clients' clips in a local program's state (adaptive clipping)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,13 @@ class LocalProgram:
     weight); it may change only lr and prox_mu, which the DP event does not depend on.
     `round1_batch` (R-DPCFL's two-stage schedule, clustered_dpfl.md §3): round 0 runs with this batch instead of
     the client's own ("full": every record in every step, q = 1); its steps and its DP event follow (`batch_for`).
+
+    Explicit client-side state (docs/concepts/round.md): `init(population)` gives the program's state before round
+    1 (None: stateless), `run` takes it in `LocalInputs.state` and returns the new one in `LocalOutput.state`, and the
+    run loop checkpoints it. Under sample-level adaptive clipping (`spec.adaptive_clipping`) the state is every
+    client's clip C_k, `{"sample_clip": float32 [population]}` (one array: no Python object per client); each
+    round the selected clients start from theirs and the state returns the clips their DP-SGD steps moved to. The
+    DP event is unchanged: each step is the Gaussian mechanism at the client's z (Theorem 1).
     """
 
     spec: LocalSpec
@@ -48,6 +61,8 @@ class LocalProgram:
             raise ValueError(f"local epochs must be > 0, got {self.epochs}")
         if self.private and self.spec.clip is None:
             raise ValueError("a private local program needs a clipping norm")
+        if self.spec.adaptive_clipping is not None and not self.private:
+            raise ValueError("adaptive clipping adapts DP-SGD's per-sample clip: the local program must be private")
         if self.private and self.spec.sampling == "shuffle":
             raise ValueError("DP-SGD needs 'poisson' or 'fixed' sampling: "
                              "shuffled epochs have no sampled-Gaussian analysis")
@@ -119,9 +134,44 @@ class LocalProgram:
     def sampling(self) -> str:
         return self.spec.sampling
 
+    def init(self, population: int) -> dict[str, torch.Tensor] | None:
+        """The program's state before round 1 for `population` clients: every client's clip at the initial clip under
+        adaptive clipping; None (stateless) otherwise."""
+        adaptive = self.spec.adaptive_clipping
+        if adaptive is None:
+            return None
+        return {SAMPLE_CLIP: torch.full((population,), adaptive.initial_clip, dtype=torch.float32)}
+
+    def adaptive_budget_problem(self, noise: np.ndarray, n_records: np.ndarray, batch_sizes: np.ndarray) -> str | None:
+        """Why the count's noise sigma_b leaves some client's update no budget (Theorem 1 needs 2 sigma_b > z_k for
+        every client with noise), or None; vectorised over the population (`noise`, `n_records`, `batch_sizes`: one
+        per client). The expected batch is min(b_k, n_k) (round 0's too, under `round1_batch`)."""
+        adaptive = self.spec.adaptive_clipping
+        if adaptive is None:
+            return None
+        noise = np.asarray(noise, dtype=np.float64)
+        n = np.asarray(n_records, dtype=np.float64)
+        batches = [np.asarray(batch_sizes, dtype=np.float64)]
+        if self.round1_batch is not None:
+            batches.append(n if self.round1_batch == "full" else np.full_like(n, float(self.round1_batch)))
+        for b in batches:
+            m = np.minimum(b, n)
+            sigma_b = np.full_like(m, adaptive.count_noise) if adaptive.count_noise is not None else m / 20.0
+            bad = np.flatnonzero((noise > 0) & ~(2.0 * sigma_b > noise))
+            if len(bad):
+                i = int(bad[0])
+                how = "" if adaptive.count_noise is not None else f" (null: the expected batch {m[i]:g} / 20)"
+                return (f"privacy.adaptive_clipping.count_noise: sigma_b={sigma_b[i]:g}{how} leaves client {i} "
+                        f"(noise multiplier z={noise[i]:g}) no budget for its update noise (Theorem 1 needs 2 sigma_b "
+                        f"> z; {len(bad)} client(s) affected); raise count_noise above {noise[i] / 2:g}")
+        return None
+
     def run(self, inputs: LocalInputs) -> LocalOutput:
-        """The selected clients' round: the engine trains them (`engine_round.train_on_engine`)."""
-        return train_on_engine(self, inputs)
+        """The selected clients' round: the engine trains them (`engine_round.train_on_engine`); under adaptive
+        clipping each starts from its clip in `inputs.state` and the output's state holds the clips it ends with."""
+        if self.spec.adaptive_clipping is None:
+            return train_on_engine(self, inputs)
+        return _adaptive_round(self, inputs)
 
 
 def sgd(lr: float, *, steps: int | None = None, epochs: float | None = None, loss: str = "cross_entropy",
@@ -133,15 +183,49 @@ def sgd(lr: float, *, steps: int | None = None, epochs: float | None = None, los
 
 def dpsgd(lr: float, clip: float, *, steps: int | None = None, epochs: float | None = None, sampling: str = "poisson",
           loss: str = "cross_entropy", momentum: float = 0.0, prox_mu: float = 0.0,
-          trainable: tuple[str, ...] | None = None) -> LocalProgram:
+          trainable: tuple[str, ...] | None = None, adaptive_clipping: AdaptiveClipping | None = None) -> LocalProgram:
     """Sample-level DP-SGD: per-sample clipping to `clip` (one global L2 norm), Gaussian noise on the sum.
 
     Poisson sampling (default) is accounted as the Poisson sampled Gaussian (add/remove); fixed-size
-    sampling as sampling without replacement (replace-one).
+    sampling as sampling without replacement (replace-one). `adaptive_clipping`: each client's clip starts at
+    `clip` (its initial_clip) and follows the target quantile of its per-sample norms (`LocalSpec`); the events and
+    the calibration are the same.
     """
     spec = LocalSpec(lr=lr, loss=loss, clip=clip, sampling=sampling, momentum=momentum, prox_mu=prox_mu,
-                     trainable=trainable)
+                     trainable=trainable, adaptive_clipping=adaptive_clipping)
     return LocalProgram(spec, steps, epochs, private=True)
+
+
+def _adaptive_round(program: LocalProgram, inputs: LocalInputs) -> LocalOutput:
+    """A round of DP-SGD with sample-level adaptive clipping: the selected clients' clips from the state into their
+    plans, the clips they end with back into a new state (the one given is not changed), and the cohort's clips in
+    the round's metrics (`sample_clip_mean` / `_min` / `_max`)."""
+    if inputs.broadcast is not None:
+        return train_on_engine(program, inputs)  # refused there, with the reason
+    state = inputs.state
+    if not isinstance(state, dict) or not isinstance(state.get(SAMPLE_CLIP), torch.Tensor):
+        raise ValueError("adaptive clipping needs the clients' clips: pass the program's state (its init) in "
+                         "LocalInputs.state")
+    clips = state[SAMPLE_CLIP]
+    ids = torch.as_tensor([int(c) for c in inputs.clients], dtype=torch.int64, device=clips.device)
+    own = clips.index_select(0, ids).tolist()
+
+    def plans_for(phase: Any) -> list[ClientPlan]:
+        plans = list(inputs.plans_for(phase))
+        return [replace(p, clip=c) for p, c in zip(plans, own, strict=True)]
+
+    trained = train_phases(program, inputs.model, inputs.backend, inputs.data, plans_for, inputs.start,
+                           stacked=inputs.stacked, seed=inputs.seed, round_=inputs.round_,
+                           max_elements=inputs.max_elements, global_model=inputs.global_model)
+    assert trained.clips is not None, "an adaptive spec's engine result carries the clips"
+    ended = torch.tensor(trained.clips, dtype=clips.dtype, device=clips.device)
+    new = clips.clone()
+    new[ids] = ended
+    start = inputs.start if inputs.stacked else P.broadcast(inputs.start, len(inputs.clients))
+    metrics = {"sample_clip_mean": float(ended.mean()), "sample_clip_min": float(ended.min()),
+               "sample_clip_max": float(ended.max())}
+    return LocalOutput(P.sub(trained.params, start), trained.steps, trained.noise_sq_norm, metrics,
+                       {**state, SAMPLE_CLIP: new})
 
 
 def clipped_sgd(step_sizes, clip: float, *, clip_mode: str = "per_example", sampling: str = "shuffle",
