@@ -1,7 +1,8 @@
 """Sample-level adaptive clipping (Andrew et al. 2021) inside each client's DP-SGD (`LocalSpec.adaptive_clipping`).
 
 Each step of client k clips to its own C_k, adds N(0, (z_Delta,k C_k)^2) with z_Delta,k = (z_k^-2 - (2 sigma_b)^-2)^-1/2
-(Theorem 1), releases b~ = (#{s: ||g_s|| <= C_k} + sigma_b xi) / m_k (m_k the expected batch) and moves
+(Theorem 1), releases b~ = (sum_s (1[||g_s|| <= C_k] - 1/2) + sigma_b xi) / m_k + 1/2 (m_k the expected batch; the
+centred count has sensitivity 1/2 when the batch size is not public) and moves
 C_k <- C_k exp(-eta (b~ - gamma)). The tests recompute that recurrence from per-sample gradients taken here with
 autograd, replaying the client's batch, noise and count-noise streams from their keys.
 """
@@ -67,7 +68,7 @@ def _reference(model: nn.Module, start: dict[str, torch.Tensor], data: PooledDat
             grads = torch.autograd.grad(loss, [params[k] for k in names])
             flat = torch.cat([g.reshape(-1) for g in grads]).double()
             norm = float(flat.norm())
-            count += int(norm <= clip)
+            count += int(norm <= clip) - 0.5
             total += flat * min(1.0, clip / (norm + 1e-12))
         xi = noise.next().double()
         if plan.noise_multiplier > 0:
@@ -78,7 +79,7 @@ def _reference(model: nn.Module, start: dict[str, torch.Tensor], data: PooledDat
             size = w[k].numel()
             w[k] = w[k] - (lr * total[offset: offset + size]).reshape(w[k].shape).float()
             offset += size
-        noised = (count + sigma_b * float(count_noise[len(clips) - 1])) / m
+        noised = (count + sigma_b * float(count_noise[len(clips) - 1])) / m + 0.5
         clip = clip * math.exp(-adaptive.learning_rate * (noised - adaptive.target_quantile))
         clips.append(clip)
     return clips, torch.cat([w[k].reshape(-1) for k in names])
@@ -166,7 +167,8 @@ def test_the_fast_paths_count_skips_weight_zero_slots():
     clip = torch.tensor([float(norms[:10].median()), float(norms[10:].max()) + 1])
     counts = torch.zeros(2)
     fast.clipped_sum(w, {}, x, y, owner, clip, _ce, weight, 10, counts=counts)
-    assert counts.tolist() == [float((norms[:5] <= clip[0]).sum()), 10.0]
+    # centred: each counted sample adds 1/2 if its norm is at most the clip, else -1/2; padding adds nothing
+    assert counts.tolist() == [float((norms[:5] <= clip[0]).sum()) - 2.5, 10.0 - 5.0]
 
 
 def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -89,9 +89,10 @@ class LocalSpec:
     clips to its own C_k (its plan's `clip`; `clip` here is the initial one, adaptive_clipping.initial_clip). Each
     step releases, besides the sum of the clipped gradients noised with z_Delta,k C_k (Theorem 1: z_Delta =
     (z^-2 - (2 sigma_b)^-2)^(-1/2), z the client's planned multiplier, so its accountant still charges z), the count
-    of its records whose gradient norm is at most C_k, noised with N(0, sigma_b^2) from its own stream
-    (Purpose.CLIP_COUNT) and divided by the expected batch m_k (q n_k under Poisson sampling, never the realised
-    size; the batch size under fixed-size sampling); then C_k <- C_k exp(-eta (b~ - gamma)). sigma_b:
+    of its records whose gradient norm is at most C_k, centred (sum of 1[norm <= C_k] - 1/2: sensitivity 1/2 when
+    the batch size is not public), noised with N(0, sigma_b^2) from its own stream (Purpose.CLIP_COUNT), divided by
+    the expected batch m_k (q n_k under Poisson sampling, never the realised size; the batch size under fixed-size
+    sampling) and shifted back by 1/2; then C_k <- C_k exp(-eta (b~ - gamma)). sigma_b:
     adaptive_clipping.sigma_b(m_k). A client without noise (z = 0) releases its count without noise. None: one
     fixed clip, bit for bit the path without it.
     """
@@ -630,8 +631,9 @@ class _AdaptiveClips:
 
     def step(self, t: int, active: int, counts: torch.Tensor) -> None:
         """Step t's clip move of the first `active` clients: C_k <- C_k exp(-eta (b~_k - gamma)), b~_k = (count_k +
-        sigma_b,k xi_k,t) / m_k."""
-        noised = (counts + self.count_noise[:active, t] * self.sigma_b[:active]) / self.expected[:active]
+        sigma_b,k xi_k,t) / m_k + 1/2, count_k the centred count sum (1[norm <= C_k] - 1/2): under Poisson sampling
+        the batch size is not public, and the plain count's sensitivity (1) is twice what Theorem 1 charges."""
+        noised = (counts + self.count_noise[:active, t] * self.sigma_b[:active]) / self.expected[:active] + 0.5
         self.clips[:active].mul_(torch.exp(-self.eta * (noised - self.gamma)))
 
 
@@ -781,7 +783,7 @@ def _clipped_sum(grads_of, w: P.Params, x: torch.Tensor, y: torch.Tensor, owner:
     if weight is not None:
         factor = factor * weight.to(factor.dtype)
     if counts is not None:
-        below = (norms <= bound).to(counts.dtype)
+        below = (norms <= bound).to(counts.dtype) - 0.5  # centred: sensitivity 1/2 (adaptive_clipping)
         below = below if weight is None else below * weight.to(counts.dtype)
         k = counts.shape[0]
         counts.add_(below.view(k, slots).sum(1) if slots is not None else segment_sum(below, owner, k))

@@ -758,8 +758,8 @@ class FastModel:
         `weight` [S] (0 / 1) multiplies each sample's clip factor: a padding slot's weight 0 removes it from the sum.
         `slots`: every client holds exactly that many consecutive samples (`owner` is uniform; see `Packing`).
         `bf16`: the GEMMs in bfloat16; norms, clip factors and sums in float32 (the module docstring).
-        `counts` (`[k]`, float32): adds each client's number of samples whose norm is at most its clip (weighted:
-        padding slots never count), the count adaptive clipping releases."""
+        `counts` (`[k]`, float32): adds each client's CENTRED count, sum over its samples of 1[norm <= clip] - 1/2
+        (weighted: padding slots never count), the count adaptive clipping releases."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
         step, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, False, weight, slots, bf16)
@@ -769,7 +769,7 @@ class FastModel:
         if weight is not None:
             factor = factor * weight.to(factor.dtype)
         if counts is not None:
-            below = (norms <= bound).to(counts.dtype)
+            below = (norms <= bound).to(counts.dtype) - 0.5  # centred: sensitivity 1/2 (adaptive_clipping)
             counts.add_(seg_sum(below if weight is None else below * weight.to(counts.dtype), step.pk))
         return {n: step.makers[n](factor).reshape(v.shape) for n, v in params.items()}
 
