@@ -1,12 +1,12 @@
 """The PRV accountant (dpfl.privacy.prv, Gopi, Lee, Wutschitz 2021) against PLD and RDP, its add direction, its
 calibration, its ledger and its refusals.
 
-The grid: 200 fixed (q, z, steps, delta) cases, drawn once (seed 68) from q in [1e-3, 1] (1: no sampling), z in
-[0.5, 20], steps in [1, 4000], delta in [1e-7, 1e-3], the ranges dpfl's configs use. On every case PRV's interval
-[lower, upper] must contain PLD's epsilon (exact GDP's without sampling) up to PLD's own rounding (PLD is an upper bound, so lower <= PLD; PLD's
-pessimistic grid is within 1e-3 of the truth here, so PLD <= upper + 1e-3): PRV's upper bound is then within its
-stated error (upper - lower) of PLD. RDP is an upper bound too, so upper <= RDP + (upper - lower); in fact
-upper <= RDP + eps_error (PRV's estimate never exceeds RDP). The full grid is in the integration tier (PLD takes
+The grid: 200 fixed (q, z, steps, delta) cases, drawn once (seed 68) from q in [1e-3, 1] (1: no sampling), z in [0.5,
+20], steps in [1, 4000], delta in [1e-7, 1e-3], the ranges dpfl's configs use. On every case PRV's interval [lower,
+upper] must contain PLD's epsilon (exact GDP's without sampling) up to PLD's own rounding (PLD is an upper bound, so
+lower <= PLD; PLD's pessimistic grid is within 1e-3 of the truth here, so PLD <= upper + 1e-3): PRV's upper bound is
+then within its stated error (upper - lower) of PLD. RDP is an upper bound too, so upper <= RDP + (upper - lower); in
+fact upper <= RDP + eps_error (PRV's estimate never exceeds RDP). The full grid is in the integration tier (PLD takes
 ~1 s a case); the default tier runs every 20th case.
 """
 
