@@ -28,6 +28,7 @@ class Purpose(enum.IntEnum):
     SECAGG = 11  # simulated dropouts of secure aggregation
     AUDIT = 12  # privacy audits: which canaries are included, their directions
     ATTACK = 13  # attack evaluations: which records an attacker is scored on
+    CLIP_COUNT = 14  # the noise of client-level adaptive clipping's count (server's; a client's share under secagg)
 
 
 def derive_seed(seed: int, *keys: int) -> int:
