@@ -353,3 +353,21 @@ def test_a_stopped_adaptive_run_resumes_to_the_uninterrupted_result(tmp_path, se
     assert ("secure_aggregation" in block) == secure and "Theorem 1" in block["accounting"]
     assert (tmp_path / "whole" / "plots" / "clip.png").is_file()
     assert "plots/clip.png" in (tmp_path / "whole" / "report.md").read_text()
+
+
+def test_per_client_budgets_calibrate_the_same_z_as_a_fixed_clip():
+    # central DP: one noise, the smallest budget's, whether the clip is fixed or adaptive; the adaptive run reports
+    # its clip in privacy.json and the fixed one does not
+    from dpfl.experiment.build import build_run
+
+    budgets = [20.0, 40.0, 80.0, 160.0] * 5
+    adaptive = build_run(validate_config(_cfg(budgets=budgets)))
+    fixed_cfg = _cfg(budgets=budgets, clip=0.1)
+    del fixed_cfg["privacy"]["adaptive_clipping"]
+    fixed = build_run(validate_config(fixed_cfg))
+    assert adaptive.algorithm.aggregator.noise == fixed.algorithm.aggregator.noise > 0
+    assert adaptive.calibrated.summary() == fixed.calibrated.summary()
+    results = adaptive.run(), fixed.run()
+    assert results[0].spent() == results[1].spent()  # the same ledger, round by round
+    assert "adaptive_clipping" in results[0].privacy.extra and "adaptive_clipping" not in results[1].privacy.extra
+    assert "the clip is adaptive" in results[0].privacy.mechanism
