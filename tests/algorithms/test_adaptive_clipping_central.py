@@ -112,7 +112,7 @@ def test_the_clip_follows_the_geometric_recurrence_on_fixed_norms():
     norms = [0.5, 1.0, 2.0, 4.0]
     clips, fractions, _ = _trajectory(CentralDPFedAvg(0.1, 0.0, adaptive_clipping=ac), [norms] * 40)
     want, c = [], 0.1
-    for _ in range(40):  # the recurrence, computed here
+    for _ in range(40):  # the recurrence, computed here (4 drawn of 4 expected: the plain fraction)
         want.append(c)
         b = sum(n <= c for n in norms) / m
         c = c * math.exp(-eta * (b - gamma))
@@ -146,9 +146,30 @@ def test_the_noised_count_is_the_seeded_recurrence(secure):
                         for k in range(8))
         else:
             noise = sigma_b * numpy_generator(seed, Purpose.CLIP_COUNT, r).standard_normal()
-        b = (count + noise) / 10.0  # m = the EXPECTED cohort, not the 8 drawn
+        b = (count - 8 / 2 + noise) / 10.0 + 0.5  # centred indicators; m = the EXPECTED cohort, not the 8 drawn
         assert fractions[r] == pytest.approx(b, abs=1e-8)  # secure: fixed-point sums, error <= 8 * 2^-33
         c = c * math.exp(-eta * (b - gamma))
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_one_client_more_moves_the_released_count_by_one_half(secure):
+    # Theorem 1 charges the count at sensitivity 1/2: adding a client (unclipped or clipped) to the cohort must move
+    # the released count by exactly +-1/2 before its noise, though the server divides by the same expected m.
+    # (The plain count would move by 1 or 0.) Same seed, same noise: the difference is the indicator's.
+    ac = AdaptiveClipping(initial_clip=1.0, count_noise=2.0)
+    step = (DistributedDPFedAvg(1.0, 1.0, adaptive_clipping=ac, protocol=SecureAggregation(threshold=4)) if secure
+            else CentralDPFedAvg(1.0, 1.0, adaptive_clipping=ac))
+    base = [0.3, 2.0, 0.7, 5.0]
+
+    def centred(norms):
+        view = ServerView.simple([1] * len(norms), expected_clients=6.0)
+        out = step.update({"clip": 1.0}, _zeros(), _with_norms(norms), RoundInputs(view, 9, 3))
+        return (out.metrics["adaptive_clip_fraction"] - 0.5) * 6.0
+
+    # secure: the added client (id 4) also adds its own share of the count noise (t = 4 fixed), taken out here
+    share = 2.0 / math.sqrt(4) * numpy_generator(9, Purpose.CLIP_COUNT, 3, 4).standard_normal() if secure else 0.0
+    for extra, moves in ((0.5, 0.5), (3.0, -0.5)):  # the added client's norm, under and over the clip
+        assert centred([*base, extra]) - centred(base) - share == pytest.approx(moves, abs=1e-7)
 
 
 def test_the_clip_settles_near_the_target_quantile_of_stationary_norms():
@@ -204,9 +225,9 @@ def test_the_count_carries_sigma_b(secure):
 
 
 def test_secure_count_equals_the_central_count_plus_the_shares():
-    # the same round through both steps: the revealed count is the indicators' sum plus the clients' count-noise
-    # shares (each from its own stream), i.e. the central count's distribution N(count, K/t sigma_b^2) with
-    # K/t >= 1; the server never sees an indicator alone. With a dropout the survivors' count is revealed.
+    # the revealed count is the centred indicators' sum plus the clients' count-noise shares (each from its own
+    # stream), i.e. the central count's distribution N(count - K/2, K/t sigma_b^2) with K/t >= 1; the server never
+    # sees an indicator alone. With a dropout the survivors' count is revealed.
     norms = [0.05, 0.2, 0.3, 0.09, 1.0, 0.08, 0.5, 0.01]
     ac = AdaptiveClipping(initial_clip=0.1, count_noise=1.0)
     view = ServerView.simple([1] * 8, expected_clients=8.0)
@@ -218,7 +239,8 @@ def test_secure_count_equals_the_central_count_plus_the_shares():
         t = protocol.threshold_for(8)
         shares = sum(1.0 / math.sqrt(t) * numpy_generator(2, Purpose.CLIP_COUNT, 4, k).standard_normal() for k in keep)
         count = sum(norms[k] <= 0.1 for k in keep)
-        assert out.metrics["adaptive_clip_fraction"] * 8 == pytest.approx(count + shares, abs=1e-7)
+        centred = (out.metrics["adaptive_clip_fraction"] - 0.5) * 8  # b~ = centred / m + 1/2, m = 8 expected
+        assert centred == pytest.approx(count - len(keep) / 2 + shares, abs=1e-7)
         assert out.metrics["secagg_noise_share_std"] == pytest.approx(update_noise_multiplier(1.0, 1.0) * 0.1
                                                                       / math.sqrt(t))
 

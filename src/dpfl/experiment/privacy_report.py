@@ -274,7 +274,8 @@ def adaptive_clipping_block(algorithm: Algorithm, server_state: Any = None,
         "level": "client",
         "method": "adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021): the clip C_t follows the "
                   "target quantile of the client update norms, C_{t+1} = C_t exp(-learning_rate (b_t - "
-                  "target_quantile)), b_t = (#{i: ||Delta_i|| <= C_t} + N(0, count_noise^2)) / expected clients",
+                  "target_quantile)), b_t = (sum_i (1[||Delta_i|| <= C_t] - 1/2) + N(0, count_noise^2)) / expected "
+                  "clients + 1/2 (the noised fraction of unclipped updates)",
         "target_quantile": ac.target_quantile, "learning_rate": ac.learning_rate, "initial_clip": ac.initial_clip,
         "count_noise": sigma_b, "noise_multiplier": z,
         "update_noise_multiplier": None if z is None or sigma_b is None else update_noise_multiplier(z, sigma_b),

@@ -145,10 +145,11 @@ class DistributedDPFedAvg(SecureSumStep, CentralDPFedAvg):
     Client i uploads clip_S(Δ_i) + N(0, z^2 S^2 / t) through the protocol; the server divides the revealed sum by
     the expected cohort. A revealed sum has s >= t contributors and noise variance s z^2 S^2 / t >= z^2 S^2.
 
-    With `adaptive_clipping` the count is summed securely too: client i appends 1[||Δ_i|| <= C_t] + N(0, σ_b^2 / t)
-    (its share of the count noise, from its own stream `Purpose.CLIP_COUNT`) to its upload clip_{C_t}(Δ_i) +
-    N(0, z_Δ^2 C_t^2 / t), and the protocol reveals both sums at once. A revealed sum of s >= t contributors carries
-    s/t >= 1 times the central variances of both, so it is at least as private as the central release of Theorem 1.
+    With `adaptive_clipping` the count is summed securely too: client i appends its centred indicator
+    1[||Δ_i|| <= C_t] - 1/2 plus N(0, σ_b^2 / t) (its share of the count noise, from its own stream
+    `Purpose.CLIP_COUNT`) to its upload clip_{C_t}(Δ_i) + N(0, z_Δ^2 C_t^2 / t), and the protocol reveals both sums
+    at once. A revealed sum of s >= t contributors carries s/t >= 1 times the central variances of both, so it is at
+    least as private as the central release of Theorem 1.
     """
 
     protocol: SecureAggregation = field(default_factory=SecureAggregation)
@@ -177,19 +178,19 @@ class DistributedDPFedAvg(SecureSumStep, CentralDPFedAvg):
         clip = self.clip_of(state) if adaptive else None
         shares = P.flatten(self.clients_stage(len(ids), clip).apply(uploads, ids, seed, round_)).to(torch.float64)
         rows = {c: shares[k].numpy() for k, c in enumerate(ids)}
-        if adaptive:  # each client appends its unclipped indicator plus its share of the count noise
+        if adaptive:  # each client appends its centred indicator plus its share of the count noise
             norms = P.flatten(uploads).norm(dim=1)
             std = self.count_share_std(len(ids))
-            rows = {c: np.append(rows[c], float(norms[k] <= clip)
+            rows = {c: np.append(rows[c], float(norms[k] <= clip) - 0.5
                                  + std * numpy_generator(seed, Purpose.CLIP_COUNT, round_, c).standard_normal())
                     for k, c in enumerate(ids)}
         total, metrics = _reveal(self.protocol, rows, seed, round_)
         metrics["secagg_noise_share_std"] = self.share_std(len(ids), clip)
         if adaptive:
-            total, noised_count = total[:-1], float(total[-1])
+            total, noised_centred = total[:-1], float(total[-1])
         update = torch.from_numpy(total / view.expected_clients).to(torch.float32)
         new = P.axpy(self.server_lr, P.unflatten(update, params, leading=0), params)
         if not adaptive:
             return ServerUpdate(new, state, metrics)
-        step = self._adapted(new, clip, noised_count, view.expected_clients)
+        step = self._adapted(new, clip, noised_centred, view.expected_clients)
         return ServerUpdate(step.params, step.state, {**metrics, **step.metrics})

@@ -8,10 +8,13 @@ the population, sampled as the selection samples (see `Selection.client_level_ev
 
 With `adaptive_clipping` (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021; `dpfl.privacy.adaptive_clipping`)
 the clip S = C_t of round t lives in the step's state ({"clip": C_t}): the round clips each update to C_t, releases
-the noised count b~_t = (sum_i 1[||Δ_i|| <= C_t] + N(0, σ_b²)) / m (m the expected cohort), noises the sum with
-N(0, z_Δ² C_t²), z_Δ = (z^-2 - (2 σ_b)^-2)^(-1/2), and moves the clip to C_{t+1} = C_t exp(-η (b~_t - γ)). By the
-paper's Theorem 1 the count and the sum together are one Gaussian mechanism with multiplier z, so the accountant
-charges z (`noise`) exactly as for a fixed clip; C_{t+1} is a function of released values only.
+the noised count of the CENTRED indicators, sum_i (1[||Δ_i|| <= C_t] - 1/2) + N(0, σ_b²), whose sensitivity is 1/2
+even though the number of participants is not public (Poisson selection: adding a client moves it by ±1/2, where
+the plain count would move by 1), reads the noised fraction b~_t = that / m + 1/2 (m the expected cohort: the plain
+(count + noise) / m when the cohort is m), noises the sum with N(0, z_Δ² C_t²), z_Δ = (z^-2 - (2 σ_b)^-2)^(-1/2),
+and moves the clip to C_{t+1} = C_t exp(-η (b~_t - γ)). By the paper's Theorem 1 the count and the sum together are
+one Gaussian mechanism with multiplier z, so the accountant charges z (`noise`) exactly as for a fixed clip;
+C_{t+1} is a function of released values only. (tensorflow_privacy's QuantileEstimatorQuery centres the same way.)
 """
 
 from __future__ import annotations
@@ -98,8 +101,8 @@ class CentralDPFedAvg(ServerStep):
         if self.adaptive_clipping is None:
             return ServerUpdate(self.aggregate(params, uploads, inputs.view, inputs.seed, inputs.round_), state, {})
         clip = self.clip_of(state)
-        new, count = self._step(params, uploads, inputs.view, inputs.seed, inputs.round_, clip)
-        noised = count + self.count_noise * float(
+        new, centred = self._step(params, uploads, inputs.view, inputs.seed, inputs.round_, clip)
+        noised = centred + self.count_noise * float(
             numpy_generator(inputs.seed, Purpose.CLIP_COUNT, inputs.round_).standard_normal())
         return self._adapted(new, clip, noised, inputs.view.expected_clients)
 
@@ -110,11 +113,12 @@ class CentralDPFedAvg(ServerStep):
                              f"or the last update returned, got {state!r}")
         return float(state["clip"])
 
-    def _adapted(self, params: P.Params, clip: float, noised_count: float, expected: float) -> ServerUpdate:
-        """The round's result and the clip's geometric step from the released noised count (post-processing)."""
+    def _adapted(self, params: P.Params, clip: float, noised_centred: float, expected: float) -> ServerUpdate:
+        """The round's result and the clip's geometric step from the released noised centred count
+        sum_i (1[||Δ_i|| <= C_t] - 1/2) + N(0, σ_b²) (post-processing): b~_t = noised_centred / m + 1/2."""
         ac = self.adaptive_clipping
         assert ac is not None
-        fraction = noised_count / expected
+        fraction = noised_centred / expected + 0.5
         new_clip = next_clip(clip, fraction, ac.target_quantile, ac.learning_rate)
         if not (math.isfinite(new_clip) and new_clip > 0):
             raise ValueError(f"adaptive clipping: the clip left (0, inf) ({clip:g} -> {new_clip:g}); lower "
@@ -130,8 +134,8 @@ class CentralDPFedAvg(ServerStep):
 
     def _step(self, global_params: P.Params, uploads: P.Params, view: ServerView, seed: int, round_: int,
               clip: float) -> tuple[P.Params, float]:
-        """The new global parameters from the uploads clipped to `clip` and noised with z_Δ * clip, and how many
-        updates had norm <= clip (the adaptive clip's count, before its noise)."""
+        """The new global parameters from the uploads clipped to `clip` and noised with z_Δ * clip, and the
+        adaptive clip's centred count sum_i (1[||Δ_i|| <= clip] - 1/2), before its noise."""
         expected_clients = view.expected_clients
         z = self.update_noise_multiplier
         if z is None:
@@ -147,5 +151,5 @@ class CentralDPFedAvg(ServerStep):
             g = torch_generator(seed, Purpose.SERVER_NOISE, round_, device=device)
             total = total + z * clip * torch.randn(total.shape[0], generator=g, device=device)
         update = P.unflatten(total / expected_clients, global_params, leading=0)
-        count = float((norms <= clip).sum()) if self.adaptive_clipping is not None else 0.0
-        return P.axpy(self.server_lr, update, global_params), count
+        centred = float((norms <= clip).sum()) - 0.5 * len(norms) if self.adaptive_clipping is not None else 0.0
+        return P.axpy(self.server_lr, update, global_params), centred
