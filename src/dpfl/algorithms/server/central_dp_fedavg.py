@@ -1,5 +1,5 @@
 """Central DP-FedAvg (McMahan, Ramage, Talwar, Zhang, ICLR 2018): a trusted server clips each client's
-update to S, adds N(0, z² S² ) to the sum and divides by the *expected* number of participants.
+update to S, adds N(0, z² S²) to the sum and divides by the *expected* number of participants.
 
 Client-level DP against anyone who sees the global models (not against the server, which sees the
 individual updates). The fixed denominator keeps the sensitivity S / expected count regardless of how
