@@ -28,7 +28,9 @@ class Purpose(enum.IntEnum):
     SECAGG = 11  # simulated dropouts of secure aggregation
     AUDIT = 12  # privacy audits: which canaries are included, their directions
     ATTACK = 13  # attack evaluations: which records an attacker is scored on
-    CLIP_COUNT = 14  # sample-level adaptive clipping: the noise of each DP-SGD step's count of unclipped records
+    # adaptive clipping's count noise: per DP-SGD step of a client (sample level), or the server's / each client's
+    # share under secure aggregation (client level); the two never run together (mechanism dpsgd vs central)
+    CLIP_COUNT = 14
 
 
 def derive_seed(seed: int, *keys: int) -> int:

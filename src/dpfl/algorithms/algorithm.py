@@ -86,12 +86,16 @@ class Algorithm:
         if self.upload.unit:
             label = "" if self.upload.accounted else self.upload.unaccounted_label
             parts.append(f"{self.upload.describe()}{label}")
+        ac = self.aggregator.adaptive_clipping
+        adaptive = "" if ac is None else (f"; the clip is adaptive: S = C_t, from {ac.initial_clip:g} towards the "
+                                          f"update norms' {ac.target_quantile:g}-quantile, its noised count and "
+                                          "the sum together cost z (privacy.json adaptive_clipping)")
         if self.central and self.aggregator.secure:
             parts.append(f"distributed Gaussian: each client clips its update to {self.aggregator.clip} and adds its "
                          "share N(0, z^2 S^2 / t); secure aggregation reveals only sums of >= t clients, which carry "
-                         "at least N(0, z^2 S^2)")
+                         f"at least N(0, z^2 S^2){adaptive}")
         elif self.central:
-            parts.append(f"server-side Gaussian on the clipped sum (clip {self.aggregator.clip})")
+            parts.append(f"server-side Gaussian on the clipped sum (clip {self.aggregator.clip}){adaptive}")
         return "; ".join(parts) or "none (not private)"
 
     def uncalibrated_stage(self) -> str | None:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from dpfl.algorithms.selection import Selection
     from dpfl.algorithms.server.oracle import NoiseChannel
     from dpfl.algorithms.server.view import ServerView
+    from dpfl.privacy.adaptive_clipping import AdaptiveClipping
 
 __all__ = ["AggregateFunction", "ClientState", "LocalInputs", "LocalOutput",
            "MechanismChain", "MechanismRelease", "RoundAborted", "RoundInputs", "ServerStep", "ServerUpdate",
@@ -276,6 +277,7 @@ class ServerStep:
     replays_noise: bool = False  # `noise_passthrough` measures the clients' noise through the step (PFA)
     central_noise: bool = False  # the step adds the DP noise itself (central DP, or its distributed version)
     calibration_family: str | None = None  # the run_calibration family of a noise that `with_noise` can set
+    adaptive_clipping: AdaptiveClipping | None = None  # the client-level adaptive clip the step runs (None: none)
 
     @property
     def noise(self) -> float | None:

@@ -17,6 +17,7 @@ from dpfl.algorithms.algorithm import Algorithm
 from dpfl.experiment.run_evaluation import PER_CLIENT_LIMIT
 from dpfl.privacy.accountant import epsilon, guarantee
 from dpfl.privacy.budgets import Budgets, ClientBudget
+from dpfl.privacy.adaptive_clipping import update_noise_multiplier
 from dpfl.privacy.ledger import group_keys, group_rows
 from dpfl.privacy.prv import PRV_DELTA_ERROR_FRACTION, PRV_EPS_ERROR
 
@@ -110,6 +111,9 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
             "uploads (FedCEO's, UDP-FedAvg's) can tell; against it the unamplified per-upload epsilon holds")
     if notes is not None:  # a stage with releases of its own (R-DPCFL's private selections), MP-DP's guarantee
         out["stage"] = notes
+    adaptive = adaptive_clipping_block(alg, server_state, history)
+    if adaptive is not None:
+        out["adaptive_clipping"] = adaptive
     if "clients" in out:
         out["guarantee"] = run_guarantee(out, run.budgets, run.accountant, alg)
         for c, eps in zip(out["clients"], out["guarantee"].pop("per_client"), strict=True):
@@ -276,3 +280,43 @@ def aggregate_view(algorithm: Algorithm, budgets: Sequence[ClientBudget] | None,
                              f"every round is charged at a population of {population} (at least the largest "
                              "sampling rate the run reached): an upper bound for the rounds before they retired")
     return out
+
+
+def adaptive_clipping_block(algorithm: Algorithm, server_state: Any = None,
+                            history: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any] | None:
+    """privacy.json's `adaptive_clipping` block for a server step that adapts its client-level clip (Andrew et al.
+    2021): its settings, the count's noise sigma_b, the planned z the ledger charges and the sum's z_Delta, why the
+    two releases together cost z (Theorem 1), and the clip's trajectory (`history`: the rounds' metrics rows;
+    `server_state`: the step's state after the last round). None where the step's clip is fixed."""
+    step = algorithm.aggregator
+    ac = step.adaptive_clipping
+    if ac is None:
+        return None
+    z, sigma_b = step.noise, ac.count_noise
+    clips = [float(row["adaptive_clip"]) for row in history if row.get("adaptive_clip") is not None]
+    block: dict[str, Any] = {
+        "level": "client",
+        "method": "adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021): the clip C_t follows the "
+                  "target quantile of the client update norms, C_{t+1} = C_t exp(-learning_rate (b_t - "
+                  "target_quantile)), b_t = (sum_i (1[||Delta_i|| <= C_t] - 1/2) + N(0, count_noise^2)) / expected "
+                  "clients + 1/2 (the noised fraction of unclipped updates)",
+        "target_quantile": ac.target_quantile, "learning_rate": ac.learning_rate, "initial_clip": ac.initial_clip,
+        "count_noise": sigma_b, "noise_multiplier": z,
+        "update_noise_multiplier": None if z is None or sigma_b is None else update_noise_multiplier(z, sigma_b),
+        "accounting": "Theorem 1: the noised count (std count_noise; its indicators centred at 1/2 have sensitivity "
+                      "1/2) and the noised sum (update_noise_multiplier z_Delta = (z^-2 - (2 count_noise)^-2)^(-1/2) "
+                      "times C_t) are together one Gaussian mechanism with noise_multiplier z, which the ledger "
+                      "charges each round as for a fixed clip; C_t depends on released counts only "
+                      "(post-processing), so round t's sensitivity is C_t",
+        "noise": "with per-client budgets the central noise is the smallest budget's (calibrated as for a fixed "
+                 "clip): the adaptive clip changes the clip, never z",
+        "clip_first": clips[0] if clips else None, "clip_last": clips[-1] if clips else None,
+        "clip_min": min(clips) if clips else None, "clip_max": max(clips) if clips else None,
+        "clip_next": float(server_state["clip"]) if isinstance(server_state, dict) and "clip" in server_state else None,
+    }
+    if step.secure:
+        block["secure_aggregation"] = ("the count is summed by secure aggregation with the update: each client "
+                                       "appends its indicator plus its share N(0, count_noise^2 / t) of the count "
+                                       "noise, so every revealed sum of s >= t clients carries at least the central "
+                                       "noise of both")
+    return block

@@ -4,7 +4,11 @@ NeurIPS 2021): the clip norm follows a target quantile of the norms it clips, pr
 Each release t clips m contributions (client updates, or one client's DP-SGD records) to C_t. Besides the noised sum
 of the clipped contributions, it releases the noised fraction of contributions whose norm is at most C_t,
 
-    b~_t = (sum_i 1[||x_i|| <= C_t] + N(0, sigma_b^2)) / m,
+    b~_t = (sum_i (1[||x_i|| <= C_t] - 1/2) + N(0, sigma_b^2)) / m + 1/2,
+
+the indicators centred at 1/2 so that adding or removing one contribution moves the released sum by 1/2 even when
+the number of contributions is not public (Poisson sampling; tensorflow_privacy's QuantileEstimatorQuery does the
+same); with exactly m contributions this is (sum_i 1[||x_i|| <= C_t] + N(0, sigma_b^2)) / m,
 
 and moves the clip geometrically towards the target quantile gamma with learning rate eta (the paper's eq. 3):
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.results import plots as _plots
+from dpfl.results.clip_plot import plot_clip
 from dpfl.results.environment import ENVIRONMENT_FILE, changed_keys, read_environment, unrecorded_keys
 from dpfl.results.formatting import format_epsilon
 from dpfl.results.mpdp_outcome import stated_guarantee_lines
@@ -36,7 +37,8 @@ from dpfl.results.run_files import (
 
 __all__ = ["PLOT_FILES", "RESUME_HINT", "FULL_TABLE_MAX_CLIENTS", "TABLE_HEAD_ROWS", "write_report", "write_plots"]
 
-PLOT_FILES = {"accuracy": "accuracy.png", "epsilon": "epsilon.png", "budget_vs_spent": "budget_vs_spent.png"}
+PLOT_FILES = {"accuracy": "accuracy.png", "epsilon": "epsilon.png", "budget_vs_spent": "budget_vs_spent.png",
+              "clip": "clip.png"}
 RESUME_HINT = "incomplete: no summary.json; resume with `dpfl run CONFIG --resume --out DIR`"
 FULL_TABLE_MAX_CLIENTS = 50  # more clients: min / median / max summary plus the first TABLE_HEAD_ROWS rows
 TABLE_HEAD_ROWS = 20
@@ -118,7 +120,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence
 # ---------------------------------------------------------------------------------------- plots
 def write_plots(run_dir: str | os.PathLike[str], metrics: Sequence[Mapping[str, Any]],
                 privacy: Mapping[str, Any] | None) -> dict[str, Path | None]:
-    """(Re)write ``plots/accuracy.png``, ``plots/epsilon.png`` and ``plots/budget_vs_spent.png``.
+    """(Re)write ``plots/accuracy.png``, ``plots/epsilon.png``, ``plots/budget_vs_spent.png`` and, for a run whose
+    clip adapts, ``plots/clip.png``.
 
     A plot with nothing to show is not written, and a stale file of that name is removed, so the
     folder always matches the run's files. Returns name -> path or None.
@@ -129,6 +132,7 @@ def write_plots(run_dir: str | os.PathLike[str], metrics: Sequence[Mapping[str, 
         "epsilon": _plots.plot_epsilon(metrics, privacy, pdir / PLOT_FILES["epsilon"]),
         "budget_vs_spent": (_plots.plot_budget_vs_spent(privacy, pdir / PLOT_FILES["budget_vs_spent"])
                             if privacy is not None else None),
+        "clip": plot_clip(metrics, pdir / PLOT_FILES["clip"]),  # only runs whose clip adapts (the rows say so)
     }
     for key, path in made.items():
         if path is None:
@@ -243,6 +247,7 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
         out.append(f"- **Secure aggregation:** {sa.get('protocol')}; threshold {sa.get('threshold')}, "
                    f"{sa.get('ring_bits')}-bit ring with {sa.get('frac_bits')} fractional bits, simulated dropout "
                    f"{sa.get('dropout')}. Threat model: {sa.get('threat_model')}. {sa.get('discretisation')}.")
+    out += _adaptive_lines(privacy.get("adaptive_clipping"))
     acc = privacy.get("accountant")
     out.append(f"- **Accountant:** {_ACCOUNTANT_WORDS.get(str(acc), acc) if acc is not None else 'none'}")
     if isinstance(privacy.get("prv"), dict) and privacy["prv"].get("epsilon_lower") is not None:
@@ -287,6 +292,21 @@ def _privacy_lines(privacy: Mapping[str, Any] | None, metrics: Sequence[Mapping[
                    "(aggregation, projection, denoising) is post-processing and does not change the guarantee; "
                    "it is not re-accounted.")
     return out
+
+
+def _adaptive_lines(block: Any) -> list[str]:
+    """privacy.json's `adaptive_clipping` block (client level): the clip's settings and trajectory, and the noise
+    split of Theorem 1 (the count's sigma_b and the sum's z_Delta, together the charged z)."""
+    if not isinstance(block, Mapping) or block.get("level") != "client":
+        return []
+    b = {k: _fmt_g(v) for k, v in block.items() if not isinstance(v, str)}
+    return [f"- **Adaptive clipping (client level, Andrew et al. 2021):** the clip starts at "
+            f"{b.get('initial_clip')} and follows the {b.get('target_quantile')}-quantile of "
+            f"the update norms (learning rate {b.get('learning_rate')}); it ranged over "
+            f"[{b.get('clip_min')}, {b.get('clip_max')}], last {b.get('clip_last')}. "
+            f"The count is noised with sigma_b = {b.get('count_noise')} and the sum with z_Delta = "
+            f"{b.get('update_noise_multiplier')} times the clip: together one Gaussian mechanism with "
+            f"z = {b.get('noise_multiplier')} (Theorem 1), which is what the accountant charges."]
 
 
 def _guarantee_lines(guarantee: Any) -> list[str]:
@@ -483,6 +503,8 @@ def _plot_lines(made: Mapping[str, Path | None], metrics: Sequence[Mapping[str, 
         out += ["No budget-vs-spent plot: the run is not accounted, so no epsilon is reported.", ""]
     else:
         out += ["No budget-vs-spent plot: no client has both a finite budget and a finite spent epsilon.", ""]
+    if made.get("clip"):  # no sentence otherwise: a fixed clip has no trajectory
+        out += [f"![Adaptive clip per round]({PLOTS_DIR}/{PLOT_FILES['clip']})", ""]
     return out
 
 

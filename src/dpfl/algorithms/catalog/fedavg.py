@@ -6,19 +6,21 @@ fedavg / fedprox with `anderson` or a non-constant `schedule` run as the splitti
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from dpfl.algorithms.algorithm import Algorithm
 from dpfl.algorithms.catalog.bundle import fedavg_bundle
-from dpfl.algorithms.catalog.context import RunFacts, mechanism_of, validated
+from dpfl.algorithms.catalog.context import AlgorithmError, RunFacts, mechanism_of, validated
 from dpfl.algorithms.catalog.splitting import AndersonParams, Schedule, splitting_bundle
 from dpfl.algorithms.catalog.validation import MAX_ITERATIONS, Params
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.secure.aggregator import DistributedDPFedAvg
-from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
+from dpfl.algorithms.server.central_dp_fedavg import COUNT_NOISE_KEY, CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
+from dpfl.privacy.adaptive_clipping import AdaptiveClipping
 
 __all__ = ["AcceleratedParams", "CentralParams", "FedAvgParams", "ProxParams", "dp_fedavg_central",
            "dp_fedavg_local", "fedavg", "fedprox", "udp_fedavg"]
@@ -99,12 +101,30 @@ def udp_fedavg(run: RunFacts, *, weighting: Weighting = "uniform", server_lr: fl
 def dp_fedavg_central(run: RunFacts, *, server_lr: float = 1.0) -> Algorithm:
     """Central DP-FedAvg (McMahan et al. 2018): the server clips each update to run.clip and adds the Gaussian
     noise (run.noise_multiplier, or calibrated from the budgets); with run.secure, each client adds its share.
+    With run.adaptive_clipping the clip starts at run.clip and follows the target quantile of the update norms
+    (Andrew et al. 2021; the count is summed securely too under run.secure).
     Also `dpfl.algorithms.central_dp_fedavg`."""
     params = validated(CentralParams, "dp_fedavg_central", locals())
     mechanism_of(run, "dp_fedavg_central", ("central",))
     local = run.local_program(private=False)
-    if run.secure is None:
-        central: Any = CentralDPFedAvg(run.clip, run.noise_multiplier, params.server_lr)
-    else:
-        central = DistributedDPFedAvg(run.clip, run.noise_multiplier, params.server_lr, protocol=run.secure)
+    adaptive = _adaptive_clipping(run)
+    try:
+        if run.secure is None:
+            central: Any = CentralDPFedAvg(run.clip, run.noise_multiplier, params.server_lr, adaptive)
+        else:
+            central = DistributedDPFedAvg(run.clip, run.noise_multiplier, params.server_lr, adaptive,
+                                          protocol=run.secure)
+    except ValueError as err:
+        if adaptive is None or not str(err).startswith(COUNT_NOISE_KEY):
+            raise
+        raise AlgorithmError(str(err).removeprefix(f"{COUNT_NOISE_KEY}: "), COUNT_NOISE_KEY) from None
     return Algorithm("dp_fedavg_central", local, run.selection, FullUpdate(), central)
+
+
+def _adaptive_clipping(run: RunFacts) -> AdaptiveClipping | None:
+    """run.adaptive_clipping with its count noise resolved: sigma_b = expected clients per round / 20 unless given
+    (Andrew et al.'s default; the expected cohort of the whole population, fixed for the run so that z_Delta is)."""
+    adaptive = run.adaptive_clipping
+    if adaptive is None or adaptive.count_noise is not None:
+        return adaptive
+    return replace(adaptive, count_noise=adaptive.sigma_b(run.selection.expected_count(run.clients)))

@@ -144,26 +144,53 @@ class DistributedDPFedAvg(SecureSumStep, CentralDPFedAvg):
 
     Client i uploads clip_S(Δ_i) + N(0, z^2 S^2 / t) through the protocol; the server divides the revealed sum by
     the expected cohort. A revealed sum has s >= t contributors and noise variance s z^2 S^2 / t >= z^2 S^2.
+
+    With `adaptive_clipping` the count is summed securely too: client i appends its centred indicator
+    1[||Δ_i|| <= C_t] - 1/2 plus N(0, σ_b^2 / t) (its share of the count noise, from its own stream
+    `Purpose.CLIP_COUNT`) to its upload clip_{C_t}(Δ_i) + N(0, z_Δ^2 C_t^2 / t), and the protocol reveals both sums
+    at once. A revealed sum of s >= t contributors carries s/t >= 1 times the central variances of both, so it is at
+    least as private as the central release of Theorem 1.
     """
 
     protocol: SecureAggregation = field(default_factory=SecureAggregation)
 
-    def clients_stage(self, cohort: int) -> ClippedNoisyUpdate:
-        """What each client does: clip to S and add its share N(0, z^2 S^2 / t), the udp upload stage split over t."""
-        return ClippedNoisyUpdate(self.clip, self.noise_multiplier, cohort=self.protocol.threshold_for(cohort),
-                                  secure_sum=True)
+    def clients_stage(self, cohort: int, clip: float | None = None) -> ClippedNoisyUpdate:
+        """What each client does: clip to S (`clip`: the round's adaptive clip C_t) and add its share
+        N(0, z_Δ^2 S^2 / t), the udp upload stage split over t (z_Δ = z for a fixed clip)."""
+        return ClippedNoisyUpdate(self.clip if clip is None else clip, self.update_noise_multiplier,
+                                  cohort=self.protocol.threshold_for(cohort), secure_sum=True)
 
-    def share_std(self, cohort: int) -> float:
+    def share_std(self, cohort: int, clip: float | None = None) -> float:
         """The standard deviation of one client's noise share (in parameter units)."""
-        return self.clients_stage(cohort).upload_multiplier * self.clip
+        stage = self.clients_stage(cohort, clip)
+        return stage.upload_multiplier * stage.clip
+
+    def count_share_std(self, cohort: int) -> float:
+        """σ_b / sqrt(t): the std of one client's share of the adaptive clip's count noise."""
+        return self.count_noise / math.sqrt(self.protocol.threshold_for(cohort))
 
     def update(self, state: Any, params: P.Params, uploads: P.Params, inputs: RoundInputs) -> ServerUpdate:
         if self.noise_multiplier is None:
             raise ValueError("the clients' noise multiplier is not calibrated yet (run it through FederatedRun)")
         view, seed, round_ = inputs.view, inputs.seed, inputs.round_
         ids = [int(c) for c in view.clients]
-        shares = P.flatten(self.clients_stage(len(ids)).apply(uploads, ids, seed, round_)).to(torch.float64)
-        total, metrics = _reveal(self.protocol, {c: shares[k].numpy() for k, c in enumerate(ids)}, seed, round_)
-        metrics["secagg_noise_share_std"] = self.share_std(len(ids))
+        adaptive = self.adaptive_clipping is not None
+        clip = self.clip_of(state) if adaptive else None
+        shares = P.flatten(self.clients_stage(len(ids), clip).apply(uploads, ids, seed, round_)).to(torch.float64)
+        rows = {c: shares[k].numpy() for k, c in enumerate(ids)}
+        if adaptive:  # each client appends its centred indicator plus its share of the count noise
+            norms = P.flatten(uploads).norm(dim=1)
+            std = self.count_share_std(len(ids))
+            rows = {c: np.append(rows[c], float(norms[k] <= clip) - 0.5
+                                 + std * numpy_generator(seed, Purpose.CLIP_COUNT, round_, c).standard_normal())
+                    for k, c in enumerate(ids)}
+        total, metrics = _reveal(self.protocol, rows, seed, round_)
+        metrics["secagg_noise_share_std"] = self.share_std(len(ids), clip)
+        if adaptive:
+            total, noised_centred = total[:-1], float(total[-1])
         update = torch.from_numpy(total / view.expected_clients).to(torch.float32)
-        return ServerUpdate(P.axpy(self.server_lr, P.unflatten(update, params, leading=0), params), state, metrics)
+        new = P.axpy(self.server_lr, P.unflatten(update, params, leading=0), params)
+        if not adaptive:
+            return ServerUpdate(new, state, metrics)
+        step = self._adapted(new, clip, noised_centred, view.expected_clients)
+        return ServerUpdate(step.params, step.state, {**metrics, **step.metrics})
