@@ -96,8 +96,10 @@ def server_optimized(cfg: RunConfig, algorithm: Algorithm) -> Algorithm:
 
 
 def check_precision(cfg: RunConfig, algorithm: Algorithm) -> None:
-    """Refuse `training.precision` where the algorithm's local training would not run with it (an algorithm or a
-    registered local program that builds its own LocalSpec): a setting is honoured or refused, never dropped."""
+    """Refuse `training.precision` or `privacy.adaptive_clipping` where the built algorithm does not run with it (an
+    algorithm or a registered local program that builds its own LocalSpec; a server step that clips with a fixed
+    norm): a setting is honoured or refused, never dropped."""
+    _check_adaptive_clipping(cfg, algorithm)
     want = cfg.training.precision
     if want == "float32":
         return
@@ -185,3 +187,21 @@ def _secure_protocol(cfg: RunConfig) -> SecureAggregation:
                                                              else None)
     return SecureAggregation(threshold, s.ring_bits, s.frac_bits, s.dropout, s.workers,
                              run_id=f"dpfl/{cfg.name}/{cfg.seed}".encode())
+
+
+def _check_adaptive_clipping(cfg: RunConfig, algorithm: Algorithm) -> None:
+    """`privacy.adaptive_clipping` is run by the server step (client level) or by every phase of the local program
+    (sample level); an oracle's weights read a fixed clip's noise, so it is refused there too."""
+    if cfg.privacy.adaptive_clipping is None:
+        return
+    where = "privacy.adaptive_clipping"
+    local = algorithm.local
+    phases = local.phases if isinstance(local, (LocalProgram, PhasedProgram)) else ()
+    sample_level = bool(phases) and all(phase.spec.adaptive_clipping is not None for phase in phases)
+    if algorithm.aggregator.adaptive_clipping is None and not sample_level:
+        raise ConfigError(f"{where}: algorithm {cfg.algorithm.name!r}"
+                          f"{' with local program ' + repr(cfg.algorithm.local.name) if cfg.algorithm.local else ''}"
+                          " clips with a fixed norm (it builds its own clipping stage); use privacy.clip", where)
+    if algorithm.aggregator.privileged:
+        raise ConfigError(f"{where}: the oracle weighs clients by their true noise variance, computed for a fixed "
+                          "clip; under adaptive clipping each client's noise follows its own clip", where)

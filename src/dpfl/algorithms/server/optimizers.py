@@ -238,6 +238,10 @@ class OptimizedServerStep(ServerStep):
         return self.inner.calibration_family
 
     @property
+    def adaptive_clipping(self) -> Any:  # type: ignore[override]
+        return self.inner.adaptive_clipping
+
+    @property
     def noise(self) -> float | None:
         return self.inner.noise
 
