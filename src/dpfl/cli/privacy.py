@@ -24,8 +24,8 @@ def _positive(name: str, value: float) -> None:
 
 def _check_mechanism_args(accountant: str, sample_rate: float, delta: float, steps: int) -> None:
     """The arguments both privacy commands share: accountant, Poisson rate, delta, steps."""
-    if accountant not in ("rdp", "pld"):
-        raise UserError(f"--accountant must be 'rdp' or 'pld', got {accountant!r}")
+    if accountant not in ("rdp", "pld", "prv"):
+        raise UserError(f"--accountant must be 'rdp', 'pld' or 'prv', got {accountant!r}")
     if not 0 < sample_rate <= 1:
         raise UserError(f"--sample-rate must be in (0, 1], got {sample_rate}")
     if not 0 < delta < 1:
@@ -40,7 +40,7 @@ def privacy_epsilon(
     sample_rate: Annotated[float, typer.Option(help="Poisson sampling rate q.")],
     steps: Annotated[int, typer.Option(help="Number of steps composed.")],
     delta: Annotated[float, typer.Option(help="Target delta.")],
-    accountant: Annotated[str, typer.Option(help="rdp or pld.")] = "rdp",
+    accountant: Annotated[str, typer.Option(help="rdp, pld or prv (its upper bound).")] = "rdp",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Epsilon of the Poisson-sampled Gaussian mechanism composed over STEPS steps."""
@@ -71,7 +71,7 @@ def privacy_noise(
     delta: Annotated[float, typer.Option(help="Target delta.")],
     sample_rate: Annotated[float, typer.Option(help="Poisson sampling rate q.")],
     steps: Annotated[int, typer.Option(help="Number of steps composed.")],
-    accountant: Annotated[str, typer.Option(help="rdp or pld.")] = "rdp",
+    accountant: Annotated[str, typer.Option(help="rdp, pld or prv (its upper bound).")] = "rdp",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Smallest noise multiplier whose epsilon is at most EPSILON (bisection against the accountant)."""
