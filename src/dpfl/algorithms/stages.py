@@ -314,6 +314,11 @@ class ServerStep:
         """The clients a selection must include one of (None: no constraint)."""
         return None
 
+    def accounted_selection(self, selection: Selection) -> Selection:
+        """The client selection the accountant models: the run's own (`selection`); a step that simulates a larger
+        cohort (central DP-FedAvg's noise_cohort) models that cohort's."""
+        return selection
+
     # -- broadcast and upload -----------------------------------------------------------------------------------
     def start_points(self, state: Any, global_params: P.Params, clients: Sequence[int],
                      round_: int) -> tuple[P.Params | None, Any]:

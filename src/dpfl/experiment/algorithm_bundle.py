@@ -55,7 +55,8 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         local_steps=t.local_steps, momentum=t.optimizer.momentum, micro_batch=t.micro_batch,
         precision=t.precision,
         selection=Selection(sel.kind, sel.k, sel.rate), mechanism=p.mechanism,
-        clip=adaptive.initial_clip if adaptive is not None else p.clip, adaptive_clipping=adaptive, sampling=p.sampling,
+        clip=adaptive.initial_clip if adaptive is not None else p.clip, adaptive_clipping=adaptive,
+        noise_cohort_size=p.noise_cohort_size, sampling=p.sampling,
         noise_multiplier=p.noise_multiplier, paper_eta_scaling=p.paper_eta_scaling,
         per_upload_amplification=p.per_upload_amplification, observer=p.observer, release=p.release,
         smoothness_L=p.smoothness_L, honest_clients=p.honest_clients, secure_view=p.secure_aggregation, seed=cfg.seed)

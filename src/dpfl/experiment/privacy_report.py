@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import dp_accounting as dpa
 import numpy as np
 
 from dpfl.algorithms.algorithm import Algorithm
@@ -100,6 +101,19 @@ def privacy_summary(run: FederatedRun, stop_reason: str, rounds_run: int | None 
             out["fdp"] = fdp_report(fdp, history, run.budgets, run.n_records)
         elif alg.unit == "sample":
             out.update(sample_level_views(run, spent_array))
+    simulated = (simulated_cohort_block(alg, run.budgets, run.accountant, run.n_clients, rounds_run or 0)
+                 if run.ledger is not None and run.budgets is not None else None)
+    if simulated is not None:
+        out["noise_cohort"] = simulated
+        budgets = Budgets.of(run.budgets, run.n_clients)
+        own = np.array([simulated["epsilon"][str(d)] for d in budgets.deltas.tolist()])
+        over = np.flatnonzero(~(own <= budgets.epsilons * (1 + 1e-9))).tolist()
+        out["meets_budgets"] = not over
+        out["warning"] = (f"SIMULATION of a cohort of {simulated['noise_cohort_size']}: epsilon_spent, the ledger and "
+                          "the budgets are that simulated run's, NOT this run's guarantee; this run's own epsilon "
+                          f"is up to {float(own.max()):.4g} (noise_cohort.epsilon)"
+                          + (f", over the budgets of clients {over[:10]}{'...' if len(over) > 10 else ''}" if over
+                             else ""))
     view = (aggregate_view(alg, run.budgets, run.accountant, run.n_clients, rounds_run, len(retired))
             if rounds_run and run.budgets is not None else None)
     if view is not None:
@@ -189,7 +203,15 @@ def run_guarantee(privacy: Mapping[str, Any], budgets: Sequence[ClientBudget] | 
     spent = [c["epsilon_spent"] for c in privacy["clients"]] if spent is None else spent.tolist()
     others: list[dict[str, Any]] = []
     fdp = privacy.get("fdp")
-    if fdp is None:
+    simulated = privacy.get("noise_cohort")
+    if simulated is not None:  # the run's own noise is the guarantee; the ledger's epsilon is the simulation's
+        per_client = [simulated["epsilon"][str(b.delta)] for b in budgets]
+        source = (f"this run's own noise (noise_cohort.epsilon: multiplier {simulated['noise_multiplier_own']:.4g} at "
+                  f"the run's client sampling, {accountant} accountant)")
+        others.append({"field": "clients[].epsilon_spent", "epsilon_max": max(spent),
+                       "why_it_differs": f"a SIMULATION: the ledger accounts a cohort of "
+                                         f"{simulated['noise_cohort_size']} (noise_cohort_size), not this run"})
+    elif fdp is None:
         per_client = spent
         source = f"the per-client ledger ({accountant} accountant): epsilon_spent"
         if "per_upload_amplification" in privacy:
@@ -320,3 +342,30 @@ def adaptive_clipping_block(algorithm: Algorithm, server_state: Any = None,
                                        "noise, so every revealed sum of s >= t clients carries at least the central "
                                        "noise of both")
     return block
+
+
+def simulated_cohort_block(algorithm: Algorithm, budgets: Sequence[ClientBudget], accountant: str, n_clients: int,
+                           rounds_run: int) -> dict[str, Any] | None:
+    """privacy.json's `noise_cohort` block where the server step simulates a larger cohort (noise_cohort_size): what
+    was simulated, and this run's OWN epsilon per delta: its noise multiplier is z m / M (m the expected cohort, M the
+    simulated one) at its own client sampling, composed over the rounds run (an upper bound for a client that
+    retired earlier). None where nothing is simulated."""
+    step = algorithm.aggregator
+    sel = algorithm.selection
+    simulated = step.accounted_selection(sel)
+    if simulated is sel or step.noise is None:
+        return None
+    z, m, big = float(step.noise), sel.expected_count(n_clients), simulated.expected_count(n_clients)
+    own = z * m / big
+    rounds = max(int(rounds_run), 0)
+    deltas = sorted({float(d) for d in Budgets.of(budgets, n_clients).deltas.tolist()})
+    per_round = sel.client_level_event(own, n_clients)
+    eps = {str(d): (epsilon(dpa.SelfComposedDpEvent(per_round, rounds), d, accountant) if rounds else 0.0)
+           for d in deltas}
+    return {"noise_cohort_size": int(round(big)), "expected_cohort": m, "noise_multiplier_simulated": z,
+            "noise_multiplier_own": own, "rounds": rounds, "epsilon": eps,
+            "what": "a SIMULATION (pfl-research's noise_cohort_size): the noise on the sum of this run's cohort is "
+                    "scaled by expected_cohort / noise_cohort_size, so the model trains with the noise a cohort of "
+                    "noise_cohort_size would give its average, and the ledger, the budgets and "
+                    "clients[].epsilon_spent account that larger cohort. This run's own guarantee is `epsilon` "
+                    "(also clients[].epsilon_guarantee)"}

@@ -73,6 +73,8 @@ def planned_run(run: FederatedRun, mechanism: str) -> PlannedRun:
     """
     assert run.budgets is not None
     alg, sel = run.algorithm, run.algorithm.selection
+    if mechanism == "central":  # the selection the accountant models (a simulated cohort's, if any)
+        sel = alg.aggregator.accounted_selection(sel)
     kw: dict[str, Any] = {}
     if mechanism == "dpsgd":
         kw = _dpsgd_fields(run, _targets(run), participation_rates(alg, run.n_clients))
@@ -263,4 +265,4 @@ class RunEvents:
         if not algorithm.central:
             return algorithm.upload.round_event(algorithm.selection, population)
         agg = algorithm.aggregator
-        return algorithm.selection.client_level_event(agg.noise_multiplier, population)
+        return agg.accounted_selection(algorithm.selection).client_level_event(agg.noise_multiplier, population)

@@ -60,7 +60,8 @@ def note_what_the_noise_means(run: FederatedRun) -> None:
             f"central DP adds one noise for all clients, calibrated to the smallest budget (epsilon {budgets[0]:g}); "
             f"clients with larger budgets (up to {budgets[-1]:g}) get that same guarantee and spend less than they "
             "allow"), stacklevel=3)
-    cohort = alg.selection.expected_count(run.n_clients)
+    # the cohort whose mean the noise is sized for: a simulated cohort's (noise_cohort_size) where one is simulated
+    cohort = alg.aggregator.accounted_selection(alg.selection).expected_count(run.n_clients)
     if noise is None or noise <= 0 or cohort <= 0:
         return
     dim = sum(p.numel() for p in run.model.parameters())

@@ -41,8 +41,9 @@ class RunFacts:
 
     The names are the config's: lr, momentum, micro_batch, precision (training.optimizer / training), local_epochs or
     local_steps, rounds, selection (training.selection), clients (data.clients); mechanism (None: the algorithm's
-    default), clip (with adaptive_clipping: its initial clip), adaptive_clipping (None: a fixed clip), sampling,
-    noise_multiplier (None: calibrated from the budgets by `FederatedRun`),
+    default), clip (with adaptive_clipping: its initial clip), adaptive_clipping (None: a fixed clip),
+    noise_cohort_size (central DP's simulated cohort), sampling, noise_multiplier (None: calibrated from the budgets
+    by `FederatedRun`),
     paper_eta_scaling, per_upload_amplification and the f-DP fields observer, release, smoothness_L,
     honest_clients, secure_view (privacy.secure_aggregation) of the privacy section; loss, param_names,
     head_module and model_name of the model; secure: the secure-aggregation protocol run for real (or None).
@@ -65,6 +66,7 @@ class RunFacts:
     mechanism: str | None = None
     clip: float | None = None
     adaptive_clipping: AdaptiveClipping | None = None
+    noise_cohort_size: int | None = None
     sampling: str = "poisson"
     noise_multiplier: float | None = None
     paper_eta_scaling: bool = False

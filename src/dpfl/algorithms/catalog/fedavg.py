@@ -18,6 +18,7 @@ from dpfl.algorithms.catalog.splitting import AndersonParams, Schedule, splittin
 from dpfl.algorithms.catalog.validation import MAX_ITERATIONS, Params
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.secure.aggregator import DistributedDPFedAvg
+from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.central_dp_fedavg import COUNT_NOISE_KEY, CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
 from dpfl.privacy.adaptive_clipping import AdaptiveClipping
@@ -102,15 +103,22 @@ def dp_fedavg_central(run: RunFacts, *, server_lr: float = 1.0) -> Algorithm:
     """Central DP-FedAvg (McMahan et al. 2018): the server clips each update to run.clip and adds the Gaussian
     noise (run.noise_multiplier, or calibrated from the budgets); with run.secure, each client adds its share.
     With run.adaptive_clipping the clip starts at run.clip and follows the target quantile of the update norms
-    (Andrew et al. 2021; the count is summed securely too under run.secure).
+    (Andrew et al. 2021; the count is summed securely too under run.secure). With run.noise_cohort_size M the
+    noise is scaled and accounted as for a cohort of M (a simulation; `CentralDPFedAvg`).
     Also `dpfl.algorithms.central_dp_fedavg`."""
     params = validated(CentralParams, "dp_fedavg_central", locals())
     mechanism_of(run, "dp_fedavg_central", ("central",))
     local = run.local_program(private=False)
     adaptive = _adaptive_clipping(run)
+    cohort = run.noise_cohort_size
+    if cohort is not None and run.secure is not None:
+        raise AlgorithmError("privacy.noise_cohort_size: a simulated cohort runs with central DP-FedAvg without "
+                             "secure aggregation (each client's noise share would need rescaling)",
+                             "privacy.noise_cohort_size")
     try:
         if run.secure is None:
-            central: Any = CentralDPFedAvg(run.clip, run.noise_multiplier, params.server_lr, adaptive)
+            central: Any = CentralDPFedAvg(run.clip, run.noise_multiplier, params.server_lr, adaptive,
+                                           noise_cohort=cohort, simulated_selection=_simulated(run))
         else:
             central = DistributedDPFedAvg(run.clip, run.noise_multiplier, params.server_lr, adaptive,
                                           protocol=run.secure)
@@ -128,3 +136,19 @@ def _adaptive_clipping(run: RunFacts) -> AdaptiveClipping | None:
     if adaptive is None or adaptive.count_noise is not None:
         return adaptive
     return replace(adaptive, count_noise=adaptive.sigma_b(run.selection.expected_count(run.clients)))
+
+
+def _simulated(run: RunFacts) -> Selection | None:
+    """The selection of the cohort run.noise_cohort_size simulates: M of the run.clients without replacement under
+    fixed-size selection, each client with probability M / run.clients under Poisson selection (None: none)."""
+    cohort = run.noise_cohort_size
+    if cohort is None:
+        return None
+    if run.selection.kind == "all" or not run.selection.expected_count(run.clients) < cohort <= run.clients:
+        raise AlgorithmError(f"privacy.noise_cohort_size: must lie above the expected cohort "
+                             f"({run.selection.expected_count(run.clients):g}) and at most data.clients "
+                             f"({run.clients}), with selection fixed or poisson (got {cohort}, selection "
+                             f"{run.selection.kind!r})", "privacy.noise_cohort_size")
+    if run.selection.kind == "fixed":
+        return Selection("fixed", k=cohort)
+    return Selection("poisson", rate=cohort / run.clients)

@@ -15,6 +15,13 @@ the plain count would move by 1), reads the noised fraction b~_t = that / m + 1/
 and moves the clip to C_{t+1} = C_t exp(-η (b~_t - γ)). By the paper's Theorem 1 the count and the sum together are
 one Gaussian mechanism with multiplier z, so the accountant charges z (`noise`) exactly as for a fixed clip;
 C_{t+1} is a function of released values only. (tensorflow_privacy's QuantileEstimatorQuery centres the same way.)
+
+With `noise_cohort` M (pfl-research's noise_cohort_size: a cheap simulation of a larger cohort) the noise on the sum
+of the m expected participants is N(0, (z S m / M)^2), so the average carries the noise z S / M that a cohort of M
+would give it, and the accountant models a cohort of M (`accounted_selection`): rate M / N under Poisson selection,
+M without replacement under fixed-size selection. The epsilons of the ledger are then the SIMULATED run's, never
+this run's guarantee: this run's own noise multiplier is z m / M at its own sampling (the privacy report computes
+both and says which is which).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 
 import torch
 
+from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.view import ServerView
 from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
@@ -49,6 +57,8 @@ class CentralDPFedAvg(ServerStep):
     noise_multiplier: float | None
     server_lr: float = 1.0
     adaptive_clipping: AdaptiveClipping | None = None
+    noise_cohort: int | None = None  # simulate a cohort of this many (module docstring)
+    simulated_selection: Selection | None = None  # the selection of that cohort, which the accountant models
     central_noise = True
     calibration_family = "central"  # the calibration family of this stage's noise (dpfl.privacy.run_calibration)
 
@@ -64,6 +74,13 @@ class CentralDPFedAvg(ServerStep):
                 raise ValueError("adaptive clipping in central DP-FedAvg needs its count noise sigma_b resolved "
                                  "(AdaptiveClipping.count_noise; dp_fedavg_central sets expected clients / 20)")
             _ = self.update_noise_multiplier  # refuses a sigma_b that leaves the sum no budget
+        if (self.noise_cohort is None) != (self.simulated_selection is None):
+            raise ValueError("a simulated cohort needs both noise_cohort and simulated_selection")
+        if self.noise_cohort is not None and self.adaptive_clipping is not None:
+            raise ValueError("noise_cohort does not combine with adaptive clipping (its count would need rescaling)")
+
+    def accounted_selection(self, selection: Selection) -> Selection:
+        return selection if self.simulated_selection is None else self.simulated_selection
 
     @property
     def noise(self) -> float | None:
@@ -149,7 +166,10 @@ class CentralDPFedAvg(ServerStep):
         total = (flat * factor[:, None]).sum(0)
         if z > 0:
             g = torch_generator(seed, Purpose.SERVER_NOISE, round_, device=device)
-            total = total + z * clip * torch.randn(total.shape[0], generator=g, device=device)
+            sigma = z * clip
+            if self.noise_cohort is not None:  # the noise a cohort of noise_cohort would put on the average
+                sigma = sigma * expected_clients / self.noise_cohort
+            total = total + sigma * torch.randn(total.shape[0], generator=g, device=device)
         update = P.unflatten(total / expected_clients, global_params, leading=0)
         centred = float((norms <= clip).sum()) - 0.5 * len(norms) if self.adaptive_clipping is not None else 0.0
         return P.axpy(self.server_lr, update, global_params), centred

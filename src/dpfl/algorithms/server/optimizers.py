@@ -263,6 +263,9 @@ class OptimizedServerStep(ServerStep):
         fitted = self.inner.fit_split(clients, eps_reported, seed)
         return self if fitted is self.inner else replace(self, inner=fitted)
 
+    def accounted_selection(self, selection: Any) -> Any:
+        return self.inner.accounted_selection(selection)
+
     def accepts_selection(self, selected: Sequence[int]) -> bool:
         return self.inner.accepts_selection(selected)
 

@@ -58,6 +58,10 @@ class PrivacyConfig(_Section):
     adaptive_clipping (mechanism central: the clip of the client updates; dpsgd: each client's per-sample clip): the
     clip starts at adaptive_clipping.initial_clip (privacy.clip stays null) and follows the target quantile of the
     norms, its count noised within the planned noise multiplier (the update noise grows to make room).
+    noise_cohort_size (mechanism central, selection fixed or poisson; pfl-research's noise_cohort_size): simulate a
+    cohort of this many clients: the noise on the sum is scaled by (expected cohort / noise_cohort_size) and the
+    accountant models the larger cohort, so the ledger's epsilons (and budgets) are those of the SIMULATED run;
+    privacy.json reports this run's own epsilon beside them as its guarantee.
     per_upload_amplification (udp with Poisson client selection only): account each upload as amplified by
     the client sampling, ASSUMING the server cannot tell who took part (FedCEO spec §7; labelled in privacy.json).
 
@@ -76,6 +80,7 @@ class PrivacyConfig(_Section):
     sampling: Literal["poisson", "fixed"] | None = None
     clip: float | None = Field(None, gt=0)
     adaptive_clipping: AdaptiveClippingConfig | None = None
+    noise_cohort_size: int | None = Field(None, ge=2)
     noise_multiplier: float | None = Field(None, ge=0)
     budgets: Budgets | None = None
     delta: float = Field(1e-5, gt=0, lt=1)

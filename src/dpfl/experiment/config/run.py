@@ -159,10 +159,16 @@ class RunConfig(_Section):
             if p.clip is not None:
                 _fail("privacy.clip", "with privacy.adaptive_clipping the clip starts at "
                       "adaptive_clipping.initial_clip", p.clip, "null")
+            if p.noise_cohort_size is not None:
+                _fail("privacy.noise_cohort_size", "a simulated cohort does not combine with adaptive clipping",
+                      p.noise_cohort_size, "null")
         elif mech in _NEEDS_CLIP and p.clip is None:
             _fail("privacy.clip", f"required by mechanism {mech!r}", None, "a number > 0")
         if mech not in _NEEDS_CLIP and p.clip is not None:
             _fail("privacy.clip", f"not used by {not_private}", p.clip, "null")
+        if p.noise_cohort_size is not None and mech != "central":
+            _fail("privacy.noise_cohort_size", f"simulates a larger cohort of central DP (mechanism 'central'); not "
+                  f"used by {not_private}", p.noise_cohort_size, "null")
         if mech in ("param_noise", "none") and p.noise_multiplier is not None:
             hint = "; the noise of 'param_noise' is algorithm.params.std" if mech == "param_noise" else ""
             _fail("privacy.noise_multiplier", f"not used by {not_private}{hint}", p.noise_multiplier, "null")
