@@ -102,6 +102,21 @@ def reproduce_robust_hdp(
                only_seeds=only_seeds, workers=workers, overrides=set_)
 
 
+def reproduce_mechanisms(
+    out: Out,
+    scale: Annotated[str, typer.Option("--scale", help=(
+        "ci (500 clients, about 20 a round, 50 rounds, 8 methods x 3 seeds: a few minutes on 2 cores) or full "
+        "(3,000 clients, about 100 a round, 200 rounds)."))],
+    seeds: Seeds = None, only_seeds: OnlySeeds = None, rounds: Rounds = None, settings: Settings = None,
+    methods: Methods = None, dry_run: DryRun = False, tables_only: TablesOnly = False, workers: Workers = 1,
+    set_: Overrides = None,
+) -> None:
+    """Adaptive clipping and FedAdam against DP-FedAvg's fixed clip (tuned and untuned), central DP on
+    Fashion-MNIST."""
+    _reproduce("mechanisms", out, scale, seeds, rounds, settings, methods, None, dry_run, tables_only,
+               only_seeds=only_seeds, workers=workers, overrides=set_)
+
+
 def _noise_table(out: Path, scale: str, settings: Optional[str], datasets: Optional[list[str]]) -> None:
     from dpfl.reproduce.families import dataset_names
     from dpfl.reproduce.noise_table import planned_configs, write_noise_table
@@ -383,6 +398,7 @@ reproduce_app.command("robust-hdp")(reproduce_robust_hdp)
 reproduce_app.command("fedceo")(reproduce_fedceo)
 reproduce_app.command("fdp-accuracy")(reproduce_fdp_accuracy)
 reproduce_app.command("rdpcfl")(reproduce_rdpcfl)
+reproduce_app.command("mechanisms")(reproduce_mechanisms)
 reproduce_app.command("splitting")(studies.reproduce_splitting)
 reproduce_app.command("mpdp")(studies.reproduce_mpdp)
 reproduce_app.command("attacks")(studies.reproduce_attacks)

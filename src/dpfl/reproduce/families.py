@@ -1,7 +1,7 @@
-"""The grid families of `dpfl reproduce`: pfa, robust-hdp, fedceo, fdp-accuracy and rdpcfl, each a module whose
-`grid(scale, ...)` plans (setting, method, seed) jobs. Here what one invocation does with any of them: the grid after
-the selections (`plan`), its jobs run in this process, in worker processes or only collected, then its results tables
-(`run`: the family's own `write_results` if it has one, else `tables.write_results`).
+"""The grid families of `dpfl reproduce`: pfa, robust-hdp, fedceo, fdp-accuracy, rdpcfl and mechanisms, each a module
+whose `grid(scale, ...)` plans (setting, method, seed) jobs. Here what one invocation does with any of them: the grid
+after the selections (`plan`), its jobs run in this process, in worker processes or only collected, then its results
+tables (`run`: the family's own `write_results` if it has one, else `tables.write_results`).
 
     grid = plan("pfa", "ci", datasets=["fashion_mnist"])
     outcomes, csv_path, md_path = run("pfa", grid, out, command="dpfl reproduce pfa --scale ci --out OUT")
@@ -20,16 +20,16 @@ from typing import Any
 from dpfl.reproduce.jobs import Grid, GridError, select_seeds
 from dpfl.reproduce.runner import Outcome
 
-FAMILIES = ("pfa", "robust-hdp", "fedceo", "fdp-accuracy", "rdpcfl")  # as the commands name them
+FAMILIES = ("pfa", "robust-hdp", "fedceo", "fdp-accuracy", "rdpcfl", "mechanisms")  # as the commands name them
 GRID_FIELDS = ("seed", "name", "training.rounds")  # set per job by the grid: an override would break it
 
 
 def family(name: str) -> ModuleType:
     """The module of a family (one of FAMILIES)."""
-    from dpfl.reproduce import fdp_accuracy, fedceo, pfa, rdpcfl, robust_hdp
+    from dpfl.reproduce import fdp_accuracy, fedceo, mechanisms, pfa, rdpcfl, robust_hdp
 
     return {"pfa": pfa, "robust-hdp": robust_hdp, "fedceo": fedceo, "fdp-accuracy": fdp_accuracy,
-            "rdpcfl": rdpcfl}[name]
+            "rdpcfl": rdpcfl, "mechanisms": mechanisms}[name]
 
 
 def dataset_names(datasets: Sequence[str] | None) -> list[str]:
