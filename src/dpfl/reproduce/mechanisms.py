@@ -39,8 +39,7 @@ def _fixed(clip: float) -> tuple[str, ...]:
 
 def methods() -> tuple[Method, ...]:
     """The fixed-clip sweep, adaptive clipping, and three of them under FedAdam (module docstring)."""
-    out = [Method(f"fixed_c{c:g}", "dp_fedavg_central", _fixed(c),
-                  "untuned (the configs' default clip)" if c == 1.0 else "") for c in CLIPS]
+    out = [Method(f"fixed_c{c:g}", "dp_fedavg_central", _fixed(c)) for c in CLIPS]
     out.append(Method("adaptive", "dp_fedavg_central", (ADAPTIVE,)))
     for clip in (0.1, 1.0):
         out.append(Method(f"fixed_c{clip:g}_fedadam", "dp_fedavg_central", (*_fixed(clip), FEDADAM)))

@@ -513,9 +513,9 @@ def _header(grid: Grid, rows: Sequence[Mapping[str, Any]], command: str, run_dir
         "- Accuracy: the global model on the full test set, after the last round (final) and the best evaluated "
         "round (best); clients' mean acc: the global model on each client's held-out split, averaged. Cells are "
         "mean ± sample std (ddof = 1) over the seeds that finished; ± n/a with one seed.",
-        "- Labels: " + "; ".join(f"{m} — **{label}**" for m, label in labels)
-        + ". Methods labelled so are references, not private competitors; `meets_budgets` in results.csv says, "
-        "per run, whether every client stayed within its budget.",
+        *(["- Labels: " + "; ".join(f"{m} — **{label}**" for m, label in labels)
+           + ". Methods labelled so are references, not private competitors; `meets_budgets` in results.csv says, "
+           "per run, whether every client stayed within its budget."] if labels else []),
         "- Diagnostics: noise stat r1 = Σ w_i² σ_i² / (p η²) in round 1 (spec §5); uplink/downlink MiB "
         "cumulative over the run; train s = sum of the rounds' wall time (building and calibration excluded); "
         "columns without a value for any method are omitted.",
