@@ -196,54 +196,8 @@ class OptimizedServerStep(ServerStep):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    # -- the class flags, as the wrapped step's ------------------------------------------------------------------
-    @property
-    def privileged(self) -> bool:  # type: ignore[override]
-        return self.inner.privileged
-
-    @property
-    def secure(self) -> bool:  # type: ignore[override]
-        return self.inner.secure
-
-    @property
-    def linear_in_updates(self) -> bool:  # type: ignore[override]
-        return self.inner.linear_in_updates  # the noise statistic describes Delta_t, the aggregate the optimizer reads
-
-    @property
-    def asks_clients(self) -> bool:  # type: ignore[override]
-        return self.inner.asks_clients
-
-    @property
-    def personalises_starts(self) -> bool:  # type: ignore[override]
-        return self.inner.personalises_starts
-
-    @property
-    def encodes_broadcast(self) -> bool:  # type: ignore[override]
-        return self.inner.encodes_broadcast
-
-    @property
-    def encodes_uploads(self) -> bool:  # type: ignore[override]
-        return self.inner.encodes_uploads
-
-    @property
-    def replays_noise(self) -> bool:  # type: ignore[override]
-        return self.inner.replays_noise
-
-    @property
-    def central_noise(self) -> bool:  # type: ignore[override]
-        return self.inner.central_noise
-
-    @property
-    def calibration_family(self) -> str | None:  # type: ignore[override]
-        return self.inner.calibration_family
-
-    @property
-    def adaptive_clipping(self) -> Any:  # type: ignore[override]
-        return self.inner.adaptive_clipping
-
-    @property
-    def noise(self) -> float | None:
-        return self.inner.noise
+    # the class flags (privileged, secure, ...), adaptive_clipping and noise are properties reading the wrapped
+    # step's: set on the class below (`_FLAGS`), one line each instead of one property written out per flag
 
     def with_noise(self, noise: float) -> OptimizedServerStep:
         return replace(self, inner=self.inner.with_noise(noise))
@@ -312,6 +266,14 @@ class OptimizedServerStep(ServerStep):
     def noise_passthrough(self, uploads: P.Params, noise: P.Params, view: ServerView, seed: int,
                           round_: int) -> P.Params | None:
         return self.inner.noise_passthrough(uploads, noise, view, seed, round_)
+
+
+# the wrapped step's flags as the wrapper's (linear_in_updates: the noise statistic describes Delta_t, the aggregate
+# the optimizer reads); adaptive_clipping and noise: what the wrapped step runs and charges
+_FLAGS = ("privileged", "secure", "linear_in_updates", "asks_clients", "personalises_starts", "encodes_broadcast",
+          "encodes_uploads", "replays_noise", "central_noise", "calibration_family", "adaptive_clipping", "noise")
+for _flag in _FLAGS:
+    setattr(OptimizedServerStep, _flag, property(lambda self, _name=_flag: getattr(self.inner, _name)))
 
 
 def unwrapped(step: ServerStep) -> ServerStep:
