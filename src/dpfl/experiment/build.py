@@ -448,6 +448,9 @@ def _assemble(cfg: RunConfig, data: FederatedDataset, model: nn.Module | None) -
             device=cfg.device,
         )
     except ValueError as err:
+        count_noise = "privacy.adaptive_clipping.count_noise"
+        if str(err).startswith(f"{count_noise}: "):  # the adaptive clip's count leaves the update no budget
+            raise ConfigError(str(err), count_noise) from None
         where = "privacy.budgets" if calibrating else "config"
         what = "cannot calibrate the noise: " if calibrating else ""
         raise ConfigError(f"{where}: {what}{err}", where) from None
