@@ -137,7 +137,7 @@ def walk(node: Any, path: FieldPath = ()) -> Iterator[tuple[FieldPath, Any]]:
 FREE = {("data", "options"), ("model", "options")}  # free-form builder options: any value validates
 # Fields whose value may be a number OR a string / list / mapping: their type mutations are chosen separately.
 UNIONS = {("training", "batch_size"), ("privacy", "budgets"), ("algorithm", "params", "epsilon"),
-          ("algorithm", "params", "layers")}
+          ("algorithm", "params", "layers"), ("algorithm", "params", "round1_batch")}  # round1_batch: 'full' or an int
 UNLIMITED_OK = {("privacy", "budgets")}  # .inf: an unlimited budget
 
 

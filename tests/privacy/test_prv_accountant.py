@@ -57,7 +57,8 @@ def _check_case(q, z, steps, delta):
     rdp = epsilon(event, delta, "rdp")
     case = (q, z, steps, delta, b, pld, rdp)
     assert 0.0 <= b.lower <= b.estimate <= b.upper, case
-    assert b.eps_error == PRV_EPS_ERROR or b.upper > 50, case  # the mesh is coarsened only for huge epsilons
+    # the mesh is coarsened only for large epsilons (above ~35 on this grid), its error then within 0.1% of epsilon
+    assert b.eps_error == PRV_EPS_ERROR or (b.upper > 20 and b.eps_error <= 1e-3 * b.upper), case
     assert b.lower <= pld * (1 + 1e-9) + 1e-12, case  # PLD is an upper bound of the true epsilon >= lower
     assert pld <= b.upper + PLD_ROUNDING, case
     assert abs(b.upper - pld) <= (b.upper - b.lower) + PLD_ROUNDING, case  # within PRV's stated error of PLD
