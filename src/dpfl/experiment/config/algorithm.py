@@ -89,8 +89,8 @@ class AlgorithmConfig(_Section):
     dp_fedavg_central: server_lr; fedprox: mu (required) + fedavg's; fedavg and fedprox also take anderson
     {memory, scope, blend, safeguard} and schedule / period (then they run as the splitting preset: uniform
     weights, server_lr 1);
-    noisy_fedavg: std (required), schedule, step_sizes (schedule custom), clip_mode, batch_sampling;
-    noisy_fedprox: noisy_fedavg's + alpha (required, >= 0);
+    noisy_fedavg: std (null: calibrated from the budgets), schedule, step_sizes (schedule custom), clip_mode,
+    batch_sampling; noisy_fedprox: noisy_fedavg's + alpha (required, >= 0);
     weiavg (weights ∝ reported epsilon) and oracle (weights ∝ 1/true noise variance; privileged): server_lr;
     min_eps / max_eps: epsilon ('observed' or a number) + fedavg's. max_eps needs privacy.allow_budget_violation.
     pfa: split, public_fraction, public_clients, subspace, k, scope, svd_solver, lanczos_iters, weighting, server_lr.
