@@ -7,7 +7,7 @@ client's records, so both compute the same thing: the same plans, the same phase
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -61,14 +61,21 @@ def train_phases(program: Any, model: nn.Module, backend: Backend, data: PooledD
     return Trained(current, steps.tolist(), noise_sq.tolist(), clips)
 
 
-def train_on_engine(program: Any, inputs: LocalInputs) -> LocalOutput:
+def train_on_engine(program: Any, inputs: LocalInputs, clips: Sequence[float] | None = None) -> LocalOutput:
     """The round of a training program: the engine trains the clients from `inputs.start`; their updates are the
-    end models minus the start models."""
+    end models minus the start models. `clips`: each selected client's adaptive clip at the start of the round (its
+    plans' `clip`); the output's `state` is then the list of clips they end with (the program keeps them in its own
+    state), else None."""
     if inputs.broadcast is not None:
         raise ValueError("this local program trains the model it receives; the server step broadcast an encoded "
                          "model instead (an algorithm pairs such a step with its own local program)")
-    trained = train_phases(program, inputs.model, inputs.backend, inputs.data, inputs.plans_for, inputs.start,
+    plans_for = inputs.plans_for
+    if clips is not None:
+        def plans_for(phase: Any) -> list[Any]:
+            return [replace(p, clip=c) for p, c in zip(inputs.plans_for(phase), clips, strict=True)]
+    trained = train_phases(program, inputs.model, inputs.backend, inputs.data, plans_for, inputs.start,
                            stacked=inputs.stacked, seed=inputs.seed, round_=inputs.round_,
                            max_elements=inputs.max_elements, global_model=inputs.global_model)
     start = inputs.start if inputs.stacked else P.broadcast(inputs.start, len(inputs.clients))
-    return LocalOutput(P.sub(trained.params, start), trained.steps, trained.noise_sq_norm, {})
+    return LocalOutput(P.sub(trained.params, start), trained.steps, trained.noise_sq_norm, {},
+                       trained.clips if clips is not None else None)

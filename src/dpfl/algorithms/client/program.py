@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import torch
 from dp_accounting import DpEvent
 
-from dpfl.algorithms.client.engine_round import train_on_engine, train_phases
+from dpfl.algorithms.client.engine_round import train_on_engine
 from dpfl.algorithms.stages import LocalInputs, LocalOutput
-from dpfl.engine import params as P
 from dpfl.engine.local_training import ClientPlan, LocalSpec
 from dpfl.privacy.adaptive_clipping import AdaptiveClipping
 from dpfl.privacy.events import dpsgd_event
@@ -208,24 +206,14 @@ def _adaptive_round(program: LocalProgram, inputs: LocalInputs) -> LocalOutput:
                          "LocalInputs.state")
     clips = state[SAMPLE_CLIP]
     ids = torch.as_tensor([int(c) for c in inputs.clients], dtype=torch.int64, device=clips.device)
-    own = clips.index_select(0, ids).tolist()
-
-    def plans_for(phase: Any) -> list[ClientPlan]:
-        plans = list(inputs.plans_for(phase))
-        return [replace(p, clip=c) for p, c in zip(plans, own, strict=True)]
-
-    trained = train_phases(program, inputs.model, inputs.backend, inputs.data, plans_for, inputs.start,
-                           stacked=inputs.stacked, seed=inputs.seed, round_=inputs.round_,
-                           max_elements=inputs.max_elements, global_model=inputs.global_model)
-    assert trained.clips is not None, "an adaptive spec's engine result carries the clips"
-    ended = torch.tensor(trained.clips, dtype=clips.dtype, device=clips.device)
+    out = train_on_engine(program, inputs, clips.index_select(0, ids).tolist())
+    assert out.state is not None, "an adaptive spec's engine result carries the clips"
+    ended = torch.tensor(out.state, dtype=clips.dtype, device=clips.device)
     new = clips.clone()
     new[ids] = ended
-    start = inputs.start if inputs.stacked else P.broadcast(inputs.start, len(inputs.clients))
     metrics = {"sample_clip_mean": float(ended.mean()), "sample_clip_min": float(ended.min()),
                "sample_clip_max": float(ended.max())}
-    return LocalOutput(P.sub(trained.params, start), trained.steps, trained.noise_sq_norm, metrics,
-                       {**state, SAMPLE_CLIP: new})
+    return out._replace(metrics=metrics, state={**state, SAMPLE_CLIP: new})
 
 
 def clipped_sgd(step_sizes, clip: float, *, clip_mode: str = "per_example", sampling: str = "shuffle",
