@@ -3,11 +3,14 @@ clients is said in one `note:` line where a user would not expect it (the CLI, a
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 
 from cli_runner import cli
+from dpfl.privacy.adaptive_clipping import update_noise_multiplier
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 CENTRAL = ("--set", "algorithm.name=dp_fedavg_central", "--set", "privacy.mechanism=central", "--set",
@@ -55,3 +58,20 @@ def test_secure_aggregation_without_noise_is_refused_up_front(tmp_path):
     config = DEMO_CONFIG.parent / "secure" / "digits_distributed.yaml"
     code, _, err = cli("run", config, "--set", "privacy.noise_multiplier=0", "--out", tmp_path / "run")
     assert code == 2 and "no client can afford even one round" in err and not (tmp_path / "run").exists()
+
+
+def test_the_noise_note_under_adaptive_clipping_quotes_the_updates_z_delta(tmp_path):
+    """With adaptive clipping the mean update carries z_Delta > z (the count takes its share, Theorem 1): the note
+    sizes the noise by z_Delta, the noise the update really gets."""
+    code, _, err = cli("run", DEMO_CONFIG, *CENTRAL, "--set", "privacy.clip=null", "--set",
+                       "privacy.adaptive_clipping.count_noise=5", "--set", "training.rounds=3",
+                       "--out", tmp_path / "run")
+    assert code == 0, err
+    block = json.loads((tmp_path / "run" / "privacy.json").read_text())["adaptive_clipping"]
+    z, z_delta = block["noise_multiplier"], update_noise_multiplier(block["noise_multiplier"], 5.0)
+    assert z_delta > z * (1 + 1e-3)  # the two differ visibly at %g
+    note = next(line for line in err.splitlines() if "client-level DP with about" in line)
+    quoted = re.search(r"\(noise ([0-9.e+-]+), the update's share of ([0-9.e+-]+) x", note)
+    assert quoted is not None, note
+    assert float(quoted.group(1)) == pytest.approx(z_delta, rel=1e-5)
+    assert float(quoted.group(2)) == pytest.approx(z, rel=1e-5)

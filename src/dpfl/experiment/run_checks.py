@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dpfl.privacy.adaptive_clipping import update_noise_multiplier
+
 if TYPE_CHECKING:
     from dpfl.experiment.federated_run import FederatedRun
 
@@ -64,14 +66,18 @@ def note_what_the_noise_means(run: FederatedRun) -> None:
     cohort = alg.aggregator.accounted_selection(alg.selection).expected_count(run.n_clients)
     if noise is None or noise <= 0 or cohort <= 0:
         return
+    adaptive = alg.aggregator.adaptive_clipping
+    share = ""
+    if adaptive is not None and adaptive.count_noise is not None:  # Theorem 1: the update gets z_Delta > z
+        noise, share = update_noise_multiplier(noise, adaptive.count_noise), f", the update's share of {noise:g}"
     dim = sum(p.numel() for p in run.model.parameters())
     ratio = noise * math.sqrt(dim) / cohort  # E||noise|| on the mean update / the largest mean update (the clip)
     if ratio > 1:
         warnings.warn(RunNotice(
             f"client-level DP with about {cohort:g} clients per round: the noise added to their mean update has a "
-            f"norm about {ratio:.3g} times the largest mean update it can hide in (noise {noise:g} x sqrt({dim}) "
-            f"parameters / {cohort:g} clients), so it will dominate; client-level DP needs many clients per round"),
-            stacklevel=3)
+            f"norm about {ratio:.3g} times the largest mean update it can hide in (noise {noise:g}{share} x "
+            f"sqrt({dim}) parameters / {cohort:g} clients), so it will dominate; client-level DP needs many clients "
+            "per round"), stacklevel=3)
 
 
 def _stage_noise(run: FederatedRun) -> float | None:
