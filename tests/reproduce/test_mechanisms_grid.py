@@ -17,11 +17,19 @@ from dpfl.reproduce.jobs import GridError
 from cli_runner import cli
 
 METHODS = ["fixed_c0.03", "fixed_c0.1", "fixed_c0.3", "fixed_c1", "adaptive", "fixed_c0.1_fedadam",
-           "fixed_c1_fedadam", "adaptive_fedadam"]
+           "fixed_c1_fedadam", "adaptive_fedadam", "fixed_c0.1_fedadam_lr0.03", "adaptive_fedadam_lr0.03",
+           "fixed_c0.1_fedadam_lr0.01", "adaptive_fedadam_lr0.01"]
+
+
+def _server_lr(method: str) -> float | None:
+    """The FedAdam server lr a method is named for: `_lrX` or Flower's default 0.1; None without FedAdam."""
+    if "_fedadam" not in method:
+        return None
+    return float(method.split("_lr")[1]) if "_lr" in method else 0.1
 
 
 @pytest.mark.parametrize("scale, clients, rounds", [("ci", 500, 50), ("full", 3000, 200)])
-def test_the_grid_is_eight_methods_by_three_seeds_on_one_setting(scale, clients, rounds):
+def test_the_grid_is_twelve_methods_by_three_seeds_on_one_setting(scale, clients, rounds):
     grid = mechanisms.grid(scale)
     assert [s.name for s in grid.settings] == [f"fmnist-{clients}"] and grid.seeds == [0, 1, 2]
     assert [j.method for j in grid.jobs if j.seed == 0] == METHODS
@@ -34,7 +42,9 @@ def test_the_grid_is_eight_methods_by_three_seeds_on_one_setting(scale, clients,
         assert (cfg.privacy.adaptive_clipping is not None) == adaptive
         assert cfg.privacy.clip == (None if adaptive else float(job.method.split("_")[1][1:]))
         optimizer = cfg.algorithm.server_optimizer
-        assert (optimizer is not None and optimizer.name == "fedadam") == job.method.endswith("_fedadam")
+        lr = _server_lr(job.method)
+        assert (optimizer is not None and optimizer.name == "fedadam") == (lr is not None)
+        assert optimizer is None or optimizer.lr == lr
 
 
 def test_each_method_builds_the_mechanism_it_is_named_after():
@@ -42,7 +52,7 @@ def test_each_method_builds_the_mechanism_it_is_named_after():
     for job in grid.jobs:
         step = build_run(job.config).algorithm.aggregator
         assert (step.adaptive_clipping is not None) == job.method.startswith("adaptive"), job.method
-        assert (type(step).__name__ == "OptimizedServerStep") == job.method.endswith("_fedadam"), job.method
+        assert (type(step).__name__ == "OptimizedServerStep") == (_server_lr(job.method) is not None), job.method
 
 
 def test_only_fashion_mnist_and_the_two_scales():

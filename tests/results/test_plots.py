@@ -77,9 +77,10 @@ def test_compare_legend_keeps_where_grid_names_differ(tmp_path, monkeypatch, acc
 @pytest.mark.parametrize("names, expected", [
     (["short", "other"], ["short", "other"]),                       # short names are kept whole
     (["fmnist-Dist1.robust_hdp.seed0", "fmnist-Dist1.weiavg.seed0"], ["…robust_hdp…", "…weiavg…"]),
-    (["x" * 30], ["xxxxxxxxx…xxxxxxxxxx"]),                         # one run: nothing shared, middle cut
-    (["fdp-full-m20-clip-only", "fmnist-lenet5-m20-K50-T600-sg0.01"],  # no shared token: middle cut
-     ["fdp-full-…-clip-only", "fmnist-le…600-sg0.01"]),
+    (["x" * 30], ["x" * 11 + "…" + "x" * 12]),                       # one run: nothing shared, middle cut to 25
+    (["fdp-full-m20-clip-only", "fmnist-lenet5-m20-K50-T600-sg0.01"],  # no shared token: only the long one cut
+     ["fdp-full-m20-clip-only", "fmnist-lene…-T600-sg0.01"]),
+    (["fixed_c0.1_fedadam_lr0.03", "adaptive"], ["fixed_c0.1_fedadam_lr0.03", "adaptive"]),  # 25 fit whole
 ])
 def test_legend_labels(names, expected):
     from dpfl.results.plots import _legend_labels

@@ -105,7 +105,7 @@ def reproduce_robust_hdp(
 def reproduce_mechanisms(
     out: Out,
     scale: Annotated[str, typer.Option("--scale", help=(
-        "ci (500 clients, about 20 a round, 50 rounds, 8 methods x 3 seeds: a few minutes on 2 cores) or full "
+        "ci (500 clients, about 20 a round, 50 rounds, 12 methods x 3 seeds: a few minutes on 2 cores) or full "
         "(3,000 clients, about 100 a round, 200 rounds)."))],
     seeds: Seeds = None, only_seeds: OnlySeeds = None, rounds: Rounds = None, settings: Settings = None,
     methods: Methods = None, dry_run: DryRun = False, tables_only: TablesOnly = False, workers: Workers = 1,

@@ -42,7 +42,7 @@ FIGSIZE = (8, 5)
 DPI = 100
 MAX_CLIENT_LINES = 20  # above this, per-client plots show min / median / max instead of one line each
 _ANNOTATE_MAX = 20
-_LABEL_MAX = 21  # longer legend labels are shortened (the legend sits beside the axes)
+_LABEL_MAX = 25  # longer legend labels are shortened (the legend sits beside the axes)
 _SEPARATORS = "-._/ "  # where a shared part of several run names may be cut
 
 
@@ -136,7 +136,7 @@ def _accuracy_series(metrics: Sequence[Mapping[str, Any]]) -> tuple[list[int], l
 
 
 def _legend_outside(fig: Figure, ax: Any, handles: list[Any] | None = None, labels: list[str] | None = None) -> None:
-    fig.subplots_adjust(left=0.08, right=0.74, top=0.9, bottom=0.11)
+    fig.subplots_adjust(left=0.08, right=0.71, top=0.9, bottom=0.11)
     kwargs: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "fontsize": "small",
                               "borderaxespad": 0.0}
     if handles is not None:
