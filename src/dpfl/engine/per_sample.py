@@ -717,15 +717,17 @@ class FastModel:
         return elements
 
     def _run(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor], x: Tensor, y: Tensor,
-             owner: Tensor, loss_fn, clip: float | None, padded_dropout: bool, weight: Tensor | None = None,
+             owner: Tensor, loss_fn, clipped: bool, padded_dropout: bool, weight: Tensor | None = None,
              slots: int | None = None, bf16: bool = False):
+        """One forward/backward recording what the layers' gradient makers need; `clipped`: per-sample norms are
+        taken (clipped sums, norms), else plain sums."""
         k = next(iter(params.values())).shape[0]
         if slots is None and len(owner) and bool((owner[1:] < owner[:-1]).any()):
             order = torch.argsort(owner, stable=True)
             x, y, owner = x[order], y[order], owner[order]
             weight = weight[order] if weight is not None else None
         pk = Packing(owner, k, slots)
-        step = _Step(pk, {**frozen, **params}, set(params), clip is not None, padded_dropout, bf16)
+        step = _Step(pk, {**frozen, **params}, set(params), clipped, padded_dropout, bf16)
         anchor = torch.zeros((), requires_grad=True, device=x.device)
         with torch.enable_grad():
             h = x
@@ -738,13 +740,13 @@ class FastModel:
             loss = loss_fn(h, y)
             if loss.shape != (pk.s,):
                 raise Unsupported(f"the loss returned shape {tuple(loss.shape)}, expected ({pk.s},)")
-            if weight is not None and clip is None:  # unclipped sums: the weight scales each record's gradient
+            if weight is not None and not clipped:  # unclipped sums: the weight scales each record's gradient
                 loss = loss * weight
             torch.autograd.grad(loss.sum(), anchor, allow_unused=True)
         missing = set(params) - set(step.makers)
         if missing:  # every trainable tensor must have been reached; never silently drop a gradient
             raise RuntimeError(f"fast per-sample path: no gradient for {sorted(missing)}")
-        if clip is not None and sorted(step.norm_names) != sorted(params):
+        if clipped and sorted(step.norm_names) != sorted(params):
             raise RuntimeError("fast per-sample path: the clipping norm does not cover every trainable tensor")
         return step, weight
 
@@ -762,7 +764,7 @@ class FastModel:
         (weighted: padding slots never count), the count adaptive clipping releases."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, False, weight, slots, bf16)
+        step, weight = self._run(params, frozen or {}, x, y, owner, loss_fn, True, False, weight, slots, bf16)
         norms = step.sq_norms.sqrt()
         bound = clip.index_select(0, step.pk.owner) if isinstance(clip, Tensor) else clip  # (owner sorted by _run)
         factor = torch.clamp(bound / (norms + 1e-12), max=1.0)
@@ -775,7 +777,7 @@ class FastModel:
 
     def per_sample_norms(self, params, frozen, x, y, owner, loss_fn, bf16: bool = False) -> Tensor:
         """||g_s|| over the trainable tensors, per sample (in the order of a stably sorted `owner`)."""
-        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, 1.0, padded_dropout=False, bf16=bf16)
+        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, True, padded_dropout=False, bf16=bf16)
         return step.sq_norms.sqrt()
 
     def grad_sum(self, params: Mapping[str, Tensor], frozen: Mapping[str, Tensor] | None, x: Tensor, y: Tensor,
@@ -786,7 +788,7 @@ class FastModel:
         `clipped_sum` (the weight multiplies each sample's loss); `bf16` as there."""
         if len(owner) == 0:
             return {n: torch.zeros_like(v) for n, v in params.items()}
-        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, None, True, weight, slots, bf16)
+        step, _ = self._run(params, frozen or {}, x, y, owner, loss_fn, False, True, weight, slots, bf16)
         return {n: step.makers[n](None).reshape(v.shape) for n, v in params.items()}
 
 
