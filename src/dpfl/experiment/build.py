@@ -59,6 +59,7 @@ from dpfl.experiment.config import (
 from dpfl.experiment.federated_run import FederatedRun
 from dpfl.models import build_model
 from dpfl.models.registry import BUILTIN_MODELS
+from dpfl.privacy.adaptive_clipping import COUNT_NOISE_KEY
 from dpfl.privacy.budget_distributions import draw_batch_sizes
 from dpfl.privacy.budgets import Budgets, draw_budgets
 from dpfl.seeding import Purpose, numpy_generator
@@ -448,9 +449,8 @@ def _assemble(cfg: RunConfig, data: FederatedDataset, model: nn.Module | None) -
             device=cfg.device,
         )
     except ValueError as err:
-        count_noise = "privacy.adaptive_clipping.count_noise"
-        if str(err).startswith(f"{count_noise}: "):  # the adaptive clip's count leaves the update no budget
-            raise ConfigError(str(err), count_noise) from None
+        if str(err).startswith(f"{COUNT_NOISE_KEY}: "):  # the adaptive clip's count leaves the update no budget
+            raise ConfigError(str(err), COUNT_NOISE_KEY) from None
         where = "privacy.budgets" if calibrating else "config"
         what = "cannot calibrate the noise: " if calibrating else ""
         raise ConfigError(f"{where}: {what}{err}", where) from None

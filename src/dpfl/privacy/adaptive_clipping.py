@@ -31,7 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["AdaptiveClipping", "next_clip", "update_noise_multiplier"]
+__all__ = ["COUNT_NOISE_KEY", "AdaptiveClipping", "next_clip", "update_noise_multiplier"]
+
+COUNT_NOISE_KEY = "privacy.adaptive_clipping.count_noise"  # the config key of sigma_b, which its refusals name
 
 
 @dataclass(frozen=True)

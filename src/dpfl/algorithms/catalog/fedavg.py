@@ -19,9 +19,9 @@ from dpfl.algorithms.catalog.validation import MAX_ITERATIONS, Params
 from dpfl.algorithms.client.upload import FullUpdate
 from dpfl.algorithms.secure.aggregator import DistributedDPFedAvg
 from dpfl.algorithms.selection import Selection
-from dpfl.algorithms.server.central_dp_fedavg import COUNT_NOISE_KEY, CentralDPFedAvg
+from dpfl.algorithms.server.central_dp_fedavg import CentralDPFedAvg
 from dpfl.algorithms.server.fedavg import FedAvg
-from dpfl.privacy.adaptive_clipping import AdaptiveClipping
+from dpfl.privacy.adaptive_clipping import COUNT_NOISE_KEY, AdaptiveClipping
 
 __all__ = ["AcceleratedParams", "CentralParams", "FedAvgParams", "ProxParams", "dp_fedavg_central",
            "dp_fedavg_local", "fedavg", "fedprox", "udp_fedavg"]

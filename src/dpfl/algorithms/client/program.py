@@ -15,7 +15,7 @@ from dp_accounting import DpEvent
 from dpfl.algorithms.client.engine_round import train_on_engine
 from dpfl.algorithms.stages import LocalInputs, LocalOutput
 from dpfl.engine.local_training import ClientPlan, LocalSpec
-from dpfl.privacy.adaptive_clipping import AdaptiveClipping
+from dpfl.privacy.adaptive_clipping import COUNT_NOISE_KEY, AdaptiveClipping
 from dpfl.privacy.events import dpsgd_event
 
 SAMPLE_CLIP = "sample_clip"  # the key of the clients' clips in a local program's state (adaptive clipping)
@@ -159,7 +159,7 @@ class LocalProgram:
             if len(bad):
                 i = int(bad[0])
                 how = "" if adaptive.count_noise is not None else f" (null: the expected batch {m[i]:g} / 20)"
-                return (f"privacy.adaptive_clipping.count_noise: sigma_b={sigma_b[i]:g}{how} leaves client {i} "
+                return (f"{COUNT_NOISE_KEY}: sigma_b={sigma_b[i]:g}{how} leaves client {i} "
                         f"(noise multiplier z={noise[i]:g}) no budget for its update noise (Theorem 1 needs 2 sigma_b "
                         f"> z; {len(bad)} client(s) affected); raise count_noise above {noise[i] / 2:g}")
         return None

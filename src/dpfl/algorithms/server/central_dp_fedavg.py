@@ -36,10 +36,8 @@ from dpfl.algorithms.selection import Selection
 from dpfl.algorithms.server.view import ServerView
 from dpfl.algorithms.stages import RoundInputs, ServerStep, ServerUpdate
 from dpfl.engine import params as P
-from dpfl.privacy.adaptive_clipping import AdaptiveClipping, next_clip, update_noise_multiplier
+from dpfl.privacy.adaptive_clipping import COUNT_NOISE_KEY, AdaptiveClipping, next_clip, update_noise_multiplier
 from dpfl.seeding import Purpose, numpy_generator, torch_generator
-
-COUNT_NOISE_KEY = "privacy.adaptive_clipping.count_noise"  # the config key a too-small sigma_b is refused on
 
 
 @dataclass(frozen=True)
