@@ -278,6 +278,7 @@ class ServerStep:
     central_noise: bool = False  # the step adds the DP noise itself (central DP, or its distributed version)
     calibration_family: str | None = None  # the run_calibration family of a noise that `with_noise` can set
     adaptive_clipping: AdaptiveClipping | None = None  # the client-level adaptive clip the step runs (None: none)
+    server_lr: float = 1.0  # the step's own x + server_lr * (its update) (1: moves to its aggregate)
 
     @property
     def noise(self) -> float | None:

@@ -271,7 +271,8 @@ class OptimizedServerStep(ServerStep):
 # the wrapped step's flags as the wrapper's (linear_in_updates: the noise statistic describes Delta_t, the aggregate
 # the optimizer reads); adaptive_clipping and noise: what the wrapped step runs and charges
 _FLAGS = ("privileged", "secure", "linear_in_updates", "asks_clients", "personalises_starts", "encodes_broadcast",
-          "encodes_uploads", "replays_noise", "central_noise", "calibration_family", "adaptive_clipping", "noise")
+          "encodes_uploads", "replays_noise", "central_noise", "calibration_family", "adaptive_clipping", "noise",
+          "server_lr")
 for _flag in _FLAGS:
     setattr(OptimizedServerStep, _flag, property(lambda self, _name=_flag: getattr(self.inner, _name)))
 
@@ -284,15 +285,6 @@ def unwrapped(step: ServerStep) -> ServerStep:
 
 
 # ---- where it is allowed ------------------------------------------------------------------------------------------
-def _server_lr(step: ServerStep) -> float | None:
-    """The step's own server learning rate (PFA+ keeps it in its PFA), or None if it has none."""
-    for owner in (step, getattr(step, "pfa", None)):
-        lr = getattr(owner, "server_lr", None)
-        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
-            return float(lr)
-    return None
-
-
 def refusal(algorithm: Algorithm) -> str | None:
     """Why a server optimizer cannot run on `algorithm`'s server step, or None if it can.
 
@@ -316,13 +308,11 @@ def refusal(algorithm: Algorithm) -> str | None:
     if step.asks_clients or step.personalises_starts:
         return (f"algorithm {name!r} keeps personal or cluster models (or its own iterates) in its server step: a "
                 "server optimizer on one global model would change the method")
-    lr = _server_lr(step)
-    if lr is not None and lr != 1.0:
-        return (f"algorithm {name!r} has server_lr {lr:g}: the server optimizer's lr replaces it; leave "
+    if step.server_lr != 1.0:
+        return (f"algorithm {name!r} has server_lr {step.server_lr:g}: the server optimizer's lr replaces it; leave "
                 "algorithm.params.server_lr at 1")
     fdp = algorithm.upload.fdp_accounting
-    if (fdp is not None and fdp.view == "aggregate" and fdp.release == "final"
-            and getattr(fdp, "rho", None) is not None):
+    if fdp is not None and fdp.view == "aggregate" and fdp.release == "final" and fdp.rho is not None:
         return (f"algorithm {name!r} with privacy.release final and smoothness_L is accounted by the "
                 "shifted-interpolation bound, which follows the plain average's iterates; use release transcript")
     return None

@@ -92,6 +92,11 @@ class PFAPlus(ServerStep):
     warmup_rounds: int = 1
     subspace_broadcast: str = "private"
 
+    @property
+    def server_lr(self) -> float:  # type: ignore[override]
+        """The server learning rate of the PFA step this one runs."""
+        return self.pfa.server_lr
+
     def __post_init__(self) -> None:
         if isinstance(self.warmup_rounds, bool) or not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 1:
             raise ValueError(f"PFA+ warmup_rounds must be an integer >= 1 (round 1 has no previous subspace), "
